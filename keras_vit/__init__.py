@@ -1,0 +1,40 @@
+"""keras_vit: the Vision Transformer of Dosovitskiy et al. (2020) for Keras 3.
+
+Example:
+>>> import keras_vit
+>>> model = keras_vit.ViT_B16(weights=None, image_size=224, classes=10)
+"""
+
+from keras_vit import layers
+from keras_vit.checkpoints import Checkpoint, CheckpointError, available_weights
+from keras_vit.imagenet import decode_predictions, preprocess_input
+from keras_vit.models import VARIANTS, ViT, Variant, decode_variant
+from keras_vit.models import (  # noqa: F401  (made from VARIANTS)
+    ViT_B8,
+    ViT_B16,
+    ViT_B32,
+    ViT_H14,
+    ViT_L16,
+    ViT_L32,
+    ViT_S16,
+    ViT_S32,
+    ViT_Ti16,
+)
+from keras_vit.position_embedding import resize_position_embeddings
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Checkpoint",
+    "CheckpointError",
+    "VARIANTS",
+    "ViT",
+    "Variant",
+    "available_weights",
+    "decode_predictions",
+    "decode_variant",
+    "layers",
+    "preprocess_input",
+    "resize_position_embeddings",
+    *VARIANTS,
+]

@@ -1,0 +1,464 @@
+"""The four layers a Vision Transformer is made of.
+
+`PatchEmbedding` cuts an image into patches and projects them, `ClassToken`
+prepends the learned [class] token, `AddPositionEmbedding` adds learned
+position embeddings (resizing them when the grid changes) and
+`TransformerBlock` is one pre-LayerNorm encoder block. Every layer uses
+`keras.ops` only, so it runs on JAX, TensorFlow and PyTorch alike, and every
+weight keeps the layout of the original Flax checkpoints.
+"""
+
+import math
+
+import keras
+from keras import ops
+
+from keras_vit.position_embedding import INTERPOLATIONS, resize_position_embeddings
+
+LAYER_NORM_EPSILON = 1e-6
+
+
+def _pair(value, name):
+    if isinstance(value, int):
+        return (value, value)
+    value = tuple(value)
+    if len(value) != 2 or not all(isinstance(v, int) for v in value):
+        raise ValueError(f"{name} must be an int or a pair of ints, got {value!r}.")
+    return value
+
+
+@keras.saving.register_keras_serializable(package="keras_vit")
+class PatchEmbedding(keras.layers.Layer):
+    """Split images into non-overlapping patches and project each to a vector.
+
+    A `patch_size`-strided convolution with bias, as in the original model.
+    Input `(batch, height, width, channels)` with height and width divisible
+    by `patch_size`; output `(batch, (height // P) * (width // P), hidden_size)`
+    in row-major patch order.
+
+    Example:
+    >>> import numpy as np
+    >>> PatchEmbedding(patch_size=16, hidden_size=32)(np.zeros((2, 64, 48, 3))).shape
+    (2, 12, 32)
+    """
+
+    def __init__(
+        self,
+        patch_size,
+        hidden_size,
+        kernel_initializer="lecun_normal",
+        bias_initializer="zeros",
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        # === Config ===
+        self.patch_size = _pair(patch_size, "patch_size")
+        self.hidden_size = int(hidden_size)
+        self.kernel_initializer = keras.initializers.get(kernel_initializer)
+        self.bias_initializer = keras.initializers.get(bias_initializer)
+
+    def grid_size(self, input_shape):
+        """The `(rows, cols)` patch grid of an input shape; errors if not divisible."""
+        height, width = input_shape[1], input_shape[2]
+        for size, patch, axis in zip((height, width), self.patch_size, ("height", "width")):
+            if size is not None and size % patch:
+                raise ValueError(
+                    f"Image {axis} {size} is not divisible by the patch size {patch} "
+                    f"(input shape {tuple(input_shape)})."
+                )
+        return tuple(
+            None if size is None else size // patch
+            for size, patch in zip((height, width), self.patch_size)
+        )
+
+    def build(self, input_shape):
+        self.grid_size(input_shape)
+        channels = input_shape[-1]
+        self.kernel = self.add_weight(
+            name="kernel",
+            shape=(*self.patch_size, channels, self.hidden_size),
+            initializer=self.kernel_initializer,
+        )
+        self.bias = self.add_weight(
+            name="bias", shape=(self.hidden_size,), initializer=self.bias_initializer
+        )
+
+    def call(self, images):
+        patches = ops.conv(
+            images,
+            self.kernel,
+            strides=self.patch_size,
+            padding="valid",
+            data_format="channels_last",
+        )
+        patches = patches + self.bias
+        shape = ops.shape(patches)
+        return ops.reshape(patches, (shape[0], shape[1] * shape[2], self.hidden_size))
+
+    def compute_output_shape(self, input_shape):
+        rows, cols = self.grid_size(input_shape)
+        tokens = None if rows is None or cols is None else rows * cols
+        return (input_shape[0], tokens, self.hidden_size)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            patch_size=self.patch_size,
+            hidden_size=self.hidden_size,
+            kernel_initializer=keras.initializers.serialize(self.kernel_initializer),
+            bias_initializer=keras.initializers.serialize(self.bias_initializer),
+        )
+        return config
+
+
+@keras.saving.register_keras_serializable(package="keras_vit")
+class ClassToken(keras.layers.Layer):
+    """Prepend a learned [class] token to a token sequence.
+
+    Example:
+    >>> import numpy as np
+    >>> ClassToken()(np.zeros((2, 196, 32))).shape
+    (2, 197, 32)
+    """
+
+    def __init__(self, initializer="zeros", **kwargs):
+        super().__init__(**kwargs)
+        # === Config ===
+        self.initializer = keras.initializers.get(initializer)
+
+    def build(self, input_shape):
+        self.cls = self.add_weight(
+            name="cls", shape=(1, 1, input_shape[-1]), initializer=self.initializer
+        )
+
+    def call(self, tokens):
+        batch = ops.shape(tokens)[0]
+        cls = ops.cast(self.cls, tokens.dtype)
+        cls = ops.broadcast_to(cls, (batch, 1, ops.shape(self.cls)[-1]))
+        return ops.concatenate([cls, tokens], axis=1)
+
+    def compute_output_shape(self, input_shape):
+        tokens = None if input_shape[1] is None else input_shape[1] + 1
+        return (input_shape[0], tokens, input_shape[2])
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(initializer=keras.initializers.serialize(self.initializer))
+        return config
+
+
+@keras.saving.register_keras_serializable(package="keras_vit")
+class AddPositionEmbedding(keras.layers.Layer):
+    """Add learned 1-D position embeddings to `prefix + rows * cols` tokens.
+
+    The table is built for `grid_size`. Called on a sequence from another
+    grid (dynamic resolution), it resizes the table on the fly with
+    `resize_position_embeddings`; pass `grid_size=(rows, cols)` to the call
+    for non-square grids, otherwise a square grid is assumed.
+
+    Example:
+    >>> import numpy as np
+    >>> layer = AddPositionEmbedding(grid_size=(14, 14))
+    >>> layer(np.zeros((2, 197, 32))).shape
+    (2, 197, 32)
+    >>> layer(np.zeros((2, 1 + 24 * 32, 32)), grid_size=(24, 32)).shape
+    (2, 769, 32)
+    """
+
+    def __init__(
+        self,
+        grid_size,
+        num_prefix_tokens=1,
+        interpolation="bicubic",
+        antialias=False,
+        initializer=None,
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        if interpolation not in INTERPOLATIONS:
+            raise ValueError(
+                f"Unknown interpolation {interpolation!r}; expected one of {INTERPOLATIONS}."
+            )
+        # === Config ===
+        self.grid_size = _pair(grid_size, "grid_size")
+        self.num_prefix_tokens = int(num_prefix_tokens)
+        self.interpolation = interpolation
+        self.antialias = bool(antialias)
+        self.initializer = keras.initializers.get(
+            initializer or keras.initializers.RandomNormal(stddev=0.02)
+        )
+
+    @property
+    def num_positions(self):
+        return self.num_prefix_tokens + self.grid_size[0] * self.grid_size[1]
+
+    def build(self, input_shape):
+        self.pos_embedding = self.add_weight(
+            name="pos_embedding",
+            shape=(1, self.num_positions, input_shape[-1]),
+            initializer=self.initializer,
+        )
+
+    def _input_grid(self, num_tokens, grid_size):
+        if grid_size is not None:
+            grid_size = _pair(grid_size, "grid_size")
+        elif num_tokens == self.num_positions:
+            grid_size = self.grid_size
+        else:
+            side = math.isqrt(max(num_tokens - self.num_prefix_tokens, 0))
+            grid_size = (side, side)
+        if self.num_prefix_tokens + grid_size[0] * grid_size[1] != num_tokens:
+            raise ValueError(
+                f"{num_tokens} tokens do not form {self.num_prefix_tokens} prefix tokens "
+                f"plus a {grid_size} patch grid; pass grid_size=(rows, cols) for "
+                "non-square images."
+            )
+        return grid_size
+
+    def call(self, tokens, grid_size=None):
+        num_tokens = tokens.shape[1]
+        if num_tokens is None:
+            raise ValueError(
+                "AddPositionEmbedding needs a static number of tokens; build the "
+                "model with a fixed image size."
+            )
+        grid = self._input_grid(num_tokens, grid_size)
+        table = self.pos_embedding
+        if grid != self.grid_size:
+            table = resize_position_embeddings(
+                table,
+                new_grid_size=grid,
+                old_grid_size=self.grid_size,
+                num_prefix_tokens=self.num_prefix_tokens,
+                interpolation=self.interpolation,
+                antialias=self.antialias,
+            )
+        return tokens + ops.cast(table, tokens.dtype)
+
+    def compute_output_shape(self, input_shape):
+        return input_shape
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            grid_size=self.grid_size,
+            num_prefix_tokens=self.num_prefix_tokens,
+            interpolation=self.interpolation,
+            antialias=self.antialias,
+            initializer=keras.initializers.serialize(self.initializer),
+        )
+        return config
+
+
+@keras.saving.register_keras_serializable(package="keras_vit")
+class TokenPooling(keras.layers.Layer):
+    """Pool a token sequence to one vector: the class token or the patch mean.
+
+    `method="token"` takes the first token; `method="gap"` averages the
+    tokens after the first `num_prefix_tokens`.
+
+    Example:
+    >>> import numpy as np
+    >>> TokenPooling("gap", num_prefix_tokens=0)(np.ones((2, 196, 32))).shape
+    (2, 32)
+    """
+
+    METHODS = ("token", "gap")
+
+    def __init__(self, method, num_prefix_tokens=1, **kwargs):
+        super().__init__(**kwargs)
+        if method not in self.METHODS:
+            raise ValueError(f"Unknown pooling {method!r}; expected one of {self.METHODS}.")
+        if method == "token" and num_prefix_tokens < 1:
+            raise ValueError("Token pooling needs a class token (num_prefix_tokens >= 1).")
+        # === Config ===
+        self.method = method
+        self.num_prefix_tokens = int(num_prefix_tokens)
+
+    def call(self, tokens):
+        if self.method == "token":
+            return tokens[:, 0]
+        return ops.mean(tokens[:, self.num_prefix_tokens :], axis=1)
+
+    def compute_output_shape(self, input_shape):
+        return (input_shape[0], input_shape[-1])
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(method=self.method, num_prefix_tokens=self.num_prefix_tokens)
+        return config
+
+
+def use_flash_attention():
+    """The `flash_attention` argument for `keras.ops.dot_product_attention`.
+
+    Keras' JAX backend routes TPU attention with no mask through the Splash
+    kernel, which then applies a *causal* mask. ViT attention is
+    bidirectional, so on TPU we turn the flash path off (XLA's fused
+    attention is used instead); elsewhere Keras chooses (`None`).
+    """
+    if keras.backend.backend() != "jax":
+        return None
+    import jax  # Only to ask which platform runs; the model math stays in keras.ops.
+
+    return False if jax.devices()[0].platform == "tpu" else None
+
+
+@keras.saving.register_keras_serializable(package="keras_vit")
+class TransformerBlock(keras.layers.Layer):
+    """One pre-LayerNorm Transformer encoder block (paper Eq. 2-3).
+
+    `x + MSA(LN(x))` then `x + MLP(LN(x))`, with LayerNorm epsilon 1e-6, a
+    GELU MLP (tanh approximation by default, as the original Flax models),
+    dropout after every dense layer except q/k/v, optional dropout on the
+    attention probabilities and optional stochastic depth on both residual
+    branches. q, k and v are one fused projection. Attention runs through
+    `keras.ops.dot_product_attention` unless its weights are asked for
+    (`return_attention_weights=True`) or attention dropout is active.
+
+    Example:
+    >>> import numpy as np
+    >>> block = TransformerBlock(num_heads=4, mlp_dim=128)
+    >>> out, weights = block(np.zeros((2, 17, 64)), return_attention_weights=True)
+    >>> out.shape, weights.shape
+    ((2, 17, 64), (2, 4, 17, 17))
+    """
+
+    def __init__(
+        self,
+        num_heads,
+        mlp_dim,
+        dropout_rate=0.0,
+        attention_dropout_rate=0.0,
+        stochastic_depth_rate=0.0,
+        approximate_gelu=True,
+        seed=None,
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        # === Config ===
+        self.num_heads = int(num_heads)
+        self.mlp_dim = int(mlp_dim)
+        self.dropout_rate = float(dropout_rate)
+        self.attention_dropout_rate = float(attention_dropout_rate)
+        self.stochastic_depth_rate = float(stochastic_depth_rate)
+        self.approximate_gelu = bool(approximate_gelu)
+        self.seed = seed
+        for name in ("dropout_rate", "attention_dropout_rate", "stochastic_depth_rate"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}.")
+
+    def build(self, input_shape):
+        hidden_size = input_shape[-1]
+        if hidden_size % self.num_heads:
+            raise ValueError(
+                f"hidden_size {hidden_size} is not divisible by num_heads {self.num_heads}."
+            )
+        self.head_dim = hidden_size // self.num_heads
+        dense = dict(dtype=self.dtype_policy)
+        # Glorot over each of q, k and v (fan D -> D), as the original's three
+        # separate projections, although they are stored as one (D, 3D) kernel.
+        qkv_init = keras.initializers.VarianceScaling(2.0, "fan_avg", "uniform", seed=self._seed(0))
+        self.attention_norm = keras.layers.LayerNormalization(
+            epsilon=LAYER_NORM_EPSILON, name="attention_norm", **dense
+        )
+        self.qkv = keras.layers.Dense(
+            3 * hidden_size, kernel_initializer=qkv_init, name="qkv", **dense
+        )
+        self.attention_output = keras.layers.Dense(
+            hidden_size,
+            kernel_initializer=keras.initializers.GlorotUniform(seed=self._seed(1)),
+            name="attention_output",
+            **dense,
+        )
+        self.mlp_norm = keras.layers.LayerNormalization(
+            epsilon=LAYER_NORM_EPSILON, name="mlp_norm", **dense
+        )
+        self.mlp_hidden = self._mlp_dense(self.mlp_dim, "mlp_hidden", seed_offset=2)
+        self.mlp_output = self._mlp_dense(hidden_size, "mlp_output", seed_offset=4)
+        self.attention_dropout = keras.layers.Dropout(
+            self.attention_dropout_rate, seed=self._seed(6)
+        )
+        self.output_dropout = keras.layers.Dropout(self.dropout_rate, seed=self._seed(7))
+        self.mlp_hidden_dropout = keras.layers.Dropout(self.dropout_rate, seed=self._seed(8))
+        self.mlp_output_dropout = keras.layers.Dropout(self.dropout_rate, seed=self._seed(9))
+        if self.stochastic_depth_rate:
+            self.stochastic_depth_seed = keras.random.SeedGenerator(self._seed(10))
+
+        token_shape = tuple(input_shape)
+        self.attention_norm.build(token_shape)
+        self.qkv.build(token_shape)
+        self.attention_output.build(token_shape)
+        self.mlp_norm.build(token_shape)
+        self.mlp_hidden.build(token_shape)
+        self.mlp_output.build((*token_shape[:-1], self.mlp_dim))
+
+    def _seed(self, offset):
+        """Distinct seeds per random op, so that equal seeds give unequal masks."""
+        return None if self.seed is None else self.seed + offset
+
+    def _mlp_dense(self, units, name, seed_offset):
+        return keras.layers.Dense(
+            units,
+            kernel_initializer=keras.initializers.GlorotUniform(seed=self._seed(seed_offset)),
+            bias_initializer=keras.initializers.RandomNormal(
+                stddev=1e-6, seed=self._seed(seed_offset + 1)
+            ),
+            name=name,
+            dtype=self.dtype_policy,
+        )
+
+    def _attend(self, x, training, return_weights):
+        batch, tokens = ops.shape(x)[0], ops.shape(x)[1]
+        qkv = ops.reshape(self.qkv(x), (batch, tokens, 3, self.num_heads, self.head_dim))
+        query, key, value = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
+        drop_attention = training and self.attention_dropout_rate > 0
+        if return_weights or drop_attention:
+            scale = 1.0 / math.sqrt(self.head_dim)
+            logits = ops.einsum("bqhd,bkhd->bhqk", query * ops.cast(scale, query.dtype), key)
+            weights = ops.softmax(ops.cast(logits, "float32"), axis=-1)
+            dropped = self.attention_dropout(weights, training=training)
+            context = ops.einsum("bhqk,bkhd->bqhd", ops.cast(dropped, value.dtype), value)
+        else:
+            weights = None
+            context = ops.dot_product_attention(
+                query, key, value, flash_attention=use_flash_attention()
+            )
+        context = ops.reshape(context, (batch, tokens, self.num_heads * self.head_dim))
+        return self.attention_output(context), weights
+
+    def _drop_path(self, residual, training):
+        """Stochastic depth: drop the whole branch for random samples."""
+        if not (training and self.stochastic_depth_rate):
+            return residual
+        keep = 1.0 - self.stochastic_depth_rate
+        shape = (ops.shape(residual)[0], 1, 1)
+        mask = keras.random.uniform(shape, seed=self.stochastic_depth_seed) < keep
+        return residual * ops.cast(mask, residual.dtype) / ops.cast(keep, residual.dtype)
+
+    def call(self, inputs, training=None, return_attention_weights=False):
+        attended, weights = self._attend(
+            self.attention_norm(inputs), training, return_attention_weights
+        )
+        attended = self.output_dropout(attended, training=training)
+        x = inputs + self._drop_path(attended, training)
+        hidden = ops.gelu(self.mlp_hidden(self.mlp_norm(x)), approximate=self.approximate_gelu)
+        hidden = self.mlp_hidden_dropout(hidden, training=training)
+        hidden = self.mlp_output_dropout(self.mlp_output(hidden), training=training)
+        outputs = x + self._drop_path(hidden, training)
+        if return_attention_weights:
+            return outputs, weights
+        return outputs
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            num_heads=self.num_heads,
+            mlp_dim=self.mlp_dim,
+            dropout_rate=self.dropout_rate,
+            attention_dropout_rate=self.attention_dropout_rate,
+            stochastic_depth_rate=self.stochastic_depth_rate,
+            approximate_gelu=self.approximate_gelu,
+            seed=self.seed,
+        )
+        return config

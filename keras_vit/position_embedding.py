@@ -1,0 +1,195 @@
+"""Resizing learned position embeddings to a new patch grid.
+
+One function, `resize_position_embeddings`, serves the checkpoint loader, the
+`AddPositionEmbedding` layer (dynamic resolution) and users. It resamples the
+patch part of a `(1, prefix + H * W, D)` table as an `H x W` image, leaving the
+prefix tokens (the class token's slot) untouched.
+
+Interpolation is written as two small matrices (one per axis) built in numpy
+from the grid sizes, then applied with `keras.ops.einsum`. That keeps the
+result identical on every backend and lets us reproduce two references
+exactly:
+
+* `interpolation="bilinear", align_corners=True` is `scipy.ndimage.zoom(order=1)`,
+  which the original vision_transformer repository used;
+* `align_corners=False` ("half-pixel") with `"bilinear"` or `"bicubic"` is
+  `torch.nn.functional.interpolate` (cubic coefficient -0.75, clamped borders),
+  and `antialias=True` is its anti-aliased variant (as used by timm).
+"""
+
+import math
+
+import numpy as np
+from keras import ops
+
+INTERPOLATIONS = ("bilinear", "bicubic")
+
+
+def _cubic(x, a):
+    """Keys' cubic convolution kernel with coefficient `a`."""
+    x = np.abs(x)
+    near = ((a + 2.0) * x - (a + 3.0)) * x * x + 1.0
+    far = ((a * x - 5.0 * a) * x + 8.0 * a) * x - 4.0 * a
+    return np.where(x < 1.0, near, np.where(x < 2.0, far, 0.0))
+
+
+def _scale(in_size, out_size, align_corners):
+    if align_corners:
+        return (in_size - 1) / (out_size - 1) if out_size > 1 else 0.0
+    return in_size / out_size
+
+
+def _plain_matrix(in_size, out_size, interpolation, align_corners):
+    """Interpolation without anti-aliasing, as torch's upsample kernels."""
+    scale = _scale(in_size, out_size, align_corners)
+    out_index = np.arange(out_size, dtype=np.float64)
+    if align_corners:
+        source = scale * out_index
+    else:
+        source = scale * (out_index + 0.5) - 0.5
+    matrix = np.zeros((out_size, in_size), dtype=np.float64)
+    rows = np.arange(out_size)
+    if interpolation == "bilinear":
+        source = np.maximum(source, 0.0)
+        lower = np.floor(source).astype(np.int64)
+        lower = np.minimum(lower, in_size - 1)
+        upper = np.minimum(lower + 1, in_size - 1)
+        frac = source - lower
+        np.add.at(matrix, (rows, lower), 1.0 - frac)
+        np.add.at(matrix, (rows, upper), frac)
+        return matrix
+    lower = np.floor(source).astype(np.int64)
+    frac = source - lower
+    for tap in (-1, 0, 1, 2):
+        weight = _cubic(frac - tap, a=-0.75)
+        index = np.clip(lower + tap, 0, in_size - 1)
+        np.add.at(matrix, (rows, index), weight)
+    return matrix
+
+
+def _antialiased_matrix(in_size, out_size, interpolation, align_corners):
+    """Anti-aliased interpolation, as torch's `antialias=True` kernels.
+
+    The filter widens by the downsampling factor and the taps that fall
+    outside the input are dropped and the rest renormalised.
+    """
+    scale = _scale(in_size, out_size, align_corners)
+    if interpolation == "bilinear":
+        taps, kernel = 2, lambda x: np.maximum(0.0, 1.0 - np.abs(x))
+    else:
+        taps, kernel = 4, lambda x: _cubic(x, a=-0.5)
+    support = taps / 2 * scale if scale >= 1.0 else taps / 2
+    inverse_scale = 1.0 / scale if scale >= 1.0 else 1.0
+    matrix = np.zeros((out_size, in_size), dtype=np.float64)
+    for row in range(out_size):
+        center = scale * (row + 0.5)
+        start = max(int(center - support + 0.5), 0)
+        stop = min(int(center + support + 0.5), in_size)
+        index = np.arange(start, stop)
+        weights = kernel((index - center + 0.5) * inverse_scale)
+        total = weights.sum()
+        matrix[row, start:stop] = weights / total if total != 0 else weights
+    return matrix
+
+
+def interpolation_matrix(
+    in_size, out_size, interpolation="bicubic", align_corners=False, antialias=False
+):
+    """The `(out_size, in_size)` matrix that resamples one axis.
+
+    Example:
+    >>> interpolation_matrix(2, 3, "bilinear", align_corners=True)[1]
+    array([0.5, 0.5])
+    """
+    if interpolation not in INTERPOLATIONS:
+        raise ValueError(
+            f"Unknown interpolation {interpolation!r}; expected one of {INTERPOLATIONS}."
+        )
+    if in_size < 1 or out_size < 1:
+        raise ValueError(f"Grid sizes must be positive, got {in_size} -> {out_size}.")
+    if in_size == out_size:
+        return np.eye(out_size)
+    build = _antialiased_matrix if antialias else _plain_matrix
+    return build(in_size, out_size, interpolation, align_corners)
+
+
+def _as_grid(size, name):
+    if isinstance(size, int):
+        return (size, size)
+    size = tuple(int(s) for s in size)
+    if len(size) != 2:
+        raise ValueError(f"{name} must be an int or a (height, width) pair, got {size}.")
+    return size
+
+
+def resize_position_embeddings(
+    pos_embedding,
+    new_grid_size,
+    old_grid_size=None,
+    num_prefix_tokens=1,
+    interpolation="bicubic",
+    align_corners=False,
+    antialias=False,
+):
+    """Resample a `(1, prefix + H * W, D)` position-embedding table to a new grid.
+
+    Args:
+        pos_embedding: array or tensor of shape `(1, num_prefix_tokens + H * W, D)`.
+        new_grid_size: int or `(height, width)` of the target patch grid.
+        old_grid_size: int or `(height, width)` of the table's grid; `None`
+            means square.
+        num_prefix_tokens: leading rows (the class token's) copied unchanged.
+        interpolation: `"bicubic"` (default, as in the paper) or `"bilinear"`.
+        align_corners: `True` maps corner to corner (`scipy.ndimage.zoom`);
+            `False` uses half-pixel centres (`torch.nn.functional.interpolate`).
+        antialias: widen the filter when shrinking, as torch's `antialias=True`.
+
+    Returns:
+        The resized table, a numpy array if `pos_embedding` was one, else a
+        backend tensor, of shape `(1, num_prefix_tokens + H' * W', D)`.
+
+    Example:
+    >>> import numpy as np
+    >>> table = np.zeros((1, 1 + 14 * 14, 8), "float32")
+    >>> resize_position_embeddings(table, (24, 32)).shape
+    (1, 769, 8)
+    """
+    was_numpy = isinstance(pos_embedding, np.ndarray)
+    shape = tuple(pos_embedding.shape)
+    if len(shape) != 3 or shape[0] != 1:
+        raise ValueError(
+            f"pos_embedding must have shape (1, tokens, dim), got {shape}."
+        )
+    num_patches = shape[1] - num_prefix_tokens
+    if old_grid_size is None:
+        side = math.isqrt(max(num_patches, 0))
+        if side * side != num_patches:
+            raise ValueError(
+                f"Cannot infer a square grid from {num_patches} patch positions "
+                f"({shape[1]} tokens, {num_prefix_tokens} prefix); pass old_grid_size."
+            )
+        old_grid_size = side
+    old_h, old_w = _as_grid(old_grid_size, "old_grid_size")
+    new_h, new_w = _as_grid(new_grid_size, "new_grid_size")
+    if old_h * old_w != num_patches:
+        raise ValueError(
+            f"old_grid_size {(old_h, old_w)} has {old_h * old_w} positions but the "
+            f"table holds {num_patches} after {num_prefix_tokens} prefix tokens."
+        )
+    dtype = pos_embedding.dtype
+    table = ops.cast(ops.convert_to_tensor(pos_embedding), "float32")
+    prefix = table[:, :num_prefix_tokens]
+    grid = ops.reshape(table[:, num_prefix_tokens:], (old_h, old_w, shape[2]))
+    if (old_h, old_w) != (new_h, new_w):
+        options = dict(
+            interpolation=interpolation, align_corners=align_corners, antialias=antialias
+        )
+        rows = interpolation_matrix(old_h, new_h, **options).astype("float32")
+        cols = interpolation_matrix(old_w, new_w, **options).astype("float32")
+        grid = ops.einsum("ph,hwd->pwd", ops.convert_to_tensor(rows), grid)
+        grid = ops.einsum("qw,pwd->pqd", ops.convert_to_tensor(cols), grid)
+    patches = ops.reshape(grid, (1, new_h * new_w, shape[2]))
+    resized = ops.concatenate([prefix, patches], axis=1)
+    if was_numpy:
+        return ops.convert_to_numpy(resized).astype(dtype)
+    return ops.cast(resized, dtype)

@@ -1,0 +1,241 @@
+"""Write the reference fixtures in tests/fixtures/ from timm, an independent ViT.
+
+Run in a separate venv that has timm (it needs torchvision, which is large):
+
+    python -m venv /tmp/timm-venv
+    /tmp/timm-venv/bin/pip install torch==2.14.1 torchvision==0.29.1 timm scipy
+    /tmp/timm-venv/bin/python tools/make_fixtures.py [--full-size-dir DIR]
+
+For each small model it builds a timm `VisionTransformer` with tanh GELU,
+fills every tensor with random values, writes it as an original-layout
+`.npz` (and once in the big_vision layout with scanned blocks), reads that
+file back with timm's own `.npz` loader to prove the layout, and stores the
+logits timm computes for fixed random images. It also stores interpolation
+references (torch and scipy) and the parameter counts of the named variants.
+With `--full-size-dir`, it writes a full ViT-B/16 checkpoint and its logits
+there (too big to commit) for `tests/test_full_size.py`.
+"""
+
+import argparse
+import json
+import os
+from functools import partial
+
+import numpy as np
+import scipy.ndimage
+import torch
+import torch.nn.functional as F
+from timm.models.vision_transformer import VisionTransformer, _load_weights
+
+FIXTURES = os.path.join(os.path.dirname(__file__), "..", "tests", "fixtures")
+GELU_TANH = partial(torch.nn.GELU, approximate="tanh")
+
+
+def numpy(tensor):
+    return tensor.detach().cpu().numpy().astype(np.float32)
+
+
+def randomise(model, generator, scale=0.2, keep_init=False):
+    """Random values in every tensor, so no mapping error can hide behind zeros or ones.
+
+    `keep_init=True` adds the noise to timm's initialisation instead, which
+    keeps a deep, wide model's activations at realistic scales.
+    """
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            noise = torch.randn(parameter.shape, generator=generator) * scale
+            if keep_init:
+                noise = noise + parameter
+            elif name.endswith(("norm1.weight", "norm2.weight")) or name == "norm.weight":
+                noise = noise + 1.0
+            parameter.copy_(noise)
+
+
+def to_original_layout(model, pre_logits=None):
+    """timm -> the original vision_transformer `.npz` names and layouts."""
+    hidden = model.embed_dim
+    heads = model.blocks[0].attn.num_heads
+    out = {
+        "embedding/kernel": numpy(model.patch_embed.proj.weight).transpose(2, 3, 1, 0),
+        "embedding/bias": numpy(model.patch_embed.proj.bias),
+        "Transformer/posembed_input/pos_embedding": numpy(model.pos_embed),
+        "Transformer/encoder_norm/scale": numpy(model.norm.weight),
+        "Transformer/encoder_norm/bias": numpy(model.norm.bias),
+    }
+    if model.cls_token is not None:
+        out["cls"] = numpy(model.cls_token)
+    for index, block in enumerate(model.blocks):
+        base = f"Transformer/encoderblock_{index}/"
+        attention = base + "MultiHeadDotProductAttention_1/"
+        out[base + "LayerNorm_0/scale"] = numpy(block.norm1.weight)
+        out[base + "LayerNorm_0/bias"] = numpy(block.norm1.bias)
+        out[base + "LayerNorm_2/scale"] = numpy(block.norm2.weight)
+        out[base + "LayerNorm_2/bias"] = numpy(block.norm2.bias)
+        kernels = numpy(block.attn.qkv.weight).reshape(3, hidden, hidden)
+        biases = numpy(block.attn.qkv.bias).reshape(3, heads, hidden // heads)
+        for part, name in enumerate(("query", "key", "value")):
+            out[attention + f"{name}/kernel"] = kernels[part].T.reshape(hidden, heads, -1)
+            out[attention + f"{name}/bias"] = biases[part]
+        out[attention + "out/kernel"] = numpy(block.attn.proj.weight).T.reshape(heads, -1, hidden)
+        out[attention + "out/bias"] = numpy(block.attn.proj.bias)
+        for dense, layer in (("Dense_0", block.mlp.fc1), ("Dense_1", block.mlp.fc2)):
+            out[base + f"MlpBlock_3/{dense}/kernel"] = numpy(layer.weight).T
+            out[base + f"MlpBlock_3/{dense}/bias"] = numpy(layer.bias)
+    if pre_logits is not None:
+        out["pre_logits/kernel"], out["pre_logits/bias"] = pre_logits["kernel"], pre_logits["bias"]
+        out["head/kernel"], out["head/bias"] = pre_logits["head_kernel"], pre_logits["head_bias"]
+    else:
+        out["head/kernel"] = numpy(model.head.weight).T
+        out["head/bias"] = numpy(model.head.bias)
+    return out
+
+
+def to_big_vision_layout(original):
+    """The same weights under big_vision's names, with scanned (stacked) blocks."""
+    renames = {
+        "MultiHeadDotProductAttention_1": "MultiHeadDotProductAttention_0",
+        "LayerNorm_2": "LayerNorm_1",
+        "MlpBlock_3": "MlpBlock_0",
+    }
+    out, blocks = {}, {}
+    for key, value in original.items():
+        if key.startswith("Transformer/encoderblock_"):
+            index, _, rest = key[len("Transformer/encoderblock_"):].partition("/")
+            for old, new in renames.items():
+                rest = rest.replace(old, new)
+            blocks.setdefault(rest, {})[int(index)] = value
+        elif key == "Transformer/posembed_input/pos_embedding":
+            out["params/pos_embedding"] = value
+        else:
+            out["params/" + key] = value
+    for rest, by_index in blocks.items():
+        out["params/Transformer/encoderblock/" + rest] = np.stack([by_index[i] for i in sorted(by_index)])
+    return out
+
+
+def check_timm_reads(model, path):
+    """Load the written file with timm's own loader and require identical tensors."""
+    fresh = VisionTransformer(**model.fixture_kwargs)
+    _load_weights(fresh, path)
+    for (name, expected), (_, loaded) in zip(model.state_dict().items(), fresh.state_dict().items()):
+        if not torch.equal(expected, loaded):
+            raise AssertionError(f"timm read back {name} differently from {path}")
+
+
+def small_model(generator, image_size, class_token=True, num_classes=10):
+    kwargs = dict(
+        img_size=image_size, patch_size=8, embed_dim=48, depth=2, num_heads=3, mlp_ratio=2.0,
+        num_classes=num_classes, act_layer=GELU_TANH, class_token=class_token,
+        global_pool="token" if class_token else "avg", fc_norm=False,
+    )
+    model = VisionTransformer(**kwargs).eval()
+    model.fixture_kwargs = kwargs
+    randomise(model, generator)
+    return model
+
+
+def write_case(name, model, images, pre_logits=None, extra_layouts={}):
+    arrays = to_original_layout(model, pre_logits)
+    path = os.path.join(FIXTURES, f"{name}.npz")
+    np.savez(path, **arrays)
+    check_timm_reads(model, path)  # timm skips pre-logits; every other tensor must match.
+    with torch.no_grad():
+        batch = torch.from_numpy(images.transpose(0, 3, 1, 2))
+        if pre_logits is None:
+            logits = numpy(model(batch))
+        else:  # timm dropped the representation layer: finish the head in numpy.
+            features = numpy(model.forward_head(model.forward_features(batch), pre_logits=True))
+            hidden = np.tanh(features.astype(np.float64) @ pre_logits["kernel"] + pre_logits["bias"])
+            logits = (hidden @ pre_logits["head_kernel"] + pre_logits["head_bias"]).astype(np.float32)
+    np.savez(os.path.join(FIXTURES, f"{name}_reference.npz"), images=images, logits=logits)
+    for suffix, layout in extra_layouts.items():
+        layout_path = os.path.join(FIXTURES, f"{name}_{suffix}.npz")
+        np.savez(layout_path, **layout(arrays))
+        check_timm_reads(model, layout_path)
+    print(f"{name}: logits {logits.shape}, {len(arrays)} arrays")
+
+
+def write_resize_references(rng):
+    """Interpolation references: torch (half-pixel) and scipy (align corners)."""
+    cases = {}
+    table = rng.normal(size=(1, 1 + 7 * 7, 6)).astype(np.float32)
+    grid = torch.from_numpy(table[:, 1:].reshape(1, 7, 7, 6).transpose(0, 3, 1, 2))
+    cases["table"] = table
+    for mode in ("bilinear", "bicubic"):
+        for antialias in (False, True):
+            for new in ((12, 12), (5, 9), (3, 3)):
+                resized = F.interpolate(grid, size=new, mode=mode, align_corners=False, antialias=antialias)
+                patches = numpy(resized).transpose(0, 2, 3, 1).reshape(1, -1, 6)
+                key = f"torch_{mode}_aa{int(antialias)}_{new[0]}x{new[1]}"
+                cases[key] = np.concatenate([table[:, :1], patches], axis=1)
+    for new in (12, 5):
+        zoomed = scipy.ndimage.zoom(table[0, 1:].reshape(7, 7, 6), (new / 7, new / 7, 1), order=1)
+        cases[f"scipy_zoom_{new}"] = np.concatenate([table[:, :1], zoomed.reshape(1, -1, 6)], axis=1)
+    np.savez(os.path.join(FIXTURES, "resize_reference.npz"), **cases)
+    print(f"resize: {len(cases) - 1} references")
+
+
+def write_parameter_counts():
+    sizes = {"Ti": (192, 12, 3), "S": (384, 12, 6), "B": (768, 12, 12), "L": (1024, 24, 16), "H": (1280, 32, 16)}
+    counts = {}
+    for name in ("Ti16", "S16", "S32", "B8", "B16", "B32", "L16", "L32", "H14"):
+        width, patch = name.rstrip("0123456789"), int(name.lstrip("TiSBLH"))
+        dim, depth, heads = sizes[width]
+        with torch.device("meta"):
+            model = VisionTransformer(img_size=224, patch_size=patch, embed_dim=dim, depth=depth,
+                                      num_heads=heads, num_classes=1000)
+        counts[f"ViT_{name}"] = sum(p.numel() for p in model.parameters())
+    with open(os.path.join(FIXTURES, "parameter_counts.json"), "w") as f:
+        json.dump(counts, f, indent=1)
+    print("parameter counts:", counts)
+
+
+def write_full_size(directory, generator, rng):
+    os.makedirs(directory, exist_ok=True)
+    kwargs = dict(img_size=224, patch_size=16, embed_dim=768, depth=12, num_heads=12,
+                  num_classes=1000, act_layer=GELU_TANH)
+    model = VisionTransformer(**kwargs).eval()
+    model.fixture_kwargs = kwargs
+    randomise(model, generator, scale=0.02, keep_init=True)
+    path = os.path.join(directory, "ViT-B_16.npz")
+    np.savez(path, **to_original_layout(model))
+    check_timm_reads(model, path)
+    images = rng.uniform(-1, 1, size=(2, 224, 224, 3)).astype(np.float32)
+    with torch.no_grad():
+        logits = numpy(model(torch.from_numpy(images.transpose(0, 3, 1, 2))))
+    np.savez(os.path.join(directory, "ViT-B_16_reference.npz"), images=images, logits=logits)
+    print("full-size ViT-B/16 written to", directory)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--full-size-dir", help="also write a full ViT-B/16 checkpoint here")
+    args = parser.parse_args()
+    os.makedirs(FIXTURES, exist_ok=True)
+    torch.manual_seed(0)
+    generator = torch.Generator().manual_seed(0)
+    rng = np.random.default_rng(0)
+
+    def images(height, width):
+        return rng.uniform(-1, 1, size=(2, height, width, 3)).astype(np.float32)
+
+    write_case("vit_token", small_model(generator, 32), images(32, 32),
+               extra_layouts={"big_vision": to_big_vision_layout})
+    write_case("vit_gap", small_model(generator, 32, class_token=False), images(32, 32))
+    write_case("vit_nonsquare", small_model(generator, (24, 40)), images(24, 40))
+    representation = {
+        "kernel": rng.normal(scale=0.2, size=(48, 32)).astype(np.float32),
+        "bias": rng.normal(scale=0.2, size=(32,)).astype(np.float32),
+        "head_kernel": rng.normal(scale=0.2, size=(32, 10)).astype(np.float32),
+        "head_bias": rng.normal(scale=0.2, size=(10,)).astype(np.float32),
+    }
+    write_case("vit_prelogits", small_model(generator, 32, num_classes=0), images(32, 32),
+               pre_logits=representation)
+    write_resize_references(rng)
+    write_parameter_counts()
+    if args.full_size_dir:
+        write_full_size(args.full_size_dir, generator, rng)
+
+
+if __name__ == "__main__":
+    main()
