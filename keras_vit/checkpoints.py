@@ -168,17 +168,34 @@ def find_checkpoint(variant, name, image_size):
     return max(choices, key=lambda c: c.image_size)
 
 
+def cache_dir():
+    """Where named checkpoints are cached: `$KERAS_HOME/models/keras_vit` (default `~/.keras`)."""
+    home = os.environ.get("KERAS_HOME") or os.path.join(os.path.expanduser("~"), ".keras")
+    return os.path.join(home, "models", "keras_vit")
+
+
 def fetch(checkpoint):
     """Download a named checkpoint into the Keras cache (or reuse it) and return its path."""
+    directory = cache_dir()
     try:
         return keras.utils.get_file(
             fname=checkpoint.filename,
             origin=checkpoint.url,
             file_hash=checkpoint.file_hash,
+            cache_dir=os.path.dirname(os.path.dirname(directory)),
             cache_subdir=os.path.join("models", "keras_vit"),
         )
+    except ValueError as error:  # The download does not match the known hash.
+        target = os.path.join(directory, checkpoint.filename)
+        if os.path.exists(target):
+            os.remove(target)  # Our own cache entry, known to be bad.
+        raise CheckpointError(
+            f"The download of weights {checkpoint.name!r} for {checkpoint.variant} from "
+            f"{checkpoint.url} does not match its known sha256 {checkpoint.file_hash} "
+            "(corrupt or changed file); it was discarded."
+        ) from error
     except Exception as error:  # get_file raises bare Exceptions for network errors.
-        cache = os.path.join(keras.config.keras_home(), "models", "keras_vit", checkpoint.filename)
+        cache = os.path.join(directory, checkpoint.filename)
         raise CheckpointError(
             f"Could not get weights {checkpoint.name!r} for {checkpoint.variant} "
             f"from {checkpoint.url}: {error}. If this machine is offline, download the "
@@ -486,18 +503,18 @@ def load_into(model, source):
         raise CheckpointError(
             f"{name} has {source.num_layers} encoder blocks but the model has {model_depth}."
         )
+    checkpoint_token, model_token = "class_token/cls" in state, "class_token/cls" in variables
+    if checkpoint_token != model_token:
+        raise CheckpointError(
+            f"{name} {'has a' if checkpoint_token else 'has no'} class token but the model's "
+            f"classifier is {'token' if model_token else 'gap'}; pass "
+            f"classifier={'token' if checkpoint_token else 'gap'!r}."
+        )
     _adapt_position_embedding(model, state, source)
     _adapt_head(variables, state, name)
 
     missing = sorted(k for k in variables if k not in state and not k.startswith(_OPTIONAL))
     unexpected = sorted(k for k in state if k not in variables and not k.startswith(_OPTIONAL))
-    if "class_token/cls" in missing or "class_token/cls" in unexpected:
-        has = "has" if "class_token/cls" in unexpected else "has no"
-        raise CheckpointError(
-            f"{name} {has} class token but the model's classifier is "
-            f"{'gap' if has == 'has' else 'token'}; pass classifier="
-            f"{'token' if has == 'has' else 'gap'!r}."
-        )
     if missing:
         raise CheckpointError(f"{name} lacks {len(missing)} model weights: {_preview(missing, 8)}.")
     if unexpected:

@@ -1,0 +1,45 @@
+"""Shared helpers. The backend is chosen by KERAS_BACKEND before pytest starts."""
+
+import logging
+import os
+import tempfile
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# Downloads in tests land in a throw-away Keras cache, never the user's ~/.keras.
+os.environ["KERAS_HOME"] = tempfile.mkdtemp(prefix="keras_vit_tests_")
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures")
+
+# The sizes of the small reference models written by tools/make_fixtures.py.
+SMALL = dict(patch_size=8, hidden_size=48, num_layers=2, num_heads=3, mlp_dim=96)
+
+
+def fixture(name):
+    return os.path.join(FIXTURES, name)
+
+
+def reference(case):
+    with np.load(fixture(f"{case}_reference.npz")) as data:
+        return data["images"], data["logits"]
+
+
+def predict(model, inputs):
+    return np.asarray(keras.ops.convert_to_numpy(model(inputs, training=False)))
+
+
+@pytest.fixture(autouse=True)
+def _fresh_keras_state():
+    keras.config.set_dtype_policy("float32")
+    keras.utils.set_random_seed(0)
+    yield
+    keras.config.set_dtype_policy("float32")
+
+
+@pytest.fixture
+def keras_vit_log(caplog):
+    caplog.set_level(logging.INFO, logger="keras_vit")
+    return caplog
