@@ -213,6 +213,26 @@ class WeightsSource:
     classifier: str = "token"
     representation_size: int = 0
     classes: int = None
+    num_heads: int = None
+
+    @property
+    def sizes(self):
+        """The model sizes this checkpoint was saved from, as a `Variant` (None if unknown)."""
+        from keras_vit.models import Variant
+
+        kernel = self.state.get("embedding/kernel")
+        mlp = self.state.get("encoderblock_0/mlp_hidden/kernel")
+        if kernel is None or mlp is None or not self.num_heads or kernel.shape[0] != kernel.shape[1]:
+            return None
+        return Variant(int(kernel.shape[0]), int(kernel.shape[-1]), self.num_layers, self.num_heads, int(mlp.shape[1]))
+
+    @property
+    def image_size(self):
+        """The image size the checkpoint's position embeddings were trained for."""
+        kernel = self.state.get("embedding/kernel")
+        if kernel is None or self.grid_size is None:
+            return None
+        return (self.grid_size[0] * kernel.shape[0], self.grid_size[1] * kernel.shape[1])
 
     @property
     def num_layers(self):
@@ -347,6 +367,8 @@ def read_weights(weights, variant, image_size):
     `variant` is the model's variant name (or `None` for custom sizes) and
     `image_size` its `(height, width)`, used to choose among named files.
     """
+    if isinstance(weights, WeightsSource):
+        return weights
     if not isinstance(weights, (str, os.PathLike)):
         raise CheckpointError(f"weights must be None, a name or a path, got {type(weights).__name__}.")
     path = os.fspath(weights)
@@ -373,7 +395,7 @@ def read_weights(weights, variant, image_size):
     )
 
 
-def _source_from_state(description, state, grid_size=None):
+def _source_from_state(description, state, grid_size=None, num_heads=None):
     head = state.get("head/bias")
     pre_logits = state.get("pre_logits/bias")
     return WeightsSource(
@@ -383,6 +405,7 @@ def _source_from_state(description, state, grid_size=None):
         classifier="token" if "class_token/cls" in state else "gap",
         representation_size=0 if pre_logits is None else int(pre_logits.shape[-1]),
         classes=None if head is None else int(head.shape[-1]),
+        num_heads=num_heads,
     )
 
 
@@ -395,7 +418,13 @@ def read_npz(path):
         raise CheckpointError(
             f"{path} is not a readable .npz checkpoint (truncated or corrupt?): {error}"
         ) from error
-    return _source_from_state(path, from_flax(arrays, description=path))
+    state = from_flax(arrays, description=path)
+    query = next((v for k, v in sorted(arrays.items()) if k.endswith("query/kernel")), None)
+    num_heads = None if query is None else int(query.shape[-2])
+    positions = state["position_embedding/pos_embedding"].shape[1] - ("class_token/cls" in state)
+    side = math.isqrt(positions)
+    grid = (side, side) if side * side == positions else None
+    return _source_from_state(path, state, grid, num_heads)
 
 
 def _state_of(model):
@@ -408,12 +437,13 @@ def read_keras(path):
         saved = keras.saving.load_model(path, compile=False)
     except Exception as error:  # Keras raises many types for a bad archive.
         raise CheckpointError(f"{path} is not a loadable .keras model: {error}") from error
-    grid = None
+    grid = num_heads = None
     try:
         grid = tuple(saved.get_layer("position_embedding").grid_size)
+        num_heads = saved.get_layer("encoderblock_0").num_heads
     except ValueError:
         pass
-    return _source_from_state(path, _state_of(saved), grid)
+    return _source_from_state(path, _state_of(saved), grid, num_heads)
 
 
 def read_weights_h5(path):

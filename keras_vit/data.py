@@ -1,0 +1,337 @@
+"""Input pipelines: tf.data from tensorflow-datasets, image folders or arrays.
+
+Training images get an Inception-style random resized crop and a horizontal
+flip; evaluation images are resized (optionally centre-cropped). Pixels end
+in [-1, 1], as the original models expect. Randomness is stateless and keyed
+by `(seed, epoch, example index)`, so a run is reproducible and a resumed run
+sees exactly the batches an uninterrupted one would have.
+
+The pipeline reads as a chain of named steps, like big_vision's
+`decode|inception_crop(224)|flip_lr|value_range(-1, 1)`:
+
+    train = make_dataset(source, image_size=224, batch_size=512, training=True)
+
+Model code never imports TensorFlow; only this module (input pipelines) does.
+"""
+
+import dataclasses
+import os
+
+import numpy as np
+
+# The embedded default data set: scikit-learn's handwritten digits.
+DIGITS_CLASSES = 10
+
+
+@dataclasses.dataclass
+class Source:
+    """Examples before preprocessing: a `tf.data.Dataset` of `(uint8 image, int label)`.
+
+    `num_examples` is known for arrays, folders and tfds splits; `class_names`
+    when the source names its classes.
+    """
+
+    dataset: object
+    num_examples: int
+    num_classes: int
+    class_names: tuple = None
+    name: str = ""
+
+
+def _tf():
+    import tensorflow as tf
+
+    return tf
+
+
+def digits(image_size=32, test_fraction=0.2, seed=0):
+    """scikit-learn's 1,797 handwritten digits, upsampled to RGB `image_size` images.
+
+    Returns `(train, test)` pairs of `(uint8 images (N, S, S, 3), int labels)`,
+    split per class (1,437 / 360 with the defaults). No download: the images
+    ship with scikit-learn.
+
+    Example:
+    >>> (x, y), (x_test, y_test) = digits(image_size=32)
+    >>> x.shape, x_test.shape
+    ((1437, 32, 32, 3), (360, 32, 32, 3))
+    """
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
+    tf = _tf()
+    data = load_digits()
+    images = (data.images.astype("float32") * (255.0 / 16.0))[..., None]
+    images = tf.image.resize(images, (image_size, image_size), method="bilinear").numpy()
+    images = np.repeat(np.clip(np.round(images), 0, 255).astype("uint8"), 3, axis=-1)
+    x_train, x_test, y_train, y_test = train_test_split(
+        images, data.target.astype("int64"), test_size=test_fraction, random_state=seed,
+        stratify=data.target,
+    )
+    return (x_train, y_train), (x_test, y_test)
+
+
+def from_arrays(images, labels, num_classes=None, class_names=None, name="arrays"):
+    """A `Source` from in-memory uint8 images `(N, H, W, 3)` and integer labels."""
+    tf = _tf()
+    images, labels = np.asarray(images), np.asarray(labels).astype("int64")
+    if images.ndim != 4 or images.shape[-1] != 3:
+        raise ValueError(f"images must have shape (N, H, W, 3), got {images.shape}.")
+    if len(images) != len(labels):
+        raise ValueError(f"{len(images)} images but {len(labels)} labels.")
+    num_classes = num_classes or int(labels.max()) + 1
+    dataset = tf.data.Dataset.from_tensor_slices((images, labels))
+    return Source(dataset, len(images), num_classes, class_names, name)
+
+
+def from_tfds(name, split, data_dir=None, shard=None):
+    """A `Source` from a tensorflow-datasets split, e.g. `from_tfds("cifar10", "train")`.
+
+    `shard=(index, count)` keeps every `count`-th file for multi-host input.
+    Manual-download sets (imagenet2012) need `data_dir` with the prepared files.
+    """
+    import tensorflow_datasets as tfds
+
+    if data_dir is not None and not os.path.isdir(data_dir):
+        raise FileNotFoundError(f"Data directory not found: {data_dir}")
+    try:
+        builder = tfds.builder(name, data_dir=data_dir)
+    except tfds.core.registered.DatasetNotFoundError as error:
+        raise ValueError(f"Unknown tensorflow-datasets name {name!r}: {error}") from None
+    builder.download_and_prepare()
+    read_config = tfds.ReadConfig(shuffle_seed=0)
+    if shard is not None:
+        index, count = shard
+        read_config.input_context = _tf().distribute.InputContext(
+            num_input_pipelines=count, input_pipeline_id=index
+        )
+    dataset = builder.as_dataset(split=split, as_supervised=True, shuffle_files=False, read_config=read_config)
+    info = builder.info
+    label = info.features["label"]
+    examples = info.splits[split].num_examples
+    if shard is not None:
+        examples //= shard[1]
+    dataset = dataset.map(lambda image, y: (_as_rgb(image), y))
+    return Source(dataset, examples, label.num_classes, tuple(label.names), name)
+
+
+def _as_rgb(image):
+    tf = _tf()
+    if image.shape[-1] == 1:
+        image = tf.image.grayscale_to_rgb(image)
+    return image
+
+
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif")
+
+
+def from_folder(path, shard=None):
+    """A `Source` from `path/<class name>/<image files>`; classes sorted by name."""
+    tf = _tf()
+    if not os.path.isdir(path):
+        raise FileNotFoundError(f"Image folder not found: {path}")
+    class_names = sorted(d for d in os.listdir(path) if os.path.isdir(os.path.join(path, d)))
+    files, labels = [], []
+    for label, class_name in enumerate(class_names):
+        folder = os.path.join(path, class_name)
+        for file in sorted(os.listdir(folder)):
+            if file.lower().endswith(IMAGE_EXTENSIONS):
+                files.append(os.path.join(folder, file))
+                labels.append(label)
+    if not files:
+        raise ValueError(f"No images found under {path}/<class>/ (extensions {IMAGE_EXTENSIONS}).")
+    if shard is not None:
+        index, count = shard
+        files, labels = files[index::count], labels[index::count]
+
+    def decode(file, label):
+        image = tf.io.decode_image(tf.io.read_file(file), channels=3, expand_animations=False)
+        return image, label
+
+    dataset = tf.data.Dataset.from_tensor_slices((files, np.asarray(labels, "int64"))).map(decode)
+    return Source(dataset, len(files), len(class_names), tuple(class_names), os.path.basename(path))
+
+
+def load_source(name, split, data_dir=None, image_size=32, shard=None):
+    """Resolve a data-set name as the examples take it.
+
+    `"digits"` is the embedded default (split `"train"` or `"test"`); an
+    existing directory is an image folder (`split` names a sub-folder if
+    there is one); anything else is a tensorflow-datasets name.
+    """
+    if name == "digits":
+        if split not in ("train", "test"):
+            raise ValueError(f"The digits data set has splits 'train' and 'test', not {split!r}.")
+        train, test = digits(image_size=max(image_size, 8))
+        images, labels = train if split == "train" else test
+        if shard is not None:
+            images, labels = images[shard[0]::shard[1]], labels[shard[0]::shard[1]]
+        return from_arrays(images, labels, DIGITS_CLASSES, tuple(str(i) for i in range(10)), "digits")
+    if os.path.isdir(name):
+        folder = os.path.join(name, split) if os.path.isdir(os.path.join(name, split)) else name
+        return from_folder(folder, shard)
+    return from_tfds(name, split, data_dir=data_dir, shard=shard)
+
+
+# ---------------------------------------------------------------------------
+# Preprocessing steps (TensorFlow ops: they run inside tf.data).
+# ---------------------------------------------------------------------------
+
+
+def inception_crop(image, size, seed, area_range=(0.05, 1.0)):
+    """Random crop of 5-100% of the area and 3/4-4/3 aspect, resized to `size`."""
+    tf = _tf()
+    begin, crop_size, _ = tf.image.stateless_sample_distorted_bounding_box(
+        tf.shape(image),
+        bounding_boxes=tf.constant([0.0, 0.0, 1.0, 1.0], shape=(1, 1, 4)),
+        seed=seed,
+        min_object_covered=0.0,
+        aspect_ratio_range=(3 / 4, 4 / 3),
+        area_range=area_range,
+        use_image_if_no_bounding_boxes=True,
+    )
+    crop = tf.slice(image, begin, crop_size)
+    return tf.image.resize(crop, size, method="bilinear")
+
+
+def resize(image, size, crop_fraction=None):
+    """Resize for evaluation; with `crop_fraction`, resize then take the central crop."""
+    tf = _tf()
+    if crop_fraction:
+        larger = [int(round(s / crop_fraction)) for s in size]
+        image = tf.image.resize(image, larger, method="bilinear")
+        top, left = (larger[0] - size[0]) // 2, (larger[1] - size[1]) // 2
+        return image[top : top + size[0], left : left + size[1]]
+    return tf.image.resize(image, size, method="bilinear")
+
+
+def value_range(image, low=-1.0, high=1.0):
+    """Map [0, 255] pixels to [low, high]."""
+    tf = _tf()
+    return tf.cast(image, "float32") / 255.0 * (high - low) + low
+
+
+def make_dataset(
+    source,
+    image_size,
+    batch_size,
+    training,
+    seed=0,
+    epoch=0,
+    crop_fraction=None,
+    augmenters=(),
+    num_classes=None,
+    one_hot=False,
+    drop_remainder=None,
+    min_crop_area=0.05,
+    flip=True,
+):
+    """Batched, prefetched `(images in [-1, 1], labels)` for one pass over `source`.
+
+    Training: shuffle (per `seed` and `epoch`), `inception_crop` (keeping at
+    least `min_crop_area` of the image), random horizontal flip (if `flip`),
+    then any batched `augmenters` (e.g. `keras.layers.RandAugment`, `MixUp`,
+    `CutMix`; MixUp/CutMix need `one_hot=True`). Evaluation: `resize`.
+
+    Example:
+    >>> (x, y), _ = digits(image_size=32)
+    >>> batches = make_dataset(from_arrays(x, y), (32, 32), 64, training=True)
+    """
+    tf = _tf()
+    size = (image_size, image_size) if isinstance(image_size, int) else tuple(image_size)
+    num_classes = num_classes or source.num_classes
+    dataset = source.dataset
+    epoch_seed = int(seed) * 1_000_003 + int(epoch)
+    if training:
+        dataset = dataset.shuffle(
+            min(source.num_examples or 10_000, 10_000), seed=epoch_seed, reshuffle_each_iteration=False
+        )
+        dataset = dataset.enumerate()
+
+        def train_step(index, example):
+            image, label = example
+            key = tf.stack([tf.constant(epoch_seed, tf.int64), index])
+            crop_seed, flip_seed = key, key + tf.constant([0, 1 << 40], tf.int64)
+            image = inception_crop(image, size, crop_seed, area_range=(min_crop_area, 1.0))
+            if flip:
+                image = tf.image.stateless_random_flip_left_right(image, flip_seed)
+            return tf.ensure_shape(image, (*size, 3)), label
+
+        dataset = dataset.map(train_step, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    else:
+        dataset = dataset.map(
+            lambda image, label: (tf.ensure_shape(resize(image, size, crop_fraction), (*size, 3)), label),
+            num_parallel_calls=tf.data.AUTOTUNE,
+            deterministic=True,
+        )
+    if drop_remainder is None:
+        drop_remainder = training
+    dataset = dataset.batch(batch_size, drop_remainder=drop_remainder)
+    if one_hot:
+        dataset = dataset.map(lambda x, y: (x, tf.one_hot(y, num_classes)))
+    for augmenter in augmenters:
+        dataset = dataset.map(_apply_augmenter(augmenter), num_parallel_calls=tf.data.AUTOTUNE)
+    dataset = dataset.map(lambda x, y: (value_range(x), y), num_parallel_calls=tf.data.AUTOTUNE)
+    return dataset.prefetch(tf.data.AUTOTUNE)
+
+
+def _apply_augmenter(augmenter):
+    """Run a Keras (or keras-cv) augmentation layer on a batch of [0, 255] images."""
+
+    def apply(images, labels):
+        if _mixes_labels(augmenter):
+            out = augmenter({"images": images, "labels": labels}, training=True)
+            return out["images"], out["labels"]
+        return augmenter(images, training=True), labels
+
+    return apply
+
+
+def _mixes_labels(augmenter):
+    return type(augmenter).__name__ in ("MixUp", "CutMix")
+
+
+def make_augmenters(randaugment=None, mixup=0.0, cutmix=0.0, seed=0):
+    """Keras-core augmentation layers for the pipeline.
+
+    `randaugment=(num_ops, magnitude)` adds `RandAugment`; `mixup` / `cutmix`
+    give the Beta-distribution parameters of `MixUp` / `CutMix` (0 = off).
+    """
+    import keras
+
+    layers = []
+    if randaugment:
+        num_ops, magnitude = randaugment
+        layers.append(keras.layers.RandAugment(value_range=(0, 255), num_ops=num_ops, factor=magnitude, seed=seed))
+    if mixup:
+        layers.append(keras.layers.MixUp(alpha=mixup, seed=seed))
+    if cutmix:
+        layers.append(keras.layers.CutMix(factor=cutmix, seed=seed))
+    return layers
+
+
+def steps_per_epoch(source, batch_size):
+    """Full batches in one training epoch (the last partial batch is dropped)."""
+    steps = source.num_examples // batch_size
+    if steps < 1:
+        raise ValueError(
+            f"Batch size {batch_size} is larger than the {source.num_examples} training examples."
+        )
+    return steps
+
+
+def training_stream(source, image_size, batch_size, epochs, initial_epoch=0, seed=0, **kwargs):
+    """Epochs `initial_epoch .. epochs-1` of `make_dataset(training=True)`, concatenated.
+
+    Passed to `model.fit(..., steps_per_epoch=steps_per_epoch(source, batch_size))`,
+    each epoch gets its own shuffle and crops, decided by `(seed, epoch)` alone.
+    """
+    tf = _tf()
+    if initial_epoch >= epochs:
+        raise ValueError(f"initial_epoch {initial_epoch} leaves no epochs before {epochs}.")
+    # Python-level epochs: tf.data's shuffle takes its seed as a constant.
+    stream = None
+    for epoch in range(initial_epoch, epochs):
+        one = make_dataset(source, image_size, batch_size, training=True, seed=seed, epoch=epoch, **kwargs)
+        stream = one if stream is None else stream.concatenate(one)
+    return stream.prefetch(tf.data.AUTOTUNE)

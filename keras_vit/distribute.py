@@ -1,0 +1,118 @@
+"""One switch for the distribution engines our users run on (no home-made ones).
+
+`setup("tpu")` gives TensorFlow's `TPUStrategy` (with bfloat16),
+`"mirrored"` TensorFlow's `MirroredStrategy`, `"data_parallel"` and
+`"model_parallel"` Keras' JAX distribution API (`keras.distribution`), and
+`"multi_host"` the same data parallelism across JAX processes after
+`keras.distribution.initialize()` (Keras then gives each process its share of
+every global batch). Build and compile the model inside `engine.scope()`.
+"""
+
+import contextlib
+import dataclasses
+
+import keras
+
+ENGINES = ("none", "mirrored", "tpu", "data_parallel", "model_parallel", "multi_host")
+# The attention and MLP kernels are split over the "model" mesh axis (Megatron style:
+# column-parallel in, row-parallel out); everything else is replicated.
+MODEL_PARALLEL_RULES = {
+    r".*qkv/kernel": (None, "model"),
+    r".*qkv/bias": ("model",),
+    r".*attention_output/kernel": ("model", None),
+    r".*mlp_hidden/kernel": (None, "model"),
+    r".*mlp_hidden/bias": ("model",),
+    r".*mlp_output/kernel": ("model", None),
+}
+
+
+@dataclasses.dataclass
+class Engine:
+    """A chosen engine: `scope()` to build models in, and how many replicas share a batch."""
+
+    name: str
+    num_replicas: int = 1
+    strategy: object = None
+    process_index: int = 0
+    process_count: int = 1
+
+    def scope(self):
+        return self.strategy.scope() if self.strategy is not None else contextlib.nullcontext()
+
+    def check_batch_size(self, batch_size):
+        if batch_size % self.num_replicas:
+            raise ValueError(
+                f"Batch size {batch_size} is not divisible by the {self.num_replicas} replicas of "
+                f"the {self.name!r} engine."
+            )
+
+    @property
+    def is_chief(self):
+        """Whether this process writes logs and checkpoints."""
+        return self.process_index == 0
+
+
+def _require_backend(name, backend):
+    if keras.backend.backend() != backend:
+        raise ValueError(
+            f"The {name!r} engine needs the {backend} backend (KERAS_BACKEND={backend}); "
+            f"this process runs {keras.backend.backend()}."
+        )
+
+
+def model_parallel_layout(mesh):
+    """The `LayoutMap` that shards ViT attention and MLP kernels over `mesh`'s model axis."""
+    layout_map = keras.distribution.LayoutMap(mesh)
+    for pattern, axes in MODEL_PARALLEL_RULES.items():
+        layout_map[pattern] = axes
+    return layout_map
+
+
+def setup(name="none", model_parallel_size=2, tpu=None):
+    """Choose and set up a distribution engine; see `ENGINES`.
+
+    Example:
+    >>> engine = setup("none")
+    >>> with engine.scope():
+    ...     model = keras_vit.ViT_Ti16(image_size=32, classes=10)
+    """
+    if name not in ENGINES:
+        raise ValueError(f"Unknown distribution {name!r}; expected one of {ENGINES}.")
+    if name == "none":
+        return Engine(name)
+    if name in ("mirrored", "tpu"):
+        _require_backend(name, "tensorflow")
+        import tensorflow as tf
+
+        if name == "mirrored":
+            strategy = tf.distribute.MirroredStrategy()
+        else:
+            resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu=tpu)
+            tf.config.experimental_connect_to_cluster(resolver)
+            tf.tpu.experimental.initialize_tpu_system(resolver)
+            strategy = tf.distribute.TPUStrategy(resolver)
+            keras.config.set_dtype_policy("mixed_bfloat16")
+        return Engine(name, strategy.num_replicas_in_sync, strategy)
+    _require_backend(name, "jax")
+    import jax
+
+    if name == "multi_host":
+        keras.distribution.initialize()
+    devices = keras.distribution.list_devices()
+    if name == "model_parallel":
+        if len(devices) % model_parallel_size:
+            raise ValueError(
+                f"{len(devices)} devices cannot be split into model-parallel groups of {model_parallel_size}."
+            )
+        mesh = keras.distribution.DeviceMesh(
+            shape=(len(devices) // model_parallel_size, model_parallel_size),
+            axis_names=("batch", "model"),
+            devices=devices,
+        )
+        distribution = keras.distribution.ModelParallel(layout_map=model_parallel_layout(mesh), batch_dim_name="batch")
+        replicas = len(devices) // model_parallel_size
+    else:
+        distribution = keras.distribution.DataParallel(devices=devices)
+        replicas = len(devices)
+    keras.distribution.set_distribution(distribution)
+    return Engine(name, replicas, None, jax.process_index(), jax.process_count())

@@ -1,0 +1,112 @@
+"""The paper's training recipes (Appendix B) as reusable Keras objects.
+
+Pretraining: Adam (0.9, 0.999) with decoupled weight decay 0.1 on kernels
+only, linear warmup (10k steps) then linear decay, global-norm clipping 1.0,
+batch 4096 (reached by gradient accumulation when devices cannot hold it).
+Fine-tuning: SGD with momentum 0.9, no weight decay, warmup then cosine
+decay, clipping 1.0, batch 512, optional Polyak averaging and label smoothing.
+"""
+
+import math
+
+import keras
+from keras import ops
+
+# Variables that get no weight decay: everything but the kernels.
+NO_DECAY = ("bias", "gamma", "beta", "cls", "pos_embedding")
+
+
+@keras.saving.register_keras_serializable(package="keras_vit")
+class WarmupDecay(keras.optimizers.schedules.LearningRateSchedule):
+    """Linear warmup from 0 to `peak_learning_rate`, then linear or cosine decay.
+
+    Example:
+    >>> schedule = WarmupDecay(1e-3, total_steps=100, warmup_steps=10, decay="cosine")
+    >>> float(schedule(10))
+    0.001
+    """
+
+    DECAYS = ("linear", "cosine")
+
+    def __init__(self, peak_learning_rate, total_steps, warmup_steps=0, decay="linear", end_learning_rate=0.0):
+        if decay not in self.DECAYS:
+            raise ValueError(f"Unknown decay {decay!r}; expected one of {self.DECAYS}.")
+        if not 0 <= warmup_steps <= total_steps or total_steps <= 0:
+            raise ValueError(
+                f"Need 0 <= warmup_steps <= total_steps and total_steps > 0, got {warmup_steps}, {total_steps}."
+            )
+        self.peak_learning_rate = float(peak_learning_rate)
+        self.total_steps = int(total_steps)
+        self.warmup_steps = int(warmup_steps)
+        self.decay = decay
+        self.end_learning_rate = float(end_learning_rate)
+
+    def __call__(self, step):
+        step = ops.cast(step, "float32")
+        peak, end = self.peak_learning_rate, self.end_learning_rate
+        warmup = peak * step / max(self.warmup_steps, 1)
+        progress = (step - self.warmup_steps) / max(self.total_steps - self.warmup_steps, 1)
+        progress = ops.clip(progress, 0.0, 1.0)
+        if self.decay == "cosine":
+            decayed = end + (peak - end) * 0.5 * (1.0 + ops.cos(math.pi * progress))
+        else:
+            decayed = peak + (end - peak) * progress
+        return ops.where(step < self.warmup_steps, warmup, decayed)
+
+    def get_config(self):
+        return dict(
+            peak_learning_rate=self.peak_learning_rate,
+            total_steps=self.total_steps,
+            warmup_steps=self.warmup_steps,
+            decay=self.decay,
+            end_learning_rate=self.end_learning_rate,
+        )
+
+
+def accumulation_steps(target_batch_size, device_batch_size):
+    """Micro-batches to accumulate so that `device_batch_size` reaches the target batch."""
+    if target_batch_size is None or target_batch_size <= device_batch_size:
+        return None
+    if target_batch_size % device_batch_size:
+        raise ValueError(
+            f"Target batch {target_batch_size} is not a multiple of the batch {device_batch_size}."
+        )
+    return target_batch_size // device_batch_size
+
+
+def pretraining_optimizer(
+    learning_rate, weight_decay=0.1, global_clipnorm=1.0, beta_1=0.9, beta_2=0.999, gradient_accumulation_steps=None
+):
+    """Adam with decoupled weight decay on kernels only and global-norm clipping.
+
+    Example:
+    >>> optimizer = pretraining_optimizer(WarmupDecay(1e-3, 100_000, 10_000))
+    """
+    optimizer = keras.optimizers.AdamW(
+        learning_rate=learning_rate,
+        weight_decay=weight_decay,
+        beta_1=beta_1,
+        beta_2=beta_2,
+        global_clipnorm=global_clipnorm,
+        gradient_accumulation_steps=gradient_accumulation_steps,
+    )
+    optimizer.exclude_from_weight_decay(var_names=list(NO_DECAY))
+    return optimizer
+
+
+def finetuning_optimizer(
+    learning_rate, momentum=0.9, global_clipnorm=1.0, ema_momentum=None, gradient_accumulation_steps=None
+):
+    """SGD with momentum, no weight decay, global-norm clipping, optional EMA (e.g. 0.9999).
+
+    Example:
+    >>> optimizer = finetuning_optimizer(WarmupDecay(0.03, 10_000, 500, "cosine"))
+    """
+    return keras.optimizers.SGD(
+        learning_rate=learning_rate,
+        momentum=momentum,
+        global_clipnorm=global_clipnorm,
+        use_ema=ema_momentum is not None,
+        ema_momentum=ema_momentum or 0.99,
+        gradient_accumulation_steps=gradient_accumulation_steps,
+    )
