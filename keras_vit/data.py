@@ -96,8 +96,11 @@ def from_tfds(name, split, data_dir=None, shard=None):
         raise FileNotFoundError(f"Data directory not found: {data_dir}")
     try:
         builder = tfds.builder(name, data_dir=data_dir)
-    except tfds.core.registered.DatasetNotFoundError as error:
-        raise ValueError(f"Unknown tensorflow-datasets name {name!r}: {error}") from None
+    except tfds.core.registered.DatasetNotFoundError:
+        raise ValueError(
+            f"Unknown data set {name!r}: not 'digits', not a folder and not a tensorflow-datasets "
+            "name (see tensorflow_datasets.list_builders())."
+        ) from None
     builder.download_and_prepare()
     read_config = tfds.ReadConfig(shuffle_seed=0)
     if shard is not None:
@@ -108,10 +111,13 @@ def from_tfds(name, split, data_dir=None, shard=None):
     dataset = builder.as_dataset(split=split, as_supervised=True, shuffle_files=False, read_config=read_config)
     info = builder.info
     label = info.features["label"]
-    examples = info.splits[split].num_examples
-    if shard is not None:
-        examples //= shard[1]
     dataset = dataset.map(lambda image, y: (_as_rgb(image), y))
+    try:
+        examples = info.splits[split].num_examples
+        if shard is not None:
+            examples //= shard[1]
+    except KeyError:  # No split metadata (e.g. tfds.testing.mock_data): count once.
+        examples = int(dataset.reduce(0, lambda count, _: count + 1))
     return Source(dataset, examples, label.num_classes, tuple(label.names), name)
 
 

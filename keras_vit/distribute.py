@@ -97,6 +97,11 @@ def setup(name="none", model_parallel_size=2, tpu=None):
     import jax
 
     if name == "multi_host":
+        try:  # CPU processes need a collectives library to talk to each other.
+            jax.config.update("jax_cpu_collectives_implementation", "gloo")
+        except AttributeError:
+            pass
+        # Reads KERAS_DISTRIBUTION_JOB_ADDRESSES / _NUM_PROCESSES / _PROCESS_ID, or TPU metadata.
         keras.distribution.initialize()
     devices = keras.distribution.list_devices()
     if name == "model_parallel":

@@ -376,12 +376,13 @@ class TransformerBlock(keras.layers.Layer):
         )
         self.mlp_hidden = self._mlp_dense(self.mlp_dim, "mlp_hidden", seed_offset=2)
         self.mlp_output = self._mlp_dense(hidden_size, "mlp_output", seed_offset=4)
+        # Attention probabilities stay float32 (softmax precision), whatever the policy.
         self.attention_dropout = keras.layers.Dropout(
-            self.attention_dropout_rate, seed=self._seed(6)
+            self.attention_dropout_rate, seed=self._seed(6), dtype="float32"
         )
-        self.output_dropout = keras.layers.Dropout(self.dropout_rate, seed=self._seed(7))
-        self.mlp_hidden_dropout = keras.layers.Dropout(self.dropout_rate, seed=self._seed(8))
-        self.mlp_output_dropout = keras.layers.Dropout(self.dropout_rate, seed=self._seed(9))
+        self.output_dropout = keras.layers.Dropout(self.dropout_rate, seed=self._seed(7), **dense)
+        self.mlp_hidden_dropout = keras.layers.Dropout(self.dropout_rate, seed=self._seed(8), **dense)
+        self.mlp_output_dropout = keras.layers.Dropout(self.dropout_rate, seed=self._seed(9), **dense)
         if self.stochastic_depth_rate:
             self.stochastic_depth_seed = keras.random.SeedGenerator(self._seed(10))
 

@@ -74,6 +74,54 @@ def accumulation_steps(target_batch_size, device_batch_size):
     return target_batch_size // device_batch_size
 
 
+def _in_tf_replica_context():
+    if keras.backend.backend() != "tensorflow":
+        return False
+    import tensorflow as tf
+
+    return tf.distribute.has_strategy() and not tf.distribute.in_cross_replica_context()
+
+
+class _ClipGlobalGradient:
+    """Clip by global norm *after* the replicas' gradients are summed.
+
+    Under TensorFlow distribution strategies Keras (3.15) clips each replica's
+    share of the gradient before the all-reduce, so `global_clipnorm` gives a
+    different update on N replicas than on one device. This mixin moves the
+    clipping after the all-reduce; elsewhere it changes nothing.
+    """
+
+    def _clip_gradients(self, grads):
+        if _in_tf_replica_context():
+            return grads  # Clipped in _backend_update_step, once summed.
+        return super()._clip_gradients(grads)
+
+    def _backend_update_step(self, grads, trainable_variables, learning_rate):
+        if not _in_tf_replica_context():
+            return super()._backend_update_step(grads, trainable_variables, learning_rate)
+        import tensorflow as tf
+
+        variables = [v.value if isinstance(v, keras.Variable) else v for v in trainable_variables]
+        summed = self._all_reduce_sum_gradients(list(zip(grads, variables)))
+        clipped = super()._clip_gradients([grad for grad, _ in summed])
+        tf.__internal__.distribute.interim.maybe_merge_call(
+            self._distributed_tf_update_step,
+            self._distribution_strategy,
+            list(zip(clipped, variables)),
+            learning_rate,
+        )
+
+
+@keras.saving.register_keras_serializable(package="keras_vit")
+class AdamW(_ClipGlobalGradient, keras.optimizers.AdamW):
+    """`keras.optimizers.AdamW` whose global-norm clipping is the same on any number of replicas."""
+
+
+@keras.saving.register_keras_serializable(package="keras_vit")
+class SGD(_ClipGlobalGradient, keras.optimizers.SGD):
+    """`keras.optimizers.SGD` whose global-norm clipping is the same on any number of replicas."""
+
+
 def pretraining_optimizer(
     learning_rate, weight_decay=0.1, global_clipnorm=1.0, beta_1=0.9, beta_2=0.999, gradient_accumulation_steps=None
 ):
@@ -82,7 +130,7 @@ def pretraining_optimizer(
     Example:
     >>> optimizer = pretraining_optimizer(WarmupDecay(1e-3, 100_000, 10_000))
     """
-    optimizer = keras.optimizers.AdamW(
+    optimizer = AdamW(
         learning_rate=learning_rate,
         weight_decay=weight_decay,
         beta_1=beta_1,
@@ -102,7 +150,7 @@ def finetuning_optimizer(
     Example:
     >>> optimizer = finetuning_optimizer(WarmupDecay(0.03, 10_000, 500, "cosine"))
     """
-    return keras.optimizers.SGD(
+    return SGD(
         learning_rate=learning_rate,
         momentum=momentum,
         global_clipnorm=global_clipnorm,

@@ -140,6 +140,7 @@ def train(args, stage):
         steps_per_epoch=steps,
         validation_data=validation,
         callbacks=callbacks,
+        shuffle=False,  # The stream is already shuffled, per (seed, epoch).
         verbose=args.verbose,
     )
     if history.history.get("loss") and not np.isfinite(history.history["loss"][-1]):
@@ -191,6 +192,14 @@ def load_for_inference(args):
     return ViT(image_size=args.image_size, **sizes.__dict__, weights=source, classifier_activation=None)
 
 
+def _outputs_logits(model):
+    try:
+        activation = model.get_layer("predictions").activation
+    except ValueError:
+        return True
+    return activation is keras.activations.linear or getattr(activation, "__name__", "") == "linear"
+
+
 def evaluate(args):
     """Top-1 and top-5 of a saved model on a data-set split."""
     model = load_for_inference(args)
@@ -199,7 +208,8 @@ def evaluate(args):
     source = data.load_source(args.dataset, args.eval_split, args.data_dir, image_size)
     dataset = data.make_dataset(source, image_size, args.eval_batch_size, training=False, one_hot=True,
                                 num_classes=num_classes)
-    model.compile(metrics=_metrics(num_classes))
+    model.compile(loss=keras.losses.CategoricalCrossentropy(from_logits=_outputs_logits(model)),
+                  metrics=_metrics(num_classes))
     results = model.evaluate(dataset, verbose=args.verbose, return_dict=True)
     print(f"top-1 accuracy: {results['top1']:.4f}")
     print(f"top-5 accuracy: {results['top5']:.4f}")
@@ -230,9 +240,11 @@ def predict(args):
             raise FileNotFoundError(f"Image not found: {path}")
         image = tf.io.decode_image(tf.io.read_file(path), channels=3, expand_animations=False)
         image = data.value_range(data.resize(image, size, args.crop_fraction))
-        scores = keras.ops.convert_to_numpy(model(image.numpy()[None], training=False))[0]
-        probabilities = np.exp(scores - scores.max())
-        probabilities /= probabilities.sum()
+        scores = keras.ops.convert_to_numpy(model(image.numpy()[None], training=False))[0].astype("float64")
+        probabilities = scores
+        if _outputs_logits(model):
+            probabilities = np.exp(scores - scores.max())
+            probabilities /= probabilities.sum()
         best = np.argsort(probabilities)[::-1][:5]
         print(path)
         for index in best:

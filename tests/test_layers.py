@@ -235,6 +235,14 @@ def test_layer_config_round_trip(make):
 
 
 @pytest.mark.parametrize("policy", ["mixed_bfloat16", "mixed_float16"])
+def test_block_keeps_its_own_policy_under_another_global_policy(policy):
+    block = TransformerBlock(2, 16, dropout_rate=0.1, stochastic_depth_rate=0.1, dtype=policy)
+    x = keras.ops.cast(np.ones((2, 5, 8), "float32"), block.compute_dtype)
+    for training in (False, True):
+        assert keras.backend.standardize_dtype(block(x, training=training).dtype) == block.compute_dtype
+
+
+@pytest.mark.parametrize("policy", ["mixed_bfloat16", "mixed_float16"])
 def test_layers_run_in_mixed_precision_with_float32_weights(policy):
     keras.config.set_dtype_policy(policy)
     images = np.random.default_rng(7).uniform(-1, 1, size=(2, 8, 8, 3)).astype("float32")

@@ -1,0 +1,122 @@
+import os
+
+import numpy as np
+import pytest
+
+tf = pytest.importorskip("tensorflow")
+tfds = pytest.importorskip("tensorflow_datasets")
+
+from keras_vit import data  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def digits():
+    return data.digits(image_size=16)
+
+
+def test_digits_are_real_images_split_per_class(digits):
+    (x, y), (x_test, y_test) = digits
+    assert x.shape == (1437, 16, 16, 3) and x_test.shape == (360, 16, 16, 3)
+    assert x.dtype == np.uint8 and x.max() == 255 and x.min() == 0
+    assert np.array_equal(x[..., 0], x[..., 2])
+    assert set(np.bincount(y_test)) <= {35, 36, 37}
+
+
+def test_training_batches_are_deterministic_per_seed_and_epoch(digits):
+    source = data.from_arrays(*digits[0])
+
+    def first(seed, epoch):
+        batch = next(iter(data.make_dataset(source, 16, 32, training=True, seed=seed, epoch=epoch)))
+        return batch[0].numpy(), batch[1].numpy()
+
+    a, b, c, d = first(0, 0), first(0, 0), first(0, 1), first(1, 0)
+    np.testing.assert_array_equal(a[0], b[0])
+    assert not np.array_equal(a[1], c[1]) and not np.array_equal(a[1], d[1])
+    assert a[0].min() >= -1.0 and a[0].max() <= 1.0 and a[0].dtype == np.float32
+
+
+def test_stream_resumed_at_an_epoch_equals_the_uninterrupted_stream(digits):
+    source = data.from_arrays(*digits[0])
+    steps = data.steps_per_epoch(source, 64)
+    whole = [x.numpy() for x, _ in data.training_stream(source, 16, 64, epochs=3, seed=5)]
+    resumed = [x.numpy() for x, _ in data.training_stream(source, 16, 64, epochs=3, initial_epoch=2, seed=5)]
+    assert len(whole) == 3 * steps and len(resumed) == steps
+    for a, b in zip(whole[2 * steps:], resumed):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_full_area_crop_without_flip_is_a_plain_resize():
+    image = np.arange(8 * 8 * 3, dtype="uint8").reshape(1, 8, 8, 3)
+    source = data.from_arrays(image, [0])
+    batch = next(iter(data.make_dataset(source, 8, 1, training=True, min_crop_area=1.0, flip=False)))
+    np.testing.assert_allclose(batch[0].numpy(), image / 127.5 - 1.0, atol=1e-6)
+
+
+def test_evaluation_resize_and_central_crop():
+    image = np.zeros((1, 10, 10, 3), "uint8")
+    image[:, 2:8, 2:8] = 255
+    source = data.from_arrays(image, [0])
+    batch = next(iter(data.make_dataset(source, 6, 1, training=False, crop_fraction=0.6)))[0].numpy()
+    assert batch.shape == (1, 6, 6, 3)
+    np.testing.assert_allclose(batch, 1.0, atol=1e-6)  # the crop is the white centre
+
+
+def test_image_folder_source(tmp_path):
+    rng = np.random.default_rng(0)
+    for class_name, count in (("cat", 3), ("dog", 2)):
+        (tmp_path / class_name).mkdir()
+        for i in range(count):
+            pixels = rng.integers(0, 256, (20 + i, 24, 3), dtype=np.uint8)
+            tf.io.write_file(str(tmp_path / class_name / f"{i}.png"), tf.io.encode_png(pixels))
+    (tmp_path / "dog" / "notes.txt").write_text("not an image")
+    source = data.load_source(str(tmp_path), "train")
+    assert (source.num_examples, source.num_classes, source.class_names) == (5, 2, ("cat", "dog"))
+    labels = [int(y) for _, y in source.dataset]
+    assert labels == [0, 0, 0, 1, 1]
+    batches = list(data.make_dataset(source, 16, 2, training=False))
+    assert [b[0].shape[0] for b in batches] == [2, 2, 1]
+    sharded = data.from_folder(str(tmp_path), shard=(1, 2))
+    assert sharded.num_examples == 2
+
+
+def test_folder_errors(tmp_path):
+    with pytest.raises(FileNotFoundError, match="Image folder not found"):
+        data.from_folder(str(tmp_path / "missing"))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match="No images found under"):
+        data.from_folder(str(tmp_path))
+
+
+def test_tfds_source_with_mock_data():
+    with tfds.testing.mock_data(num_examples=12):
+        source = data.load_source("cifar10", "train")
+        assert (source.num_examples, source.num_classes) == (12, 10)
+        images, labels = next(iter(data.make_dataset(source, 24, 4, training=True)))
+        assert images.shape == (4, 24, 24, 3)
+        grey = data.load_source("mnist", "test")
+        assert next(iter(grey.dataset))[0].shape[-1] == 3
+
+
+def test_unknown_data_set_and_missing_data_dir(tmp_path):
+    with pytest.raises(ValueError, match="Unknown data set 'no_such_set_xyz'"):
+        data.load_source("no_such_set_xyz", "train")
+    with pytest.raises(FileNotFoundError, match="Data directory not found"):
+        data.load_source("imagenet2012", "train", data_dir=str(tmp_path / "nowhere"))
+    with pytest.raises(ValueError, match="splits 'train' and 'test', not 'validation'"):
+        data.load_source("digits", "validation")
+
+
+def test_batched_keras_augmentations_mix_one_hot_labels(digits):
+    source = data.from_arrays(*[a[:64] for a in digits[0]])
+    augmenters = data.make_augmenters(randaugment=(2, 0.5), mixup=0.2, cutmix=1.0, seed=1)
+    assert [type(a).__name__ for a in augmenters] == ["RandAugment", "MixUp", "CutMix"]
+    images, labels = next(iter(data.make_dataset(source, 16, 32, training=True, augmenters=augmenters, one_hot=True)))
+    labels = labels.numpy()
+    np.testing.assert_allclose(labels.sum(1), 1.0, atol=1e-5)
+    assert (labels.max(1) < 1.0 - 1e-6).any(), "MixUp/CutMix must blend some labels"
+    assert images.numpy().min() >= -1.0 - 1e-6 and images.numpy().max() <= 1.0 + 1e-6
+
+
+def test_batch_larger_than_data_is_an_error(digits):
+    with pytest.raises(ValueError, match="Batch size 4096 is larger than the 1437 training examples"):
+        data.steps_per_epoch(data.from_arrays(*digits[0]), 4096)

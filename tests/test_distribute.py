@@ -1,0 +1,115 @@
+"""Distribution engines against one device: same weights after a few steps.
+
+Each engine runs in fresh processes (virtual devices must be set before the
+backend starts): JAX with 8 host devices for DataParallel and ModelParallel,
+two JAX processes on 127.0.0.1 for multi-host, TensorFlow with two logical
+CPUs for MirroredStrategy.
+"""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import keras
+import numpy as np
+import pytest
+
+from keras_vit import distribute
+
+WORKER = os.path.join(os.path.dirname(__file__), "distributed_worker.py")
+BACKEND = keras.backend.backend()
+
+
+def run_worker(backend, engine, output, *extra, devices=None, background=False):
+    env = {**os.environ, "KERAS_BACKEND": backend, "TF_CPP_MIN_LOG_LEVEL": "2"}
+    env.pop("XLA_FLAGS", None)
+    if devices:
+        env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+    command = [sys.executable, WORKER, engine, str(output), *extra]
+    if background:
+        return subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return json.loads(done.stdout.split("REPORT ", 1)[1].splitlines()[0])
+
+
+def assert_same_weights(path_a, path_b):
+    with np.load(path_a) as a, np.load(path_b) as b:
+        assert sorted(a.files) == sorted(b.files)
+        for key in a.files:
+            np.testing.assert_allclose(a[key], b[key], atol=2e-6, err_msg=key)
+        moved = max(np.abs(a[k]).max() for k in a.files)
+        assert moved > 0
+
+
+@pytest.fixture(scope="module")
+def single_device(tmp_path_factory):
+    path = tmp_path_factory.mktemp("single") / "weights.npz"
+    run_worker(BACKEND, "none", path, devices=8 if BACKEND == "jax" else None)
+    return path
+
+
+jax_only = pytest.mark.skipif(BACKEND != "jax", reason="keras.distribution runs on the JAX backend")
+tf_only = pytest.mark.skipif(BACKEND != "tensorflow", reason="tf.distribute strategies need TensorFlow")
+
+
+@jax_only
+def test_data_parallel_on_8_devices_matches_one_device(single_device, tmp_path):
+    report = run_worker("jax", "data_parallel", tmp_path / "w.npz", devices=8)
+    assert report["replicas"] == 8
+    assert_same_weights(single_device, tmp_path / "w.npz")
+
+
+@jax_only
+def test_model_parallel_shards_kernels_and_matches_one_device(single_device, tmp_path):
+    report = run_worker("jax", "model_parallel", tmp_path / "w.npz", devices=8)
+    assert report["replicas"] == 4
+    assert report["qkv_sharding"] in ("PartitionSpec(None, 'model')", "P(None, 'model')")
+    assert report["qkv_shard_shape"] == [32, 48]  # 96 columns over a model axis of 2
+    assert_same_weights(single_device, tmp_path / "w.npz")
+
+
+@jax_only
+def test_two_jax_processes_on_localhost_match_one_device(tmp_path):
+    reference = tmp_path / "reference.npz"
+    run_worker("jax", "none", reference)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    address = f"127.0.0.1:{port}"
+    workers = [
+        run_worker("jax", "multi_host", tmp_path / "w.npz", address, "2", str(i), background=True) for i in (0, 1)
+    ]
+    outputs = [worker.communicate(timeout=600)[0] for worker in workers]
+    for worker, output in zip(workers, outputs):
+        assert worker.returncode == 0, output[-3000:]
+        assert json.loads(output.split("REPORT ", 1)[1].splitlines()[0])["replicas"] == 2
+    assert_same_weights(reference, tmp_path / "w.npz")
+
+
+@tf_only
+def test_mirrored_strategy_on_2_devices_matches_one_device(single_device, tmp_path):
+    report = run_worker("tensorflow", "mirrored", tmp_path / "w.npz")
+    assert report["replicas"] == 2
+    assert_same_weights(single_device, tmp_path / "w.npz")
+
+
+def test_engine_choice_errors():
+    with pytest.raises(ValueError, match="Unknown distribution 'horovod'"):
+        distribute.setup("horovod")
+    other = "mirrored" if BACKEND != "tensorflow" else "data_parallel"
+    needed = "tensorflow" if other == "mirrored" else "jax"
+    with pytest.raises(ValueError, match=f"The '{other}' engine needs the {needed} backend"):
+        distribute.setup(other)
+    engine = distribute.Engine("mirrored", num_replicas=8)
+    with pytest.raises(ValueError, match="Batch size 12 is not divisible by the 8 replicas of the 'mirrored' engine"):
+        engine.check_batch_size(12)
+    engine.check_batch_size(16)
+
+
+def test_layout_map_shards_attention_and_mlp_kernels_only():
+    assert distribute.MODEL_PARALLEL_RULES[r".*qkv/kernel"] == (None, "model")
+    assert distribute.MODEL_PARALLEL_RULES[r".*mlp_output/kernel"] == ("model", None)
+    assert not any("norm" in rule or "embedding" in rule for rule in distribute.MODEL_PARALLEL_RULES)

@@ -1,0 +1,169 @@
+"""The examples and the keras-vit command, end to end on the embedded digits."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import keras
+import numpy as np
+import pytest
+
+tf = pytest.importorskip("tensorflow")
+
+import keras_vit  # noqa: E402
+from conftest import SMALL, fixture, reference  # noqa: E402
+from keras_vit import CheckpointError, cli, data  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BACKEND = keras.backend.backend()
+QUICK = ["--verbose", "0", "--hidden-size", "32", "--num-layers", "2", "--num-heads", "2", "--mlp-dim", "64",
+         "--eval-batch-size", "360"]
+
+
+@pytest.fixture(scope="module")
+def pretrained(tmp_path_factory):
+    out = tmp_path_factory.mktemp("pretrain")
+    top1 = cli.main(["pretrain", *QUICK, "--epochs", "3", "--output-dir", str(out), "--warmup-steps", "10"])
+    return out, top1
+
+
+def test_pretrain_writes_logs_curve_and_model(pretrained):
+    out, top1 = pretrained
+    for name in ("model.keras", "log.csv", "learning_curve.png", "classes.txt"):
+        assert (out / name).exists(), name
+    assert os.listdir(out / "tensorboard")
+    assert 0.2 < top1 <= 1.0  # three short epochs learn something on 10 classes
+    assert len((out / "log.csv").read_text().strip().splitlines()) == 4
+    assert not (out / "backup").exists()  # removed once training finished
+    model = keras.saving.load_model(out / "model.keras")
+    assert model.input_shape == (None, 16, 16, 3)
+
+
+def test_finetune_resizes_embeddings_replaces_head_and_evaluates(pretrained, tmp_path, caplog, capsys):
+    out, _ = pretrained
+    top1 = cli.main(["finetune", *QUICK, "--weights", str(out / "model.keras"), "--epochs", "1",
+                     "--output-dir", str(tmp_path), "--image-size", "24"])
+    assert "from a 4x4 to a 6x6 patch grid" in caplog.text
+    assert f"top-1 accuracy: {top1:.4f}" in capsys.readouterr().out
+    model = keras.saving.load_model(tmp_path / "model.keras")
+    assert model.input_shape == (None, 24, 24, 3)
+    results = cli.main(["evaluate", "--weights", str(tmp_path / "model.keras"), "--verbose", "0"])
+    assert results["top1"] == pytest.approx(top1, abs=1e-6)
+    assert results["top5"] >= results["top1"]
+
+
+def test_predict_prints_top5_labels_of_image_files(pretrained, tmp_path, capsys):
+    out, _ = pretrained
+    _, (images, labels) = data.digits(image_size=16)
+    paths = []
+    for i in range(2):
+        path = tmp_path / f"digit{i}.png"
+        tf.io.write_file(str(path), tf.io.encode_png(images[i]))
+        paths.append(str(path))
+    results = cli.main(["predict", "--weights", str(out / "model.keras"), *paths])
+    printed = capsys.readouterr().out
+    assert len(results) == 2 and all(len(r) == 5 for r in results)
+    assert {name for name, _ in results[0]} <= {str(i) for i in range(10)}
+    assert paths[0] in printed
+    np.testing.assert_allclose(sum(p for _, p in results[0]), 1.0, atol=0.5)  # top 5 of 10 classes
+    with pytest.raises(FileNotFoundError, match="Image not found"):
+        cli.main(["predict", "--weights", str(out / "model.keras"), str(tmp_path / "missing.png")])
+
+
+def test_convert_npz_to_keras_keeps_the_logits(tmp_path):
+    target = tmp_path / "vit.keras"
+    cli.main(["convert", fixture("vit_token.npz"), str(target)])
+    model = keras.saving.load_model(target)
+    images, logits = reference("vit_token")
+    probabilities = keras.ops.convert_to_numpy(model(images))
+    expected = np.exp(logits - logits.max(-1, keepdims=True))
+    np.testing.assert_allclose(probabilities, expected / expected.sum(-1, keepdims=True), atol=1e-5)
+    assert model.get_layer("encoderblock_0").num_heads == SMALL["num_heads"]
+
+
+@pytest.mark.parametrize(
+    "argv,error,message",
+    [
+        (["--dataset", "no_such_set_xyz"], ValueError, "Unknown data set 'no_such_set_xyz'"),
+        (["--dataset", "imagenet2012", "--data-dir", "/nonexistent/tfds"], FileNotFoundError, "Data directory not found"),
+        (["--image-size", "30"], ValueError, "Image size 30 is not divisible by the patch size 4"),
+        (["--model", "ViT_X99"], ValueError, "Unknown model 'ViT_X99'"),
+        (["--weights", fixture("vit_token.npz"), "--model", "ViT_Ti16"], CheckpointError, "has 2 encoder blocks but the model has 12"),
+        (["--distribution", "mirrored" if BACKEND != "tensorflow" else "data_parallel"], ValueError, "engine needs the"),
+    ],
+)
+def test_bad_input_fails_before_training(argv, error, message, tmp_path):
+    with pytest.raises(error, match=message):
+        cli.main(["pretrain", *QUICK, "--epochs", "1", "--output-dir", str(tmp_path), *argv])
+    assert not (tmp_path / "log.csv").exists()
+
+
+def test_mixed_precision_flag_trains_in_bfloat16(tmp_path):
+    try:
+        top1 = cli.main(["pretrain", *QUICK, "--epochs", "1", "--output-dir", str(tmp_path), "--mixed-precision"])
+        assert keras.config.dtype_policy().name == "mixed_bfloat16"
+    finally:
+        keras.config.set_dtype_policy("float32")
+    model = keras.saving.load_model(tmp_path / "model.keras")
+    assert model.get_layer("encoderblock_0").dtype_policy.name == "mixed_bfloat16"
+    assert all(v.dtype == "float32" for v in model.weights)
+    assert 0.0 <= top1 <= 1.0
+
+
+def test_nan_loss_stops_training_with_a_message(tmp_path):
+    with pytest.raises(RuntimeError, match="loss became NaN"):
+        cli.main(["pretrain", *QUICK, "--epochs", "3", "--output-dir", str(tmp_path), "--learning-rate", "1e38",
+                  "--clipnorm", "1e30", "--warmup-steps", "0"])
+    assert not (tmp_path / "model.keras").exists()
+
+
+def _pretrain_command(out):
+    return [sys.executable, os.path.join(ROOT, "examples", "pretrain.py"), *QUICK, "--epochs", "8",
+            "--output-dir", str(out), "--warmup-steps", "10", "--dropout", "0.0"]
+
+
+@pytest.mark.skipif(BACKEND == "torch", reason="run on the jax and tensorflow backends")
+def test_killed_training_resumes_to_the_same_weights(tmp_path):
+    env = {**os.environ, "KERAS_BACKEND": BACKEND, "TF_CPP_MIN_LOG_LEVEL": "2"}
+    uninterrupted, resumed = tmp_path / "uninterrupted", tmp_path / "resumed"
+    done = subprocess.run(_pretrain_command(uninterrupted), env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+    process = subprocess.Popen(_pretrain_command(resumed), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    metadata = resumed / "backup" / "training_metadata.json"
+    deadline = time.time() + 300
+    while time.time() < deadline and process.poll() is None:
+        if metadata.exists():
+            try:
+                if json.loads(metadata.read_text())["epoch"] >= 2:
+                    break
+            except (ValueError, KeyError):
+                pass  # caught mid-write
+        time.sleep(0.02)
+    assert process.poll() is None, "training ended before it could be killed"
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    killed_at = json.loads(metadata.read_text())["epoch"]
+    assert 2 <= killed_at < 8 and not (resumed / "model.keras").exists()
+
+    done = subprocess.run(_pretrain_command(resumed), env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    log = (resumed / "log.csv").read_text().strip().splitlines()
+    assert [int(line.split(",")[0]) for line in log[1:]][-1] == 7
+    a = keras.saving.load_model(uninterrupted / "model.keras")
+    b = keras.saving.load_model(resumed / "model.keras")
+    for x, y in zip(a.weights, b.weights):
+        np.testing.assert_allclose(keras.ops.convert_to_numpy(x), keras.ops.convert_to_numpy(y), atol=1e-6,
+                                   err_msg=x.path)
+
+
+def test_console_entry_point_runs():
+    script = os.path.join(os.path.dirname(sys.executable), "keras-vit")
+    assert os.path.exists(script), "pip install -e . creates the keras-vit command"
+    done = subprocess.run([script, "--help"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    for command in ("pretrain", "finetune", "evaluate", "predict", "convert an original .npz checkpoint to .keras"):
+        assert command in done.stdout
