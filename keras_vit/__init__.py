@@ -5,7 +5,7 @@ Example:
 >>> model = keras_vit.ViT_B16(weights=None, image_size=224, classes=10)
 """
 
-from keras_vit import layers
+from keras_vit import analysis, layers, recipes  # recipes registers the optimizers saved in .keras files
 from keras_vit.checkpoints import Checkpoint, CheckpointError, available_weights
 from keras_vit.imagenet import decode_predictions, preprocess_input
 from keras_vit.models import VARIANTS, ViT, Variant, decode_variant
@@ -30,11 +30,13 @@ __all__ = [
     "VARIANTS",
     "ViT",
     "Variant",
+    "analysis",
     "available_weights",
     "decode_predictions",
     "decode_variant",
     "layers",
     "preprocess_input",
+    "recipes",
     "resize_position_embeddings",
     *VARIANTS,
 ]

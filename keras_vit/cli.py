@@ -1,4 +1,4 @@
-"""The `keras-vit` command: pretrain, finetune, evaluate, predict, convert.
+"""The `keras-vit` command: pretrain, finetune, evaluate, predict, inspect, convert.
 
 Defaults follow the paper (Appendix B) except where the embedded digits data
 set needs smaller numbers; every number is a flag. `examples/pretrain.py` and
@@ -97,6 +97,12 @@ def build_parser():
     predict.add_argument("--labels", help="class names, one a line (default: classes.txt or ImageNet)")
     predict.add_argument("--crop-fraction", type=float, help="resize then centre-crop this fraction")
     predict.set_defaults(weights="runs/finetune/model.keras")
+
+    inspect = commands.add_parser("inspect", help="write the paper's Figure 7 plots and an attention rollout")
+    _model_flags(inspect)
+    inspect.add_argument("image", help="an image file")
+    inspect.add_argument("--output-dir", default="runs/inspect")
+    inspect.set_defaults(weights="runs/finetune/model.keras")
 
     convert = commands.add_parser("convert", help="convert an original .npz checkpoint to .keras")
     convert.add_argument("weights", help="a .npz or .weights.h5 file, or a named checkpoint with --model")

@@ -253,6 +253,23 @@ def predict(args):
     return results
 
 
+def inspect(args):
+    """Write attention rollout, mean attention distance, position-embedding and filter plots."""
+    import tensorflow as tf
+
+    from keras_vit import analysis
+
+    model = load_for_inference(args)
+    if not os.path.exists(args.image):
+        raise FileNotFoundError(f"Image not found: {args.image}")
+    image = tf.io.decode_image(tf.io.read_file(args.image), channels=3, expand_animations=False)
+    image = tf.cast(tf.clip_by_value(data.resize(image, model.input_shape[1:3]), 0, 255), "uint8").numpy()
+    written = analysis.inspect(model, image, args.output_dir)
+    for path in written.values():
+        print("wrote", path)
+    return written
+
+
 def convert(args):
     """Convert a checkpoint (original `.npz`, `.weights.h5`) to a `.keras` model."""
     source = checkpoints.read_weights(args.weights, args.model, (args.image_size or 224,) * 2)

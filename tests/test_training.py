@@ -160,6 +160,15 @@ def test_killed_training_resumes_to_the_same_weights(tmp_path):
                                    err_msg=x.path)
 
 
+def test_trained_model_loads_in_a_fresh_process(pretrained):
+    out, _ = pretrained
+    code = "import keras, keras_vit, sys; m = keras.saving.load_model(sys.argv[1]); print(m.optimizer.__class__.__name__)"
+    done = subprocess.run([sys.executable, "-c", code, str(out / "model.keras")], capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "KERAS_BACKEND": BACKEND})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().endswith("AdamW")
+
+
 def test_console_entry_point_runs():
     script = os.path.join(os.path.dirname(sys.executable), "keras-vit")
     assert os.path.exists(script), "pip install -e . creates the keras-vit command"
