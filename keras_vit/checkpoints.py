@@ -342,6 +342,58 @@ def from_flax(arrays, description="checkpoint"):
     return state
 
 
+def to_flax(model):
+    """A keras_vit model's weights under the original vision_transformer names and layouts.
+
+    The inverse of `from_flax` (for the original, un-prefixed layout).
+    """
+    state = {v.path: keras.ops.convert_to_numpy(v) for v in model.weights}
+    hidden = state["embedding/kernel"].shape[-1]
+    out = {
+        "embedding/kernel": state["embedding/kernel"],
+        "embedding/bias": state["embedding/bias"],
+        "Transformer/posembed_input/pos_embedding": state["position_embedding/pos_embedding"],
+        "Transformer/encoder_norm/scale": state["encoder_norm/gamma"],
+        "Transformer/encoder_norm/bias": state["encoder_norm/beta"],
+    }
+    if "class_token/cls" in state:
+        out["cls"] = state["class_token/cls"]
+    attention, second_norm, mlp = _flax_block_names(big_vision=False)
+    index = 0
+    while f"encoderblock_{index}/qkv/kernel" in state:
+        ours, theirs = f"encoderblock_{index}/", f"Transformer/encoderblock_{index}/"
+        heads = model.get_layer(f"encoderblock_{index}").num_heads
+        out[theirs + "LayerNorm_0/scale"] = state[ours + "attention_norm/gamma"]
+        out[theirs + "LayerNorm_0/bias"] = state[ours + "attention_norm/beta"]
+        kernels = np.split(state[ours + "qkv/kernel"], 3, axis=1)
+        biases = np.split(state[ours + "qkv/bias"], 3)
+        for name, kernel, bias in zip(("query", "key", "value"), kernels, biases):
+            out[theirs + f"{attention}/{name}/kernel"] = kernel.reshape(hidden, heads, -1)
+            out[theirs + f"{attention}/{name}/bias"] = bias.reshape(heads, -1)
+        out[theirs + f"{attention}/out/kernel"] = state[ours + "attention_output/kernel"].reshape(heads, -1, hidden)
+        out[theirs + f"{attention}/out/bias"] = state[ours + "attention_output/bias"]
+        out[theirs + f"{second_norm}/scale"] = state[ours + "mlp_norm/gamma"]
+        out[theirs + f"{second_norm}/bias"] = state[ours + "mlp_norm/beta"]
+        for flax_dense, our_dense in (("Dense_0", "mlp_hidden"), ("Dense_1", "mlp_output")):
+            out[theirs + f"{mlp}/{flax_dense}/kernel"] = state[ours + f"{our_dense}/kernel"]
+            out[theirs + f"{mlp}/{flax_dense}/bias"] = state[ours + f"{our_dense}/bias"]
+        index += 1
+    for layer in ("pre_logits", "head"):
+        if f"{layer}/kernel" in state:
+            out[f"{layer}/kernel"], out[f"{layer}/bias"] = state[f"{layer}/kernel"], state[f"{layer}/bias"]
+    return out
+
+
+def save_npz(model, path):
+    """Write a keras_vit model as an original-layout `.npz` checkpoint (readable by timm, vit_jax).
+
+    Example:
+    >>> save_npz(keras_vit.ViT_Ti16(image_size=32, classes=10), "/tmp/ti16.npz")
+    """
+    np.savez(path, **to_flax(model))
+    return path
+
+
 def _block_indices(arrays, prefix):
     pattern = re.compile(re.escape(prefix) + r"Transformer/encoderblock_(\d+)/")
     indices = sorted({int(m.group(1)) for m in map(pattern.match, arrays) if m})
@@ -540,8 +592,9 @@ def load_into(model, source):
             f"classifier is {'token' if model_token else 'gap'}; pass "
             f"classifier={'token' if checkpoint_token else 'gap'!r}."
         )
-    _adapt_position_embedding(model, state, source)
-    _adapt_head(variables, state, name)
+    notes = []  # Said only once the load succeeds.
+    _adapt_position_embedding(model, state, source, notes)
+    _adapt_head(variables, state, name, notes)
 
     missing = sorted(k for k in variables if k not in state and not k.startswith(_OPTIONAL))
     unexpected = sorted(k for k in state if k not in variables and not k.startswith(_OPTIONAL))
@@ -564,9 +617,11 @@ def load_into(model, source):
     for key, value in state.items():
         if key in variables:
             variables[key].assign(value.astype(variables[key].dtype))
+    for note in notes:
+        logger.warning(note)
 
 
-def _adapt_position_embedding(model, state, source):
+def _adapt_position_embedding(model, state, source, notes):
     key = "position_embedding/pos_embedding"
     if key not in state:
         return
@@ -596,37 +651,37 @@ def _adapt_position_embedding(model, state, source):
     except ValueError as error:
         raise CheckpointError(f"{source.description}: cannot resize position embeddings: {error}") from error
     old = source.grid_size or (math.isqrt(table.shape[1] - prefix),) * 2
-    logger.warning(
-        "Resized position embeddings of %s from a %dx%d to a %dx%d patch grid (%s).",
-        source.description, *old, *layer.grid_size, layer.interpolation,
+    notes.append(
+        f"Resized position embeddings of {source.description} from a {old[0]}x{old[1]} to a "
+        f"{layer.grid_size[0]}x{layer.grid_size[1]} patch grid ({layer.interpolation})."
     )
     state[key] = resized
 
 
-def _adapt_head(variables, state, name):
+def _adapt_head(variables, state, name, notes):
     """Drop the checkpoint's pre-logits and head where the model cannot use them."""
     has_pre_logits = "pre_logits/kernel" in variables
     if "pre_logits/kernel" in state and not has_pre_logits:
         del state["pre_logits/kernel"], state["pre_logits/bias"]
         if "head/kernel" in variables and "head/kernel" in state:
-            logger.warning(
-                "%s: model has no pre-logits layer, so the checkpoint's head is not loaded; "
-                "the head starts at zero.", name,
+            notes.append(
+                f"{name}: model has no pre-logits layer, so the checkpoint's head is not loaded; "
+                "the head starts at zero."
             )
             del state["head/kernel"], state["head/bias"]
     if has_pre_logits and "pre_logits/kernel" not in state:
-        logger.warning("%s has no pre-logits layer; the model's is freshly initialised.", name)
+        notes.append(f"{name} has no pre-logits layer; the model's is freshly initialised.")
         state.pop("head/kernel", None), state.pop("head/bias", None)
     if "head/kernel" not in variables:
         state.pop("head/kernel", None), state.pop("head/bias", None)
         return
     if "head/kernel" not in state:
-        logger.warning("%s has no head; the model's head starts at zero.", name)
+        notes.append(f"{name} has no head; the model's head starts at zero.")
         return
     checkpoint_shape, model_shape = state["head/kernel"].shape, tuple(variables["head/kernel"].shape)
     if tuple(checkpoint_shape) != model_shape:
-        logger.warning(
-            "%s: head has %d classes, model has %d: the head starts at zero instead.",
-            name, checkpoint_shape[-1], model_shape[-1],
+        notes.append(
+            f"{name}: head has {checkpoint_shape[-1]} classes, model has {model_shape[-1]}: "
+            "the head starts at zero instead."
         )
         del state["head/kernel"], state["head/bias"]

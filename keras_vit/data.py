@@ -217,6 +217,49 @@ def value_range(image, low=-1.0, high=1.0):
     return tf.cast(image, "float32") / 255.0 * (high - low) + low
 
 
+def _examples(source, size, training, seed, epoch, crop_fraction, min_crop_area, flip):
+    """Per-example preprocessing: uint8 images of `size` (not yet scaled) and labels."""
+    tf = _tf()
+    dataset = source.dataset
+    if not training:
+        return dataset.map(
+            lambda image, label: (tf.ensure_shape(resize(image, size, crop_fraction), (*size, 3)), label),
+            num_parallel_calls=tf.data.AUTOTUNE,
+            deterministic=True,
+        )
+    epoch_seed = int(seed) * 1_000_003 + int(epoch)
+    dataset = dataset.shuffle(
+        min(source.num_examples or 10_000, 10_000), seed=epoch_seed, reshuffle_each_iteration=False
+    )
+
+    def train_step(index, example):
+        image, label = example
+        key = tf.stack([tf.constant(epoch_seed, tf.int64), index])
+        crop_seed, flip_seed = key, key + tf.constant([0, 1 << 40], tf.int64)
+        image = inception_crop(image, size, crop_seed, area_range=(min_crop_area, 1.0))
+        if flip:
+            image = tf.image.stateless_random_flip_left_right(image, flip_seed)
+        return tf.ensure_shape(image, (*size, 3)), label
+
+    return dataset.enumerate().map(train_step, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+
+
+def _batched(dataset, batch_size, drop_remainder, num_classes, one_hot, augmenters):
+    """Batch, then the batched steps: one-hot labels, augmenters, pixels to [-1, 1]."""
+    tf = _tf()
+    dataset = dataset.batch(batch_size, drop_remainder=drop_remainder)
+    if one_hot:
+        dataset = dataset.map(lambda x, y: (x, tf.one_hot(y, num_classes)))
+    for augmenter in augmenters:
+        dataset = dataset.map(_apply_augmenter(augmenter), num_parallel_calls=tf.data.AUTOTUNE)
+    dataset = dataset.map(lambda x, y: (value_range(x), y), num_parallel_calls=tf.data.AUTOTUNE)
+    return dataset.prefetch(tf.data.AUTOTUNE)
+
+
+def _size(image_size):
+    return (image_size, image_size) if isinstance(image_size, int) else tuple(image_size)
+
+
 def make_dataset(
     source,
     image_size,
@@ -243,42 +286,10 @@ def make_dataset(
     >>> (x, y), _ = digits(image_size=32)
     >>> batches = make_dataset(from_arrays(x, y), (32, 32), 64, training=True)
     """
-    tf = _tf()
-    size = (image_size, image_size) if isinstance(image_size, int) else tuple(image_size)
-    num_classes = num_classes or source.num_classes
-    dataset = source.dataset
-    epoch_seed = int(seed) * 1_000_003 + int(epoch)
-    if training:
-        dataset = dataset.shuffle(
-            min(source.num_examples or 10_000, 10_000), seed=epoch_seed, reshuffle_each_iteration=False
-        )
-        dataset = dataset.enumerate()
-
-        def train_step(index, example):
-            image, label = example
-            key = tf.stack([tf.constant(epoch_seed, tf.int64), index])
-            crop_seed, flip_seed = key, key + tf.constant([0, 1 << 40], tf.int64)
-            image = inception_crop(image, size, crop_seed, area_range=(min_crop_area, 1.0))
-            if flip:
-                image = tf.image.stateless_random_flip_left_right(image, flip_seed)
-            return tf.ensure_shape(image, (*size, 3)), label
-
-        dataset = dataset.map(train_step, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-    else:
-        dataset = dataset.map(
-            lambda image, label: (tf.ensure_shape(resize(image, size, crop_fraction), (*size, 3)), label),
-            num_parallel_calls=tf.data.AUTOTUNE,
-            deterministic=True,
-        )
+    examples = _examples(source, _size(image_size), training, seed, epoch, crop_fraction, min_crop_area, flip)
     if drop_remainder is None:
         drop_remainder = training
-    dataset = dataset.batch(batch_size, drop_remainder=drop_remainder)
-    if one_hot:
-        dataset = dataset.map(lambda x, y: (x, tf.one_hot(y, num_classes)))
-    for augmenter in augmenters:
-        dataset = dataset.map(_apply_augmenter(augmenter), num_parallel_calls=tf.data.AUTOTUNE)
-    dataset = dataset.map(lambda x, y: (value_range(x), y), num_parallel_calls=tf.data.AUTOTUNE)
-    return dataset.prefetch(tf.data.AUTOTUNE)
+    return _batched(examples, batch_size, drop_remainder, num_classes or source.num_classes, one_hot, augmenters)
 
 
 def _apply_augmenter(augmenter):
@@ -326,18 +337,25 @@ def steps_per_epoch(source, batch_size):
     return steps
 
 
-def training_stream(source, image_size, batch_size, epochs, initial_epoch=0, seed=0, **kwargs):
-    """Epochs `initial_epoch .. epochs-1` of `make_dataset(training=True)`, concatenated.
+def training_stream(
+    source, image_size, batch_size, epochs, initial_epoch=0, seed=0, augmenters=(), num_classes=None,
+    one_hot=False, min_crop_area=0.05, flip=True,
+):
+    """Epochs `initial_epoch .. epochs-1` of training batches, as one dataset.
 
     Passed to `model.fit(..., steps_per_epoch=steps_per_epoch(source, batch_size))`,
-    each epoch gets its own shuffle and crops, decided by `(seed, epoch)` alone.
+    each epoch gets its own shuffle and crops, decided by `(seed, epoch)` alone,
+    so a run resumed at epoch k sees the batches an uninterrupted run would.
     """
     tf = _tf()
     if initial_epoch >= epochs:
         raise ValueError(f"initial_epoch {initial_epoch} leaves no epochs before {epochs}.")
-    # Python-level epochs: tf.data's shuffle takes its seed as a constant.
-    stream = None
+    size = _size(image_size)
+    per_epoch = steps_per_epoch(source, batch_size) * batch_size
+    # Python-level epochs (tf.data's shuffle takes its seed as a constant), each cut to
+    # whole batches, then batched once: distribution engines can read the batch size.
+    examples = None
     for epoch in range(initial_epoch, epochs):
-        one = make_dataset(source, image_size, batch_size, training=True, seed=seed, epoch=epoch, **kwargs)
-        stream = one if stream is None else stream.concatenate(one)
-    return stream.prefetch(tf.data.AUTOTUNE)
+        one = _examples(source, size, True, seed, epoch, None, min_crop_area, flip).take(per_epoch)
+        examples = one if examples is None else examples.concatenate(one)
+    return _batched(examples, batch_size, True, num_classes or source.num_classes, one_hot, augmenters)

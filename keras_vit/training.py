@@ -111,6 +111,8 @@ def train(args, stage):
         )
 
     backup_dir = os.path.join(args.output_dir, "backup")
+    if not engine.is_chief:  # Every process restores its own state; only the chief's is shared.
+        backup_dir = os.path.join(backup_dir, f"process_{engine.process_index}")
     initial_epoch = resumed_epoch(backup_dir)
     digits = args.dataset == "digits"
     augment = dict(
@@ -122,8 +124,13 @@ def train(args, stage):
     stream = data.training_stream(
         train_source, args.image_size, args.batch_size, args.epochs, initial_epoch, args.seed, **augment
     )
+    # Multi-process JAX needs static batch sizes: the last partial evaluation batch is left out there.
+    multi_process = engine.process_count > 1
+    if multi_process and eval_source.num_examples % args.eval_batch_size:
+        print(f"note: evaluating {eval_source.num_examples // args.eval_batch_size * args.eval_batch_size} "
+              f"of {eval_source.num_examples} held-out examples (whole batches only across processes)")
     validation = data.make_dataset(eval_source, args.image_size, args.eval_batch_size, training=False, one_hot=True,
-                                   num_classes=num_classes)
+                                   num_classes=num_classes, drop_remainder=multi_process)
     callbacks = [
         keras.callbacks.BackupAndRestore(backup_dir),
         keras.callbacks.TerminateOnNaN(),
@@ -146,7 +153,12 @@ def train(args, stage):
     if history.history.get("loss") and not np.isfinite(history.history["loss"][-1]):
         raise RuntimeError("Training stopped: the loss became NaN (TerminateOnNaN).")
     results = model.evaluate(validation, verbose=0, return_dict=True)
-    if engine.is_chief:
+    if not engine.is_chief:
+        # Saving gathers the weights with a collective: every process must take part.
+        scratch = os.path.join(args.output_dir, f".process_{engine.process_index}.keras")
+        model.save(scratch)
+        os.remove(scratch)
+    else:
         model.save(os.path.join(args.output_dir, "model.keras"))
         with open(os.path.join(args.output_dir, "classes.txt"), "w") as f:
             f.writelines(f"{name}\n" for name in (train_source.class_names or range(num_classes)))

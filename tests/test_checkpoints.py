@@ -108,9 +108,10 @@ def write_npz(tmp_path, arrays, name="bad.npz"):
     return path
 
 
-def test_rejects_checkpoint_with_wrong_patch_size():
+def test_rejects_checkpoint_with_wrong_patch_size(caplog):
     with pytest.raises(CheckpointError, match=r"'embedding/kernel' has shape \(8, 8, 3, 48\) but the model expects \(4, 4, 3, 48\)"):
         load("vit_token", patch_size=4)
+    assert "Resized" not in caplog.text  # nothing is reported as done when the load fails
 
 
 def test_rejects_checkpoint_with_wrong_depth():
@@ -243,3 +244,13 @@ def test_loading_never_modifies_the_users_file(tmp_path):
     load("vit_token", image_size=48, classes=3)
     keras_vit.ViT(image_size=32, **SMALL, weights=path, classes=3)
     assert open(path, "rb").read() == before
+
+
+@pytest.mark.parametrize("case", ["vit_token", "vit_gap", "vit_prelogits"])
+def test_save_npz_writes_the_original_layout_back_exactly(tmp_path, case):
+    path = str(tmp_path / "exported.npz")
+    checkpoints.save_npz(load(case), path)
+    original, exported = npz_arrays(case), dict(np.load(path))
+    assert sorted(exported) == sorted(original)
+    for key, value in original.items():
+        np.testing.assert_array_equal(exported[key], value, err_msg=key)

@@ -1,0 +1,82 @@
+"""Run a guide's code blocks in order, as a reader would, and fail loudly.
+
+    KERAS_VIT_GUIDE_SMOKE=1 python tools/run_guides.py guides/01_quickstart.md
+
+Fenced ```python blocks run in one shared namespace; ```bash blocks run in a
+shell, in the same working directory. A block whose info string says
+`needs=download`, `needs=tpu`, `needs=network` (anything after `needs=`) is
+replaced by the ```python stand-in (or ```bash stand-in) block right after
+it, which the guide shows to readers as the offline stand-in. A needs-block
+without a stand-in is an error: nothing is skipped silently.
+Set KERAS_VIT_GUIDE_SMOKE=1 for smoke-size runs (guides read it to shrink
+epochs and images).
+"""
+
+import os
+import re
+import subprocess
+import sys
+import textwrap
+import traceback
+
+FENCE = re.compile(r"^```(\w+)([^\n]*)\n(.*?)^```\s*$", re.MULTILINE | re.DOTALL)
+
+
+def blocks(text):
+    """`(language, options, code, line)` for every fenced block."""
+    found = []
+    for match in FENCE.finditer(text):
+        line = text.count("\n", 0, match.start()) + 1
+        found.append((match.group(1), match.group(2).strip(), match.group(3), line))
+    return found
+
+
+def plan(text, path):
+    """The blocks to run, in order, with needs-blocks swapped for their stand-ins."""
+    found = [b for b in blocks(text) if b[0] in ("python", "bash")]
+    runs, skip_next = [], False
+    for index, (language, options, code, line) in enumerate(found):
+        if skip_next:
+            skip_next = False
+            continue
+        if options.startswith("needs="):
+            following = found[index + 1] if index + 1 < len(found) else None
+            if following is None or following[1] != "stand-in":
+                raise SystemExit(f"{path}:{line}: a '{options}' block needs a following 'stand-in' block")
+            runs.append((following[0], following[2], following[3]))
+            skip_next = True
+        elif options == "stand-in":
+            raise SystemExit(f"{path}:{line}: a stand-in block must follow a needs= block")
+        else:
+            runs.append((language, code, line))
+    return runs
+
+
+def backends(text):
+    match = re.search(r"^\*\*Backends:\*\*\s*(.+)$", text, re.MULTILINE)
+    return [b.strip() for b in match.group(1).split(",")] if match else []
+
+
+def main(path):
+    text = open(path).read()
+    if not backends(text) or "**Hardware:**" not in text:
+        raise SystemExit(f"{path}: a guide must say its **Backends:** and **Hardware:**")
+    namespace = {"__name__": "__guide__"}
+    for language, code, line in plan(text, path):
+        print(f"--- {path}:{line} ({language})", flush=True)
+        if language == "bash":
+            done = subprocess.run(["bash", "-euo", "pipefail", "-c", code], env=os.environ)
+            if done.returncode:
+                raise SystemExit(f"{path}:{line}: bash block failed with status {done.returncode}")
+            continue
+        try:
+            exec(compile(textwrap.dedent(code), f"{path}:{line}", "exec"), namespace)
+        except Exception:
+            traceback.print_exc()
+            raise SystemExit(f"{path}:{line}: python block failed")
+    print(f"ok {path}")
+
+
+if __name__ == "__main__":
+    for guide in sys.argv[1:]:
+        main(guide)
