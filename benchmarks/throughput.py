@@ -1,0 +1,261 @@
+"""keras_vit against keras-hub's ViTBackbone and timm: throughput, compile time, memory.
+
+    KERAS_BACKEND=jax python benchmarks/throughput.py --models S16,B16 --tasks infer,train \\
+        [--timm-python /path/to/venv-with-timm/bin/python] [--dtype bfloat16]
+
+Every measurement runs in a fresh process (so peak memory and first-call
+compile time are each contender's own); the contenders are interleaved round
+by round and the median of the rounds is reported, with ratios against
+keras_vit and the achieved FLOP/s as a fraction of this machine's measured
+dense-matmul peak (the roofline). keras-hub is used when importable; timm
+runs in the interpreter given by --timm-python (it needs torchvision).
+"""
+
+import argparse
+import json
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+SIZES = {  # hidden, layers, heads, mlp, patch
+    "Ti16": (192, 12, 3, 768, 16),
+    "S16": (384, 12, 6, 1536, 16),
+    "B16": (768, 12, 12, 3072, 16),
+    "L16": (1024, 24, 16, 4096, 16),
+}
+TIMM_NAMES = {"Ti16": "vit_tiny_patch16_224", "S16": "vit_small_patch16_224", "B16": "vit_base_patch16_224",
+              "L16": "vit_large_patch16_224"}
+
+
+def forward_flops(model, image_size=224, classes=1000):
+    """Multiply-adds x 2 of one image's forward pass (matrix products and attention)."""
+    hidden, layers, _, mlp, patch = SIZES[model]
+    patches = (image_size // patch) ** 2
+    tokens = patches + 1
+    embed = 2 * patches * patch * patch * 3 * hidden
+    per_layer = 2 * tokens * hidden * 3 * hidden + 2 * 2 * tokens * tokens * hidden + 2 * tokens * hidden * hidden
+    per_layer += 2 * 2 * tokens * hidden * mlp
+    return embed + layers * per_layer + 2 * hidden * classes
+
+
+def matmul_peak(size=2048, repeats=5):
+    """Dense float32 matmul FLOP/s of this machine (the roofline): the best of numpy and the Keras backend."""
+    import keras
+
+    a = np.random.default_rng(0).standard_normal((size, size)).astype("float32")
+    tensor = keras.ops.convert_to_tensor(a)
+    candidates = {"numpy": lambda: a @ a, keras.backend.backend(): lambda: keras.ops.matmul(tensor, tensor)}
+    if keras.backend.backend() == "jax":
+        import jax
+
+        product = jax.jit(lambda x: x @ x)
+        candidates["jax"] = lambda: product(tensor).block_until_ready()
+    best = 0.0
+    for run in candidates.values():
+        run()
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            result = run()
+            if hasattr(result, "numpy") and not isinstance(result, np.ndarray):
+                result.numpy() if hasattr(result, "numpy") else None
+            times.append(time.perf_counter() - start)
+        best = max(best, 2 * size**3 / min(times))
+    return best
+
+
+# --------------------------------------------------------------------------- workers
+
+
+def keras_model(contender, model, task, dtype):
+    import keras
+
+    if dtype == "bfloat16":
+        keras.config.set_dtype_policy("mixed_bfloat16")
+    hidden, layers, heads, mlp, patch = SIZES[model]
+    if contender == "keras_vit":
+        import keras_vit
+
+        if task == "infer":
+            return keras_vit.ViT(image_size=224, patch_size=patch, hidden_size=hidden, num_layers=layers,
+                                 num_heads=heads, mlp_dim=mlp, include_top=False)
+        return keras_vit.ViT(image_size=224, patch_size=patch, hidden_size=hidden, num_layers=layers,
+                             num_heads=heads, mlp_dim=mlp, classes=1000, classifier_activation=None)
+    import keras_hub
+
+    backbone = keras_hub.models.ViTBackbone(image_shape=(224, 224, 3), patch_size=patch, num_layers=layers,
+                                            num_heads=heads, hidden_dim=hidden, mlp_dim=mlp)
+    if task == "infer":
+        return backbone
+    logits = keras.layers.Dense(1000, dtype="float32")(backbone.output[:, 0])
+    return keras.Model(backbone.input, logits)
+
+
+def run_keras(contender, model, task, batch, iterations, dtype):
+    import keras
+
+    net = keras_model(contender, model, task, dtype)
+    rng = np.random.default_rng(0)
+    images = rng.uniform(-1, 1, (batch, 224, 224, 3)).astype("float32")
+    labels = rng.integers(0, 1000, batch)
+    if task == "infer":
+        step = lambda: net.predict_on_batch(images)  # noqa: E731
+    else:
+        net.compile(optimizer=keras.optimizers.SGD(1e-3, momentum=0.9),
+                    loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        step = lambda: net.train_on_batch(images, labels)  # noqa: E731
+    return measure(step, iterations)
+
+
+def run_timm(model, task, batch, iterations, dtype):
+    import timm
+    import torch
+
+    torch.manual_seed(0)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    net = timm.create_model(TIMM_NAMES[model], pretrained=False, num_classes=1000 if task == "train" else 0)
+    net = net.to(device)
+    images = torch.randn(batch, 3, 224, 224, device=device)
+    labels = torch.randint(0, 1000, (batch,), device=device)
+    autocast = torch.autocast(device, dtype=torch.bfloat16, enabled=dtype == "bfloat16")
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    if task == "infer":
+        net.eval()
+
+        def step():
+            with torch.inference_mode(), autocast:
+                out = net.forward_features(images)
+            sync()
+            return out
+    else:
+        net.train()
+        optimizer = torch.optim.SGD(net.parameters(), lr=1e-3, momentum=0.9)
+
+        def step():
+            optimizer.zero_grad(set_to_none=True)
+            with autocast:
+                loss = torch.nn.functional.cross_entropy(net(images), labels)
+            loss.backward()
+            optimizer.step()
+            return loss.item()
+    return measure(step, iterations)
+
+
+def measure(step, iterations):
+    start = time.perf_counter()
+    step()
+    first = time.perf_counter() - start
+    times = []
+    for _ in range(iterations):
+        start = time.perf_counter()
+        result = step()
+        if hasattr(result, "block_until_ready"):
+            result.block_until_ready()
+        times.append(time.perf_counter() - start)
+    peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return {"first_call_s": first, "step_s": statistics.median(times), "peak_rss_mb": peak_mb}
+
+
+def worker(args):
+    if args.worker == "timm":
+        result = run_timm(args.model, args.task, args.batch, args.iterations, args.dtype)
+    else:
+        result = run_keras(args.worker, args.model, args.task, args.batch, args.iterations, args.dtype)
+    print("RESULT " + json.dumps(result), flush=True)
+
+
+# --------------------------------------------------------------------------- driver
+
+
+def measure_in_process(python, contender, model, task, batch, iterations, dtype, backend):
+    command = [python, os.path.abspath(__file__), "--worker", contender, "--model", model, "--task", task,
+               "--batch", str(batch), "--iterations", str(iterations), "--dtype", dtype]
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
+    if backend:
+        env["KERAS_BACKEND"] = backend
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=3600)
+    if done.returncode or "RESULT " not in done.stdout:
+        return {"error": (done.stderr or done.stdout).strip().splitlines()[-1][:200]}
+    return json.loads(done.stdout.split("RESULT ", 1)[1].splitlines()[0])
+
+
+def available_contenders(timm_python):
+    found = ["keras_vit"]
+    try:
+        import keras_hub  # noqa: F401
+
+        found.append("keras_hub")
+    except ImportError:
+        print("keras-hub not installed: skipping it (pip install keras-hub)")
+    if timm_python:
+        found.append("timm")
+    return found
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", default="S16,B16")
+    parser.add_argument("--tasks", default="infer,train")
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--iterations", type=int, default=5, help="timed steps per process (median)")
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds (median)")
+    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    parser.add_argument("--timm-python", help="a Python that has timm, to include it")
+    parser.add_argument("--peak-tflops", type=float,
+                        help="the accelerator's peak (e.g. 989 for an H200 in bf16) instead of the measured CPU matmul peak")
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    parser.add_argument("--model", help=argparse.SUPPRESS)
+    parser.add_argument("--task", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        return worker(args)
+
+    import keras
+
+    backend = keras.backend.backend()
+    peak = args.peak_tflops * 1e12 if args.peak_tflops else matmul_peak()
+    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores; backend {backend}; "
+          f"dtype {args.dtype}; batch {args.batch}; roofline peak {peak / 1e9:.1f} GFLOP/s "
+          f"({'given' if args.peak_tflops else 'measured float32 matmul'})")
+    contenders = available_contenders(args.timm_python)
+    rows = []
+    for model in args.models.split(","):
+        for task in args.tasks.split(","):
+            results = {c: [] for c in contenders}
+            for _ in range(args.rounds):
+                for contender in contenders:  # interleaved, so drift hits every contender alike
+                    python = args.timm_python if contender == "timm" else sys.executable
+                    results[contender].append(measure_in_process(
+                        python, contender, model, task, args.batch, args.iterations, args.dtype,
+                        None if contender == "timm" else backend))
+            flops = forward_flops(model) * (3 if task == "train" else 1) * args.batch
+            base = None
+            for contender in contenders:
+                errors = [r for r in results[contender] if "error" in r]
+                if errors:
+                    print(f"{model} {task} {contender}: failed: {errors[0]['error']}")
+                    continue
+                good = results[contender]
+                step = statistics.median(r["step_s"] for r in good)
+                row = dict(model=model, task=task, contender=contender, images_per_s=args.batch / step,
+                           first_call_s=statistics.median(r["first_call_s"] for r in good),
+                           peak_rss_mb=statistics.median(r["peak_rss_mb"] for r in good),
+                           roofline=flops / step / peak)
+                base = base or row
+                row["speed_vs_keras_vit"] = row["images_per_s"] / base["images_per_s"]
+                rows.append(row)
+    print(f"{'model':6s} {'task':6s} {'contender':10s} {'img/s':>8s} {'x keras_vit':>11s} {'1st call s':>10s} "
+          f"{'peak MB':>8s} {'roofline':>8s}")
+    for r in rows:
+        print(f"{r['model']:6s} {r['task']:6s} {r['contender']:10s} {r['images_per_s']:8.2f} "
+              f"{r['speed_vs_keras_vit']:11.2f} {r['first_call_s']:10.1f} {r['peak_rss_mb']:8.0f} {r['roofline']:8.1%}")
+
+
+if __name__ == "__main__":
+    main()
