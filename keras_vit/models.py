@@ -147,6 +147,13 @@ def ViT(
         raise ValueError(f"Unknown pooling {pooling!r}; expected None, 'token' or 'gap'.")
     if classifier not in (None, "token", "gap"):
         raise ValueError(f"Unknown classifier {classifier!r}; expected 'token' or 'gap'.")
+    if include_top and pooling is not None:
+        raise ValueError("pooling applies only with include_top=False.")
+    if image_size[0] % patch_size or image_size[1] % patch_size:
+        raise ValueError(f"image_size {image_size} is not divisible by patch_size {patch_size}.")
+    if hidden_size % num_heads:
+        raise ValueError(f"hidden_size {hidden_size} is not divisible by num_heads {num_heads}.")
+    # Arguments are checked above, before any download.
     sizes = Variant(patch_size, hidden_size, num_layers, num_heads, mlp_dim)
     source = None
     if weights is not None:
@@ -157,8 +164,6 @@ def ViT(
         representation_size = source.representation_size if source else 0
     if classes is None:
         classes = source.classes if source and source.classes else 1000
-    if include_top and pooling is not None:
-        raise ValueError("pooling applies only with include_top=False.")
 
     model = _build(
         image_size=image_size,
@@ -197,14 +202,6 @@ def _build(
     approximate_gelu,
     name,
 ):
-    if image_size[0] % sizes.patch_size or image_size[1] % sizes.patch_size:
-        raise ValueError(
-            f"image_size {image_size} is not divisible by patch_size {sizes.patch_size}."
-        )
-    if sizes.hidden_size % sizes.num_heads:
-        raise ValueError(
-            f"hidden_size {sizes.hidden_size} is not divisible by num_heads {sizes.num_heads}."
-        )
     if pooling == "token" and classifier == "gap":
         raise ValueError("pooling='token' needs a class token, but classifier='gap' has none.")
     shape = (*image_size, 3)

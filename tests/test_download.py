@@ -143,3 +143,13 @@ def test_published_checkpoints_are_registered():
     assert augreg.url.endswith(
         "augreg/S_16-i21k-300ep-lr_0.001-aug_light1-wd_0.03-do_0.0-sd_0.0--imagenet2012-steps_20k-lr_0.03-res_384.npz"
     )
+
+
+def test_bad_arguments_fail_before_downloading(server):
+    base, _, _ = server
+    checkpoint = register(f"{base}/vit_token.npz")
+    with pytest.raises(ValueError, match=r"image_size \(30, 30\) is not divisible by patch_size 8"):
+        keras_vit.ViT(image_size=30, **SMALL, weights=checkpoint.name)
+    with pytest.raises(ValueError, match="pooling applies only with include_top=False"):
+        keras_vit.ViT(image_size=32, **SMALL, weights=checkpoint.name, pooling="gap")
+    assert CountingHandler.requests == []
