@@ -1,0 +1,70 @@
+"""Epoch time of the main job's small ViT against keras-hub's ViTBackbone of the same size.
+
+    KERAS_BACKEND=jax python benchmarks/small_model.py [--rounds 3] [--steps-per-execution 1]
+
+Both train one epoch of the embedded digits (1,437 images, 32 px, batch 64)
+with the same head, optimizer and tf.data input; the first (compiling) epoch
+is not timed; each model trains in turn, round after round, and the median
+epoch time is reported with the ratio.
+"""
+
+import argparse
+import statistics
+import time
+
+import keras
+import numpy as np
+
+import keras_vit
+from keras_vit import data
+from keras_vit.training import SMALL_VIT
+
+
+def build(contender):
+    sizes = SMALL_VIT
+    if contender == "keras_vit":
+        return keras_vit.ViT(image_size=32, patch_size=sizes.patch_size, hidden_size=sizes.hidden_size,
+                             num_layers=sizes.num_layers, num_heads=sizes.num_heads, mlp_dim=sizes.mlp_dim,
+                             classes=10, classifier_activation=None)
+    import keras_hub
+
+    backbone = keras_hub.models.ViTBackbone(image_shape=(32, 32, 3), patch_size=sizes.patch_size,
+                                            num_layers=sizes.num_layers, num_heads=sizes.num_heads,
+                                            hidden_dim=sizes.hidden_size, mlp_dim=sizes.mlp_dim)
+    return keras.Model(backbone.input, keras.layers.Dense(10)(backbone.output[:, 0]))
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--steps-per-execution", type=int, default=1)
+    args = parser.parse_args()
+    (x, y), _ = data.digits(image_size=32)
+    source = data.from_arrays(x, y)
+    steps = data.steps_per_epoch(source, 64)
+    stream = data.training_stream(source, 32, 64, epochs=1 + args.rounds, one_hot=True, flip=False,
+                                  min_crop_area=0.6).cache().repeat()
+    models = {}
+    for contender in ("keras_vit", "keras_hub"):
+        keras.utils.set_random_seed(0)
+        model = build(contender)
+        model.compile(optimizer=keras.optimizers.AdamW(1e-3), steps_per_execution=args.steps_per_execution,
+                      loss=keras.losses.CategoricalCrossentropy(from_logits=True))
+        model.fit(stream, epochs=1, steps_per_epoch=steps, verbose=0)  # compile
+        models[contender] = model
+    times = {name: [] for name in models}
+    for _ in range(args.rounds):
+        for name, model in models.items():
+            start = time.perf_counter()
+            model.fit(stream, epochs=1, steps_per_epoch=steps, verbose=0)
+            times[name].append(time.perf_counter() - start)
+    medians = {name: statistics.median(t) for name, t in times.items()}
+    print(f"backend {keras.backend.backend()}; {steps} steps of 64 images, 32 px; "
+          f"steps_per_execution {args.steps_per_execution}")
+    for name, seconds in medians.items():
+        print(f"{name:10s} {seconds:6.2f} s/epoch  {medians['keras_hub'] / seconds:5.2f}x keras-hub")
+
+
+if __name__ == "__main__":
+    np.set_printoptions(precision=3)
+    main()
