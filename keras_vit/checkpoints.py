@@ -15,7 +15,6 @@ import logging
 import math
 import os
 import re
-import tempfile
 import zipfile
 
 import keras

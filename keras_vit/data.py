@@ -19,6 +19,8 @@ import os
 
 import numpy as np
 
+from keras_vit.position_embedding import as_pair
+
 # The embedded default data set: scikit-learn's handwritten digits.
 DIGITS_CLASSES = 10
 
@@ -256,10 +258,6 @@ def _batched(dataset, batch_size, drop_remainder, num_classes, one_hot, augmente
     return dataset.prefetch(tf.data.AUTOTUNE)
 
 
-def _size(image_size):
-    return (image_size, image_size) if isinstance(image_size, int) else tuple(image_size)
-
-
 def make_dataset(
     source,
     image_size,
@@ -286,7 +284,7 @@ def make_dataset(
     >>> (x, y), _ = digits(image_size=32)
     >>> batches = make_dataset(from_arrays(x, y), (32, 32), 64, training=True)
     """
-    examples = _examples(source, _size(image_size), training, seed, epoch, crop_fraction, min_crop_area, flip)
+    examples = _examples(source, as_pair(image_size, "image_size"), training, seed, epoch, crop_fraction, min_crop_area, flip)
     if drop_remainder is None:
         drop_remainder = training
     return _batched(examples, batch_size, drop_remainder, num_classes or source.num_classes, one_hot, augmenters)
@@ -347,10 +345,9 @@ def training_stream(
     each epoch gets its own shuffle and crops, decided by `(seed, epoch)` alone,
     so a run resumed at epoch k sees the batches an uninterrupted run would.
     """
-    tf = _tf()
     if initial_epoch >= epochs:
         raise ValueError(f"initial_epoch {initial_epoch} leaves no epochs before {epochs}.")
-    size = _size(image_size)
+    size = as_pair(image_size, "image_size")
     per_epoch = steps_per_epoch(source, batch_size) * batch_size
     # Python-level epochs (tf.data's shuffle takes its seed as a constant), each cut to
     # whole batches, then batched once: distribution engines can read the batch size.

@@ -13,18 +13,9 @@ import math
 import keras
 from keras import ops
 
-from keras_vit.position_embedding import INTERPOLATIONS, resize_position_embeddings
+from keras_vit.position_embedding import INTERPOLATIONS, as_pair, resize_position_embeddings
 
 LAYER_NORM_EPSILON = 1e-6
-
-
-def _pair(value, name):
-    if isinstance(value, int):
-        return (value, value)
-    value = tuple(value)
-    if len(value) != 2 or not all(isinstance(v, int) for v in value):
-        raise ValueError(f"{name} must be an int or a pair of ints, got {value!r}.")
-    return value
 
 
 @keras.saving.register_keras_serializable(package="keras_vit")
@@ -52,7 +43,7 @@ class PatchEmbedding(keras.layers.Layer):
     ):
         super().__init__(**kwargs)
         # === Config ===
-        self.patch_size = _pair(patch_size, "patch_size")
+        self.patch_size = as_pair(patch_size, "patch_size")
         self.hidden_size = int(hidden_size)
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
         self.bias_initializer = keras.initializers.get(bias_initializer)
@@ -180,7 +171,7 @@ class AddPositionEmbedding(keras.layers.Layer):
                 f"Unknown interpolation {interpolation!r}; expected one of {INTERPOLATIONS}."
             )
         # === Config ===
-        self.grid_size = _pair(grid_size, "grid_size")
+        self.grid_size = as_pair(grid_size, "grid_size")
         self.num_prefix_tokens = int(num_prefix_tokens)
         self.interpolation = interpolation
         self.antialias = bool(antialias)
@@ -201,7 +192,7 @@ class AddPositionEmbedding(keras.layers.Layer):
 
     def _input_grid(self, num_tokens, grid_size):
         if grid_size is not None:
-            grid_size = _pair(grid_size, "grid_size")
+            grid_size = as_pair(grid_size, "grid_size")
         elif num_tokens == self.num_positions:
             grid_size = self.grid_size
         else:

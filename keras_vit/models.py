@@ -18,6 +18,7 @@ from keras_vit.layers import (
     TokenPooling,
     TransformerBlock,
 )
+from keras_vit.position_embedding import as_pair
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,21 +67,12 @@ def _image_size(image_size, input_tensor):
             raise ValueError(
                 f"input_tensor must have a static height and width, got shape {tuple(input_tensor.shape)}."
             )
-        if image_size is not None and tuple(_pair(image_size)) != (height, width):
+        if image_size is not None and as_pair(image_size, "image_size") != (height, width):
             raise ValueError(
                 f"image_size {image_size} disagrees with input_tensor's {(height, width)}."
             )
         return (height, width)
-    return _pair(224 if image_size is None else image_size)
-
-
-def _pair(size):
-    if isinstance(size, int):
-        return (size, size)
-    size = tuple(size)
-    if len(size) != 2 or not all(isinstance(s, int) and s > 0 for s in size):
-        raise ValueError(f"image_size must be an int or a (height, width) pair, got {size!r}.")
-    return size
+    return as_pair(224 if image_size is None else image_size, "image_size")
 
 
 def ViT(

@@ -113,13 +113,17 @@ def interpolation_matrix(
     return build(in_size, out_size, interpolation, align_corners)
 
 
-def _as_grid(size, name):
-    if isinstance(size, int):
-        return (size, size)
-    size = tuple(int(s) for s in size)
-    if len(size) != 2:
-        raise ValueError(f"{name} must be an int or a (height, width) pair, got {size}.")
-    return size
+def as_pair(value, name):
+    """`7` -> `(7, 7)`; a `(height, width)` pair of positive ints is returned as a tuple."""
+    if isinstance(value, int):
+        value = (value, value)
+    try:
+        value = tuple(int(v) for v in value)
+    except TypeError:
+        value = ()
+    if len(value) != 2 or min(value) < 1:
+        raise ValueError(f"{name} must be a positive int or a (height, width) pair, got {value!r}.")
+    return value
 
 
 def resize_position_embeddings(
@@ -169,8 +173,8 @@ def resize_position_embeddings(
                 f"({shape[1]} tokens, {num_prefix_tokens} prefix); pass old_grid_size."
             )
         old_grid_size = side
-    old_h, old_w = _as_grid(old_grid_size, "old_grid_size")
-    new_h, new_w = _as_grid(new_grid_size, "new_grid_size")
+    old_h, old_w = as_pair(old_grid_size, "old_grid_size")
+    new_h, new_w = as_pair(new_grid_size, "new_grid_size")
     if old_h * old_w != num_patches:
         raise ValueError(
             f"old_grid_size {(old_h, old_w)} has {old_h * old_w} positions but the "

@@ -91,7 +91,7 @@ def test_input_tensor_is_used_as_the_input():
         (dict(classifier="mean"), "Unknown classifier 'mean'"),
         (dict(pooling="gap"), "pooling applies only with include_top=False"),
         (dict(include_top=False, classifier="gap", pooling="token"), "needs a class token"),
-        (dict(image_size=(32, 32, 3)), "image_size must be an int or a"),
+        (dict(image_size=(32, 32, 3)), "image_size must be a positive int or a"),
     ],
 )
 def test_bad_arguments_raise_clear_errors(kwargs, message):

@@ -13,7 +13,6 @@ import pytest
 
 tf = pytest.importorskip("tensorflow")
 
-import keras_vit  # noqa: E402
 from conftest import SMALL, fixture, reference  # noqa: E402
 from keras_vit import CheckpointError, cli, data  # noqa: E402
 

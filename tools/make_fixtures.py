@@ -134,7 +134,7 @@ def small_model(generator, image_size, class_token=True, num_classes=10):
     return model
 
 
-def write_case(name, model, images, pre_logits=None, extra_layouts={}):
+def write_case(name, model, images, pre_logits=None, extra_layouts=()):
     arrays = to_original_layout(model, pre_logits)
     path = os.path.join(FIXTURES, f"{name}.npz")
     np.savez(path, **arrays)
@@ -148,7 +148,7 @@ def write_case(name, model, images, pre_logits=None, extra_layouts={}):
             hidden = np.tanh(features.astype(np.float64) @ pre_logits["kernel"] + pre_logits["bias"])
             logits = (hidden @ pre_logits["head_kernel"] + pre_logits["head_bias"]).astype(np.float32)
     np.savez(os.path.join(FIXTURES, f"{name}_reference.npz"), images=images, logits=logits)
-    for suffix, layout in extra_layouts.items():
+    for suffix, layout in dict(extra_layouts).items():
         layout_path = os.path.join(FIXTURES, f"{name}_{suffix}.npz")
         np.savez(layout_path, **layout(arrays))
         check_timm_reads(model, layout_path)

@@ -73,7 +73,7 @@ def main(path):
             exec(compile(textwrap.dedent(code), f"{path}:{line}", "exec"), namespace)
         except Exception:
             traceback.print_exc()
-            raise SystemExit(f"{path}:{line}: python block failed")
+            raise SystemExit(f"{path}:{line}: python block failed") from None
     print(f"ok {path}")
 
 
