@@ -5,7 +5,7 @@ Example:
 >>> model = keras_vit.ViT_B16(weights=None, image_size=224, classes=10)
 """
 
-from keras_vit import analysis, layers, recipes  # recipes registers the optimizers saved in .keras files
+from keras_vit import analysis, layers, recipes, resnet  # recipes registers the optimizers saved in .keras files
 from keras_vit.checkpoints import Checkpoint, CheckpointError, available_weights
 from keras_vit.imagenet import decode_predictions, preprocess_input
 from keras_vit.models import VARIANTS, ViT, Variant, decode_variant
@@ -16,6 +16,10 @@ from keras_vit.models import (  # noqa: F401  (made from VARIANTS)
     ViT_H14,
     ViT_L16,
     ViT_L32,
+    ViT_R26_B32,
+    ViT_R26_S32,
+    ViT_R50_B16,
+    ViT_R50_L32,
     ViT_S16,
     ViT_S32,
     ViT_Ti16,
@@ -37,6 +41,7 @@ __all__ = [
     "layers",
     "preprocess_input",
     "recipes",
+    "resnet",
     "resize_position_embeddings",
     *VARIANTS,
 ]

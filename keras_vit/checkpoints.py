@@ -11,6 +11,7 @@ from the model constructor, so no half-loaded model is ever returned.
 """
 
 import dataclasses
+import itertools
 import logging
 import math
 import os
@@ -21,6 +22,7 @@ import keras
 import numpy as np
 
 from keras_vit.position_embedding import resize_position_embeddings
+from keras_vit.resnet import resnet_stride
 
 logger = logging.getLogger("keras_vit")
 
@@ -84,6 +86,26 @@ _AUGREG_I1K = {
     "ViT_B16": "B_16-i1k-" + _AUGREG.format(aug="strong2", wd="0.1", do="0.1"),
 }
 
+# The AugReg hybrids, as (variant, name, size): file stem; timm's choice per resolution.
+_AUGREG_HYBRIDS = {
+    ("ViT_R26_S32", "augreg-imagenet21k", 224):
+        "R26_S_32-i21k-" + _AUGREG.format(aug="medium2", wd="0.03", do="0.0"),
+    ("ViT_R26_S32", "augreg-imagenet21k+imagenet2012", 224):
+        "R26_S_32-i21k-" + _AUGREG.format(aug="light0", wd="0.03", do="0.1")
+        + "--imagenet2012-steps_20k-lr_0.03-res_224",
+    ("ViT_R26_S32", "augreg-imagenet21k+imagenet2012", 384):
+        "R26_S_32-i21k-" + _AUGREG.format(aug="medium2", wd="0.03", do="0.0")
+        + "--imagenet2012-steps_20k-lr_0.03-res_384",
+    ("ViT_R50_L32", "augreg-imagenet21k", 224):
+        "R50_L_32-i21k-" + _AUGREG.format(aug="medium2", wd="0.1", do="0.0"),
+    ("ViT_R50_L32", "augreg-imagenet21k+imagenet2012", 224):
+        "R50_L_32-i21k-" + _AUGREG.format(aug="medium1", wd="0.1", do="0.1")
+        + "--imagenet2012-steps_20k-lr_0.01-res_224",
+    ("ViT_R50_L32", "augreg-imagenet21k+imagenet2012", 384):
+        "R50_L_32-i21k-" + _AUGREG.format(aug="medium2", wd="0.1", do="0.0")
+        + "--imagenet2012-steps_20k-lr_0.01-res_384",
+}
+
 
 def _published():
     hidden = {"ViT_B16": 768, "ViT_B32": 768, "ViT_L16": 1024, "ViT_L32": 1024, "ViT_H14": 1280}
@@ -101,6 +123,13 @@ def _published():
     for variant in ("ViT_B16", "ViT_L16"):
         found.append(_original(variant, "imagenet21k+imagenet2012", 224,
                                f"imagenet21k+imagenet2012/{files[variant]}-224.npz", 1000))
+    # The paper's R50+ViT-B/16 hybrid.
+    found.append(_original("ViT_R50_B16", "imagenet21k", 224, "imagenet21k/R50+ViT-B_16.npz", 21843, 768))
+    found.append(_original("ViT_R50_B16", "imagenet21k+imagenet2012", 384,
+                           "imagenet21k+imagenet2012/R50+ViT-B_16.npz", 1000))
+    for (variant, name, size), stem in _AUGREG_HYBRIDS.items():
+        classes = 21843 if name == "augreg-imagenet21k" else 1000
+        found.append(_original(variant, name, size, f"augreg/{stem}.npz", classes))
     for variant, stem in _AUGREG_I21K.items():
         found.append(_original(variant, "augreg-imagenet21k", 224, f"augreg/{stem}.npz", 21843))
     for variant, (stem, lr, sizes) in _AUGREG_I21K_FT.items():
@@ -223,7 +252,23 @@ class WeightsSource:
         mlp = self.state.get("encoderblock_0/mlp_hidden/kernel")
         if kernel is None or mlp is None or not self.num_heads or kernel.shape[0] != kernel.shape[1]:
             return None
-        return Variant(int(kernel.shape[0]), int(kernel.shape[-1]), self.num_layers, self.num_heads, int(mlp.shape[1]))
+        resnet = {}
+        if "conv_root/kernel" in self.state:
+            resnet = dict(resnet_layers=self.resnet_layers, resnet_width=int(self.state["conv_root/kernel"].shape[-1]))
+        return Variant(int(kernel.shape[0]), int(kernel.shape[-1]), self.num_layers, self.num_heads,
+                       int(mlp.shape[1]), **resnet)
+
+    @property
+    def resnet_layers(self):
+        """A hybrid's bottleneck units per ResNet stage (None for a plain ViT)."""
+        if "conv_root/kernel" not in self.state:
+            return None
+        units = {}
+        for match in map(_UNIT.match, self.state):
+            if match:
+                stage, unit = int(match.group(1)), int(match.group(2))
+                units[stage] = max(units.get(stage, 0), unit)
+        return tuple(units[stage] for stage in sorted(units))
 
     @property
     def image_size(self):
@@ -231,7 +276,8 @@ class WeightsSource:
         kernel = self.state.get("embedding/kernel")
         if kernel is None or self.grid_size is None:
             return None
-        return (self.grid_size[0] * kernel.shape[0], self.grid_size[1] * kernel.shape[1])
+        step = kernel.shape[0] * (1 if self.resnet_layers is None else resnet_stride(self.resnet_layers))
+        return (self.grid_size[0] * step, self.grid_size[1] * step)
 
     @property
     def num_layers(self):
@@ -239,6 +285,7 @@ class WeightsSource:
 
 
 _BLOCK = re.compile(r"encoderblock_(\d+)/")
+_UNIT = re.compile(r"block(\d+)_unit(\d+)/")
 
 
 # ---------------------------------------------------------------------------
@@ -281,7 +328,8 @@ def from_flax(arrays, description="checkpoint"):
 
     scanned = f"{prefix}Transformer/encoderblock/LayerNorm_0/scale" in arrays
     big_vision = prefix.startswith("params/") or f"{prefix}pos_embedding" in arrays or scanned
-    state = {"embedding/kernel": take("embedding/kernel"), "embedding/bias": take("embedding/bias")}
+    state = _resnet_from_flax(arrays, prefix, take) if f"{prefix}conv_root/kernel" in arrays else {}
+    state.update({"embedding/kernel": take("embedding/kernel"), "embedding/bias": take("embedding/bias")})
     if prefix + "cls" in arrays:
         state["class_token/cls"] = take("cls")
     position_key = "pos_embedding" if big_vision else "Transformer/posembed_input/pos_embedding"
@@ -336,9 +384,46 @@ def from_flax(arrays, description="checkpoint"):
     if unused:
         raise CheckpointError(
             f"{description} has {len(unused)} entries this ViT does not use, "
-            f"for example {unused[:5]} (a hybrid or another architecture?)."
+            f"for example {unused[:5]} (another architecture?)."
         )
     return state
+
+
+# A hybrid's ResNet: Flax `block{i}/unit{j}/gn1/scale` is keras_vit's `block{i}_unit{j}/gn1/gamma`.
+_NORM_NAMES = (("scale", "gamma"), ("bias", "beta"))
+_FLAX_UNIT = re.compile(r"block(\d+)/unit(\d+)/")
+
+
+def _resnet_from_flax(arrays, prefix, take):
+    state = {"conv_root/kernel": take("conv_root/kernel")}
+    for theirs, ours in _NORM_NAMES:
+        state[f"gn_root/{ours}"] = take(f"gn_root/{theirs}")
+    units = sorted({
+        (int(m.group(1)), int(m.group(2)))
+        for m in (_FLAX_UNIT.match(key[len(prefix):]) for key in arrays if key.startswith(prefix)) if m
+    })
+    for stage, unit in units:
+        base, ours = f"block{stage}/unit{unit}/", f"block{stage}_unit{unit}/"
+        layers = ["1", "2", "3"] + (["_proj"] if f"{prefix}{base}conv_proj/kernel" in arrays else [])
+        for layer in layers:
+            state[f"{ours}conv{layer}/kernel"] = take(f"{base}conv{layer}/kernel")
+            for theirs_name, our_name in _NORM_NAMES:
+                state[f"{ours}gn{layer}/{our_name}"] = take(f"{base}gn{layer}/{theirs_name}")
+    return state
+
+
+def _resnet_to_flax(state):
+    out = {}
+    for key, value in state.items():
+        unit = _UNIT.match(key)
+        if unit:
+            key = f"block{unit.group(1)}/unit{unit.group(2)}/" + key[unit.end():]
+        elif not key.startswith(("conv_root/", "gn_root/")):
+            continue
+        for theirs, ours in _NORM_NAMES:
+            key = re.sub(f"/{ours}$", f"/{theirs}", key)
+        out[key] = value
+    return out
 
 
 def to_flax(model):
@@ -354,6 +439,7 @@ def to_flax(model):
         "Transformer/posembed_input/pos_embedding": state["position_embedding/pos_embedding"],
         "Transformer/encoder_norm/scale": state["encoder_norm/gamma"],
         "Transformer/encoder_norm/bias": state["encoder_norm/beta"],
+        **_resnet_to_flax(state),
     }
     if "class_token/cls" in state:
         out["cls"] = state["class_token/cls"]
@@ -521,6 +607,10 @@ def read_weights_h5(path):
                 key: layers["transformer_block"][key]["vars"]["0"].shape
                 for key in ("qkv", "mlp_hidden")
             } if "transformer_block" in layers else None
+            unit_widths = [
+                layers[name]["conv1"]["vars"]["0"].shape[-1]
+                for name in sorted((n for n in names if n.startswith("bottleneck_unit")), key=_layer_order)
+            ]
     except (OSError, KeyError) as error:
         raise CheckpointError(f"{path} is not a readable keras_vit .weights.h5 file: {error}") from error
     if "patch_embedding" not in shapes or "add_position_embedding" not in shapes or not block_shapes:
@@ -537,8 +627,15 @@ def read_weights_h5(path):
         )
     dense = sorted((n for n in shapes if n == "dense" or n.startswith("dense_")), key=_layer_order)
     num_layers = sum(1 for n in names if n == "transformer_block" or n.startswith("transformer_block_"))
+    hybrid = {}
+    if "standardized_conv2d" in shapes:
+        # Each ResNet stage doubles the bottleneck width, so runs of equal widths are the stages.
+        stages = [len(list(run)) for _, run in itertools.groupby(unit_widths)]
+        hybrid = dict(resnet_layers=tuple(stages), resnet_width=shapes["standardized_conv2d"][0][-1])
+    stride = resnet_stride(hybrid["resnet_layers"]) if hybrid else 1
     template = dict(
-        image_size=side * kernel[0],
+        **hybrid,
+        image_size=side * kernel[0] * stride,
         patch_size=kernel[0],
         hidden_size=hidden_size,
         num_layers=num_layers,
@@ -591,6 +688,11 @@ def load_into(model, source):
             f"classifier is {'token' if model_token else 'gap'}; pass "
             f"classifier={'token' if checkpoint_token else 'gap'!r}."
         )
+    model_resnet = _model_resnet_layers(variables)
+    if source.resnet_layers != model_resnet:
+        def describe(layers):
+            return "a plain ViT" if layers is None else f"a hybrid with ResNet stages {layers}"
+        raise CheckpointError(f"{name} is {describe(source.resnet_layers)} but the model is {describe(model_resnet)}.")
     notes = []  # Said only once the load succeeds.
     _adapt_position_embedding(model, state, source, notes)
     _adapt_head(variables, state, name, notes)
@@ -618,6 +720,10 @@ def load_into(model, source):
             variables[key].assign(value.astype(variables[key].dtype))
     for note in notes:
         logger.warning(note)
+
+
+def _model_resnet_layers(variables):
+    return WeightsSource("model", dict.fromkeys(variables)).resnet_layers
 
 
 def _adapt_position_embedding(model, state, source, notes):

@@ -1,8 +1,9 @@
 """The Vision Transformer as a functional Keras model, and its named variants.
 
 `ViT` builds any size; `VARIANTS` is the one table of named sizes (the
-paper's Table 1 plus the Ti and S sizes of the released checkpoints), from
-which `ViT_Ti16` ... `ViT_H14` are made.
+paper's Table 1, the Ti and S sizes of the released checkpoints, and the
+ResNet+ViT hybrids), from which `ViT_Ti16` ... `ViT_H14` and `ViT_R50_B16`
+... `ViT_R50_L32` are made.
 """
 
 import dataclasses
@@ -19,17 +20,32 @@ from keras_vit.layers import (
     TransformerBlock,
 )
 from keras_vit.position_embedding import as_pair
+from keras_vit.resnet import apply_resnet, resnet_stride
 
 
 @dataclasses.dataclass(frozen=True)
 class Variant:
-    """The sizes that name a ViT, for example `ViT_B16`."""
+    """The sizes that name a ViT, for example `ViT_B16` or the hybrid `ViT_R50_B16`.
+
+    Hybrids have `resnet_layers` (bottleneck units per ResNet stage; `()` for
+    the root block alone) and cut the ResNet's feature map into
+    `patch_size` patches; `resnet_width` is the root block's width.
+    """
 
     patch_size: int
     hidden_size: int
     num_layers: int
     num_heads: int
     mlp_dim: int
+    resnet_layers: tuple = None
+    resnet_width: int = 64
+
+    @property
+    def pixels_per_patch(self):
+        """The side in pixels of the image region one token stands for (16 for B/16 and R50+B/16)."""
+        if self.resnet_layers is None:
+            return self.patch_size
+        return self.patch_size * resnet_stride(self.resnet_layers)
 
 
 # (hidden_size, num_layers, num_heads, mlp_dim) of each model width.
@@ -40,19 +56,35 @@ _WIDTHS = {
     "L": (1024, 24, 16, 4096),
     "H": (1280, 32, 16, 5120),
 }
-_NAMED = ("Ti/16", "S/16", "S/32", "B/8", "B/16", "B/32", "L/16", "L/32", "H/14")
+# The hybrids' ResNet stages by (depth, total stride): R50 at /16 is cut after
+# its third stage, which gets 9 units instead of 6, as in the released model.
+_RESNETS = {("R50", 16): (3, 4, 9), ("R50", 32): (3, 4, 6, 3), ("R26", 32): (2, 2, 2, 2)}
+_NAMED = (
+    "Ti/16", "S/16", "S/32", "B/8", "B/16", "B/32", "L/16", "L/32", "H/14",
+    "R50+B/16", "R26+B/32", "R26+S/32", "R50+L/32",
+)
 
 
 def decode_variant(spec):
-    """`"B/16"` -> `Variant(patch_size=16, hidden_size=768, ...)`."""
-    width, _, patch = spec.partition("/")
-    if width not in _WIDTHS or not patch.isdigit():
-        raise ValueError(f"Unknown variant {spec!r}; expected e.g. 'B/16' with a width in {list(_WIDTHS)}.")
+    """`"B/16"` -> `Variant(patch_size=16, hidden_size=768, ...)`; `"R50+B/16"` -> its hybrid.
+
+    A hybrid's `/16` is its total stride: the ResNet's feature map is cut
+    into 1x1 patches.
+    """
+    resnet, _, vit = spec.rpartition("+")
+    width, _, patch = vit.partition("/")
+    if width not in _WIDTHS or not patch.isdigit() or (resnet and (resnet, int(patch)) not in _RESNETS):
+        raise ValueError(
+            f"Unknown variant {spec!r}; expected e.g. 'B/16' with a width in {list(_WIDTHS)}, "
+            f"or a hybrid {sorted(f'{r}+?/{s}' for r, s in _RESNETS)}."
+        )
     hidden_size, num_layers, num_heads, mlp_dim = _WIDTHS[width]
+    if resnet:
+        return Variant(1, hidden_size, num_layers, num_heads, mlp_dim, _RESNETS[(resnet, int(patch))])
     return Variant(int(patch), hidden_size, num_layers, num_heads, mlp_dim)
 
 
-VARIANTS = {"ViT_" + spec.replace("/", ""): decode_variant(spec) for spec in _NAMED}
+VARIANTS = {"ViT_" + spec.replace("+", "_").replace("/", ""): decode_variant(spec) for spec in _NAMED}
 
 
 def variant_name(sizes):
@@ -82,6 +114,8 @@ def ViT(
     num_layers=12,
     num_heads=12,
     mlp_dim=3072,
+    resnet_layers=None,
+    resnet_width=64,
     classes=None,
     include_top=True,
     weights=None,
@@ -99,10 +133,15 @@ def ViT(
     """Build a Vision Transformer (Dosovitskiy et al., 2020).
 
     Args:
-        image_size: int or `(height, width)`, divisible by `patch_size`;
-            default 224 (or `input_tensor`'s size).
+        image_size: int or `(height, width)`, divisible by the pixels one
+            patch spans; default 224 (or `input_tensor`'s size).
         patch_size, hidden_size, num_layers, num_heads, mlp_dim: the sizes
             (see `VARIANTS` for the named ones).
+        resnet_layers: for a hybrid, the bottleneck units of each ResNet
+            stage, e.g. `(3, 4, 9)` for R50+ViT-B/16 (`()`: the root block
+            alone); `patch_size` then cuts the ResNet's feature map.
+        resnet_width: the ResNet root block's width (stage `i` has
+            bottleneck width `resnet_width * 2**i`); a multiple of 32.
         classes: classifier outputs; default the checkpoint's class count
             when `weights` has a head, else 1000.
         include_top: add the classifier (pre-logits and head).
@@ -141,12 +180,22 @@ def ViT(
         raise ValueError(f"Unknown classifier {classifier!r}; expected 'token' or 'gap'.")
     if include_top and pooling is not None:
         raise ValueError("pooling applies only with include_top=False.")
-    if image_size[0] % patch_size or image_size[1] % patch_size:
-        raise ValueError(f"image_size {image_size} is not divisible by patch_size {patch_size}.")
+    if resnet_layers is not None:
+        resnet_layers = tuple(int(units) for units in resnet_layers)
+        if any(units < 1 for units in resnet_layers) or resnet_width < 32 or resnet_width % 32:
+            raise ValueError(
+                f"resnet_layers {resnet_layers} must count at least one unit per stage and "
+                f"resnet_width {resnet_width} must be a multiple of 32 (GroupNorm's 32 groups)."
+            )
+    sizes = Variant(patch_size, hidden_size, num_layers, num_heads, mlp_dim, resnet_layers, resnet_width)
+    step = sizes.pixels_per_patch
+    if image_size[0] % step or image_size[1] % step:
+        what = f"patch_size {patch_size}" if resnet_layers is None else (
+            f"the hybrid's {step} pixels per patch (ResNet stride x patch_size {patch_size})")
+        raise ValueError(f"image_size {image_size} is not divisible by {what}.")
     if hidden_size % num_heads:
         raise ValueError(f"hidden_size {hidden_size} is not divisible by num_heads {num_heads}.")
     # Arguments are checked above, before any download.
-    sizes = Variant(patch_size, hidden_size, num_layers, num_heads, mlp_dim)
     source = None
     if weights is not None:
         source = checkpoints.read_weights(weights, variant_name(sizes), image_size)
@@ -203,10 +252,14 @@ def _build(
         images = keras.Input(tensor=input_tensor, shape=shape, name="images")
     else:
         images = input_tensor
-    grid_size = (image_size[0] // sizes.patch_size, image_size[1] // sizes.patch_size)
+    step = sizes.pixels_per_patch
+    grid_size = (image_size[0] // step, image_size[1] // step)
     num_prefix_tokens = 1 if classifier == "token" else 0
 
-    x = PatchEmbedding(sizes.patch_size, sizes.hidden_size, name="embedding")(images)
+    x = images
+    if sizes.resnet_layers is not None:
+        x = apply_resnet(x, sizes.resnet_layers, sizes.resnet_width)
+    x = PatchEmbedding(sizes.patch_size, sizes.hidden_size, name="embedding")(x)
     if num_prefix_tokens:
         x = ClassToken(name="class_token")(x)
     x = AddPositionEmbedding(grid_size, num_prefix_tokens, name="position_embedding")(x)
@@ -242,7 +295,8 @@ def _named_constructor(name, variant):
         return ViT(weights=weights, image_size=image_size, **dataclasses.asdict(variant), **kwargs)
 
     constructor.__name__ = constructor.__qualname__ = name
-    constructor.__doc__ = f"""{name}: patch {variant.patch_size}, hidden {variant.hidden_size}, \
+    resnet = "" if variant.resnet_layers is None else f"ResNet stages {variant.resnet_layers} + "
+    constructor.__doc__ = f"""{name}: {resnet}patch {variant.patch_size}, hidden {variant.hidden_size}, \
 {variant.num_layers} layers, {variant.num_heads} heads, MLP {variant.mlp_dim}.
 
     Takes the keywords of `keras_vit.ViT` except the sizes. Named weights for

@@ -16,6 +16,8 @@ FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures")
 
 # The sizes of the small reference models written by tools/make_fixtures.py.
 SMALL = dict(patch_size=8, hidden_size=48, num_layers=2, num_heads=3, mlp_dim=96)
+# ... and of the small hybrids: a two-stage ResNet (8 pixels per feature) cut into 1x1 patches.
+SMALL_HYBRID = dict(SMALL, patch_size=1, resnet_layers=(1, 2), resnet_width=32)
 
 
 def fixture(name):

@@ -133,8 +133,9 @@ def test_rejects_checkpoint_with_missing_key(tmp_path):
 
 def test_rejects_checkpoint_with_extra_keys(tmp_path):
     arrays = npz_arrays()
-    arrays["conv_root/kernel"] = np.zeros((7, 7, 3, 64), "float32")
-    with pytest.raises(CheckpointError, match=r"has 1 entries this ViT does not use, for example \['conv_root/kernel'\]"):
+    arrays["Transformer/adapter/kernel"] = np.zeros((48, 8), "float32")
+    with pytest.raises(CheckpointError,
+                       match=r"has 1 entries this ViT does not use, for example \['Transformer/adapter/kernel'\]"):
         keras_vit.ViT(image_size=32, **SMALL, weights=write_npz(tmp_path, arrays))
 
 

@@ -12,8 +12,12 @@ fills every tensor with random values, writes it as an original-layout
 file back with timm's own `.npz` loader to prove the layout, and stores the
 logits timm computes for fixed random images. It also stores interpolation
 references (torch and scipy) and the parameter counts of the named variants.
-With `--full-size-dir`, it writes a full ViT-B/16 checkpoint and its logits
-there (too big to commit) for `tests/test_full_size.py`.
+Hybrid (ResNet+ViT) cases use timm's hybrid model with the original Flax
+model's two epsilons (weight standardisation divides by `std + 1e-5`,
+GroupNorm adds 1e-6; timm's defaults are `sqrt(var + 1e-8)` and 1e-5), so
+the logits are those of the released checkpoints' own arithmetic.
+With `--full-size-dir`, it writes a full ViT-B/16 and R50+ViT-B/16 checkpoint
+and their logits there (too big to commit) for `tools/check_full_size.py`.
 """
 
 import argparse
@@ -25,6 +29,8 @@ import numpy as np
 import scipy.ndimage
 import torch
 import torch.nn.functional as F
+from timm.layers import GroupNormAct, HybridEmbed, StdConv2dSame
+from timm.models.resnetv2 import ResNetV2
 from timm.models.vision_transformer import VisionTransformer, _load_weights
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "..", "tests", "fixtures")
@@ -51,6 +57,40 @@ def randomise(model, generator, scale=0.2, keep_init=False):
             parameter.copy_(noise)
 
 
+class OriginalStdConv2dSame(StdConv2dSame):
+    """timm's weight-standardised conv with the original's `(w - mean) / (std + 1e-5)`."""
+
+    def forward(self, x):
+        from timm.layers.padding import pad_same
+
+        if self.same_pad:
+            x = pad_same(x, self.kernel_size, self.stride, self.dilation)
+        weight = self.weight
+        centred = weight - weight.mean(dim=(1, 2, 3), keepdim=True)
+        std = centred.square().mean(dim=(1, 2, 3), keepdim=True).sqrt()
+        return F.conv2d(x, centred / (std + 1e-5), self.bias, self.stride, self.padding, self.dilation, self.groups)
+
+
+def resnet_to_original_layout(backbone):
+    """timm's ResNetV2 (non-pre-activation) -> `conv_root`, `gn_root`, `block{i}/unit{j}/...`."""
+    out = {
+        "conv_root/kernel": numpy(backbone.stem.conv.weight).transpose(2, 3, 1, 0),
+        "gn_root/scale": numpy(backbone.stem.norm.weight),
+        "gn_root/bias": numpy(backbone.stem.norm.bias),
+    }
+    for i, stage in enumerate(backbone.stages, start=1):
+        for j, block in enumerate(stage.blocks, start=1):
+            base = f"block{i}/unit{j}/"
+            layers = [(f"conv{r}", f"gn{r}", getattr(block, f"conv{r}"), getattr(block, f"norm{r}")) for r in (1, 2, 3)]
+            if block.downsample is not None:
+                layers.append(("conv_proj", "gn_proj", block.downsample.conv, block.downsample.norm))
+            for conv_name, norm_name, conv, norm in layers:
+                out[base + f"{conv_name}/kernel"] = numpy(conv.weight).transpose(2, 3, 1, 0)
+                out[base + f"{norm_name}/scale"] = numpy(norm.weight)
+                out[base + f"{norm_name}/bias"] = numpy(norm.bias)
+    return out
+
+
 def to_original_layout(model, pre_logits=None):
     """timm -> the original vision_transformer `.npz` names and layouts."""
     hidden = model.embed_dim
@@ -64,6 +104,8 @@ def to_original_layout(model, pre_logits=None):
     }
     if model.cls_token is not None:
         out["cls"] = numpy(model.cls_token)
+    if hasattr(model.patch_embed, "backbone"):
+        out.update(resnet_to_original_layout(model.patch_embed.backbone))
     for index, block in enumerate(model.blocks):
         base = f"Transformer/encoderblock_{index}/"
         attention = base + "MultiHeadDotProductAttention_1/"
@@ -115,7 +157,7 @@ def to_big_vision_layout(original):
 
 def check_timm_reads(model, path):
     """Load the written file with timm's own loader and require identical tensors."""
-    fresh = VisionTransformer(**model.fixture_kwargs)
+    fresh = model.fixture_factory()
     _load_weights(fresh, path)
     for (name, expected), (_, loaded) in zip(model.state_dict().items(), fresh.state_dict().items()):
         if not torch.equal(expected, loaded):
@@ -129,8 +171,38 @@ def small_model(generator, image_size, class_token=True, num_classes=10):
         global_pool="token" if class_token else "avg", fc_norm=False,
     )
     model = VisionTransformer(**kwargs).eval()
-    model.fixture_kwargs = kwargs
+    model.fixture_factory = partial(VisionTransformer, **kwargs)
     randomise(model, generator)
+    return model
+
+
+def hybrid(image_size, layers, width=64, embed_dim=768, depth=12, num_heads=12, num_classes=1000,
+           original_numerics=True, act_layer=GELU_TANH, **kwargs):
+    """timm's ResNet+ViT hybrid: ResNetV2 without pre-activation, SAME padding, 1x1 patches."""
+    conv = OriginalStdConv2dSame if original_numerics else partial(StdConv2dSame, eps=1e-8)
+    norm = partial(GroupNormAct, num_groups=32, eps=1e-6 if original_numerics else 1e-5)
+
+    def build():
+        backbone = ResNetV2(layers=layers, channels=tuple(4 * width * 2**i for i in range(4)),
+                            stem_chs=width, num_classes=0, global_pool="", preact=False,
+                            stem_type="same", conv_layer=conv, norm_layer=norm)
+        return VisionTransformer(img_size=image_size, patch_size=1, embed_dim=embed_dim, depth=depth,
+                                 num_heads=num_heads, num_classes=num_classes, act_layer=act_layer,
+                                 embed_layer=partial(HybridEmbed, backbone=backbone), **kwargs)
+
+    model = build().eval()
+    model.fixture_factory = build
+    return model
+
+
+def small_hybrid(generator, image_size):
+    model = hybrid(image_size, layers=(1, 2), width=32, embed_dim=48, depth=2, num_heads=3,
+                   mlp_ratio=2.0, num_classes=10)
+    randomise(model, generator)
+    with torch.no_grad():  # GroupNorm scales near 1, as trained ones are, so activations stay O(1).
+        for name, parameter in model.named_parameters():
+            if "backbone" in name and "norm" in name and name.endswith("weight"):
+                parameter.add_(1.0)
     return model
 
 
@@ -185,6 +257,13 @@ def write_parameter_counts():
             model = VisionTransformer(img_size=224, patch_size=patch, embed_dim=dim, depth=depth,
                                       num_heads=heads, num_classes=1000)
         counts[f"ViT_{name}"] = sum(p.numel() for p in model.parameters())
+    hybrids = {"R50_B16": ((3, 4, 9), "B"), "R26_B32": ((2, 2, 2, 2), "B"),
+               "R26_S32": ((2, 2, 2, 2), "S"), "R50_L32": ((3, 4, 6, 3), "L")}
+    for name, (layers, width) in hybrids.items():
+        dim, depth, heads = sizes[width]
+        with torch.device("meta"):
+            model = hybrid(224, layers, embed_dim=dim, depth=depth, num_heads=heads)
+        counts[f"ViT_{name}"] = sum(p.numel() for p in model.parameters())
     with open(os.path.join(FIXTURES, "parameter_counts.json"), "w") as f:
         json.dump(counts, f, indent=1)
     print("parameter counts:", counts)
@@ -195,16 +274,18 @@ def write_full_size(directory, generator, rng):
     kwargs = dict(img_size=224, patch_size=16, embed_dim=768, depth=12, num_heads=12,
                   num_classes=1000, act_layer=GELU_TANH)
     model = VisionTransformer(**kwargs).eval()
-    model.fixture_kwargs = kwargs
-    randomise(model, generator, scale=0.02, keep_init=True)
-    path = os.path.join(directory, "ViT-B_16.npz")
-    np.savez(path, **to_original_layout(model))
-    check_timm_reads(model, path)
+    model.fixture_factory = partial(VisionTransformer, **kwargs)
+    models = {"ViT-B_16": model, "R50+ViT-B_16": hybrid(224, (3, 4, 9))}
     images = rng.uniform(-1, 1, size=(2, 224, 224, 3)).astype(np.float32)
-    with torch.no_grad():
-        logits = numpy(model(torch.from_numpy(images.transpose(0, 3, 1, 2))))
-    np.savez(os.path.join(directory, "ViT-B_16_reference.npz"), images=images, logits=logits)
-    print("full-size ViT-B/16 written to", directory)
+    for name, model in models.items():
+        randomise(model, generator, scale=0.02, keep_init=True)
+        path = os.path.join(directory, f"{name}.npz")
+        np.savez(path, **to_original_layout(model))
+        check_timm_reads(model, path)
+        with torch.no_grad():
+            logits = numpy(model(torch.from_numpy(images.transpose(0, 3, 1, 2))))
+        np.savez(os.path.join(directory, f"{name}_reference.npz"), images=images, logits=logits)
+        print(f"full-size {name} written to", directory)
 
 
 def main():
@@ -233,6 +314,8 @@ def main():
                pre_logits=representation)
     write_resize_references(rng)
     write_parameter_counts()
+    write_case("hybrid_token", small_hybrid(generator, 32), images(32, 32))
+    write_case("hybrid_nonsquare", small_hybrid(generator, (24, 40)), images(24, 40))
     if args.full_size_dir:
         write_full_size(args.full_size_dir, generator, rng)
 

@@ -1,0 +1,140 @@
+"""The ResNet in front of the paper's hybrid models (R50+ViT-B/16, ...).
+
+A BiT-style ResNet without pre-activation: weight-standardised convolutions
+and GroupNorm (32 groups), a 7x7/2 root convolution and a 3x3/2 max pool,
+then stages of bottleneck units, the first of each later stage striding by
+2. Padding is TensorFlow's "SAME", as in the original Flax model, and every
+weight keeps the original checkpoint's layout (`conv_root`, `gn_root`,
+`block{i}/unit{j}/conv1`, ...). The hybrid ViT cuts the final feature map
+into patches (1x1 for the released models) instead of the image.
+"""
+
+import keras
+from keras import ops
+
+# The original Flax GroupNorm's epsilon, and the weight standardisation's
+# (added to the standard deviation, not the variance).
+GROUP_NORM_EPSILON = 1e-6
+STANDARDIZATION_EPSILON = 1e-5
+GROUPS = 32
+
+
+def resnet_stride(resnet_layers):
+    """How many pixels one feature-map position spans: 4 for the root, x2 per later stage."""
+    return 4 * 2 ** max(len(resnet_layers) - 1, 0)
+
+
+@keras.saving.register_keras_serializable(package="keras_vit")
+class StandardizedConv2D(keras.layers.Conv2D):
+    """`Conv2D` whose kernel is standardised per output channel before use.
+
+    `(kernel - mean) / (std + epsilon)` over the kernel's spatial and input
+    axes (Qiao et al., 2019), as the original hybrid models compute it; the
+    stored kernel stays unstandardised, like the checkpoints'.
+
+    Example:
+    >>> import numpy as np
+    >>> StandardizedConv2D(8, 3, padding="same", use_bias=False)(np.ones((1, 6, 6, 4))).shape
+    (1, 6, 6, 8)
+    """
+
+    def __init__(self, *args, epsilon=STANDARDIZATION_EPSILON, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.epsilon = epsilon
+
+    def convolution_op(self, inputs, kernel):
+        weights = ops.cast(kernel, "float32")
+        centred = weights - ops.mean(weights, axis=(0, 1, 2), keepdims=True)
+        std = ops.sqrt(ops.mean(ops.square(centred), axis=(0, 1, 2), keepdims=True))
+        standardized = ops.cast(centred / (std + self.epsilon), inputs.dtype)
+        return super().convolution_op(inputs, standardized)
+
+    def get_config(self):
+        return {**super().get_config(), "epsilon": self.epsilon}
+
+
+def _conv(filters, kernel_size, strides, name, dtype):
+    return StandardizedConv2D(
+        filters, kernel_size, strides=strides, padding="same", use_bias=False,
+        kernel_initializer="he_normal", name=name, dtype=dtype,
+    )
+
+
+def _group_norm(name, dtype, zero=False):
+    return keras.layers.GroupNormalization(
+        groups=GROUPS, epsilon=GROUP_NORM_EPSILON, gamma_initializer="zeros" if zero else "ones",
+        name=name, dtype=dtype,
+    )
+
+
+@keras.saving.register_keras_serializable(package="keras_vit")
+class BottleneckUnit(keras.layers.Layer):
+    """A ResNet bottleneck unit without pre-activation (the original `ResidualUnit`).
+
+    1x1 conv to `filters`, 3x3 conv (carrying the stride), 1x1 conv to
+    `4 * filters`, each followed by GroupNorm (the last one zero-initialised)
+    and ReLU after the residual sum. The shortcut is projected by a
+    1x1 conv + GroupNorm when the width or resolution changes.
+
+    Example:
+    >>> import numpy as np
+    >>> BottleneckUnit(32, strides=2)(np.ones((1, 8, 8, 64))).shape
+    (1, 4, 4, 128)
+    """
+
+    def __init__(self, filters, strides=1, **kwargs):
+        super().__init__(**kwargs)
+        # === Config ===
+        self.filters = int(filters)
+        self.strides = int(strides)
+
+    def build(self, input_shape):
+        dtype = self.dtype_policy
+        self.projects = input_shape[-1] != 4 * self.filters or self.strides != 1
+        if self.projects:
+            self.conv_proj = _conv(4 * self.filters, 1, self.strides, "conv_proj", dtype)
+            self.gn_proj = _group_norm("gn_proj", dtype)
+            self.conv_proj.build(input_shape)
+            self.gn_proj.build(self.conv_proj.compute_output_shape(input_shape))
+        self.conv1 = _conv(self.filters, 1, 1, "conv1", dtype)
+        self.gn1 = _group_norm("gn1", dtype)
+        self.conv2 = _conv(self.filters, 3, self.strides, "conv2", dtype)
+        self.gn2 = _group_norm("gn2", dtype)
+        self.conv3 = _conv(4 * self.filters, 1, 1, "conv3", dtype)
+        self.gn3 = _group_norm("gn3", dtype, zero=True)
+        shape = input_shape
+        for conv, norm in ((self.conv1, self.gn1), (self.conv2, self.gn2), (self.conv3, self.gn3)):
+            conv.build(shape)
+            shape = conv.compute_output_shape(shape)
+            norm.build(shape)
+
+    def call(self, inputs):
+        shortcut = self.gn_proj(self.conv_proj(inputs)) if self.projects else inputs
+        x = ops.relu(self.gn1(self.conv1(inputs)))
+        x = ops.relu(self.gn2(self.conv2(x)))
+        x = self.gn3(self.conv3(x))
+        return ops.relu(shortcut + x)
+
+    def compute_output_shape(self, input_shape):
+        height, width = (None if size is None else -(-size // self.strides) for size in input_shape[1:3])
+        return (input_shape[0], height, width, 4 * self.filters)
+
+    def get_config(self):
+        return {**super().get_config(), "filters": self.filters, "strides": self.strides}
+
+
+def apply_resnet(images, resnet_layers, width=64):
+    """Run the hybrid's ResNet on a Keras tensor of images; returns its feature map.
+
+    `resnet_layers` lists the bottleneck units per stage (`()` for the root
+    block alone); stage `i` has bottleneck width `width * 2**i`.
+    """
+    x = _conv(width, 7, 2, "conv_root", None)(images)
+    x = _group_norm("gn_root", None)(x)
+    x = keras.layers.ReLU(name="root_relu")(x)
+    x = keras.layers.MaxPooling2D(3, strides=2, padding="same", name="root_pool")(x)
+    for stage, units in enumerate(resnet_layers, start=1):
+        for unit in range(1, units + 1):
+            strides = 2 if stage > 1 and unit == 1 else 1
+            x = BottleneckUnit(width * 2 ** (stage - 1), strides, name=f"block{stage}_unit{unit}")(x)
+    return x
