@@ -38,11 +38,13 @@ def attention_weights(model, images):
     >>> [a.shape for a in attention_weights(model, np.zeros((1, 32, 32, 3)))]
     [(1, 2, 17, 17), (1, 2, 17, 17)]
     """
-    x = model.get_layer("embedding")(keras.ops.convert_to_tensor(np.asarray(images, "float32")))
+    x = keras.ops.convert_to_tensor(np.asarray(images, "float32"))
     names = {layer.name for layer in model.layers}
-    if "class_token" in names:
-        x = model.get_layer("class_token")(x)
-    x = model.get_layer("position_embedding")(x)
+    # Everything up to the position embeddings: a hybrid's ResNet, the patches, the class token.
+    for layer in model.layers[1:]:
+        x = layer(x)
+        if layer.name == "position_embedding":
+            break
     attentions = []
     index = 0
     while f"encoderblock_{index}" in names:
@@ -164,6 +166,9 @@ def embedding_filters(model, n=28):
     components (Figure 7, left) are returned scaled to [0, 1] for display.
     """
     kernel = _numpy(model.get_layer("embedding").kernel).astype("float64")  # (P, P, C, D)
+    if "conv_root" in {layer.name for layer in model.layers}:
+        raise ValueError("A hybrid's patch embedding filters see ResNet features, not pixels: there is no RGB "
+                         "filter to show.")
     patch_shape = kernel.shape[:3]
     filters = kernel.reshape(-1, kernel.shape[-1]).T  # (D, P*P*C)
     centred = filters - filters.mean(0, keepdims=True)
@@ -314,7 +319,7 @@ def inspect(model, image, output_dir):
     model_input = image.astype("float32") / 127.5 - 1.0 if image.dtype == np.uint8 else image
     attentions = attention_weights(model, model_input[None])
     grid_size, prefix = _grid_and_prefix(model)
-    patch_size = model.get_layer("embedding").patch_size[0]
+    patch_size = model.input_shape[1] // grid_size[0]  # In pixels, also for a hybrid.
     written = {}
     if prefix:
         heat = rollout_map(attention_rollout(attentions), grid_size, prefix)[0]
@@ -325,6 +330,7 @@ def inspect(model, image, output_dir):
     plot_mean_attention_distance(distances, written["mean_attention_distance"])
     written["position_embedding_similarity"] = os.path.join(output_dir, "position_embedding_similarity.png")
     plot_position_embedding_similarity(position_embedding_similarity(model), written["position_embedding_similarity"])
-    written["embedding_filters"] = os.path.join(output_dir, "embedding_filters.png")
-    plot_embedding_filters(embedding_filters(model), written["embedding_filters"])
+    if "conv_root" not in {layer.name for layer in model.layers}:  # A hybrid's filters see no pixels.
+        written["embedding_filters"] = os.path.join(output_dir, "embedding_filters.png")
+        plot_embedding_filters(embedding_filters(model), written["embedding_filters"])
     return written

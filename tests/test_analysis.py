@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 import keras_vit
-from conftest import SMALL, fixture
+from conftest import SMALL, SMALL_HYBRID, fixture
 from keras_vit import analysis
 from test_layers import numpy_block
 
@@ -155,6 +155,19 @@ def test_inspect_writes_every_figure(tmp_path):
                                "position_embedding_similarity"]
     for path in written.values():
         assert open(path, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_hybrid_attention_weights_and_figures_start_from_its_resnet(tmp_path):
+    model = keras_vit.ViT(image_size=32, **SMALL_HYBRID, weights=fixture("hybrid_token.npz"))
+    images = np.random.default_rng(6).uniform(-1, 1, (1, 32, 32, 3)).astype("float32")
+    attentions = analysis.attention_weights(model, images)
+    tokens = keras.Model(model.input, model.get_layer("position_embedding").output)(images)
+    _, expected = numpy_block(model.get_layer("encoderblock_0"), keras.ops.convert_to_numpy(tokens).astype("float64"))
+    np.testing.assert_allclose(attentions[0], expected, atol=1e-5)
+    with pytest.raises(ValueError, match="hybrid's patch embedding filters see ResNet features"):
+        analysis.embedding_filters(model)
+    written = analysis.inspect(model, ((images[0] + 1) * 127.5).astype(np.uint8), str(tmp_path))
+    assert sorted(written) == ["attention_rollout", "mean_attention_distance", "position_embedding_similarity"]
 
 
 def test_inspect_command(tmp_path, capsys):
