@@ -8,6 +8,7 @@ Example:
 from keras_vit import analysis, layers, recipes, resnet  # recipes registers the optimizers saved in .keras files
 from keras_vit.checkpoints import Checkpoint, CheckpointError, available_weights
 from keras_vit.imagenet import decode_predictions, preprocess_input
+from keras_vit.masked_patch import MaskedPatchPretrainer, PatchCorruption, mean_colour_bins
 from keras_vit.models import VARIANTS, ViT, Variant, decode_variant
 from keras_vit.models import (  # noqa: F401  (made from VARIANTS)
     ViT_B8,
@@ -31,6 +32,8 @@ __version__ = "0.1.0"
 __all__ = [
     "Checkpoint",
     "CheckpointError",
+    "MaskedPatchPretrainer",
+    "PatchCorruption",
     "VARIANTS",
     "ViT",
     "Variant",
@@ -39,6 +42,7 @@ __all__ = [
     "decode_predictions",
     "decode_variant",
     "layers",
+    "mean_colour_bins",
     "preprocess_input",
     "recipes",
     "resnet",

@@ -54,12 +54,15 @@ def _training_flags(parser, stage):
     group.add_argument("--stochastic-depth", type=float, default=0.0)
     group.add_argument("--classifier", choices=["token", "gap"], help="default: the checkpoint's, else token")
     if pretrain:
+        group.add_argument("--objective", choices=["classification", "masked-patch"], default="classification",
+                           help="supervised labels, or the paper's self-supervised masked patch prediction "
+                           "(saves the encoder only)")
         group.add_argument("--weight-decay", type=float, default=0.1, help="decoupled, kernels only")
         group.add_argument("--decay", choices=["linear", "cosine"], default="linear")
         group.add_argument("--representation-size", type=int, default=0, help="pre-logits width (0: none)")
     else:
         group.add_argument("--ema", type=float, help="Polyak averaging momentum, e.g. 0.9999")
-        parser.set_defaults(representation_size=0)
+        parser.set_defaults(representation_size=0, objective="classification")
     group.add_argument("--min-crop-area", type=float,
                        help="Inception crop's smallest area (default 0.05; 0.6 for digits)")
     group.add_argument("--flip", action=argparse.BooleanOptionalAction,

@@ -325,6 +325,11 @@ def make_augmenters(randaugment=None, mixup=0.0, cutmix=0.0, seed=0):
     return layers
 
 
+def images_only(dataset):
+    """Drop the labels of an `(images, labels)` dataset, for objectives that need none."""
+    return dataset.map(lambda images, labels: images)
+
+
 def steps_per_epoch(source, batch_size):
     """Full batches in one training epoch (the last partial batch is dropped)."""
     steps = source.num_examples // batch_size

@@ -13,6 +13,7 @@ import numpy as np
 
 from keras_vit import checkpoints, data, distribute, recipes
 from keras_vit.imagenet import imagenet_labels
+from keras_vit.masked_patch import MaskedPatchPretrainer
 from keras_vit.models import VARIANTS, ViT, Variant
 
 # The embedded default's model: a small ViT for 8x8 digits upsampled.
@@ -39,9 +40,11 @@ def resumed_epoch(backup_dir):
         return int(json.load(f).get("epoch", 0))
 
 
-def _check_image_size(image_size, patch_size):
-    if image_size % patch_size:
-        raise ValueError(f"Image size {image_size} is not divisible by the patch size {patch_size}.")
+def _check_image_size(image_size, sizes):
+    if image_size % sizes.pixels_per_patch:
+        raise ValueError(
+            f"Image size {image_size} is not divisible by the {sizes.pixels_per_patch} pixels of one patch."
+        )
 
 
 def _metrics(num_classes):
@@ -51,8 +54,18 @@ def _metrics(num_classes):
     ]
 
 
+# The accuracy columns a CSVLogger file may hold, and their plot titles.
+_ACCURACY_TITLES = {"top1": "Top-1 accuracy", "corrupted_accuracy": "Corrupted-patch colour accuracy"}
+
+
 def train(args, stage):
-    """Run `stage` ("pretrain" or "finetune") as the flags in `args` say; returns the test top-1."""
+    """Run `stage` ("pretrain" or "finetune") as the flags in `args` say; returns the held-out accuracy.
+
+    That is top-1, or with `--objective masked-patch` the accuracy of the
+    predicted mean colours of corrupted patches; that objective saves the
+    encoder alone (no head) as `model.keras`, ready for fine-tuning.
+    """
+    masked_patch = args.objective == "masked-patch"
     if args.mixed_precision:
         keras.config.set_dtype_policy("mixed_bfloat16")
     keras.utils.set_random_seed(args.seed)
@@ -63,7 +76,7 @@ def train(args, stage):
     if args.weights:
         source = checkpoints.read_weights(args.weights, args.model, (args.image_size, args.image_size))
     sizes = model_sizes(args, source)
-    _check_image_size(args.image_size, sizes.patch_size)
+    _check_image_size(args.image_size, sizes)
     train_source = data.load_source(args.dataset, args.train_split, args.data_dir, args.image_size)
     eval_source = data.load_source(args.dataset, args.eval_split, args.data_dir, args.image_size)
     num_classes = train_source.num_classes
@@ -79,6 +92,7 @@ def train(args, stage):
             image_size=args.image_size,
             **sizes.__dict__,
             classes=num_classes,
+            include_top=not masked_patch,
             weights=source,
             representation_size=args.representation_size,
             classifier=args.classifier,
@@ -103,12 +117,17 @@ def train(args, stage):
                 schedule, weight_decay=args.weight_decay, global_clipnorm=args.clipnorm,
                 gradient_accumulation_steps=accumulation,
             )
-        model.compile(
-            optimizer=optimizer,
-            loss=keras.losses.CategoricalCrossentropy(from_logits=True, label_smoothing=args.label_smoothing),
-            metrics=_metrics(num_classes),
-            steps_per_execution=args.steps_per_execution,
-        )
+        encoder = model
+        if masked_patch:
+            model = MaskedPatchPretrainer(encoder, seed=args.seed, name="masked_patch_pretrainer")
+            model.compile(optimizer=optimizer, steps_per_execution=args.steps_per_execution)
+        else:
+            model.compile(
+                optimizer=optimizer,
+                loss=keras.losses.CategoricalCrossentropy(from_logits=True, label_smoothing=args.label_smoothing),
+                metrics=_metrics(num_classes),
+                steps_per_execution=args.steps_per_execution,
+            )
 
     backup_dir = os.path.join(args.output_dir, "backup")
     if not engine.is_chief:  # Every process restores its own state; only the chief's is shared.
@@ -131,6 +150,8 @@ def train(args, stage):
               f"of {eval_source.num_examples} held-out examples (whole batches only across processes)")
     validation = data.make_dataset(eval_source, args.image_size, args.eval_batch_size, training=False, one_hot=True,
                                    num_classes=num_classes, drop_remainder=multi_process)
+    if masked_patch:  # The targets come from the images themselves.
+        stream, validation = data.images_only(stream), data.images_only(validation)
     callbacks = [
         keras.callbacks.BackupAndRestore(backup_dir),
         keras.callbacks.TerminateOnNaN(),
@@ -156,19 +177,25 @@ def train(args, stage):
     if not engine.is_chief:
         # Saving gathers the weights with a collective: every process must take part.
         scratch = os.path.join(args.output_dir, f".process_{engine.process_index}.keras")
-        model.save(scratch)
+        encoder.save(scratch)
         os.remove(scratch)
     else:
-        model.save(os.path.join(args.output_dir, "model.keras"))
-        with open(os.path.join(args.output_dir, "classes.txt"), "w") as f:
-            f.writelines(f"{name}\n" for name in (train_source.class_names or range(num_classes)))
+        encoder.save(os.path.join(args.output_dir, "model.keras"))
+        if not masked_patch:
+            with open(os.path.join(args.output_dir, "classes.txt"), "w") as f:
+                f.writelines(f"{name}\n" for name in (train_source.class_names or range(num_classes)))
         plot_learning_curve(os.path.join(args.output_dir, "log.csv"), os.path.join(args.output_dir, "learning_curve.png"))
-    print(f"top-1 accuracy: {results['top1']:.4f}")
-    return results["top1"]
+    metric = "corrupted_accuracy" if masked_patch else "top1"
+    print(f"{_ACCURACY_TITLES[metric].lower()}: {results[metric]:.4f}")
+    return results[metric]
 
 
 def plot_learning_curve(log_path, png_path):
-    """Loss and top-1 per epoch, training and held-out, from a CSVLogger file."""
+    """Loss and accuracy per epoch, training and held-out, from a CSVLogger file.
+
+    The accuracy is top-1, or for masked patch prediction the corrupted-patch
+    colour accuracy, whichever the file has.
+    """
     import matplotlib
 
     matplotlib.use("Agg")
@@ -183,11 +210,13 @@ def plot_learning_curve(log_path, png_path):
     for key, label in (("loss", "train"), ("val_loss", "held-out")):
         if key in rows[0]:
             loss_axis.plot(epochs, [float(r[key]) for r in rows], label=label)
-    for key, label in (("top1", "train"), ("val_top1", "held-out")):
+    metric = next((name for name in _ACCURACY_TITLES if name in rows[0]), "top1")
+    for key, label in ((metric, "train"), (f"val_{metric}", "held-out")):
         if key in rows[0]:
             accuracy_axis.plot(epochs, [float(r[key]) for r in rows], label=label)
+    title = _ACCURACY_TITLES[metric]
     loss_axis.set(xlabel="epoch", ylabel="loss", title="Loss")
-    accuracy_axis.set(xlabel="epoch", ylabel="top-1 accuracy", title="Top-1 accuracy", ylim=(0, 1))
+    accuracy_axis.set(xlabel="epoch", ylabel=title.lower(), title=title, ylim=(0, 1))
     loss_axis.legend(), accuracy_axis.legend()
     figure.tight_layout()
     figure.savefig(png_path, dpi=100)

@@ -90,7 +90,8 @@ def test_convert_npz_to_keras_keeps_the_logits(tmp_path):
     [
         (["--dataset", "no_such_set_xyz"], ValueError, "Unknown data set 'no_such_set_xyz'"),
         (["--dataset", "imagenet2012", "--data-dir", "/nonexistent/tfds"], FileNotFoundError, "Data directory not found"),
-        (["--image-size", "30"], ValueError, "Image size 30 is not divisible by the patch size 4"),
+        (["--image-size", "30"], ValueError, "Image size 30 is not divisible by the 4 pixels of one patch"),
+        (["--model", "ViT_R26_S32", "--image-size", "48"], ValueError, "Image size 48 is not divisible by the 32 pixels"),
         (["--model", "ViT_X99"], ValueError, "Unknown model 'ViT_X99'"),
         (["--weights", fixture("vit_token.npz"), "--model", "ViT_Ti16"], CheckpointError, "has 2 encoder blocks but the model has 12"),
         (["--distribution", "mirrored" if BACKEND != "tensorflow" else "data_parallel"], ValueError, "engine needs the"),
