@@ -233,6 +233,15 @@ def load_for_inference(args):
     return ViT(image_size=args.image_size, **sizes.__dict__, weights=source, classifier_activation=None)
 
 
+def _check_has_classifier(model, weights):
+    if len(model.output_shape) != 2:
+        raise ValueError(
+            f"{weights} is an encoder without a classifier (its output has shape {model.output_shape}), "
+            "for example from `pretrain --objective masked-patch`; fine-tune it first: "
+            f"examples/finetune.py --weights {weights}"
+        )
+
+
 def _outputs_logits(model):
     try:
         activation = model.get_layer("predictions").activation
@@ -244,6 +253,7 @@ def _outputs_logits(model):
 def evaluate(args):
     """Top-1 and top-5 of a saved model on a data-set split."""
     model = load_for_inference(args)
+    _check_has_classifier(model, args.weights)
     image_size = model.input_shape[1]
     num_classes = model.output_shape[-1]
     source = data.load_source(args.dataset, args.eval_split, args.data_dir, image_size)
@@ -273,6 +283,7 @@ def predict(args):
     import tensorflow as tf
 
     model = load_for_inference(args)
+    _check_has_classifier(model, args.weights)
     size = model.input_shape[1:3]
     names = class_names(args, model)
     results = []

@@ -265,6 +265,8 @@ def test_cli_masked_patch_pretraining_saves_an_encoder_that_fine_tunes(tmp_path,
         assert {"loss", "corrupted_accuracy", "val_loss", "val_corrupted_accuracy"} <= set(next(csv.reader(f)))
     encoder = keras.saving.load_model(pretrain / "model.keras")
     assert encoder.output_shape == (None, 17, 32)
+    with pytest.raises(ValueError, match="is an encoder without a classifier .* fine-tune it first"):
+        cli.main(["evaluate", "--weights", str(pretrain / "model.keras")])
     top1 = cli.main(["finetune", *QUICK, "--weights", str(pretrain / "model.keras"), "--image-size", "16",
                      "--output-dir", str(finetune)])
     assert 0.0 <= top1 <= 1.0 and (finetune / "model.keras").exists()
