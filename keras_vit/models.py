@@ -15,6 +15,7 @@ from keras_vit.layers import (
     LAYER_NORM_EPSILON,
     AddPositionEmbedding,
     ClassToken,
+    LayerNorm,
     PatchEmbedding,
     TokenPooling,
     TransformerBlock,
@@ -275,7 +276,7 @@ def _build(
             approximate_gelu=approximate_gelu,
             name=f"encoderblock_{index}",
         )(x)
-    x = keras.layers.LayerNormalization(epsilon=LAYER_NORM_EPSILON, name="encoder_norm")(x)
+    x = LayerNorm(epsilon=LAYER_NORM_EPSILON, name="encoder_norm")(x)
 
     if include_top:
         x = TokenPooling(classifier, num_prefix_tokens, name="pool")(x)

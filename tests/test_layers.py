@@ -9,6 +9,7 @@ from keras_vit import layers, resize_position_embeddings
 from keras_vit.layers import (
     AddPositionEmbedding,
     ClassToken,
+    LayerNorm,
     PatchEmbedding,
     TokenPooling,
     TransformerBlock,
@@ -222,6 +223,7 @@ LAYERS = [
     lambda: TransformerBlock(num_heads=2, mlp_dim=12, dropout_rate=0.1, attention_dropout_rate=0.2,
                              stochastic_depth_rate=0.3, approximate_gelu=False, seed=7),
     lambda: TokenPooling("gap", num_prefix_tokens=2),
+    lambda: LayerNorm(epsilon=1e-6, name="n"),
 ]
 
 
@@ -255,3 +257,59 @@ def test_layers_run_in_mixed_precision_with_float32_weights(policy):
     assert keras.backend.standardize_dtype(probs.dtype) == "float32"
     assert all(v.dtype == "float32" for v in block.weights)
     assert np.all(np.isfinite(keras.ops.convert_to_numpy(keras.ops.cast(out, "float32"))))
+
+
+def layer_norm_pair(x, **kwargs):
+    ours, reference = LayerNorm(epsilon=1e-6, **kwargs), keras.layers.LayerNormalization(epsilon=1e-6, **kwargs)
+    rng = np.random.default_rng(7)
+    for layer in (ours, reference):
+        layer.build(x.shape)
+    gamma, beta = rng.normal(1.0, 0.3, x.shape[-1]), rng.normal(0.0, 0.3, x.shape[-1])
+    for layer in (ours, reference):
+        layer.gamma.assign(gamma.astype("float32")), layer.beta.assign(beta.astype("float32"))
+    return ours, reference
+
+
+def test_layer_norm_equals_keras_layer_normalization_and_numpy():
+    x = np.random.default_rng(8).normal(3.0, 2.0, size=(2, 5, 48)).astype("float32")
+    ours, reference = layer_norm_pair(x)
+    expected = numpy_layer_norm(x.astype("float64"), keras.ops.convert_to_numpy(ours.gamma),
+                                keras.ops.convert_to_numpy(ours.beta))
+    np.testing.assert_allclose(predict(ours, x), expected, atol=2e-5)
+    np.testing.assert_allclose(predict(ours, x), predict(reference, x), atol=2e-5)
+
+
+def test_layer_norm_gradients_equal_keras_layer_normalization():
+    if keras.backend.backend() == "torch":
+        pytest.skip("on torch LayerNorm is Keras' own kernel")
+    x = np.random.default_rng(9).normal(size=(3, 7, 16)).astype("float32")
+    ours, reference = layer_norm_pair(x)
+    weights = np.random.default_rng(10).normal(size=x.shape).astype("float32")
+    if keras.backend.backend() == "jax":
+        import jax
+
+        def gradient(layer):
+            return np.asarray(jax.grad(lambda t: (layer(t) * weights).sum())(x))
+    else:
+        import tensorflow as tf
+
+        def gradient(layer):
+            tensor = tf.constant(x)
+            with tf.GradientTape() as tape:
+                tape.watch(tensor)
+                total = tf.reduce_sum(layer(tensor) * weights)
+            return tape.gradient(total, tensor).numpy()
+
+    np.testing.assert_allclose(gradient(ours), gradient(reference), atol=1e-5)
+
+
+@pytest.mark.parametrize("policy", ["mixed_bfloat16", "mixed_float16"])
+def test_layer_norm_computes_in_float32_under_mixed_precision(policy):
+    x = np.random.default_rng(11).normal(3.0, 1.0, size=(2, 4, 256)).astype("float32")
+    ours = LayerNorm(epsilon=1e-6, dtype=policy)
+    out = ours(keras.ops.cast(x, ours.compute_dtype))
+    assert keras.backend.standardize_dtype(out.dtype) == ours.compute_dtype
+    expected = numpy_layer_norm(keras.ops.convert_to_numpy(keras.ops.cast(keras.ops.cast(x, ours.compute_dtype),
+                                                                            "float32")).astype("float64"), 1.0, 0.0)
+    # Statistics in float32: only the output's own rounding (8 or 11 bits) remains.
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(keras.ops.cast(out, "float32")), expected, atol=0.03)
