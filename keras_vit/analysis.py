@@ -27,6 +27,10 @@ def _grid_and_prefix(model):
     return tuple(layer.grid_size), layer.num_prefix_tokens
 
 
+def _is_hybrid(model):
+    return any(layer.name == "conv_root" for layer in model.layers)
+
+
 def attention_weights(model, images):
     """Attention probabilities of every layer: a list of `(batch, heads, tokens, tokens)` arrays.
 
@@ -166,7 +170,7 @@ def embedding_filters(model, n=28):
     components (Figure 7, left) are returned scaled to [0, 1] for display.
     """
     kernel = _numpy(model.get_layer("embedding").kernel).astype("float64")  # (P, P, C, D)
-    if "conv_root" in {layer.name for layer in model.layers}:
+    if _is_hybrid(model):
         raise ValueError("A hybrid's patch embedding filters see ResNet features, not pixels: there is no RGB "
                          "filter to show.")
     patch_shape = kernel.shape[:3]
@@ -330,7 +334,7 @@ def inspect(model, image, output_dir):
     plot_mean_attention_distance(distances, written["mean_attention_distance"])
     written["position_embedding_similarity"] = os.path.join(output_dir, "position_embedding_similarity.png")
     plot_position_embedding_similarity(position_embedding_similarity(model), written["position_embedding_similarity"])
-    if "conv_root" not in {layer.name for layer in model.layers}:  # A hybrid's filters see no pixels.
+    if not _is_hybrid(model):  # A hybrid's filters see no pixels.
         written["embedding_filters"] = os.path.join(output_dir, "embedding_filters.png")
         plot_embedding_filters(embedding_filters(model), written["embedding_filters"])
     return written

@@ -261,14 +261,7 @@ class WeightsSource:
     @property
     def resnet_layers(self):
         """A hybrid's bottleneck units per ResNet stage (None for a plain ViT)."""
-        if "conv_root/kernel" not in self.state:
-            return None
-        units = {}
-        for match in map(_UNIT.match, self.state):
-            if match:
-                stage, unit = int(match.group(1)), int(match.group(2))
-                units[stage] = max(units.get(stage, 0), unit)
-        return tuple(units[stage] for stage in sorted(units))
+        return _resnet_layers_of(self.state)
 
     @property
     def image_size(self):
@@ -286,6 +279,18 @@ class WeightsSource:
 
 _BLOCK = re.compile(r"encoderblock_(\d+)/")
 _UNIT = re.compile(r"block(\d+)_unit(\d+)/")
+
+
+def _resnet_layers_of(names):
+    """The bottleneck units per ResNet stage that keras_vit variable `names` hold (None: no ResNet)."""
+    if "conv_root/kernel" not in names:
+        return None
+    units = {}
+    for match in map(_UNIT.match, names):
+        if match:
+            stage, unit = int(match.group(1)), int(match.group(2))
+            units[stage] = max(units.get(stage, 0), unit)
+    return tuple(units[stage] for stage in sorted(units))
 
 
 # ---------------------------------------------------------------------------
@@ -688,7 +693,7 @@ def load_into(model, source):
             f"classifier is {'token' if model_token else 'gap'}; pass "
             f"classifier={'token' if checkpoint_token else 'gap'!r}."
         )
-    model_resnet = _model_resnet_layers(variables)
+    model_resnet = _resnet_layers_of(variables)
     if source.resnet_layers != model_resnet:
         def describe(layers):
             return "a plain ViT" if layers is None else f"a hybrid with ResNet stages {layers}"
@@ -720,10 +725,6 @@ def load_into(model, source):
             variables[key].assign(value.astype(variables[key].dtype))
     for note in notes:
         logger.warning(note)
-
-
-def _model_resnet_layers(variables):
-    return WeightsSource("model", dict.fromkeys(variables)).resnet_layers
 
 
 def _adapt_position_embedding(model, state, source, notes):
