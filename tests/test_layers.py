@@ -170,15 +170,10 @@ def test_attention_weights_are_bidirectional_probabilities():
 
 
 def test_flash_attention_is_disabled_on_tpu(monkeypatch):
+    monkeypatch.setattr(keras.distribution, "list_devices", lambda *a: ["tpu:0"])
     if keras.backend.backend() != "jax":
         assert layers.use_flash_attention() is None
         return
-    import jax
-
-    class FakeTpu:
-        platform = "tpu"
-
-    monkeypatch.setattr(jax, "devices", lambda *a: [FakeTpu()])
     assert layers.use_flash_attention() is False
     seen = {}
     real = keras.ops.dot_product_attention
@@ -195,6 +190,72 @@ def test_flash_attention_is_disabled_on_tpu(monkeypatch):
 
 def test_flash_attention_is_left_to_keras_on_cpu():
     assert layers.use_flash_attention() is None
+
+
+def numpy_attention_and_gradients(q, k, v, d_output):
+    """Attention on (batch, tokens, heads, dim) and its textbook backward pass, in float64."""
+    q, k, v, d_output = (t.astype("float64").transpose(0, 2, 1, 3) for t in (q, k, v, d_output))
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    logits = q @ k.swapaxes(-1, -2) * scale
+    weights = np.exp(logits - logits.max(-1, keepdims=True))
+    weights /= weights.sum(-1, keepdims=True)
+    d_weights = d_output @ v.swapaxes(-1, -2)
+    d_logits = weights * (d_weights - (d_weights * weights).sum(-1, keepdims=True))
+    results = (weights @ v, d_logits @ k * scale, d_logits.swapaxes(-1, -2) @ q * scale,
+               weights.swapaxes(-1, -2) @ d_output)
+    return [r.transpose(0, 2, 1, 3) for r in results]
+
+
+def test_softmax_attention_and_its_gradients_equal_numpy():
+    rng = np.random.default_rng(12)
+    q, k, v, d_output = (rng.normal(0.0, 2.0, size=(2, 7, 3, 8)).astype("float32") for _ in range(4))
+    expected = numpy_attention_and_gradients(q, k, v, d_output)
+    output = keras.ops.convert_to_numpy(layers.softmax_attention(q, k, v))
+    np.testing.assert_allclose(output, expected[0], atol=1e-5)
+    np.testing.assert_allclose(output, keras.ops.convert_to_numpy(keras.ops.dot_product_attention(q, k, v)),
+                               atol=1e-5)
+    gradients = input_gradients(layers.softmax_attention, [q, k, v], d_output)
+    for name, got, want in zip(("query", "key", "value"), gradients, expected[1:]):
+        np.testing.assert_allclose(got, want, atol=3e-5, err_msg=name)
+
+
+def test_softmax_attention_keeps_the_input_dtype_and_computes_its_logits_in_float32():
+    # Logits near 90 that differ by ~1: bfloat16 logits would be off by up to 0.25 (their
+    # spacing there is 0.5), changing the weights by ~25%; float32 logits keep them exact.
+    rng = np.random.default_rng(15)
+    q, k, v = (rng.normal(size=(2, 9, 2, 8)).astype("float32") for _ in range(3))
+    q[..., 0] = k[..., 0] = 16.0
+    inputs = [keras.ops.cast(t, "bfloat16") for t in (q, k, v)]
+    out = layers.softmax_attention(*inputs)
+    assert keras.backend.standardize_dtype(out.dtype) == "bfloat16"
+    rounded = [keras.ops.convert_to_numpy(keras.ops.cast(t, "float32")) for t in inputs]
+    expected = numpy_attention_and_gradients(*rounded, np.zeros_like(q))[0]
+    # What remains is bfloat16's own rounding of the weights and the output (2^-9 relative).
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(keras.ops.cast(out, "float32")), expected, atol=2e-2)
+
+
+@pytest.mark.parametrize("devices, expected", [(["cpu:0"], True), (["gpu:0", "gpu:1"], False), (["tpu:0"], False)])
+def test_transformer_block_picks_softmax_attention_on_cpus_under_jax_and_tensorflow(monkeypatch, devices, expected):
+    monkeypatch.setattr(keras.distribution, "list_devices", lambda *a: devices)
+    expected = expected and keras.backend.backend() != "torch"
+    assert layers.use_softmax_attention() is expected
+    calls = []
+    real = layers.softmax_attention
+    monkeypatch.setattr(layers, "softmax_attention", lambda *a: calls.append(1) or real(*a))
+    TransformerBlock(num_heads=2, mlp_dim=8)(np.zeros((1, 4, 8), "float32"))
+    assert bool(calls) is expected
+
+
+def test_transformer_block_gradients_equal_with_either_attention(monkeypatch):
+    x = np.random.default_rng(13).normal(size=(2, 5, 8)).astype("float32")
+    d_output = np.random.default_rng(14).normal(size=x.shape).astype("float32")
+    block = TransformerBlock(num_heads=2, mlp_dim=16, seed=3)
+    block.build(x.shape)
+    gradients = {}
+    for use_softmax_attention in (True, False):
+        monkeypatch.setattr(layers, "use_softmax_attention", lambda value=use_softmax_attention: value)
+        gradients[use_softmax_attention] = input_gradients(block, [x], d_output)[0]
+    np.testing.assert_allclose(gradients[True], gradients[False], atol=2e-5)
 
 
 def test_transformer_block_rejects_width_not_divisible_by_heads():
@@ -279,28 +340,37 @@ def test_layer_norm_equals_keras_layer_normalization_and_numpy():
     np.testing.assert_allclose(predict(ours, x), predict(reference, x), atol=2e-5)
 
 
+def input_gradients(function, inputs, output_weights):
+    """Gradients of `sum(function(*inputs) * output_weights)` for each input, on the current backend."""
+    backend = keras.backend.backend()
+    if backend == "jax":
+        import jax
+
+        total = lambda *ts: (function(*ts) * output_weights).sum()  # noqa: E731
+        return [np.asarray(g) for g in jax.grad(total, argnums=tuple(range(len(inputs))))(*inputs)]
+    if backend == "tensorflow":
+        import tensorflow as tf
+
+        tensors = [tf.constant(x) for x in inputs]
+        with tf.GradientTape() as tape:
+            tape.watch(tensors)
+            total = tf.reduce_sum(function(*tensors) * output_weights)
+        return [g.numpy() for g in tape.gradient(total, tensors)]
+    import torch
+
+    tensors = [torch.tensor(x, requires_grad=True) for x in inputs]
+    (function(*tensors) * torch.tensor(output_weights)).sum().backward()
+    return [t.grad.numpy() for t in tensors]
+
+
 def test_layer_norm_gradients_equal_keras_layer_normalization():
     if keras.backend.backend() == "torch":
         pytest.skip("on torch LayerNorm is Keras' own kernel")
     x = np.random.default_rng(9).normal(size=(3, 7, 16)).astype("float32")
     ours, reference = layer_norm_pair(x)
     weights = np.random.default_rng(10).normal(size=x.shape).astype("float32")
-    if keras.backend.backend() == "jax":
-        import jax
-
-        def gradient(layer):
-            return np.asarray(jax.grad(lambda t: (layer(t) * weights).sum())(x))
-    else:
-        import tensorflow as tf
-
-        def gradient(layer):
-            tensor = tf.constant(x)
-            with tf.GradientTape() as tape:
-                tape.watch(tensor)
-                total = tf.reduce_sum(layer(tensor) * weights)
-            return tape.gradient(total, tensor).numpy()
-
-    np.testing.assert_allclose(gradient(ours), gradient(reference), atol=1e-5)
+    (ours_gradient,), (reference_gradient,) = (input_gradients(layer, [x], weights) for layer in (ours, reference))
+    np.testing.assert_allclose(ours_gradient, reference_gradient, atol=1e-5)
 
 
 @pytest.mark.parametrize("policy", ["mixed_bfloat16", "mixed_float16"])
