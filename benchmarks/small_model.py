@@ -64,7 +64,7 @@ def main():
     stream = data.training_stream(source, 32, 64, epochs=1, one_hot=True, flip=False, min_crop_area=0.6)
     batches = list(stream.take(steps).as_numpy_iterator())
     epoch = tf.data.Dataset.from_tensor_slices(tuple(np.stack(parts) for parts in zip(*batches)))
-    fit = dict(x=epoch.prefetch(2), epochs=1, verbose=0)
+    fit = {"x": epoch.prefetch(2), "epochs": 1, "verbose": 0}
     models = {}
     for contender in ("keras_vit", "keras_hub"):
         keras.utils.set_random_seed(0)

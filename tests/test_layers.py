@@ -346,7 +346,9 @@ def input_gradients(function, inputs, output_weights):
     if backend == "jax":
         import jax
 
-        total = lambda *ts: (function(*ts) * output_weights).sum()  # noqa: E731
+        def total(*tensors):
+            return (function(*tensors) * output_weights).sum()
+
         return [np.asarray(g) for g in jax.grad(total, argnums=tuple(range(len(inputs))))(*inputs)]
     if backend == "tensorflow":
         import tensorflow as tf
