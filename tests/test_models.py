@@ -112,6 +112,23 @@ def test_keras_file_round_trip_gives_identical_outputs(tmp_path):
     assert [l.get_config() for l in loaded.layers] == [l.get_config() for l in model.layers]
 
 
+def test_model_exports_as_a_tf_saved_model_with_identical_outputs(tmp_path):
+    if keras.backend.backend() == "torch":
+        pytest.skip("Keras exports a TF SavedModel from the jax and tensorflow backends only")
+    import tensorflow as tf
+
+    model = small()
+    rng = np.random.default_rng(3)
+    for variable in model.weights:
+        variable.assign(rng.normal(scale=0.1, size=variable.shape).astype("float32"))
+    images = rng.uniform(-1, 1, (2, 32, 32, 3)).astype("float32")
+    path = str(tmp_path / "exported")
+    model.export(path, format="tf_saved_model", verbose=False)
+    loaded = tf.saved_model.load(path)  # held: its variables die with it
+    served = loaded.serve(images).numpy()
+    np.testing.assert_allclose(served, predict(model, images), atol=1e-6)
+
+
 def test_model_config_round_trip():
     model = small(classifier="gap")
     clone = keras.Model.from_config(model.get_config())
