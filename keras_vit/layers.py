@@ -337,16 +337,53 @@ def use_flash_attention():
     return False if _platform() == "tpu" else None
 
 
+ATTENTION_IMPLEMENTATIONS = ("auto", "fused", "softmax")
+_attention_implementation = "auto"
+
+
+def set_attention_implementation(implementation):
+    """Choose how `TransformerBlock` computes attention; returns the previous choice.
+
+    - "auto" (default): `softmax_attention` on CPUs under JAX and TensorFlow,
+      where it is faster, and Keras' fused `dot_product_attention` elsewhere.
+    - "fused": Keras' `dot_product_attention` everywhere, e.g. for
+      forward-mode differentiation (`jax.jvp`, forward-over-reverse Hessian
+      products), which a custom gradient does not support.
+    - "softmax": `softmax_attention` everywhere.
+
+    All three compute the same function. The choice applies when a model's
+    function is next traced (a new model, or a new `compile`).
+
+    Example:
+    >>> previous = set_attention_implementation("fused")
+    >>> use_softmax_attention()
+    False
+    >>> set_attention_implementation(previous)
+    'fused'
+    """
+    global _attention_implementation
+    if implementation not in ATTENTION_IMPLEMENTATIONS:
+        raise ValueError(
+            f"Unknown attention implementation {implementation!r}; "
+            f"expected one of {', '.join(map(repr, ATTENTION_IMPLEMENTATIONS))}."
+        )
+    previous, _attention_implementation = _attention_implementation, implementation
+    return previous
+
+
 def use_softmax_attention():
     """Whether `TransformerBlock` runs `softmax_attention` instead of Keras' fused op.
 
-    On CPUs under JAX and TensorFlow, Keras' `dot_product_attention` is a plain
-    XLA graph with no fused kernel behind it, and `softmax_attention` is the
-    same function with a cheaper backward pass (ViT-S/16 training 12% faster
-    on JAX, 5% on TensorFlow; see benchmarks/README.md). On GPUs and TPUs
-    Keras may use flash kernels, and on PyTorch it calls torch's fused
+    Under "auto" (see `set_attention_implementation`): on CPUs under JAX and
+    TensorFlow, Keras' `dot_product_attention` is a plain XLA graph with no
+    fused kernel behind it, and `softmax_attention` is the same function with
+    a cheaper backward pass (ViT-S/16 training 12% faster on JAX, 5% on
+    TensorFlow; see benchmarks/README.md). On GPUs and TPUs Keras may use
+    flash kernels, and on PyTorch it calls torch's fused
     `scaled_dot_product_attention` everywhere, so those keep the fused op.
     """
+    if _attention_implementation != "auto":
+        return _attention_implementation == "softmax"
     return keras.backend.backend() in ("jax", "tensorflow") and _platform() == "cpu"
 
 

@@ -246,6 +246,52 @@ def test_transformer_block_picks_softmax_attention_on_cpus_under_jax_and_tensorf
     assert bool(calls) is expected
 
 
+@pytest.fixture
+def attention_implementation():
+    """Restores the process-wide attention choice after a test changes it."""
+    previous = layers.set_attention_implementation("auto")
+    yield layers.set_attention_implementation
+    layers.set_attention_implementation(previous)
+
+
+@pytest.mark.parametrize("choice, expected", [("fused", False), ("softmax", True)])
+def test_attention_implementation_can_be_forced(monkeypatch, attention_implementation, choice, expected):
+    assert attention_implementation(choice) == "auto"
+    assert layers.use_softmax_attention() is expected
+    calls = []
+    real = layers.softmax_attention
+    monkeypatch.setattr(layers, "softmax_attention", lambda *a: calls.append(1) or real(*a))
+    TransformerBlock(num_heads=2, mlp_dim=8)(np.zeros((1, 4, 8), "float32"))
+    assert bool(calls) is expected
+
+
+def test_fused_attention_allows_forward_mode_differentiation(attention_implementation):
+    if keras.backend.backend() != "jax":
+        pytest.skip("jax.jvp")
+    import jax
+
+    block = TransformerBlock(num_heads=2, mlp_dim=8)
+    x = np.random.default_rng(16).normal(size=(1, 4, 8)).astype("float32")
+    block.build(x.shape)
+    attention_implementation("softmax")
+    with pytest.raises(TypeError, match="custom_vjp"):
+        jax.jvp(block, (x,), (x,))
+    attention_implementation("fused")
+    _, tangent = jax.jvp(block, (x,), (x,))
+    step = 1e-3
+    finite_difference = (np.asarray(block(x + step * x)) - np.asarray(block(x - step * x))) / (2 * step)
+    np.testing.assert_allclose(np.asarray(tangent), finite_difference, atol=2e-3)
+
+
+def test_unknown_attention_implementation_is_refused(attention_implementation):
+    message = "Unknown attention implementation 'flash'; expected one of 'auto', 'fused', 'softmax'"
+    with pytest.raises(ValueError, match=message):
+        attention_implementation("flash")
+    assert layers.use_softmax_attention() is (
+        keras.backend.backend() != "torch" and layers._platform() == "cpu"
+    )
+
+
 def test_transformer_block_gradients_equal_with_either_attention(monkeypatch):
     x = np.random.default_rng(13).normal(size=(2, 5, 8)).astype("float32")
     d_output = np.random.default_rng(14).normal(size=x.shape).astype("float32")
