@@ -373,7 +373,9 @@ def layer_norm_pair(x, **kwargs):
         layer.build(x.shape)
     gamma, beta = rng.normal(1.0, 0.3, x.shape[-1]), rng.normal(0.0, 0.3, x.shape[-1])
     for layer in (ours, reference):
-        layer.gamma.assign(gamma.astype("float32")), layer.beta.assign(beta.astype("float32"))
+        for variable, value in ((layer.gamma, gamma), (layer.beta, beta)):
+            if variable is not None:
+                variable.assign(value.astype("float32"))
     return ours, reference
 
 
@@ -411,14 +413,25 @@ def input_gradients(function, inputs, output_weights):
     return [t.grad.numpy() for t in tensors]
 
 
-def test_layer_norm_gradients_equal_keras_layer_normalization():
+@pytest.mark.parametrize("options", [{}, {"scale": False}, {"center": False}])
+def test_layer_norm_gradients_equal_keras_layer_normalization(options):
     if keras.backend.backend() == "torch":
         pytest.skip("on torch LayerNorm is Keras' own kernel")
-    x = np.random.default_rng(9).normal(size=(3, 7, 16)).astype("float32")
-    ours, reference = layer_norm_pair(x)
+    x = np.random.default_rng(9).normal(2.0, 3.0, size=(3, 7, 16)).astype("float32")
+    ours, reference = layer_norm_pair(x, **options)
     weights = np.random.default_rng(10).normal(size=x.shape).astype("float32")
-    (ours_gradient,), (reference_gradient,) = (input_gradients(layer, [x], weights) for layer in (ours, reference))
-    np.testing.assert_allclose(ours_gradient, reference_gradient, atol=1e-5)
+    values = [keras.ops.convert_to_numpy(v) for v in ours.trainable_variables]
+
+    def gradients(layer):
+        def function(inputs, *variables):
+            return layer.stateless_call(list(variables), [], inputs)[0]
+
+        return input_gradients(function, [x, *values], weights)
+
+    names = ["inputs"] + [v.name for v in ours.trainable_variables]
+    assert len(names) == 3 - len(options)
+    for name, got, want in zip(names, gradients(ours), gradients(reference)):
+        np.testing.assert_allclose(got, want, atol=1e-4, rtol=1e-5, err_msg=name)
 
 
 @pytest.mark.parametrize("policy", ["mixed_bfloat16", "mixed_float16"])
