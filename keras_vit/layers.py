@@ -283,15 +283,21 @@ class TokenPooling(keras.layers.Layer):
 
 
 def _layer_norm(x, gamma, beta, epsilon):
-    """Float32 LayerNorm over the last axis, with its gradient written out as matrix products."""
+    """Float32 LayerNorm over the last axis, its means as matrix products (see `LayerNorm`)."""
     width = x.shape[-1]
+    average = ops.full((width, 1), 1.0 / width, dtype="float32")
 
-    @ops.custom_gradient
-    def normalize(x, gamma, beta):
-        average = ops.full((width, 1), 1.0 / width, dtype="float32")
+    def normalize(x):
         centred = x - ops.matmul(x, average)
         inverse_std = ops.rsqrt(ops.matmul(ops.square(centred), average) + epsilon)
-        normalized = centred * inverse_std
+        return centred * inverse_std, inverse_std
+
+    if not use_custom_gradients():
+        return normalize(x)[0] * gamma + beta
+
+    @ops.custom_gradient
+    def layer_norm(x, gamma, beta):
+        normalized, inverse_std = normalize(x)
 
         def grad(*args, upstream=None):
             if upstream is None:
@@ -310,7 +316,7 @@ def _layer_norm(x, gamma, beta, epsilon):
 
         return normalized * gamma + beta, grad
 
-    return normalize(x, gamma, beta)
+    return layer_norm(x, gamma, beta)
 
 
 @keras.saving.register_keras_serializable(package="keras_vit")
@@ -327,9 +333,10 @@ class LayerNorm(keras.layers.LayerNormalization):
       all later blocks into every earlier block's backward pass, work that
       grows with the square of the depth (ViT-S/16 training on JAX: 1.48 ->
       1.07 s per step of 8 images);
-    - the gradient is written out, with the sums over tokens for `gamma` and
-      `beta` as products with a row of ones instead of column reductions
-      (the main job's small ViT trains 12% faster on JAX).
+    - on CPUs (see `use_custom_gradients`), the gradient is written out, with
+      the sums over tokens for `gamma` and `beta` as products with a row of
+      ones instead of column reductions (the main job's small ViT trains 12%
+      faster on JAX).
 
     See benchmarks/README.md. On PyTorch, Keras' fused `layer_norm` kernel is
     faster and is used instead.
@@ -372,54 +379,54 @@ def use_flash_attention():
     return False if _platform() == "tpu" else None
 
 
-ATTENTION_IMPLEMENTATIONS = ("auto", "fused", "softmax")
-_attention_implementation = "auto"
+_custom_gradients_enabled = True
 
 
-def set_attention_implementation(implementation):
-    """Choose how `TransformerBlock` computes attention; returns the previous choice.
+def set_custom_gradients(enabled):
+    """Allow or forbid keras_vit's hand-written gradients; returns the previous setting.
 
-    - "auto" (default): `softmax_attention` on CPUs under JAX and TensorFlow,
-      where it is faster, and Keras' fused `dot_product_attention` elsewhere.
-    - "fused": Keras' `dot_product_attention` everywhere, e.g. for
-      forward-mode differentiation (`jax.jvp`, forward-over-reverse Hessian
-      products), which a custom gradient does not support.
-    - "softmax": `softmax_attention` everywhere.
-
-    All three compute the same function. The choice applies when a model's
-    function is next traced (a new model, or a new `compile`).
+    Where they are faster (see `use_custom_gradients`), `LayerNorm` and
+    attention (`softmax_attention`) use gradients written out with
+    `keras.ops.custom_gradient`. The functions are the same either way, but a
+    custom gradient does not support forward-mode differentiation (`jax.jvp`,
+    `jax.jacfwd`, forward-over-reverse Hessian products): turn them off for
+    that. Applies when a model's function is next traced (a new model, or a
+    new `compile`).
 
     Example:
-    >>> previous = set_attention_implementation("fused")
-    >>> use_softmax_attention()
+    >>> previous = set_custom_gradients(False)
+    >>> use_custom_gradients()
     False
-    >>> set_attention_implementation(previous)
-    'fused'
+    >>> set_custom_gradients(previous)
+    False
     """
-    global _attention_implementation
-    if implementation not in ATTENTION_IMPLEMENTATIONS:
-        raise ValueError(
-            f"Unknown attention implementation {implementation!r}; "
-            f"expected one of {', '.join(map(repr, ATTENTION_IMPLEMENTATIONS))}."
-        )
-    previous, _attention_implementation = _attention_implementation, implementation
+    global _custom_gradients_enabled
+    if not isinstance(enabled, bool):
+        raise TypeError(f"set_custom_gradients takes True or False, got {enabled!r}.")
+    previous, _custom_gradients_enabled = _custom_gradients_enabled, enabled
     return previous
 
 
-def use_softmax_attention():
-    """Whether `TransformerBlock` runs `softmax_attention` instead of Keras' fused op.
+def use_custom_gradients():
+    """Whether `LayerNorm` and `TransformerBlock` use their hand-written gradients now.
 
-    Under "auto" (see `set_attention_implementation`): on CPUs under JAX and
-    TensorFlow, Keras' `dot_product_attention` is a plain XLA graph with no
-    fused kernel behind it, and `softmax_attention` is the same function with
-    a cheaper backward pass (ViT-S/16 training 12% faster on JAX, 5% on
-    TensorFlow; see benchmarks/README.md). On GPUs and TPUs Keras may use
-    flash kernels, and on PyTorch it calls torch's fused
-    `scaled_dot_product_attention` everywhere, so those keep the fused op.
+    Yes on CPUs under JAX and TensorFlow, unless `set_custom_gradients(False)`.
+    There Keras' `dot_product_attention` is a plain XLA graph with no fused
+    kernel behind it, and XLA's CPU backend runs the column reductions of a
+    differentiated softmax and LayerNorm slowly; the written-out gradients
+    train ViT-S/16 ~13% faster on JAX and ~8% on TensorFlow (see
+    benchmarks/README.md). On GPUs and TPUs Keras may use flash kernels, and
+    on PyTorch it calls torch's fused `scaled_dot_product_attention` and
+    `layer_norm` everywhere, so those keep Keras' ops.
     """
-    if _attention_implementation != "auto":
-        return _attention_implementation == "softmax"
+    if not _custom_gradients_enabled:
+        return False
     return keras.backend.backend() in ("jax", "tensorflow") and _platform() == "cpu"
+
+
+def use_softmax_attention():
+    """Whether `TransformerBlock` runs `softmax_attention` instead of Keras' fused op."""
+    return use_custom_gradients()
 
 
 def softmax_attention(query, key, value):

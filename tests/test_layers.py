@@ -247,25 +247,27 @@ def test_transformer_block_picks_softmax_attention_on_cpus_under_jax_and_tensorf
 
 
 @pytest.fixture
-def attention_implementation():
-    """Restores the process-wide attention choice after a test changes it."""
-    previous = layers.set_attention_implementation("auto")
-    yield layers.set_attention_implementation
-    layers.set_attention_implementation(previous)
+def custom_gradients():
+    """Restores the process-wide custom-gradient setting after a test changes it."""
+    previous = layers.set_custom_gradients(True)
+    yield layers.set_custom_gradients
+    layers.set_custom_gradients(previous)
 
 
-@pytest.mark.parametrize("choice, expected", [("fused", False), ("softmax", True)])
-def test_attention_implementation_can_be_forced(monkeypatch, attention_implementation, choice, expected):
-    assert attention_implementation(choice) == "auto"
-    assert layers.use_softmax_attention() is expected
+def test_custom_gradients_can_be_turned_off(monkeypatch, custom_gradients):
+    on_cpu_under_xla = keras.backend.backend() != "torch" and layers._platform() == "cpu"
+    assert layers.use_custom_gradients() is on_cpu_under_xla
+    assert custom_gradients(False) is True
+    assert layers.use_custom_gradients() is False
+    assert layers.use_softmax_attention() is False
     calls = []
     real = layers.softmax_attention
     monkeypatch.setattr(layers, "softmax_attention", lambda *a: calls.append(1) or real(*a))
     TransformerBlock(num_heads=2, mlp_dim=8)(np.zeros((1, 4, 8), "float32"))
-    assert bool(calls) is expected
+    assert not calls
 
 
-def test_fused_attention_allows_forward_mode_differentiation(attention_implementation):
+def test_forward_mode_differentiation_needs_custom_gradients_off(custom_gradients):
     if keras.backend.backend() != "jax":
         pytest.skip("jax.jvp")
     import jax
@@ -273,23 +275,19 @@ def test_fused_attention_allows_forward_mode_differentiation(attention_implement
     block = TransformerBlock(num_heads=2, mlp_dim=8)
     x = np.random.default_rng(16).normal(size=(1, 4, 8)).astype("float32")
     block.build(x.shape)
-    attention_implementation("softmax")
     with pytest.raises(TypeError, match="custom_vjp"):
         jax.jvp(block, (x,), (x,))
-    attention_implementation("fused")
+    custom_gradients(False)
     _, tangent = jax.jvp(block, (x,), (x,))
     step = 1e-3
     finite_difference = (np.asarray(block(x + step * x)) - np.asarray(block(x - step * x))) / (2 * step)
     np.testing.assert_allclose(np.asarray(tangent), finite_difference, atol=2e-3)
 
 
-def test_unknown_attention_implementation_is_refused(attention_implementation):
-    message = "Unknown attention implementation 'flash'; expected one of 'auto', 'fused', 'softmax'"
-    with pytest.raises(ValueError, match=message):
-        attention_implementation("flash")
-    assert layers.use_softmax_attention() is (
-        keras.backend.backend() != "torch" and layers._platform() == "cpu"
-    )
+def test_set_custom_gradients_takes_a_bool(custom_gradients):
+    with pytest.raises(TypeError, match="set_custom_gradients takes True or False, got 'no'"):
+        custom_gradients("no")
+    assert layers.set_custom_gradients(True) is True
 
 
 def test_transformer_block_gradients_equal_with_either_attention(monkeypatch):
@@ -413,8 +411,10 @@ def input_gradients(function, inputs, output_weights):
     return [t.grad.numpy() for t in tensors]
 
 
+@pytest.mark.parametrize("custom", [True, False])
 @pytest.mark.parametrize("options", [{}, {"scale": False}, {"center": False}])
-def test_layer_norm_gradients_equal_keras_layer_normalization(options):
+def test_layer_norm_gradients_equal_keras_layer_normalization(options, custom, custom_gradients):
+    custom_gradients(custom)
     if keras.backend.backend() == "torch":
         pytest.skip("on torch LayerNorm is Keras' own kernel")
     x = np.random.default_rng(9).normal(2.0, 3.0, size=(3, 7, 16)).astype("float32")
