@@ -285,19 +285,19 @@ class TokenPooling(keras.layers.Layer):
 def _layer_norm(x, gamma, beta, epsilon):
     """Float32 LayerNorm over the last axis, its means as matrix products (see `LayerNorm`)."""
     width = x.shape[-1]
-    average = ops.full((width, 1), 1.0 / width, dtype="float32")
 
     def normalize(x):
+        average = ops.full((width, 1), 1.0 / width, dtype="float32")
         centred = x - ops.matmul(x, average)
         inverse_std = ops.rsqrt(ops.matmul(ops.square(centred), average) + epsilon)
-        return centred * inverse_std, inverse_std
+        return centred * inverse_std, inverse_std, average
 
     if not use_custom_gradients():
         return normalize(x)[0] * gamma + beta
 
     @ops.custom_gradient
     def layer_norm(x, gamma, beta):
-        normalized, inverse_std = normalize(x)
+        normalized, inverse_std, average = normalize(x)
 
         def grad(*args, upstream=None):
             if upstream is None:
@@ -305,7 +305,8 @@ def _layer_norm(x, gamma, beta, epsilon):
             upstream = ops.cast(upstream, "float32")
             # Column sums as a row of ones times the (rows, width) matrix.
             rows = ops.reshape(upstream, (-1, width))
-            ones = ops.ones((1, ops.shape(rows)[0]), dtype="float32")
+            # Shaped from `rows` itself: SavedModel export traces this with an unknown batch size.
+            ones = ops.swapaxes(ops.ones_like(rows[:, :1]), 0, 1)
             d_beta = ops.matmul(ones, rows)[0]
             d_gamma = ops.matmul(ones, rows * ops.reshape(normalized, (-1, width)))[0]
             scaled = upstream * gamma
