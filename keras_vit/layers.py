@@ -425,11 +425,6 @@ def use_custom_gradients():
     return keras.backend.backend() in ("jax", "tensorflow") and _platform() == "cpu"
 
 
-def use_softmax_attention():
-    """Whether `TransformerBlock` runs `softmax_attention` instead of Keras' fused op."""
-    return use_custom_gradients()
-
-
 def softmax_attention(query, key, value):
     """Bidirectional scaled dot-product attention with a FlashAttention-style backward pass.
 
@@ -498,7 +493,7 @@ class TransformerBlock(keras.layers.Layer):
     branches. q, k and v are one fused projection. Attention runs through
     `keras.ops.dot_product_attention` (flash kernels where Keras has them),
     through `softmax_attention` on CPUs under JAX and TensorFlow (faster
-    there, see `use_softmax_attention`), and as explicit einsums when its
+    there, see `use_custom_gradients`), and as explicit einsums when its
     weights are asked for (`return_attention_weights=True`) or attention
     dropout is active.
 
@@ -608,7 +603,7 @@ class TransformerBlock(keras.layers.Layer):
             weights = ops.softmax(ops.cast(logits, "float32"), axis=-1)
             dropped = self.attention_dropout(weights, training=training)
             context = ops.einsum("bhqk,bkhd->bqhd", ops.cast(dropped, value.dtype), value)
-        elif use_softmax_attention():
+        elif use_custom_gradients():
             weights = None
             context = softmax_attention(query, key, value)
         else:

@@ -235,10 +235,10 @@ def test_softmax_attention_keeps_the_input_dtype_and_computes_its_logits_in_floa
 
 
 @pytest.mark.parametrize("devices, expected", [(["cpu:0"], True), (["gpu:0", "gpu:1"], False), (["tpu:0"], False)])
-def test_transformer_block_picks_softmax_attention_on_cpus_under_jax_and_tensorflow(monkeypatch, devices, expected):
+def test_custom_gradients_are_used_on_cpus_under_jax_and_tensorflow(monkeypatch, devices, expected):
     monkeypatch.setattr(keras.distribution, "list_devices", lambda *a: devices)
     expected = expected and keras.backend.backend() != "torch"
-    assert layers.use_softmax_attention() is expected
+    assert layers.use_custom_gradients() is expected
     calls = []
     real = layers.softmax_attention
     monkeypatch.setattr(layers, "softmax_attention", lambda *a: calls.append(1) or real(*a))
@@ -259,7 +259,6 @@ def test_custom_gradients_can_be_turned_off(monkeypatch, custom_gradients):
     assert layers.use_custom_gradients() is on_cpu_under_xla
     assert custom_gradients(False) is True
     assert layers.use_custom_gradients() is False
-    assert layers.use_softmax_attention() is False
     calls = []
     real = layers.softmax_attention
     monkeypatch.setattr(layers, "softmax_attention", lambda *a: calls.append(1) or real(*a))
@@ -290,15 +289,15 @@ def test_set_custom_gradients_takes_a_bool(custom_gradients):
     assert layers.set_custom_gradients(True) is True
 
 
-def test_transformer_block_gradients_equal_with_either_attention(monkeypatch):
+def test_transformer_block_gradients_equal_with_and_without_custom_gradients(monkeypatch):
     x = np.random.default_rng(13).normal(size=(2, 5, 8)).astype("float32")
     d_output = np.random.default_rng(14).normal(size=x.shape).astype("float32")
     block = TransformerBlock(num_heads=2, mlp_dim=16, seed=3)
     block.build(x.shape)
     gradients = {}
-    for use_softmax_attention in (True, False):
-        monkeypatch.setattr(layers, "use_softmax_attention", lambda value=use_softmax_attention: value)
-        gradients[use_softmax_attention] = input_gradients(block, [x], d_output)[0]
+    for custom in (True, False):
+        monkeypatch.setattr(layers, "use_custom_gradients", lambda value=custom: value)
+        gradients[custom] = input_gradients(block, [x], d_output)[0]
     np.testing.assert_allclose(gradients[True], gradients[False], atol=2e-5)
 
 
