@@ -22,7 +22,7 @@ import tensorflow as tf
 
 import keras_vit
 from keras_vit import data
-from keras_vit.training import SMALL_VIT
+from keras_vit.variants import SMALL_VIT
 
 
 def build(contender):

@@ -9,8 +9,8 @@ from keras_vit import analysis, layers, recipes, resnet  # recipes registers the
 from keras_vit.checkpoints import Checkpoint, CheckpointError, available_weights
 from keras_vit.imagenet import decode_predictions, preprocess_input
 from keras_vit.masked_patch import MaskedPatchPretrainer, PatchCorruption, mean_colour_bins
-from keras_vit.models import VARIANTS, ViT, Variant, decode_variant
-from keras_vit.models import (  # noqa: F401  (made from VARIANTS)
+from keras_vit.models import (
+    ViT,
     ViT_B8,
     ViT_B16,
     ViT_B32,
@@ -26,6 +26,7 @@ from keras_vit.models import (  # noqa: F401  (made from VARIANTS)
     ViT_Ti16,
 )
 from keras_vit.position_embedding import resize_position_embeddings
+from keras_vit.variants import VARIANTS, Variant, decode_variant
 
 __version__ = "0.1.0"
 

@@ -9,7 +9,7 @@ import argparse
 import sys
 
 from keras_vit import distribute
-from keras_vit.training import SMALL_VIT
+from keras_vit.variants import SMALL_VIT
 
 
 def _model_flags(parser):

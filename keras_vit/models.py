@@ -1,9 +1,9 @@
 """The Vision Transformer as a functional Keras model, and its named variants.
 
-`ViT` builds any size; `VARIANTS` is the one table of named sizes (the
-paper's Table 1, the Ti and S sizes of the released checkpoints, and the
-ResNet+ViT hybrids), from which `ViT_Ti16` ... `ViT_H14` and `ViT_R50_B16`
-... `ViT_R50_L32` are made.
+`ViT` builds any size; `ViT_Ti16` ... `ViT_H14` and the hybrids
+`ViT_R50_B16` ... `ViT_R50_L32` build the sizes of `keras_vit.VARIANTS`.
+Checkpoints are read by `keras_vit.checkpoints` and loaded here, after the
+model is built.
 """
 
 import dataclasses
@@ -21,76 +21,8 @@ from keras_vit.layers import (
     TransformerBlock,
 )
 from keras_vit.position_embedding import as_pair
-from keras_vit.resnet import apply_resnet, resnet_stride
-
-
-@dataclasses.dataclass(frozen=True)
-class Variant:
-    """The sizes that name a ViT, for example `ViT_B16` or the hybrid `ViT_R50_B16`.
-
-    Hybrids have `resnet_layers` (bottleneck units per ResNet stage; `()` for
-    the root block alone) and cut the ResNet's feature map into
-    `patch_size` patches; `resnet_width` is the root block's width.
-    """
-
-    patch_size: int
-    hidden_size: int
-    num_layers: int
-    num_heads: int
-    mlp_dim: int
-    resnet_layers: tuple = None
-    resnet_width: int = 64
-
-    @property
-    def pixels_per_patch(self):
-        """The side in pixels of the image region one token stands for (16 for B/16 and R50+B/16)."""
-        if self.resnet_layers is None:
-            return self.patch_size
-        return self.patch_size * resnet_stride(self.resnet_layers)
-
-
-# (hidden_size, num_layers, num_heads, mlp_dim) of each model width.
-_WIDTHS = {
-    "Ti": (192, 12, 3, 768),
-    "S": (384, 12, 6, 1536),
-    "B": (768, 12, 12, 3072),
-    "L": (1024, 24, 16, 4096),
-    "H": (1280, 32, 16, 5120),
-}
-# The hybrids' ResNet stages by (depth, total stride): R50 at /16 is cut after
-# its third stage, which gets 9 units instead of 6, as in the released model.
-_RESNETS = {("R50", 16): (3, 4, 9), ("R50", 32): (3, 4, 6, 3), ("R26", 32): (2, 2, 2, 2)}
-_NAMED = (
-    "Ti/16", "S/16", "S/32", "B/8", "B/16", "B/32", "L/16", "L/32", "H/14",
-    "R50+B/16", "R26+B/32", "R26+S/32", "R50+L/32",
-)
-
-
-def decode_variant(spec):
-    """`"B/16"` -> `Variant(patch_size=16, hidden_size=768, ...)`; `"R50+B/16"` -> its hybrid.
-
-    A hybrid's `/16` is its total stride: the ResNet's feature map is cut
-    into 1x1 patches.
-    """
-    resnet, _, vit = spec.rpartition("+")
-    width, _, patch = vit.partition("/")
-    if width not in _WIDTHS or not patch.isdigit() or (resnet and (resnet, int(patch)) not in _RESNETS):
-        raise ValueError(
-            f"Unknown variant {spec!r}; expected e.g. 'B/16' with a width in {list(_WIDTHS)}, "
-            f"or a hybrid {sorted(f'{r}+?/{s}' for r, s in _RESNETS)}."
-        )
-    hidden_size, num_layers, num_heads, mlp_dim = _WIDTHS[width]
-    if resnet:
-        return Variant(1, hidden_size, num_layers, num_heads, mlp_dim, _RESNETS[(resnet, int(patch))])
-    return Variant(int(patch), hidden_size, num_layers, num_heads, mlp_dim)
-
-
-VARIANTS = {"ViT_" + spec.replace("+", "_").replace("/", ""): decode_variant(spec) for spec in _NAMED}
-
-
-def variant_name(sizes):
-    """The name of the variant with these `Variant` sizes, or `None`."""
-    return next((name for name, variant in VARIANTS.items() if variant == sizes), None)
+from keras_vit.resnet import apply_resnet
+from keras_vit.variants import VARIANTS, Variant, variant_name
 
 
 def _image_size(image_size, input_tensor):
@@ -189,30 +121,22 @@ def ViT(
                 f"resnet_width {resnet_width} must be a multiple of 32 (GroupNorm's 32 groups)."
             )
     sizes = Variant(patch_size, hidden_size, num_layers, num_heads, mlp_dim, resnet_layers, resnet_width)
-    step = sizes.pixels_per_patch
-    if image_size[0] % step or image_size[1] % step:
-        what = f"patch_size {patch_size}" if resnet_layers is None else (
-            f"the hybrid's {step} pixels per patch (ResNet stride x patch_size {patch_size})")
-        raise ValueError(f"image_size {image_size} is not divisible by {what}.")
+    check_image_size(image_size, sizes)
     if hidden_size % num_heads:
         raise ValueError(f"hidden_size {hidden_size} is not divisible by num_heads {num_heads}.")
     # Arguments are checked above, before any download.
-    source = None
-    if weights is not None:
-        source = checkpoints.read_weights(weights, variant_name(sizes), image_size)
+    source = None if weights is None else read_checkpoint(weights, variant_name(sizes), image_size)
     if classifier is None:
         classifier = source.classifier if source else "token"
     if representation_size is None:
         representation_size = source.representation_size if source else 0
     if classes is None:
         classes = source.classes if source and source.classes else 1000
-
-    model = _build(
+    options = ModelOptions(
         image_size=image_size,
         sizes=sizes,
         classes=classes,
         include_top=include_top,
-        input_tensor=input_tensor,
         pooling=pooling,
         classifier=classifier,
         representation_size=representation_size or 0,
@@ -223,28 +147,69 @@ def ViT(
         approximate_gelu=approximate_gelu,
         name=name or variant_name(sizes) or "vit",
     )
+    model = _build(options, input_tensor)
     if source is not None:
         checkpoints.load_into(model, source)
     return model
 
 
-def _build(
-    image_size,
-    sizes,
-    classes,
-    include_top,
-    input_tensor,
-    pooling,
-    classifier,
-    representation_size,
-    dropout_rate,
-    attention_dropout_rate,
-    stochastic_depth_rate,
-    classifier_activation,
-    approximate_gelu,
-    name,
-):
-    if pooling == "token" and classifier == "gap":
+def check_image_size(image_size, sizes):
+    """Raise `ValueError` unless `(height, width)` divides into the patches of `sizes` (a `Variant`)."""
+    step = sizes.pixels_per_patch
+    if image_size[0] % step or image_size[1] % step:
+        what = f"patch_size {sizes.patch_size}" if sizes.resnet_layers is None else (
+            f"the hybrid's {step} pixels per patch (ResNet stride x patch_size {sizes.patch_size})")
+        raise ValueError(f"image_size {image_size} is not divisible by {what}.")
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelOptions:
+    """Everything `ViT` resolved (checkpoint defaults included) that shapes the built model."""
+
+    image_size: tuple
+    sizes: Variant
+    classes: int = 1000
+    include_top: bool = True
+    pooling: str = None
+    classifier: str = "token"
+    representation_size: int = 0
+    dropout_rate: float = 0.0
+    attention_dropout_rate: float = 0.0
+    stochastic_depth_rate: float = 0.0
+    classifier_activation: str = "softmax"
+    approximate_gelu: bool = True
+    name: str = "vit"
+
+
+def read_checkpoint(weights, variant=None, image_size=(224, 224)):
+    """Read `weights` (a name or a path) into a `checkpoints.WeightsSource` with its state.
+
+    `keras_vit.checkpoints` reads every layout without building a model,
+    except a `.weights.h5` file, which holds no architecture: for one, a
+    model of the layout the file implies is built here and loaded with
+    Keras' own loader.
+
+    Example:
+    >>> source = read_checkpoint("ViT-B_16.npz")  # doctest: +SKIP
+    >>> source.sizes, source.image_size  # doctest: +SKIP
+    """
+    source = checkpoints.read_weights(weights, variant, image_size)
+    if source.state is not None:
+        return source
+    layout = source.layout
+    try:
+        template = _build(ModelOptions(**layout), None)
+        template.load_weights(source.description)
+    except Exception as error:
+        raise checkpoints.CheckpointError(
+            f"{source.description} could not be loaded as keras_vit weights: {error}"
+        ) from error
+    return source.with_state(checkpoints.state_of(template))
+
+
+def _build(options, input_tensor):
+    sizes, image_size = options.sizes, options.image_size
+    if options.pooling == "token" and options.classifier == "gap":
         raise ValueError("pooling='token' needs a class token, but classifier='gap' has none.")
     shape = (*image_size, 3)
     if input_tensor is None:
@@ -255,7 +220,7 @@ def _build(
         images = input_tensor
     step = sizes.pixels_per_patch
     grid_size = (image_size[0] // step, image_size[1] // step)
-    num_prefix_tokens = 1 if classifier == "token" else 0
+    num_prefix_tokens = 1 if options.classifier == "token" else 0
 
     x = images
     if sizes.resnet_layers is not None:
@@ -264,50 +229,98 @@ def _build(
     if num_prefix_tokens:
         x = ClassToken(name="class_token")(x)
     x = AddPositionEmbedding(grid_size, num_prefix_tokens, name="position_embedding")(x)
-    x = keras.layers.Dropout(dropout_rate, name="embedding_dropout")(x)
+    x = keras.layers.Dropout(options.dropout_rate, name="embedding_dropout")(x)
     for index in range(sizes.num_layers):
-        depth_rate = stochastic_depth_rate * index / max(sizes.num_layers - 1, 1)
+        depth_rate = options.stochastic_depth_rate * index / max(sizes.num_layers - 1, 1)
         x = TransformerBlock(
             num_heads=sizes.num_heads,
             mlp_dim=sizes.mlp_dim,
-            dropout_rate=dropout_rate,
-            attention_dropout_rate=attention_dropout_rate,
+            dropout_rate=options.dropout_rate,
+            attention_dropout_rate=options.attention_dropout_rate,
             stochastic_depth_rate=depth_rate,
-            approximate_gelu=approximate_gelu,
+            approximate_gelu=options.approximate_gelu,
             name=f"encoderblock_{index}",
         )(x)
     x = LayerNorm(epsilon=LAYER_NORM_EPSILON, name="encoder_norm")(x)
 
-    if include_top:
-        x = TokenPooling(classifier, num_prefix_tokens, name="pool")(x)
-        if representation_size:
-            x = keras.layers.Dense(representation_size, activation="tanh", name="pre_logits")(x)
-        x = keras.layers.Dense(classes, kernel_initializer="zeros", name="head")(x)
-        x = keras.layers.Activation(classifier_activation, dtype="float32", name="predictions")(x)
-    elif pooling is not None:
-        x = TokenPooling(pooling, num_prefix_tokens, name="pool")(x)
+    if options.include_top:
+        x = TokenPooling(options.classifier, num_prefix_tokens, name="pool")(x)
+        if options.representation_size:
+            x = keras.layers.Dense(options.representation_size, activation="tanh", name="pre_logits")(x)
+        x = keras.layers.Dense(options.classes, kernel_initializer="zeros", name="head")(x)
+        x = keras.layers.Activation(options.classifier_activation, dtype="float32", name="predictions")(x)
+    elif options.pooling is not None:
+        x = TokenPooling(options.pooling, num_prefix_tokens, name="pool")(x)
 
     inputs = images if input_tensor is None else keras.utils.get_source_inputs(input_tensor)
-    return keras.Model(inputs, x, name=name)
+    return keras.Model(inputs, x, name=options.name)
 
 
-def _named_constructor(name, variant):
-    def constructor(weights=None, image_size=None, **kwargs):
-        return ViT(weights=weights, image_size=image_size, **dataclasses.asdict(variant), **kwargs)
-
-    constructor.__name__ = constructor.__qualname__ = name
-    resnet = "" if variant.resnet_layers is None else f"ResNet stages {variant.resnet_layers} + "
-    constructor.__doc__ = f"""{name}: {resnet}patch {variant.patch_size}, hidden {variant.hidden_size}, \
-{variant.num_layers} layers, {variant.num_heads} heads, MLP {variant.mlp_dim}.
-
-    Takes the keywords of `keras_vit.ViT` except the sizes. Named weights for
-    this variant: `keras_vit.available_weights("{name}")`.
-
-    Example:
-    >>> model = keras_vit.{name}(weights=None, image_size=224, classes=10)
-    """
-    return constructor
+def _named(name, weights, image_size, kwargs):
+    """A named variant: `ViT` with the sizes of `VARIANTS[name]`."""
+    return ViT(weights=weights, image_size=image_size, **dataclasses.asdict(VARIANTS[name]), **kwargs)
 
 
-for _name, _variant in VARIANTS.items():
-    globals()[_name] = _named_constructor(_name, _variant)
+def ViT_Ti16(weights=None, image_size=None, **kwargs):
+    """ViT-Ti/16: patch 16, hidden 192, 12 layers, 3 heads, MLP 768; takes `ViT`'s keywords."""
+    return _named("ViT_Ti16", weights, image_size, kwargs)
+
+
+def ViT_S16(weights=None, image_size=None, **kwargs):
+    """ViT-S/16: patch 16, hidden 384, 12 layers, 6 heads, MLP 1536; takes `ViT`'s keywords."""
+    return _named("ViT_S16", weights, image_size, kwargs)
+
+
+def ViT_S32(weights=None, image_size=None, **kwargs):
+    """ViT-S/32: patch 32, hidden 384, 12 layers, 6 heads, MLP 1536; takes `ViT`'s keywords."""
+    return _named("ViT_S32", weights, image_size, kwargs)
+
+
+def ViT_B8(weights=None, image_size=None, **kwargs):
+    """ViT-B/8: patch 8, hidden 768, 12 layers, 12 heads, MLP 3072; takes `ViT`'s keywords."""
+    return _named("ViT_B8", weights, image_size, kwargs)
+
+
+def ViT_B16(weights=None, image_size=None, **kwargs):
+    """ViT-B/16: patch 16, hidden 768, 12 layers, 12 heads, MLP 3072; takes `ViT`'s keywords."""
+    return _named("ViT_B16", weights, image_size, kwargs)
+
+
+def ViT_B32(weights=None, image_size=None, **kwargs):
+    """ViT-B/32: patch 32, hidden 768, 12 layers, 12 heads, MLP 3072; takes `ViT`'s keywords."""
+    return _named("ViT_B32", weights, image_size, kwargs)
+
+
+def ViT_L16(weights=None, image_size=None, **kwargs):
+    """ViT-L/16: patch 16, hidden 1024, 24 layers, 16 heads, MLP 4096; takes `ViT`'s keywords."""
+    return _named("ViT_L16", weights, image_size, kwargs)
+
+
+def ViT_L32(weights=None, image_size=None, **kwargs):
+    """ViT-L/32: patch 32, hidden 1024, 24 layers, 16 heads, MLP 4096; takes `ViT`'s keywords."""
+    return _named("ViT_L32", weights, image_size, kwargs)
+
+
+def ViT_H14(weights=None, image_size=None, **kwargs):
+    """ViT-H/14: patch 14, hidden 1280, 32 layers, 16 heads, MLP 5120; takes `ViT`'s keywords."""
+    return _named("ViT_H14", weights, image_size, kwargs)
+
+
+def ViT_R50_B16(weights=None, image_size=None, **kwargs):
+    """R50+ViT-B/16: ResNet (3, 4, 9), hidden 768, 12 layers, 12 heads, MLP 3072; takes `ViT`'s keywords."""
+    return _named("ViT_R50_B16", weights, image_size, kwargs)
+
+
+def ViT_R26_B32(weights=None, image_size=None, **kwargs):
+    """R26+ViT-B/32: ResNet (2, 2, 2, 2), hidden 768, 12 layers, 12 heads, MLP 3072; takes `ViT`'s keywords."""
+    return _named("ViT_R26_B32", weights, image_size, kwargs)
+
+
+def ViT_R26_S32(weights=None, image_size=None, **kwargs):
+    """R26+ViT-S/32: ResNet (2, 2, 2, 2), hidden 384, 12 layers, 6 heads, MLP 1536; takes `ViT`'s keywords."""
+    return _named("ViT_R26_S32", weights, image_size, kwargs)
+
+
+def ViT_R50_L32(weights=None, image_size=None, **kwargs):
+    """R50+ViT-L/32: ResNet (3, 4, 6, 3), hidden 1024, 24 layers, 16 heads, MLP 4096; takes `ViT`'s keywords."""
+    return _named("ViT_R50_L32", weights, image_size, kwargs)

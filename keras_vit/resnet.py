@@ -19,11 +19,6 @@ STANDARDIZATION_EPSILON = 1e-5
 GROUPS = 32
 
 
-def resnet_stride(resnet_layers):
-    """How many pixels one feature-map position spans: 4 for the root, x2 per later stage."""
-    return 4 * 2 ** max(len(resnet_layers) - 1, 0)
-
-
 @keras.saving.register_keras_serializable(package="keras_vit")
 class StandardizedConv2D(keras.layers.Conv2D):
     """`Conv2D` whose kernel is standardised per output channel before use.

@@ -11,13 +11,11 @@ import os
 import keras
 import numpy as np
 
-from keras_vit import checkpoints, data, distribute, recipes
+from keras_vit import data, distribute, recipes
 from keras_vit.imagenet import imagenet_labels
 from keras_vit.masked_patch import MaskedPatchPretrainer
-from keras_vit.models import VARIANTS, ViT, Variant
-
-# The embedded default's model: a small ViT for 8x8 digits upsampled.
-SMALL_VIT = Variant(patch_size=4, hidden_size=64, num_layers=4, num_heads=4, mlp_dim=128)
+from keras_vit.models import ViT, check_image_size, read_checkpoint
+from keras_vit.variants import SMALL_VIT, VARIANTS, Variant
 
 
 def model_sizes(args, source=None):
@@ -38,13 +36,6 @@ def resumed_epoch(backup_dir):
         return 0
     with open(path) as f:
         return int(json.load(f).get("epoch", 0))
-
-
-def _check_image_size(image_size, sizes):
-    if image_size % sizes.pixels_per_patch:
-        raise ValueError(
-            f"Image size {image_size} is not divisible by the {sizes.pixels_per_patch} pixels of one patch."
-        )
 
 
 def _metrics(num_classes):
@@ -74,9 +65,9 @@ def train(args, stage):
 
     source = None
     if args.weights:
-        source = checkpoints.read_weights(args.weights, args.model, (args.image_size, args.image_size))
+        source = read_checkpoint(args.weights, args.model, (args.image_size, args.image_size))
     sizes = model_sizes(args, source)
-    _check_image_size(args.image_size, sizes)
+    check_image_size((args.image_size, args.image_size), sizes)
     train_source = data.load_source(args.dataset, args.train_split, args.data_dir, args.image_size)
     eval_source = data.load_source(args.dataset, args.eval_split, args.data_dir, args.image_size)
     num_classes = train_source.num_classes
@@ -228,7 +219,7 @@ def load_for_inference(args):
     weights = args.weights
     if weights.endswith(".keras") and os.path.exists(weights):
         return keras.saving.load_model(weights, compile=False)
-    source = checkpoints.read_weights(weights, args.model, (args.image_size, args.image_size))
+    source = read_checkpoint(weights, args.model, (args.image_size, args.image_size))
     sizes = model_sizes(args, source)
     return ViT(image_size=args.image_size, **sizes.__dict__, weights=source, classifier_activation=None)
 
@@ -324,7 +315,7 @@ def inspect(args):
 
 def convert(args):
     """Convert a checkpoint (original `.npz`, `.weights.h5`) to a `.keras` model."""
-    source = checkpoints.read_weights(args.weights, args.model, (args.image_size or 224,) * 2)
+    source = read_checkpoint(args.weights, args.model, (args.image_size or 224,) * 2)
     sizes = model_sizes(args, source)
     image_size = args.image_size or (source.image_size[0] if source.image_size else 224)
     model = ViT(image_size=image_size, **sizes.__dict__, weights=source, classes=args.classes)

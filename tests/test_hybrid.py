@@ -204,7 +204,9 @@ def test_loads_hybrid_weights_h5_file(tmp_path):
     images, logits = reference("hybrid_token")
     path = str(tmp_path / "hybrid.weights.h5")
     hybrid().save_weights(path)
-    source = checkpoints.read_weights_h5(path)
+    layout = checkpoints.read_weights_h5(path).layout
+    assert layout["sizes"].resnet_layers == (1, 2) and layout["image_size"] == (32, 32)
+    source = keras_vit.models.read_checkpoint(path)
     assert source.resnet_layers == (1, 2) and source.image_size == (32, 32)
     loaded = keras_vit.ViT(image_size=32, **SMALL_HYBRID, **LOGITS, weights=path)
     np.testing.assert_allclose(predict(loaded, images), logits, atol=1e-5)

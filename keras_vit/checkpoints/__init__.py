@@ -1,0 +1,50 @@
+"""Checkpoints: where published weights live, each file layout, and loading into a model.
+
+- `registry`: the named published checkpoints (`available_weights`) and their download;
+- `source`: `WeightsSource`, the one internal state every layout is read into;
+- `flax_npz`: the original Flax `.npz` layout (vision_transformer, big_vision), read and written;
+- `keras_files`: Keras' `.keras` and `.weights.h5` files;
+- `loading`: `read_weights` for any name or path, and `load_into`, which adapts
+  heads and position embeddings and assigns all or nothing.
+
+This package never imports `keras_vit.models`: the model is built there and
+handed in.
+
+Example:
+>>> from keras_vit import checkpoints
+>>> source = checkpoints.read_weights("ViT-B_16.npz", "ViT_B16", (224, 224))  # doctest: +SKIP
+>>> source.sizes, source.classes  # doctest: +SKIP
+"""
+
+from keras_vit.checkpoints.flax_npz import from_flax, read_npz, save_npz, to_flax
+from keras_vit.checkpoints.keras_files import read_keras, read_weights_h5
+from keras_vit.checkpoints.loading import load_into, read_weights
+from keras_vit.checkpoints.registry import (
+    Checkpoint,
+    available_weights,
+    cache_dir,
+    fetch,
+    find_checkpoint,
+    register,
+)
+from keras_vit.checkpoints.source import CheckpointError, WeightsSource, state_of
+
+__all__ = [
+    "Checkpoint",
+    "CheckpointError",
+    "WeightsSource",
+    "available_weights",
+    "cache_dir",
+    "fetch",
+    "find_checkpoint",
+    "from_flax",
+    "load_into",
+    "read_keras",
+    "read_npz",
+    "read_weights",
+    "read_weights_h5",
+    "register",
+    "save_npz",
+    "state_of",
+    "to_flax",
+]

@@ -1,0 +1,230 @@
+"""The original Flax layout: the `.npz` files of vision_transformer and big_vision.
+
+The one home of the mapping from the original names
+(`Transformer/encoderblock_0/MultiHeadDotProductAttention_1/query/kernel`,
+...) to keras_vit's variable paths (`encoderblock_0/qkv/kernel`, ...):
+`from_flax` and `read_npz` read into the internal state, `to_flax` and
+`save_npz` write out of it.
+"""
+
+import math
+import re
+import zipfile
+
+import numpy as np
+
+from keras_vit.checkpoints.source import UNIT, CheckpointError, preview, source_from_state, state_of
+
+_PREFIXES = ("", "opt/target/", "params/", "params/img/")
+
+
+def _flax_block_names(big_vision):
+    """Per-block Flax sub-names: (attention, second LayerNorm, MLP) modules."""
+    if big_vision:
+        return "MultiHeadDotProductAttention_0", "LayerNorm_1", "MlpBlock_0"
+    return "MultiHeadDotProductAttention_1", "LayerNorm_2", "MlpBlock_3"
+
+
+def from_flax(arrays, description="checkpoint"):
+    """Convert original `.npz` arrays to `{keras_vit variable path: array}`.
+
+    Understands the original (pre-Linen) vision_transformer names, the Linen
+    and big_vision names (`params/` prefixes, `MultiHeadDotProductAttention_0`,
+    a top-level `pos_embedding`) and scanned blocks (`Transformer/encoderblock/`
+    with a leading layer axis). Every array must be used; anything left over
+    raises `CheckpointError`, as does anything missing.
+    """
+    prefix = next((p for p in _PREFIXES if f"{p}embedding/kernel" in arrays), None)
+    if prefix is None:
+        raise CheckpointError(
+            f"{description} is not a ViT checkpoint: no 'embedding/kernel' "
+            f"(found {preview(arrays)})."
+        )
+    used = set()
+
+    def take(key):
+        full = prefix + key
+        if full not in arrays:
+            raise CheckpointError(f"{description} is missing '{full}'.")
+        used.add(full)
+        return np.asarray(arrays[full])
+
+    scanned = f"{prefix}Transformer/encoderblock/LayerNorm_0/scale" in arrays
+    big_vision = prefix.startswith("params/") or f"{prefix}pos_embedding" in arrays or scanned
+    state = _resnet_from_flax(arrays, prefix, take) if f"{prefix}conv_root/kernel" in arrays else {}
+    state.update({"embedding/kernel": take("embedding/kernel"), "embedding/bias": take("embedding/bias")})
+    if prefix + "cls" in arrays:
+        state["class_token/cls"] = take("cls")
+    position_key = "pos_embedding" if big_vision else "Transformer/posembed_input/pos_embedding"
+    state["position_embedding/pos_embedding"] = take(position_key)
+
+    attention, second_norm, mlp = _flax_block_names(big_vision)
+    if scanned:
+        depth = arrays[f"{prefix}Transformer/encoderblock/LayerNorm_0/scale"].shape[0]
+        blocks = [("Transformer/encoderblock/", index) for index in range(depth)]
+    else:
+        blocks = [
+            (f"Transformer/encoderblock_{index}/", None) for index in _block_indices(arrays, prefix)
+        ]
+    stacked = {}
+
+    def block_array(base, key, index):
+        if index is None:
+            return take(base + key)
+        if base + key not in stacked:
+            stacked[base + key] = take(base + key)
+        return stacked[base + key][index]
+
+    for number, (base, index) in enumerate(blocks):
+        get = lambda key: block_array(base, key, index)  # noqa: E731
+        ours = f"encoderblock_{number}/"
+        hidden = get("LayerNorm_0/scale").shape[0]
+        state[ours + "attention_norm/gamma"] = get("LayerNorm_0/scale")
+        state[ours + "attention_norm/beta"] = get("LayerNorm_0/bias")
+        state[ours + "qkv/kernel"] = np.concatenate(
+            [get(f"{attention}/{n}/kernel").reshape(hidden, -1) for n in ("query", "key", "value")],
+            axis=1,
+        )
+        state[ours + "qkv/bias"] = np.concatenate(
+            [get(f"{attention}/{n}/bias").reshape(-1) for n in ("query", "key", "value")]
+        )
+        state[ours + "attention_output/kernel"] = get(f"{attention}/out/kernel").reshape(-1, hidden)
+        state[ours + "attention_output/bias"] = get(f"{attention}/out/bias")
+        state[ours + "mlp_norm/gamma"] = get(f"{second_norm}/scale")
+        state[ours + "mlp_norm/beta"] = get(f"{second_norm}/bias")
+        for flax_dense, our_dense in (("Dense_0", "mlp_hidden"), ("Dense_1", "mlp_output")):
+            state[ours + f"{our_dense}/kernel"] = get(f"{mlp}/{flax_dense}/kernel")
+            state[ours + f"{our_dense}/bias"] = get(f"{mlp}/{flax_dense}/bias")
+
+    state["encoder_norm/gamma"] = take("Transformer/encoder_norm/scale")
+    state["encoder_norm/beta"] = take("Transformer/encoder_norm/bias")
+    for layer in ("pre_logits", "head"):
+        if f"{prefix}{layer}/kernel" in arrays:
+            state[f"{layer}/kernel"] = take(f"{layer}/kernel")
+            state[f"{layer}/bias"] = take(f"{layer}/bias")
+
+    unused = sorted(set(arrays) - used)
+    if unused:
+        raise CheckpointError(
+            f"{description} has {len(unused)} entries this ViT does not use, "
+            f"for example {unused[:5]} (another architecture?)."
+        )
+    return state
+
+
+# A hybrid's ResNet: Flax `block{i}/unit{j}/gn1/scale` is keras_vit's `block{i}_unit{j}/gn1/gamma`.
+_NORM_NAMES = (("scale", "gamma"), ("bias", "beta"))
+_FLAX_UNIT = re.compile(r"block(\d+)/unit(\d+)/")
+
+
+def _resnet_from_flax(arrays, prefix, take):
+    state = {"conv_root/kernel": take("conv_root/kernel")}
+    for theirs, ours in _NORM_NAMES:
+        state[f"gn_root/{ours}"] = take(f"gn_root/{theirs}")
+    units = sorted({
+        (int(m.group(1)), int(m.group(2)))
+        for m in (_FLAX_UNIT.match(key[len(prefix):]) for key in arrays if key.startswith(prefix)) if m
+    })
+    for stage, unit in units:
+        base, ours = f"block{stage}/unit{unit}/", f"block{stage}_unit{unit}/"
+        layers = ["1", "2", "3"] + (["_proj"] if f"{prefix}{base}conv_proj/kernel" in arrays else [])
+        for layer in layers:
+            state[f"{ours}conv{layer}/kernel"] = take(f"{base}conv{layer}/kernel")
+            for theirs_name, our_name in _NORM_NAMES:
+                state[f"{ours}gn{layer}/{our_name}"] = take(f"{base}gn{layer}/{theirs_name}")
+    return state
+
+
+def _resnet_to_flax(state):
+    out = {}
+    for key, value in state.items():
+        unit = UNIT.match(key)
+        if unit:
+            key = f"block{unit.group(1)}/unit{unit.group(2)}/" + key[unit.end():]
+        elif not key.startswith(("conv_root/", "gn_root/")):
+            continue
+        for theirs, ours in _NORM_NAMES:
+            key = re.sub(f"/{ours}$", f"/{theirs}", key)
+        out[key] = value
+    return out
+
+
+def to_flax(model):
+    """A keras_vit model's weights under the original vision_transformer names and layouts.
+
+    The inverse of `from_flax` (for the original, un-prefixed layout).
+    """
+    state = state_of(model)
+    hidden = state["embedding/kernel"].shape[-1]
+    out = {
+        "embedding/kernel": state["embedding/kernel"],
+        "embedding/bias": state["embedding/bias"],
+        "Transformer/posembed_input/pos_embedding": state["position_embedding/pos_embedding"],
+        "Transformer/encoder_norm/scale": state["encoder_norm/gamma"],
+        "Transformer/encoder_norm/bias": state["encoder_norm/beta"],
+        **_resnet_to_flax(state),
+    }
+    if "class_token/cls" in state:
+        out["cls"] = state["class_token/cls"]
+    attention, second_norm, mlp = _flax_block_names(big_vision=False)
+    index = 0
+    while f"encoderblock_{index}/qkv/kernel" in state:
+        ours, theirs = f"encoderblock_{index}/", f"Transformer/encoderblock_{index}/"
+        heads = model.get_layer(f"encoderblock_{index}").num_heads
+        out[theirs + "LayerNorm_0/scale"] = state[ours + "attention_norm/gamma"]
+        out[theirs + "LayerNorm_0/bias"] = state[ours + "attention_norm/beta"]
+        kernels = np.split(state[ours + "qkv/kernel"], 3, axis=1)
+        biases = np.split(state[ours + "qkv/bias"], 3)
+        for name, kernel, bias in zip(("query", "key", "value"), kernels, biases):
+            out[theirs + f"{attention}/{name}/kernel"] = kernel.reshape(hidden, heads, -1)
+            out[theirs + f"{attention}/{name}/bias"] = bias.reshape(heads, -1)
+        out[theirs + f"{attention}/out/kernel"] = state[ours + "attention_output/kernel"].reshape(heads, -1, hidden)
+        out[theirs + f"{attention}/out/bias"] = state[ours + "attention_output/bias"]
+        out[theirs + f"{second_norm}/scale"] = state[ours + "mlp_norm/gamma"]
+        out[theirs + f"{second_norm}/bias"] = state[ours + "mlp_norm/beta"]
+        for flax_dense, our_dense in (("Dense_0", "mlp_hidden"), ("Dense_1", "mlp_output")):
+            out[theirs + f"{mlp}/{flax_dense}/kernel"] = state[ours + f"{our_dense}/kernel"]
+            out[theirs + f"{mlp}/{flax_dense}/bias"] = state[ours + f"{our_dense}/bias"]
+        index += 1
+    for layer in ("pre_logits", "head"):
+        if f"{layer}/kernel" in state:
+            out[f"{layer}/kernel"], out[f"{layer}/bias"] = state[f"{layer}/kernel"], state[f"{layer}/bias"]
+    return out
+
+
+def save_npz(model, path):
+    """Write a keras_vit model as an original-layout `.npz` checkpoint (readable by timm, vit_jax).
+
+    Example:
+    >>> save_npz(keras_vit.ViT_Ti16(image_size=32, classes=10), "/tmp/ti16.npz")
+    """
+    np.savez(path, **to_flax(model))
+    return path
+
+
+def _block_indices(arrays, prefix):
+    pattern = re.compile(re.escape(prefix) + r"Transformer/encoderblock_(\d+)/")
+    indices = sorted({int(m.group(1)) for m in map(pattern.match, arrays) if m})
+    if indices != list(range(len(indices))):
+        missing = sorted(set(range(max(indices, default=-1) + 1)) - set(indices))
+        raise CheckpointError(f"Checkpoint blocks are not contiguous: missing encoderblock_{missing}.")
+    return indices
+
+
+
+def read_npz(path):
+    """Read an original `.npz` checkpoint (vision_transformer or big_vision layout)."""
+    try:
+        with np.load(path, allow_pickle=False) as archive:
+            arrays = {key: archive[key] for key in archive.files}
+    except (zipfile.BadZipFile, OSError, ValueError, EOFError, KeyError) as error:
+        raise CheckpointError(
+            f"{path} is not a readable .npz checkpoint (truncated or corrupt?): {error}"
+        ) from error
+    state = from_flax(arrays, description=path)
+    query = next((v for k, v in sorted(arrays.items()) if k.endswith("query/kernel")), None)
+    num_heads = None if query is None else int(query.shape[-2])
+    positions = state["position_embedding/pos_embedding"].shape[1] - ("class_token/cls" in state)
+    side = math.isqrt(positions)
+    grid = (side, side) if side * side == positions else None
+    return source_from_state(path, state, grid, num_heads)

@@ -1,0 +1,182 @@
+"""Reading any checkpoint into the internal state, and loading that state into a model.
+
+Loading is all-or-nothing: a checkpoint is read into a plain dict of numpy
+arrays, every name and shape is checked against the model, and only then
+are the variables assigned. Any mismatch raises `CheckpointError` from the
+model constructor, so no half-loaded model is ever returned. Position
+embeddings are resized to the model's grid and heads adapted here.
+"""
+
+import logging
+import math
+import os
+
+import numpy as np
+
+from keras_vit.checkpoints.flax_npz import read_npz
+from keras_vit.checkpoints.keras_files import read_keras, read_weights_h5
+from keras_vit.checkpoints.registry import fetch, find_checkpoint
+from keras_vit.checkpoints.source import BLOCK, CheckpointError, WeightsSource, preview, resnet_layers_of
+from keras_vit.position_embedding import resize_position_embeddings
+
+logger = logging.getLogger("keras_vit")
+
+
+def read_weights(weights, variant, image_size):
+    """Read `weights` (a name or a path) into a `WeightsSource`.
+
+    `variant` is the model's variant name (or `None` for custom sizes) and
+    `image_size` its `(height, width)`, used to choose among named files.
+    """
+    if isinstance(weights, WeightsSource):
+        return weights
+    if not isinstance(weights, (str, os.PathLike)):
+        raise CheckpointError(f"weights must be None, a name or a path, got {type(weights).__name__}.")
+    path = os.fspath(weights)
+    looks_like_path = os.sep in path or path.endswith((".npz", ".keras", ".h5"))
+    if not looks_like_path:
+        checkpoint = find_checkpoint(variant, path, image_size)
+        source = read_npz(fetch(checkpoint))
+        if checkpoint.image_size != image_size[0] or image_size[0] != image_size[1]:
+            logger.warning(
+                "Using %s weights %r trained at %d px for a %s input.",
+                variant, path, checkpoint.image_size, image_size,
+            )
+        return source
+    if not os.path.exists(path):
+        raise CheckpointError(f"Weights file not found: {path}")
+    if path.endswith(".npz"):
+        return read_npz(path)
+    if path.endswith(".keras"):
+        return read_keras(path)
+    if path.endswith(".weights.h5"):
+        return read_weights_h5(path)
+    raise CheckpointError(
+        f"Unrecognised weights file {path}: expected an original .npz, a .keras or a .weights.h5 file."
+    )
+
+
+
+_OPTIONAL = ("pre_logits/", "head/")
+
+
+def load_into(model, source):
+    """Check `source` against `model` completely, then assign every variable.
+
+    Resizes the position embeddings to the model's grid; loads the head only
+    when its class count matches (else keeps the fresh zero head) and
+    raises `CheckpointError` for anything else that does not fit.
+    """
+    variables = {v.path: v for v in model.weights}
+    state = dict(source.state)
+    name = source.description
+    model_depth = len({m.group(1) for m in map(BLOCK.match, variables) if m})
+    if source.num_layers != model_depth:
+        raise CheckpointError(
+            f"{name} has {source.num_layers} encoder blocks but the model has {model_depth}."
+        )
+    checkpoint_token, model_token = "class_token/cls" in state, "class_token/cls" in variables
+    if checkpoint_token != model_token:
+        raise CheckpointError(
+            f"{name} {'has a' if checkpoint_token else 'has no'} class token but the model's "
+            f"classifier is {'token' if model_token else 'gap'}; pass "
+            f"classifier={'token' if checkpoint_token else 'gap'!r}."
+        )
+    model_resnet = resnet_layers_of(variables)
+    if source.resnet_layers != model_resnet:
+        def describe(layers):
+            return "a plain ViT" if layers is None else f"a hybrid with ResNet stages {layers}"
+        raise CheckpointError(f"{name} is {describe(source.resnet_layers)} but the model is {describe(model_resnet)}.")
+    notes = []  # Said only once the load succeeds.
+    _adapt_position_embedding(model, state, source, notes)
+    _adapt_head(variables, state, name, notes)
+
+    missing = sorted(k for k in variables if k not in state and not k.startswith(_OPTIONAL))
+    unexpected = sorted(k for k in state if k not in variables and not k.startswith(_OPTIONAL))
+    if missing:
+        raise CheckpointError(f"{name} lacks {len(missing)} model weights: {preview(missing, 8)}.")
+    if unexpected:
+        raise CheckpointError(
+            f"{name} has {len(unexpected)} weights the model lacks: {preview(unexpected, 8)}."
+        )
+    for key, value in state.items():
+        if key not in variables:
+            continue
+        if tuple(value.shape) != tuple(variables[key].shape):
+            raise CheckpointError(
+                f"{name}: '{key}' has shape {tuple(value.shape)} but the model expects "
+                f"{tuple(variables[key].shape)}."
+            )
+        if not np.all(np.isfinite(value)):
+            raise CheckpointError(f"{name}: '{key}' holds NaN or infinite values.")
+    for key, value in state.items():
+        if key in variables:
+            variables[key].assign(value.astype(variables[key].dtype))
+    for note in notes:
+        logger.warning(note)
+
+
+def _adapt_position_embedding(model, state, source, notes):
+    key = "position_embedding/pos_embedding"
+    if key not in state:
+        return
+    try:
+        layer = model.get_layer("position_embedding")
+    except ValueError:
+        return
+    table = state[key]
+    target = tuple(layer.pos_embedding.shape)
+    if table.ndim != 3 or table.shape[0] != 1 or table.shape[-1] != target[-1]:
+        raise CheckpointError(
+            f"{source.description}: '{key}' has shape {tuple(table.shape)} but the model "
+            f"expects {target}."
+        )
+    if tuple(table.shape) == target:
+        return
+    prefix = layer.num_prefix_tokens
+    try:
+        resized = resize_position_embeddings(
+            table.astype("float32"),
+            new_grid_size=layer.grid_size,
+            old_grid_size=source.grid_size,
+            num_prefix_tokens=prefix,
+            interpolation=layer.interpolation,
+            antialias=layer.antialias,
+        )
+    except ValueError as error:
+        raise CheckpointError(f"{source.description}: cannot resize position embeddings: {error}") from error
+    old = source.grid_size or (math.isqrt(table.shape[1] - prefix),) * 2
+    notes.append(
+        f"Resized position embeddings of {source.description} from a {old[0]}x{old[1]} to a "
+        f"{layer.grid_size[0]}x{layer.grid_size[1]} patch grid ({layer.interpolation})."
+    )
+    state[key] = resized
+
+
+def _adapt_head(variables, state, name, notes):
+    """Drop the checkpoint's pre-logits and head where the model cannot use them."""
+    has_pre_logits = "pre_logits/kernel" in variables
+    if "pre_logits/kernel" in state and not has_pre_logits:
+        del state["pre_logits/kernel"], state["pre_logits/bias"]
+        if "head/kernel" in variables and "head/kernel" in state:
+            notes.append(
+                f"{name}: model has no pre-logits layer, so the checkpoint's head is not loaded; "
+                "the head starts at zero."
+            )
+            del state["head/kernel"], state["head/bias"]
+    if has_pre_logits and "pre_logits/kernel" not in state:
+        notes.append(f"{name} has no pre-logits layer; the model's is freshly initialised.")
+        state.pop("head/kernel", None), state.pop("head/bias", None)
+    if "head/kernel" not in variables:
+        state.pop("head/kernel", None), state.pop("head/bias", None)
+        return
+    if "head/kernel" not in state:
+        notes.append(f"{name} has no head; the model's head starts at zero.")
+        return
+    checkpoint_shape, model_shape = state["head/kernel"].shape, tuple(variables["head/kernel"].shape)
+    if tuple(checkpoint_shape) != model_shape:
+        notes.append(
+            f"{name}: head has {checkpoint_shape[-1]} classes, model has {model_shape[-1]}: "
+            "the head starts at zero instead."
+        )
+        del state["head/kernel"], state["head/bias"]

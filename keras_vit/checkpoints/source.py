@@ -1,0 +1,117 @@
+"""The one internal state every weight layout is read into and written out of.
+
+A `WeightsSource` is a checkpoint read into keras_vit's variable paths
+(`encoderblock_0/qkv/kernel`, ...) as numpy arrays, with what the file says
+about the model it came from. Each layout module turns its files into one
+and back; `loading.load_into` puts one into a model.
+"""
+
+import dataclasses
+import re
+
+import keras
+
+from keras_vit.variants import Variant, resnet_stride
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be read or does not fit the model."""
+
+
+@dataclasses.dataclass
+class WeightsSource:
+    """A checkpoint read into keras_vit's names, before it meets a model.
+
+    `state` maps variable paths to arrays. A `.weights.h5` file holds no
+    architecture: it is read as `state=None` with the `layout` (the
+    `keras_vit.models.ModelOptions` its shapes imply) until a model of that
+    layout loads it (`keras_vit.models.read_checkpoint`).
+    """
+
+    description: str
+    state: dict
+    grid_size: tuple = None
+    classifier: str = "token"
+    representation_size: int = 0
+    classes: int = None
+    num_heads: int = None
+    layout: dict = None
+
+    @property
+    def sizes(self):
+        """The model sizes this checkpoint was saved from, as a `Variant` (None if unknown)."""
+        if self.state is None:  # A .weights.h5 layout: its head count is unknown.
+            return None
+        kernel = self.state.get("embedding/kernel")
+        mlp = self.state.get("encoderblock_0/mlp_hidden/kernel")
+        if kernel is None or mlp is None or not self.num_heads or kernel.shape[0] != kernel.shape[1]:
+            return None
+        resnet = {}
+        if "conv_root/kernel" in self.state:
+            resnet = dict(resnet_layers=self.resnet_layers, resnet_width=int(self.state["conv_root/kernel"].shape[-1]))
+        return Variant(int(kernel.shape[0]), int(kernel.shape[-1]), self.num_layers, self.num_heads,
+                       int(mlp.shape[1]), **resnet)
+
+    @property
+    def resnet_layers(self):
+        """A hybrid's bottleneck units per ResNet stage (None for a plain ViT)."""
+        return resnet_layers_of(self.state)
+
+    @property
+    def image_size(self):
+        """The image size the checkpoint's position embeddings were trained for."""
+        kernel = self.state.get("embedding/kernel")
+        if kernel is None or self.grid_size is None:
+            return None
+        step = kernel.shape[0] * (1 if self.resnet_layers is None else resnet_stride(self.resnet_layers))
+        return (self.grid_size[0] * step, self.grid_size[1] * step)
+
+    @property
+    def num_layers(self):
+        return len({m.group(1) for m in map(BLOCK.match, self.state) if m})
+
+    def with_state(self, state):
+        """This source with `state` read (from a model of its `layout`)."""
+        return source_from_state(self.description, state, self.grid_size, self.num_heads)
+
+
+BLOCK = re.compile(r"encoderblock_(\d+)/")
+UNIT = re.compile(r"block(\d+)_unit(\d+)/")
+
+
+def resnet_layers_of(names):
+    """The bottleneck units per ResNet stage that keras_vit variable `names` hold (None: no ResNet)."""
+    if "conv_root/kernel" not in names:
+        return None
+    units = {}
+    for match in map(UNIT.match, names):
+        if match:
+            stage, unit = int(match.group(1)), int(match.group(2))
+            units[stage] = max(units.get(stage, 0), unit)
+    return tuple(units[stage] for stage in sorted(units))
+
+
+def source_from_state(description, state, grid_size=None, num_heads=None):
+    """A `WeightsSource` whose head, pre-logits and classifier are read from `state` itself."""
+    head = state.get("head/bias")
+    pre_logits = state.get("pre_logits/bias")
+    return WeightsSource(
+        description=description,
+        state=state,
+        grid_size=grid_size,
+        classifier="token" if "class_token/cls" in state else "gap",
+        representation_size=0 if pre_logits is None else int(pre_logits.shape[-1]),
+        classes=None if head is None else int(head.shape[-1]),
+        num_heads=num_heads,
+    )
+
+
+def state_of(model):
+    """A model's weights as `{variable path: numpy array}`, the internal state."""
+    return {v.path: keras.ops.convert_to_numpy(v) for v in model.weights}
+
+
+def preview(names, count=5):
+    """The first `count` sorted names, and "..." if there are more (for error messages)."""
+    names = sorted(names)
+    return names[:count] + (["..."] if len(names) > count else [])
