@@ -15,8 +15,12 @@ import run_guides  # noqa: E402
 GUIDES = sorted(glob.glob(os.path.join(ROOT, "guides", "*.md")))
 
 
-def test_there_are_guides():
-    assert len(GUIDES) >= 7
+def test_readme_lists_exactly_the_guides_that_exist():
+    import re
+
+    listed = re.findall(r"\]\((guides/\d\d_\w+\.md)\)", open(os.path.join(ROOT, "README.md")).read())
+    assert listed == [os.path.relpath(g, ROOT) for g in GUIDES]
+    assert len(GUIDES) == 8
 
 
 @pytest.mark.parametrize("guide", GUIDES, ids=os.path.basename)

@@ -1,0 +1,91 @@
+"""The package's shape: imports run one way, and every module stays readable."""
+
+import ast
+import os
+
+import keras_vit
+
+PACKAGE = os.path.dirname(keras_vit.__file__)
+
+
+def module_names():
+    """`{module name: file}` for every module of keras_vit."""
+    found = {}
+    for folder, _, files in os.walk(PACKAGE):
+        for file in files:
+            if file.endswith(".py"):
+                relative = os.path.relpath(os.path.join(folder, file), os.path.dirname(PACKAGE))
+                name = relative[: -len(".py")].replace(os.sep, ".")
+                found[name.removesuffix(".__init__")] = os.path.join(folder, file)
+    return found
+
+
+def imports_of(path, name, modules):
+    """The keras_vit modules that the file imports anywhere, function-local imports included."""
+    package = name if path.endswith("__init__.py") else name.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(open(path).read())):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else []))
+            # `from keras_vit import data` imports the submodule; `from keras_vit.x import f` imports x.
+            targets = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base for alias in node.names]
+        else:
+            continue
+        found.update(t for t in targets if t in modules and t != name)
+    return found
+
+
+def import_graph():
+    modules = module_names()
+    return {name: imports_of(path, name, modules) for name, path in modules.items()}
+
+
+def find_cycle(graph):
+    """One import cycle as a list of modules, or None."""
+    state = {}
+
+    def visit(node, trail):
+        state[node] = "open"
+        for target in sorted(graph[node]):
+            if state.get(target) == "open":
+                return trail[trail.index(target):] + [target]
+            if target not in state:
+                cycle = visit(target, trail + [target])
+                if cycle:
+                    return cycle
+        state[node] = "done"
+        return None
+
+    for start in sorted(graph):
+        if start not in state:
+            cycle = visit(start, [start])
+            if cycle:
+                return cycle
+    return None
+
+
+def test_no_module_imports_one_that_imports_it_back():
+    assert find_cycle(import_graph()) is None, " -> ".join(find_cycle(import_graph()))
+
+
+def test_the_cycle_finder_sees_function_local_imports(tmp_path):
+    path = tmp_path / "b.py"
+    path.write_text("def f():\n    from keras_vit.a import g\n")
+    graph = {"keras_vit.a": {"keras_vit.b"}, "keras_vit.b": imports_of(str(path), "keras_vit.b", {"keras_vit.a", "keras_vit.b"})}
+    assert find_cycle(graph) == ["keras_vit.a", "keras_vit.b", "keras_vit.a"]
+
+
+def test_checkpoints_never_import_the_model():
+    graph = import_graph()
+    for name, targets in graph.items():
+        if name.startswith("keras_vit.checkpoints"):
+            assert not {"keras_vit.models", "keras_vit.training"} & targets, name
+
+
+def test_no_module_is_over_500_lines():
+    long = {name: n for name, path in module_names().items() if (n := len(open(path).read().splitlines())) > 500}
+    assert not long
