@@ -45,7 +45,7 @@ def ViT(
     patch_size=16,
     hidden_size=768,
     num_layers=12,
-    num_heads=12,
+    num_heads=None,
     mlp_dim=3072,
     resnet_layers=None,
     resnet_width=64,
@@ -69,7 +69,9 @@ def ViT(
         image_size: int or `(height, width)`, divisible by the pixels one
             patch spans; default 224 (or `input_tensor`'s size).
         patch_size, hidden_size, num_layers, num_heads, mlp_dim: the sizes
-            (see `VARIANTS` for the named ones).
+            (see `VARIANTS` for the named ones). `num_heads` defaults to the
+            checkpoint's (an `.npz` or `.keras` file stores it), else 12; a
+            `.weights.h5` file does not store it, so pass it with one.
         resnet_layers: for a hybrid, the bottleneck units of each ResNet
             stage, e.g. `(3, 4, 9)` for R50+ViT-B/16 (`()`: the root block
             alone); `patch_size` then cuts the ResNet's feature map.
@@ -120,12 +122,22 @@ def ViT(
                 f"resnet_layers {resnet_layers} must count at least one unit per stage and "
                 f"resnet_width {resnet_width} must be a multiple of 32 (GroupNorm's 32 groups)."
             )
-    sizes = Variant(patch_size, hidden_size, num_layers, num_heads, mlp_dim, resnet_layers, resnet_width)
+    sizes = Variant(patch_size, hidden_size, num_layers, num_heads or 12, mlp_dim, resnet_layers, resnet_width)
     check_image_size(image_size, sizes)
-    if hidden_size % num_heads:
+    if num_heads is not None and hidden_size % num_heads:
         raise ValueError(f"hidden_size {hidden_size} is not divisible by num_heads {num_heads}.")
     # Arguments are checked above, before any download.
     source = None if weights is None else read_checkpoint(weights, variant_name(sizes), image_size)
+    if num_heads is None and source is not None:
+        if source.num_heads is not None:
+            sizes = dataclasses.replace(sizes, num_heads=source.num_heads)
+        elif variant_name(sizes) is None:  # A .weights.h5 file, which does not store it.
+            raise checkpoints.CheckpointError(
+                f"{source.description} does not store the number of attention heads, and the sizes match "
+                "no named variant; pass num_heads= (named constructors such as keras_vit.ViT_B16 know theirs)."
+            )
+    if hidden_size % sizes.num_heads:
+        raise ValueError(f"hidden_size {hidden_size} is not divisible by num_heads {sizes.num_heads}.")
     if classifier is None:
         classifier = source.classifier if source else "token"
     if representation_size is None:

@@ -81,6 +81,11 @@ def decode_variant(spec):
     return Variant(int(patch), hidden_size, num_layers, num_heads, mlp_dim)
 
 
+def width_name(hidden_size):
+    """The width ("Ti", "S", "B", "L", "H") with this hidden size, or `None`."""
+    return next((name for name, sizes in _WIDTHS.items() if sizes[0] == hidden_size), None)
+
+
 VARIANTS = {"ViT_" + spec.replace("+", "_").replace("/", ""): decode_variant(spec) for spec in _NAMED}
 
 

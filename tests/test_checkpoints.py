@@ -1,5 +1,7 @@
+import io
 import os
 import shutil
+import zipfile
 
 import keras
 import numpy as np
@@ -170,6 +172,98 @@ def test_rejects_corrupt_and_truncated_files(tmp_path):
         keras_vit.ViT(image_size=32, **SMALL, weights=str(truncated))
 
 
+def test_rejects_files_that_are_not_npz_archives_before_reading_arrays(tmp_path):
+    single = tmp_path / "single.npz"
+    with open(single, "wb") as f:
+        np.save(f, np.zeros(3, "float32"))
+    with pytest.raises(CheckpointError, match="single.npz is not a readable .npz checkpoint: it is a single .npy array"):
+        keras_vit.ViT(image_size=32, **SMALL, weights=str(single))
+    arrays = npz_arrays()
+    arrays["Transformer/encoder_norm/bias"] = np.array(["a", "b"])
+    with pytest.raises(CheckpointError, match="'Transformer/encoder_norm/bias' holds <U1 values, not numbers"):
+        keras_vit.ViT(image_size=32, **SMALL, weights=write_npz(tmp_path, arrays))
+    # A header that declares 10^12 elements is refused from the header, not by numpy running out of memory.
+    header = io.BytesIO()
+    np.lib.format.write_array_header_1_0(header, {"descr": "<f4", "fortran_order": False, "shape": (10**6, 10**6)})
+    huge = tmp_path / "huge.npz"
+    with zipfile.ZipFile(huge, "w") as archive:
+        archive.writestr("embedding/kernel.npy", header.getvalue() + bytes(16))
+    with pytest.raises(CheckpointError, match=r"'embedding/kernel' declares shape \(1000000, 1000000\) of float32 "
+                       r"\(4,000,000,000,000 bytes\) but stores 16 bytes"):
+        keras_vit.ViT(image_size=32, **SMALL, weights=str(huge))
+
+
+def test_rejects_a_truncated_keras_file_saying_so(tmp_path):
+    path = tmp_path / "vit.keras"
+    load("vit_token").save(path)
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    with pytest.raises(CheckpointError, match="vit.keras is not a .keras archive \\(a zip file\\), or it is truncated"):
+        keras_vit.ViT(image_size=32, **SMALL, weights=str(path))
+
+
+@pytest.mark.parametrize("kind", ["npz", "keras"])
+@pytest.mark.parametrize("num_heads", [1, 6])
+def test_rejects_checkpoint_with_another_head_count(tmp_path, kind, num_heads):
+    path = fixture("vit_token.npz")  # 3 heads of 16
+    if kind == "keras":
+        path = str(tmp_path / "vit.keras")
+        load("vit_token").save(path)
+    sizes = dict(SMALL, num_heads=num_heads)
+    with pytest.raises(CheckpointError, match=f"has 3 attention heads per block but the model has {num_heads}; "
+                       "the file has hidden size 48; pass num_heads=3"):
+        keras_vit.ViT(image_size=32, **sizes, weights=path)
+
+
+def test_head_count_comes_from_the_file_or_must_be_given_for_weights_h5(tmp_path):
+    images, logits = reference("vit_token")
+    sizes = {k: v for k, v in SMALL.items() if k != "num_heads"}
+    from_npz = keras_vit.ViT(image_size=32, **sizes, **LOGITS, weights=fixture("vit_token.npz"))
+    assert from_npz.get_layer("encoderblock_0").num_heads == 3
+    np.testing.assert_allclose(predict(from_npz, images), logits, atol=1e-5)
+    path = str(tmp_path / "vit.weights.h5")
+    from_npz.save_weights(path)
+    with pytest.raises(CheckpointError, match="vit.weights.h5 does not store the number of attention heads, and the "
+                       "sizes match no named variant; pass num_heads="):
+        keras_vit.ViT(image_size=32, **sizes, weights=path)
+    # A named variant knows its own head count.
+    ti = keras_vit.ViT_Ti16(image_size=32, classes=10)
+    ti_path = str(tmp_path / "ti.weights.h5")
+    ti.save_weights(ti_path)
+    assert keras_vit.ViT(image_size=32, patch_size=16, hidden_size=192, mlp_dim=768, num_heads=3,
+                         classes=10, weights=ti_path).get_layer("encoderblock_0").num_heads == 3
+
+
+def test_shape_mismatch_names_the_files_apparent_size(tmp_path):
+    ti = keras_vit.ViT_Ti16(image_size=32, classes=10)
+    path = str(tmp_path / "ti.keras")
+    ti.save(path)
+    with pytest.raises(CheckpointError, match=r"the file has hidden size 192 \(a Ti checkpoint\?\)"):
+        keras_vit.ViT_S16(image_size=32, weights=path)
+
+
+def test_rejects_values_that_overflow_the_models_dtype(tmp_path):
+    arrays = npz_arrays()
+    arrays = {k: v.astype("float64") for k, v in arrays.items()}
+    arrays["Transformer/encoder_norm/bias"][0] = 1e39  # finite in float64, inf in float32
+    with pytest.raises(CheckpointError, match="'encoder_norm/beta' holds values up to 1e\\+39, beyond the range of "
+                       "the model's float32 variables"):
+        keras_vit.ViT(image_size=32, **SMALL, weights=write_npz(tmp_path, arrays))
+    keras.config.set_dtype_policy("float16")
+    arrays = npz_arrays()
+    arrays["Transformer/encoder_norm/bias"][0] = 1e5
+    with pytest.raises(CheckpointError, match="up to 1e\\+05, beyond the range of the model's float16 variables"):
+        keras_vit.ViT(image_size=32, **SMALL, weights=write_npz(tmp_path, arrays))
+
+
+def test_check_finite_names_the_broken_weights():
+    model = load("vit_token")
+    checkpoints.check_finite(model, "model.keras")
+    model.get_layer("encoder_norm").beta.assign(np.full((48,), np.nan, "float32"))
+    with pytest.raises(CheckpointError, match=r"model.keras holds NaN or infinite weights in 1 variables: \['encoder_norm/beta'\]"):
+        checkpoints.check_finite(model, "model.keras")
+
+
 def test_rejects_checkpoint_with_non_finite_values(tmp_path):
     arrays = npz_arrays()
     arrays["Transformer/encoder_norm/bias"][0] = np.nan
@@ -182,8 +276,13 @@ def test_rejects_missing_file_and_unknown_kinds(tmp_path):
         keras_vit.ViT(image_size=32, **SMALL, weights=str(tmp_path / "nowhere.npz"))
     other = tmp_path / "weights.bin"
     other.write_bytes(b"x")
-    with pytest.raises(CheckpointError, match="Unrecognised weights file .*weights.bin"):
+    with pytest.raises(CheckpointError, match=r"Unknown weights file type '\.bin': .*weights.bin. keras_vit reads"):
         keras_vit.ViT(image_size=32, **SMALL, weights=str(other))
+    # A misspelt extension is a file type, not the name of published weights.
+    with pytest.raises(CheckpointError, match=r"Unknown weights file type '\.nzp': tiny.nzp"):
+        keras_vit.ViT(image_size=32, **SMALL, weights="tiny.nzp")
+    with pytest.raises(CheckpointError, match=r"Unknown weights file type '\.bin': pytorch_model.bin"):
+        keras_vit.ViT_B16(weights="pytorch_model.bin")
 
 
 def test_rejects_unknown_checkpoint_name():

@@ -91,7 +91,10 @@ def test_input_tensor_is_used_as_the_input():
         (dict(classifier="mean"), "Unknown classifier 'mean'"),
         (dict(pooling="gap"), "pooling applies only with include_top=False"),
         (dict(include_top=False, classifier="gap", pooling="token"), "needs a class token"),
-        (dict(image_size=(32, 32, 3)), "image_size must be a positive int or a"),
+        (dict(image_size=(32, 32, 3)), r"image_size must be an int or \(height, width\) of ints, got \(32, 32, 3\)"),
+        (dict(image_size="32"), r"image_size must be an int or \(height, width\) of ints, got '32'"),
+        (dict(image_size=32.0), r"image_size must be an int or \(height, width\) of ints, got 32.0"),
+        (dict(image_size=(32, 0)), r"image_size must be positive, got \(32, 0\)"),
     ],
 )
 def test_bad_arguments_raise_clear_errors(kwargs, message):

@@ -18,7 +18,7 @@ Example:
 
 from keras_vit.checkpoints.flax_npz import from_flax, read_npz, save_npz, to_flax
 from keras_vit.checkpoints.keras_files import read_keras, read_weights_h5
-from keras_vit.checkpoints.loading import load_into, read_weights
+from keras_vit.checkpoints.loading import check_finite, load_into, read_weights
 from keras_vit.checkpoints.registry import (
     Checkpoint,
     available_weights,
@@ -35,6 +35,7 @@ __all__ = [
     "WeightsSource",
     "available_weights",
     "cache_dir",
+    "check_finite",
     "fetch",
     "find_checkpoint",
     "from_flax",

@@ -212,8 +212,48 @@ def _block_indices(arrays, prefix):
 
 
 
+def _declared_arrays(path):
+    """`{name: (shape, dtype)}` from the `.npy` headers of an `.npz`, checked against each entry's stored size."""
+    if not zipfile.is_zipfile(path):
+        with open(path, "rb") as f:
+            start = f.read(6)
+        what = "a single .npy array" if start == b"\x93NUMPY" else "no zip archive (truncated, or another kind of file)"
+        raise CheckpointError(f"{path} is not a readable .npz checkpoint: it is {what}, not np.savez's zip of arrays.")
+    declared = {}
+    try:
+        with zipfile.ZipFile(path) as archive:
+            for entry in archive.infolist():
+                with archive.open(entry) as f:
+                    version = np.lib.format.read_magic(f)
+                    read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else \
+                        np.lib.format.read_array_header_2_0
+                    shape, _, dtype = read_header(f)
+                    header_size = f.tell()
+                name = entry.filename.removesuffix(".npy")
+                if dtype.kind not in "fiu" or dtype.hasobject:
+                    raise CheckpointError(f"{path}: '{name}' holds {dtype} values, not numbers.")
+                size = math.prod(shape) * dtype.itemsize
+                if size != entry.file_size - header_size:
+                    raise CheckpointError(
+                        f"{path}: '{name}' declares shape {shape} of {dtype} ({size:,} bytes) but stores "
+                        f"{entry.file_size - header_size:,} bytes; the file is corrupt."
+                    )
+                declared[name] = (shape, dtype)
+    except CheckpointError:
+        raise
+    except (zipfile.BadZipFile, OSError, ValueError, EOFError) as error:
+        raise CheckpointError(f"{path} is not a readable .npz checkpoint (truncated or corrupt?): {error}") from error
+    return declared
+
+
 def read_npz(path):
-    """Read an original `.npz` checkpoint (vision_transformer or big_vision layout)."""
+    """Read an original `.npz` checkpoint (vision_transformer or big_vision layout).
+
+    Every array's header is checked before any array is read: a file that
+    is no zip of `.npy` arrays, or an entry whose declared shape and type do
+    not match its stored size, is refused without allocating it.
+    """
+    _declared_arrays(path)
     try:
         with np.load(path, allow_pickle=False) as archive:
             arrays = {key: archive[key] for key in archive.files}

@@ -8,6 +8,7 @@ read from the saved layers. A `.weights.h5` file carries none: its layout
 
 import itertools
 import math
+import zipfile
 
 import keras
 
@@ -16,6 +17,7 @@ from keras_vit.variants import Variant
 
 def read_keras(path):
     """Read the weights of a keras_vit model saved as `.keras`."""
+    _check_archive(path)
     try:
         saved = keras.saving.load_model(path, compile=False)
     except Exception as error:  # Keras raises many types for a bad archive.
@@ -27,6 +29,20 @@ def read_keras(path):
     except ValueError:
         pass
     return source_from_state(path, state_of(saved), grid, num_heads)
+
+
+def _check_archive(path):
+    """A `.keras` file is a zip holding `config.json` and the weights; say which part is broken."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            names = archive.namelist()
+            broken = archive.testzip()
+    except (zipfile.BadZipFile, OSError, EOFError) as error:
+        raise CheckpointError(f"{path} is not a .keras archive (a zip file), or it is truncated: {error}") from error
+    if broken is not None:
+        raise CheckpointError(f"{path} is corrupt: its entry {broken!r} fails its checksum.")
+    if "config.json" not in names:
+        raise CheckpointError(f"{path} is a zip file but not a saved Keras model: it has no config.json.")
 
 
 def read_weights_h5(path):

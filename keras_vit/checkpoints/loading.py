@@ -11,6 +11,7 @@ import logging
 import math
 import os
 
+import keras
 import numpy as np
 
 from keras_vit.checkpoints.flax_npz import read_npz
@@ -18,6 +19,7 @@ from keras_vit.checkpoints.keras_files import read_keras, read_weights_h5
 from keras_vit.checkpoints.registry import fetch, find_checkpoint
 from keras_vit.checkpoints.source import BLOCK, CheckpointError, WeightsSource, preview, resnet_layers_of
 from keras_vit.position_embedding import resize_position_embeddings
+from keras_vit.variants import width_name
 
 logger = logging.getLogger("keras_vit")
 
@@ -33,8 +35,7 @@ def read_weights(weights, variant, image_size):
     if not isinstance(weights, (str, os.PathLike)):
         raise CheckpointError(f"weights must be None, a name or a path, got {type(weights).__name__}.")
     path = os.fspath(weights)
-    looks_like_path = os.sep in path or path.endswith((".npz", ".keras", ".h5"))
-    if not looks_like_path:
+    if not _looks_like_path(path):
         checkpoint = find_checkpoint(variant, path, image_size)
         source = read_npz(fetch(checkpoint))
         if checkpoint.image_size != image_size[0] or image_size[0] != image_size[1]:
@@ -43,18 +44,22 @@ def read_weights(weights, variant, image_size):
                 variant, path, checkpoint.image_size, image_size,
             )
         return source
+    readers = {".npz": read_npz, ".keras": read_keras, ".weights.h5": read_weights_h5}
+    reader = next((read for suffix, read in readers.items() if path.endswith(suffix)), None)
+    if reader is None:
+        kind = os.path.splitext(path)[1] or "without an extension"
+        raise CheckpointError(
+            f"Unknown weights file type {kind!r}: {path}. keras_vit reads an original .npz, a .keras "
+            "or a .weights.h5 file."
+        )
     if not os.path.exists(path):
         raise CheckpointError(f"Weights file not found: {path}")
-    if path.endswith(".npz"):
-        return read_npz(path)
-    if path.endswith(".keras"):
-        return read_keras(path)
-    if path.endswith(".weights.h5"):
-        return read_weights_h5(path)
-    raise CheckpointError(
-        f"Unrecognised weights file {path}: expected an original .npz, a .keras or a .weights.h5 file."
-    )
+    return reader(path)
 
+
+def _looks_like_path(weights):
+    """A path has a folder, an extension or exists; published names (`imagenet21k+imagenet2012`) have none."""
+    return os.sep in weights or "." in os.path.basename(weights) or os.path.exists(weights)
 
 
 _OPTIONAL = ("pre_logits/", "head/")
@@ -73,7 +78,8 @@ def load_into(model, source):
     model_depth = len({m.group(1) for m in map(BLOCK.match, variables) if m})
     if source.num_layers != model_depth:
         raise CheckpointError(
-            f"{name} has {source.num_layers} encoder blocks but the model has {model_depth}."
+            f"{name} has {source.num_layers} encoder blocks but the model has {model_depth}"
+            f"{_apparent_size(state)}."
         )
     checkpoint_token, model_token = "class_token/cls" in state, "class_token/cls" in variables
     if checkpoint_token != model_token:
@@ -87,6 +93,12 @@ def load_into(model, source):
         def describe(layers):
             return "a plain ViT" if layers is None else f"a hybrid with ResNet stages {layers}"
         raise CheckpointError(f"{name} is {describe(source.resnet_layers)} but the model is {describe(model_resnet)}.")
+    model_heads = model.get_layer("encoderblock_0").num_heads if model_depth else None
+    if source.num_heads and model_heads and source.num_heads != model_heads:
+        raise CheckpointError(
+            f"{name} has {source.num_heads} attention heads per block but the model has {model_heads}"
+            f"{_apparent_size(state)}; pass num_heads={source.num_heads}."
+        )
     notes = []  # Said only once the load succeeds.
     _adapt_position_embedding(model, state, source, notes)
     _adapt_head(variables, state, name, notes)
@@ -99,21 +111,46 @@ def load_into(model, source):
         raise CheckpointError(
             f"{name} has {len(unexpected)} weights the model lacks: {preview(unexpected, 8)}."
         )
+    cast = {}
     for key, value in state.items():
         if key not in variables:
             continue
         if tuple(value.shape) != tuple(variables[key].shape):
             raise CheckpointError(
                 f"{name}: '{key}' has shape {tuple(value.shape)} but the model expects "
-                f"{tuple(variables[key].shape)}."
+                f"{tuple(variables[key].shape)}{_apparent_size(state)}."
             )
-        if not np.all(np.isfinite(value)):
-            raise CheckpointError(f"{name}: '{key}' holds NaN or infinite values.")
-    for key, value in state.items():
-        if key in variables:
-            variables[key].assign(value.astype(variables[key].dtype))
+        # Checked after the cast: 1e39 is finite in float64 but not in float32, 1e5 not in float16.
+        with np.errstate(over="ignore"):
+            cast[key] = value.astype(variables[key].dtype)
+        if not np.all(np.isfinite(cast[key])):
+            if not np.all(np.isfinite(value)):
+                raise CheckpointError(f"{name}: '{key}' holds NaN or infinite values.")
+            raise CheckpointError(
+                f"{name}: '{key}' holds values up to {np.max(np.abs(value)):.3g}, beyond the range of the "
+                f"model's {variables[key].dtype} variables."
+            )
+    for key, value in cast.items():
+        variables[key].assign(value)
     for note in notes:
         logger.warning(note)
+
+
+def _apparent_size(state):
+    """", the file has hidden size 192 (a Ti checkpoint?)", or "" when the file's width is unknown."""
+    kernel = state.get("embedding/kernel")
+    if kernel is None:
+        return ""
+    hidden = int(kernel.shape[-1])
+    width = width_name(hidden)
+    return f"; the file has hidden size {hidden}" + (f" (a {width} checkpoint?)" if width else "")
+
+
+def check_finite(model, description):
+    """Raise `CheckpointError` if any of `model`'s weights is NaN or infinite (a model loaded by Keras)."""
+    bad = [v.path for v in model.weights if not np.all(np.isfinite(keras.ops.convert_to_numpy(v)))]
+    if bad:
+        raise CheckpointError(f"{description} holds NaN or infinite weights in {len(bad)} variables: {preview(bad)}.")
 
 
 def _adapt_position_embedding(model, state, source, notes):
