@@ -15,11 +15,15 @@ Model code never imports TensorFlow; only this module (input pipelines) does.
 """
 
 import dataclasses
+import logging
 import os
+import zlib
 
 import numpy as np
 
 from keras_vit.position_embedding import as_pair
+
+logger = logging.getLogger("keras_vit")
 
 # The embedded default data set: scikit-learn's handwritten digits.
 DIGITS_CLASSES = 10
@@ -131,23 +135,112 @@ def _as_rgb(image):
 
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif")
+# Folder names that hold splits rather than classes, and which of them a split name may use.
+SPLIT_FOLDERS = {
+    "train": ("train",),
+    "test": ("test", "val", "validation"),
+    "val": ("val", "validation"),
+    "validation": ("validation", "val"),
+}
+_SKIPPED_FOLDERS = ("__MACOSX",)
 
 
-def from_folder(path, shard=None):
-    """A `Source` from `path/<class name>/<image files>`; classes sorted by name."""
+def _visible(names):
+    """Folder entries a user meant: no hidden files (`.ipynb_checkpoints`, `.DS_Store`) or `__MACOSX`."""
+    return sorted(n for n in names if not n.startswith(".") and n not in _SKIPPED_FOLDERS)
+
+
+def class_folders(path):
+    """The class sub-folders of an image folder, sorted by name, hidden ones left out."""
+    return [d for d in _visible(os.listdir(path)) if os.path.isdir(os.path.join(path, d))]
+
+
+def _image_files(folder):
+    """Every image file under `folder`, in nested sub-folders too, sorted; hidden entries left out."""
+    found = []
+    for directory, subdirectories, files in os.walk(folder):
+        subdirectories[:] = _visible(subdirectories)
+        found += [os.path.join(directory, f) for f in _visible(files) if f.lower().endswith(IMAGE_EXTENSIONS)]
+    return sorted(found)
+
+
+def _image_problem(path):
+    """Why an image file cannot be decoded, or None. Only files whose first and last bytes look wrong are decoded."""
+    size = os.path.getsize(path)
+    if size == 0:
+        return "empty file"
+    with open(path, "rb") as f:
+        head = f.read(16)
+        f.seek(max(size - 64, 0))
+        tail = f.read().rstrip(b"\x00")
+    looks_whole = (
+        (head.startswith(b"\x89PNG\r\n\x1a\n") and b"IEND" in tail)
+        or (head.startswith(b"\xff\xd8") and tail.endswith(b"\xff\xd9"))
+        or (head.startswith((b"GIF87a", b"GIF89a")) and tail.endswith(b";"))
+        or (head.startswith(b"BM") and size >= int.from_bytes(head[2:6], "little"))
+    )
+    if looks_whole:
+        return None
+    tf = _tf()
+    try:
+        tf.io.decode_image(tf.io.read_file(path), channels=3, expand_animations=False)
+    except (tf.errors.InvalidArgumentError, tf.errors.OutOfRangeError, tf.errors.DataLossError) as error:
+        return error.message.splitlines()[0]
+    return None
+
+
+def from_folder(path, shard=None, class_names=None, holdout=None):
+    """A `Source` from `path/<class name>/<image files>`; classes sorted by name.
+
+    `class_names` fixes the label of each class (the training split's, or a
+    model's `classes.txt`); a class folder outside it is an error.
+    `holdout=(split, fraction)` keeps a stratified, deterministic part of
+    every class for a held-out split (`"test"`), and the rest for `"train"`.
+    Images in nested sub-folders count for their class; hidden files and
+    folders are skipped, and so are files that cannot be decoded (named in
+    the log).
+    """
     tf = _tf()
     if not os.path.isdir(path):
         raise FileNotFoundError(f"Image folder not found: {path}")
-    class_names = sorted(d for d in os.listdir(path) if os.path.isdir(os.path.join(path, d)))
-    files, labels = [], []
-    for label, class_name in enumerate(class_names):
-        folder = os.path.join(path, class_name)
-        for file in sorted(os.listdir(folder)):
-            if file.lower().endswith(IMAGE_EXTENSIONS):
-                files.append(os.path.join(folder, file))
-                labels.append(label)
-    if not files:
+    found = class_folders(path)
+    if not found:
         raise ValueError(f"No images found under {path}/<class>/ (extensions {IMAGE_EXTENSIONS}).")
+    if class_names is None:
+        if len(found) < 2:
+            raise ValueError(
+                f"{path} has one class folder ({found[0]!r}); a classifier needs at least two "
+                f"(expected {path}/<class>/<images> with one folder per class)."
+            )
+        class_names = found
+    class_names = tuple(class_names)
+    unknown = [name for name in found if name not in class_names]
+    if unknown:
+        raise ValueError(
+            f"{path} has class folders {unknown} that the model does not know; its {len(class_names)} "
+            f"classes are {list(class_names[:10])}{' ...' if len(class_names) > 10 else ''}."
+        )
+    files, labels, skipped = [], [], []
+    for class_name in found:
+        images = _image_files(os.path.join(path, class_name))
+        if not images:
+            raise ValueError(
+                f"Class folder {os.path.join(path, class_name)} holds no images ({IMAGE_EXTENSIONS}); "
+                "remove it or add images."
+            )
+        if holdout is not None:
+            images = _held_out_part(images, class_name, *holdout)
+        for file in images:
+            problem = _image_problem(file)
+            if problem:
+                skipped.append(f"{file} ({problem})")
+                continue
+            files.append(file)
+            labels.append(class_names.index(class_name))
+    if skipped:
+        logger.warning("Skipped %d image files that cannot be decoded: %s", len(skipped), "; ".join(skipped[:20]))
+    if not files:
+        raise ValueError(f"No readable images under {path}.")
     if shard is not None:
         index, count = shard
         files, labels = files[index::count], labels[index::count]
@@ -157,15 +250,52 @@ def from_folder(path, shard=None):
         return image, label
 
     dataset = tf.data.Dataset.from_tensor_slices((files, np.asarray(labels, "int64"))).map(decode)
-    return Source(dataset, len(files), len(class_names), tuple(class_names), os.path.basename(path))
+    return Source(dataset, len(files), len(class_names), class_names, os.path.basename(os.path.normpath(path)))
 
 
-def load_source(name, split, data_dir=None, image_size=32, shard=None):
+def _held_out_part(files, class_name, split, fraction):
+    """The `split` part of one class's files: `fraction` of them held out, chosen by a hash of the class name."""
+    order = np.random.default_rng(zlib.crc32(class_name.encode())).permutation(len(files))
+    held = set(order[: max(1, int(fraction * len(files) + 0.5)) if len(files) > 1 else 0].tolist())
+    return [file for i, file in enumerate(files) if (i in held) == (split != "train")]
+
+
+def _folder_source(root, split, shard, class_names, holdout_fraction):
+    """A split of an image folder: a split sub-folder (`train`, `test`, `val`, ...) or a held-out part."""
+    splits = [d for d in class_folders(root) if d in {n for names in SPLIT_FOLDERS.values() for n in names}]
+    candidates = SPLIT_FOLDERS.get(split, (split,))
+    folder = next((c for c in candidates if os.path.isdir(os.path.join(root, c))), None)
+    if folder is None and splits:
+        raise ValueError(
+            f"{root} has split folders {splits} but none for the {split!r} split (looked for {list(candidates)})."
+        )
+    if class_names is None and split != "train" and os.path.isdir(os.path.join(root, "train")):
+        class_names = class_folders(os.path.join(root, "train"))  # One class list: the training split's.
+    if folder is not None:
+        return from_folder(os.path.join(root, folder), shard, class_names)
+    if holdout_fraction is None:  # The whole folder is this split (a folder of test images, say).
+        return from_folder(root, shard, class_names)
+    if not 0.0 < holdout_fraction < 1.0:
+        raise ValueError(f"holdout_fraction must be between 0 and 1, got {holdout_fraction}.")
+    logger.warning(
+        "%s has no train/test sub-folders: the %r split is %s %.0f%% of each class's images, chosen the same way "
+        "on every run; set the size with holdout_fraction (--holdout-fraction).",
+        root, split, "all but a held-out" if split == "train" else "a held-out", 100 * holdout_fraction,
+    )
+    return from_folder(root, shard, class_names, holdout=(split, holdout_fraction))
+
+
+def load_source(name, split, data_dir=None, image_size=32, shard=None, class_names=None, holdout_fraction=None):
     """Resolve a data-set name as the examples take it.
 
-    `"digits"` is the embedded default (split `"train"` or `"test"`); an
-    existing directory is an image folder (`split` names a sub-folder if
-    there is one); anything else is a tensorflow-datasets name.
+    `"digits"` is the embedded default (split `"train"` or `"test"`). An
+    existing directory is an image folder: with split sub-folders
+    (`train/`, and `test/`, `val/` or `validation/` for the `"test"` split)
+    its labels follow one class list, `class_names` or the training split's.
+    Without them, the whole folder is the split; or, to train and evaluate
+    on one folder, `holdout_fraction` of each class is held out for every
+    split but `"train"` (the same files on every run). Anything else is a
+    tensorflow-datasets name.
     """
     if name == "digits":
         if split not in ("train", "test"):
@@ -176,8 +306,7 @@ def load_source(name, split, data_dir=None, image_size=32, shard=None):
             images, labels = images[shard[0]::shard[1]], labels[shard[0]::shard[1]]
         return from_arrays(images, labels, DIGITS_CLASSES, tuple(str(i) for i in range(10)), "digits")
     if os.path.isdir(name):
-        folder = os.path.join(name, split) if os.path.isdir(os.path.join(name, split)) else name
-        return from_folder(folder, shard)
+        return _folder_source(name, split, shard, class_names, holdout_fraction)
     return from_tfds(name, split, data_dir=data_dir, shard=shard)
 
 

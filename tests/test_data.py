@@ -1,3 +1,5 @@
+import os
+
 import numpy as np
 import pytest
 
@@ -69,6 +71,7 @@ def test_image_folder_source(tmp_path):
     (tmp_path / "dog" / "notes.txt").write_text("not an image")
     source = data.load_source(str(tmp_path), "train")
     assert (source.num_examples, source.num_classes, source.class_names) == (5, 2, ("cat", "dog"))
+    assert data.load_source(str(tmp_path), "train", holdout_fraction=0.2).num_examples == 3
     labels = [int(y) for _, y in source.dataset]
     assert labels == [0, 0, 0, 1, 1]
     batches = list(data.make_dataset(source, 16, 2, training=False))
@@ -81,8 +84,10 @@ def test_folder_errors(tmp_path):
     with pytest.raises(FileNotFoundError, match="Image folder not found"):
         data.from_folder(str(tmp_path / "missing"))
     (tmp_path / "empty").mkdir()
-    with pytest.raises(ValueError, match="No images found under"):
+    with pytest.raises(ValueError, match=r"has one class folder \('empty'\)"):
         data.from_folder(str(tmp_path))
+    with pytest.raises(ValueError, match="No images found under"):
+        data.from_folder(str(tmp_path / "empty"))
 
 
 def test_tfds_source_with_mock_data():
@@ -118,3 +123,81 @@ def test_batched_keras_augmentations_mix_one_hot_labels(digits):
 def test_batch_larger_than_data_is_an_error(digits):
     with pytest.raises(ValueError, match="Batch size 4096 is larger than the 1437 training examples"):
         data.steps_per_epoch(data.from_arrays(*digits[0]), 4096)
+
+
+def write_images(folder, counts, size=(12, 12)):
+    rng = np.random.default_rng(0)
+    for class_name, count in counts.items():
+        os.makedirs(folder / class_name, exist_ok=True)
+        for i in range(count):
+            pixels = rng.integers(0, 256, (*size, 3), dtype=np.uint8)
+            tf.io.write_file(str(folder / class_name / f"{i}.png"), tf.io.encode_png(pixels))
+
+
+def labels_by_file(source):
+    return [int(y) for _, y in source.dataset]
+
+
+def test_test_split_labels_follow_the_training_split_classes(tmp_path):
+    write_images(tmp_path / "train", {"a": 2, "b": 2, "c": 2})
+    write_images(tmp_path / "test", {"a": 1, "c": 1})
+    test = data.load_source(str(tmp_path), "test")
+    assert test.class_names == ("a", "b", "c") and test.num_classes == 3
+    assert labels_by_file(test) == [0, 2]  # 'c' keeps label 2, not 1
+    assert labels_by_file(data.load_source(str(tmp_path / "test"), "test", class_names=["a", "b", "c"])) == [0, 2]
+    with pytest.raises(ValueError, match=r"has class folders \['a', 'c'\] that the model does not know; its 2 classes"):
+        data.from_folder(str(tmp_path / "test"), class_names=["x", "y"])
+
+
+@pytest.mark.parametrize("name", ["val", "validation"])
+def test_val_and_validation_folders_are_the_test_split(tmp_path, name):
+    write_images(tmp_path / "train", {"a": 2, "b": 2})
+    write_images(tmp_path / name, {"a": 1, "b": 1})
+    assert data.load_source(str(tmp_path), "test").num_examples == 2
+    (tmp_path / "other").mkdir()
+    with pytest.raises(ValueError, match=r"has split folders \['train', '.*'\] but none for the 'extra' split"):
+        data.load_source(str(tmp_path), "extra")
+
+
+def test_a_folder_without_splits_holds_out_a_stratified_deterministic_part(tmp_path, caplog):
+    write_images(tmp_path, {"a": 10, "b": 5})
+    train = data.load_source(str(tmp_path), "train", holdout_fraction=0.2)
+    test = data.load_source(str(tmp_path), "test", holdout_fraction=0.2)
+    assert "no train/test sub-folders" in caplog.text and "--holdout-fraction" in caplog.text
+    assert sorted(labels_by_file(test)) == [0, 0, 1]  # 20% of each class
+    assert train.num_examples + test.num_examples == 15
+    files = lambda s: {f.numpy() for f, _ in s.dataset._input_dataset}  # noqa: E731
+    assert not files(train) & files(test)
+    assert files(test) == files(data.load_source(str(tmp_path), "test", holdout_fraction=0.2))
+    assert data.load_source(str(tmp_path), "test", holdout_fraction=0.5).num_examples == 8
+    with pytest.raises(ValueError, match="holdout_fraction must be between 0 and 1, got 1.0"):
+        data.load_source(str(tmp_path), "test", holdout_fraction=1.0)
+
+
+def test_hidden_folders_are_skipped_and_nested_images_counted(tmp_path):
+    write_images(tmp_path, {"a": 1, "b": 1, ".ipynb_checkpoints": 1, "__MACOSX": 1, "a/nested": 2})
+    (tmp_path / "a" / ".hidden.png").write_bytes((tmp_path / "a" / "0.png").read_bytes())
+    source = data.from_folder(str(tmp_path))
+    assert source.class_names == ("a", "b")
+    assert labels_by_file(source) == [0, 0, 0, 1]
+
+
+def test_empty_class_folders_and_single_classes_are_refused(tmp_path):
+    write_images(tmp_path, {"a": 1})
+    with pytest.raises(ValueError, match=r"has one class folder \('a'\); a classifier needs at least two"):
+        data.from_folder(str(tmp_path))
+    (tmp_path / "b").mkdir()
+    with pytest.raises(ValueError, match="Class folder .*/b holds no images"):
+        data.from_folder(str(tmp_path))
+
+
+def test_undecodable_images_are_skipped_and_named(tmp_path, caplog):
+    write_images(tmp_path, {"a": 2, "b": 1}, size=(40, 40))
+    whole = (tmp_path / "a" / "1.png").read_bytes()
+    (tmp_path / "a" / "1.png").write_bytes(whole[: len(whole) // 2])
+    (tmp_path / "b" / "bad.jpg").write_bytes(b"\xff\xd8 not really a jpeg")
+    source = data.from_folder(str(tmp_path))
+    assert source.num_examples == 2
+    assert "Skipped 2 image files that cannot be decoded" in caplog.text
+    assert "1.png" in caplog.text and "bad.jpg" in caplog.text
+    assert len(list(data.make_dataset(source, 16, 2, training=False))) == 1  # the pipeline no longer fails
