@@ -158,3 +158,57 @@ def test_model_trains_with_fit():
     labels = rng.integers(0, 10, 16)
     history = model.fit(images, labels, batch_size=8, epochs=3, verbose=0)
     assert history.history["loss"][-1] < history.history["loss"][0]
+
+
+# --- Image sizes and layouts, alike on every backend ------------------------------
+
+@pytest.mark.parametrize("size", [(36, 36), (40, 56), (24, 24)])
+def test_fixed_size_model_refuses_another_size_on_every_entry_point(size):
+    model = small(classes=3)
+    images = np.zeros((2, *size, 3), "float32")
+    message = (r"Input 0 with name 'images' of layer 'vit' is incompatible with the layer: "
+               rf"expected shape=\(None, 32, 32, 3\), found shape=\(2, {size[0]}, {size[1]}, 3\)")
+    model.compile(optimizer="sgd", loss="categorical_crossentropy")
+    labels = np.eye(3, dtype="float32")[[0, 1]]
+    for call in (lambda: model.predict(images, verbose=0), lambda: model(images),
+                 lambda: model.evaluate(images, labels, verbose=0), lambda: model.fit(images, labels, verbose=0),
+                 lambda: model.predict_on_batch(images)):
+        with pytest.raises(ValueError, match=message):
+            call()
+
+
+def test_a_failed_call_leaves_the_model_usable(tmp_path):
+    model = small(classes=3)
+    images = np.random.default_rng(0).uniform(-1, 1, (2, 32, 32, 3)).astype("float32")
+    before = model.predict(images, verbose=0)
+
+    def wrong_size():  # A generator's shapes are known only inside Keras' loop.
+        yield (np.zeros((2, 40, 56, 3), "float32"),)
+
+    # Keras checks the inputs there on tensorflow and torch; on jax the layer finds the wrong grid.
+    with pytest.raises(ValueError, match="tokens do not form 1 prefix tokens plus a|is incompatible with the layer"):
+        model.predict(wrong_size(), steps=1, verbose=0)
+    np.testing.assert_allclose(model.predict(images, verbose=0), before, atol=1e-6)
+    model.save_weights(str(tmp_path / "after_failure.weights.h5"))
+
+
+@pytest.mark.parametrize("shape,message", [
+    ((2, 32, 32, 1), r"\(2, 32, 32, 1\) are not RGB channels-last \(None, 32, 32, 3\); they are grayscale \(one "
+                     r"channel\): repeat it with np.repeat\(x, 3, axis=-1\)"),
+    ((2, 3, 32, 32), r"they look channels-first \(batch, 3, height, width\): transpose them with "
+                     r"np.transpose\(x, \(0, 2, 3, 1\)\)"),
+    ((2, 32, 32, 4), "they have an alpha channel: drop it with x"),
+    ((32, 32, 3), r"Got one image of shape \(32, 32, 3\); the model takes a batch \(None, 32, 32, 3\): add a batch axis"),
+])
+def test_image_layout_errors_name_the_layout_and_the_fix(shape, message):
+    with pytest.raises(ValueError, match=message):
+        small().predict(np.zeros(shape, "float32"), verbose=0)
+
+
+def test_model_class_survives_a_keras_round_trip(tmp_path):
+    path = str(tmp_path / "vit.keras")
+    small().save(path)
+    loaded = keras.saving.load_model(path)
+    assert isinstance(loaded, keras_vit.models.VisionTransformer)
+    with pytest.raises(ValueError, match="is incompatible with the layer"):
+        loaded.predict(np.zeros((1, 36, 36, 3), "float32"), verbose=0)
