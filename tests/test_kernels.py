@@ -48,6 +48,46 @@ def input_gradients(function, inputs, output_weights):
     return [t.grad.numpy() for t in tensors]
 
 
+def record_calls(monkeypatch, owner, name):
+    """Replace `owner.name` with a wrapper that records each call's keyword arguments."""
+    calls = []
+    real = getattr(owner, name)
+
+    def recording(*args, **kwargs):
+        calls.append(kwargs)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(owner, name, recording)
+    return calls
+
+
+def attention_paths(monkeypatch):
+    """Records which attention `TransformerBlock` goes through: the written-out or Keras' own."""
+    return record_calls(monkeypatch, kernels, "softmax_attention"), record_calls(
+        monkeypatch, keras.ops, "dot_product_attention"
+    )
+
+
+def run_block():
+    TransformerBlock(num_heads=2, mlp_dim=8)(np.zeros((1, 4, 8), "float32"))
+
+
+def running_on_cpu():
+    """Whether the backend computes on a CPU, asked of the backend itself rather than of keras_vit."""
+    backend = keras.backend.backend()
+    if backend == "jax":
+        import jax
+
+        return jax.default_backend() == "cpu"
+    if backend == "tensorflow":
+        import tensorflow as tf
+
+        return not (tf.config.list_logical_devices("GPU") or tf.config.list_logical_devices("TPU"))
+    import torch
+
+    return not torch.cuda.is_available()
+
+
 @pytest.fixture
 def custom_gradients():
     """Restores the process-wide custom-gradient setting after a test changes it."""
@@ -90,51 +130,40 @@ def test_softmax_attention_keeps_the_input_dtype_and_computes_its_logits_in_floa
 # --- Which attention the block goes through -----------------------------------
 
 
-def test_flash_attention_is_disabled_on_tpu(monkeypatch):
-    monkeypatch.setattr(keras.distribution, "list_devices", lambda *a: ["tpu:0"])
-    if keras.backend.backend() != "jax":
-        assert kernels.use_flash_attention() is None
-        return
-    assert kernels.use_flash_attention() is False
-    seen = {}
-    real = keras.ops.dot_product_attention
-
-    def spy(*args, **kwargs):
-        seen.update(kwargs)
-        return real(*args, **{**kwargs, "flash_attention": None})
-
-    monkeypatch.setattr(keras.ops, "dot_product_attention", spy)
-    block = TransformerBlock(num_heads=2, mlp_dim=8)
-    block(np.zeros((1, 4, 8), "float32"))
-    assert seen["flash_attention"] is False
-
-
-def test_flash_attention_is_left_to_keras_on_cpu():
-    assert kernels.use_flash_attention() is None
-
-
-@pytest.mark.parametrize("devices, expected", [(["cpu:0"], True), (["gpu:0", "gpu:1"], False), (["tpu:0"], False)])
-def test_custom_gradients_are_used_on_cpus_under_jax_and_tensorflow(monkeypatch, devices, expected):
+@pytest.mark.parametrize("devices", [["cpu:0"], ["gpu:0", "gpu:1"], ["tpu:0"]])
+def test_block_uses_the_written_out_attention_only_on_cpus_under_jax_and_tensorflow(monkeypatch, devices):
     monkeypatch.setattr(keras.distribution, "list_devices", lambda *a: devices)
-    expected = expected and keras.backend.backend() != "torch"
-    assert kernels.use_custom_gradients() is expected
-    calls = []
-    real = kernels.softmax_attention
-    monkeypatch.setattr(kernels, "softmax_attention", lambda *a: calls.append(1) or real(*a))
-    TransformerBlock(num_heads=2, mlp_dim=8)(np.zeros((1, 4, 8), "float32"))
-    assert bool(calls) is expected
+    written_out, keras_attention = attention_paths(monkeypatch)
+    run_block()
+    on_cpu_under_xla = devices == ["cpu:0"] and keras.backend.backend() in ("jax", "tensorflow")
+    assert (len(written_out), len(keras_attention)) == ((1, 0) if on_cpu_under_xla else (0, 1))
 
 
-def test_custom_gradients_can_be_turned_off(monkeypatch, custom_gradients):
-    on_cpu_under_xla = keras.backend.backend() != "torch" and kernels._platform() == "cpu"
-    assert kernels.use_custom_gradients() is on_cpu_under_xla
+@pytest.mark.parametrize("device", ["cpu:0", "gpu:0", "tpu:0"])
+def test_block_turns_flash_attention_off_only_on_tpu_under_jax(monkeypatch, custom_gradients, device):
+    # Keras' JAX backend sends unmasked TPU attention to the Splash kernel, which masks causally.
+    custom_gradients(False)
+    monkeypatch.setattr(keras.distribution, "list_devices", lambda *a: [device])
+    written_out, keras_attention = attention_paths(monkeypatch)
+    run_block()
+    expected = False if device == "tpu:0" and keras.backend.backend() == "jax" else None
+    assert not written_out
+    assert [call.get("flash_attention", "not passed") for call in keras_attention] == [expected]
+
+
+def test_custom_gradients_are_used_on_this_cpu_until_turned_off(monkeypatch, custom_gradients):
+    if not running_on_cpu():
+        pytest.skip("the written-out gradients are for CPUs")
+    written_out, keras_attention = attention_paths(monkeypatch)
+    run_block()
+    if keras.backend.backend() == "torch":
+        assert (len(written_out), len(keras_attention)) == (0, 1), "torch keeps its fused attention"
+    else:
+        assert (len(written_out), len(keras_attention)) == (1, 0)
     assert custom_gradients(False) is True
-    assert kernels.use_custom_gradients() is False
-    calls = []
-    real = kernels.softmax_attention
-    monkeypatch.setattr(kernels, "softmax_attention", lambda *a: calls.append(1) or real(*a))
-    TransformerBlock(num_heads=2, mlp_dim=8)(np.zeros((1, 4, 8), "float32"))
-    assert not calls
+    written_out.clear(), keras_attention.clear()
+    run_block()
+    assert (len(written_out), len(keras_attention)) == (0, 1)
 
 
 def test_forward_mode_differentiation_needs_custom_gradients_off(custom_gradients):
