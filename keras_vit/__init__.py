@@ -5,7 +5,7 @@ Example:
 >>> model = keras_vit.ViT_B16(weights=None, image_size=224, classes=10)
 """
 
-from keras_vit import analysis, layers, recipes, resnet  # recipes registers the optimizers saved in .keras files
+from keras_vit import analysis, kernels, layers, recipes, resnet  # recipes registers the optimizers saved in .keras files
 from keras_vit.checkpoints import Checkpoint, CheckpointError, available_weights
 from keras_vit.imagenet import decode_predictions, preprocess_input
 from keras_vit.masked_patch import MaskedPatchPretrainer, PatchCorruption, mean_colour_bins
@@ -42,6 +42,7 @@ __all__ = [
     "available_weights",
     "decode_predictions",
     "decode_variant",
+    "kernels",
     "layers",
     "mean_colour_bins",
     "preprocess_input",

@@ -1,13 +1,14 @@
-"""The four layers a Vision Transformer is made of.
+"""The layers a Vision Transformer is made of.
 
 `PatchEmbedding` cuts an image into patches and projects them, `ClassToken`
 prepends the learned [class] token, `AddPositionEmbedding` adds learned
-position embeddings (resizing them when the grid changes) and
-`TransformerBlock` is one pre-LayerNorm encoder block (`LayerNorm` is
-Keras' `LayerNormalization` computed in a form that trains faster under
-XLA). Every layer uses `keras.ops` only, so it runs on JAX, TensorFlow and
+position embeddings (resizing them when the grid changes),
+`TransformerBlock` is one pre-LayerNorm encoder block (paper Eq. 2-3) with
+its `LayerNorm`, and `TokenPooling` reduces the tokens to one vector for the
+head. Every layer uses `keras.ops` only, so it runs on JAX, TensorFlow and
 PyTorch alike, and every weight keeps the layout of the original Flax
-checkpoints.
+checkpoints. How attention and LayerNorm are differentiated on each platform
+is `keras_vit.kernels`' business, not the layers'.
 """
 
 import math
@@ -15,6 +16,7 @@ import math
 import keras
 from keras import ops
 
+from keras_vit import kernels
 from keras_vit.position_embedding import INTERPOLATIONS, as_pair, resize_position_embeddings
 
 LAYER_NORM_EPSILON = 1e-6
@@ -282,65 +284,16 @@ class TokenPooling(keras.layers.Layer):
         return config
 
 
-def _layer_norm(x, gamma, beta, epsilon):
-    """Float32 LayerNorm over the last axis, its means as matrix products (see `LayerNorm`)."""
-    width = x.shape[-1]
-
-    def normalize(x):
-        average = ops.full((width, 1), 1.0 / width, dtype="float32")
-        centred = x - ops.matmul(x, average)
-        inverse_std = ops.rsqrt(ops.matmul(ops.square(centred), average) + epsilon)
-        return centred * inverse_std, inverse_std, average
-
-    if not use_custom_gradients():
-        return normalize(x)[0] * gamma + beta
-
-    @ops.custom_gradient
-    def layer_norm(x, gamma, beta):
-        normalized, inverse_std, average = normalize(x)
-
-        def grad(*args, upstream=None):
-            if upstream is None:
-                (upstream,) = args
-            upstream = ops.cast(upstream, "float32")
-            # Column sums as a row of ones times the (rows, width) matrix.
-            rows = ops.reshape(upstream, (-1, width))
-            # Shaped from `rows` itself: SavedModel export traces this with an unknown batch size.
-            ones = ops.swapaxes(ops.ones_like(rows[:, :1]), 0, 1)
-            d_beta = ops.matmul(ones, rows)[0]
-            d_gamma = ops.matmul(ones, rows * ops.reshape(normalized, (-1, width)))[0]
-            scaled = upstream * gamma
-            d_x = inverse_std * (
-                scaled - ops.matmul(scaled, average) - normalized * ops.matmul(scaled * normalized, average)
-            )
-            return d_x, d_gamma, d_beta
-
-        return normalized * gamma + beta, grad
-
-    return layer_norm(x, gamma, beta)
-
-
 @keras.saving.register_keras_serializable(package="keras_vit")
 class LayerNorm(keras.layers.LayerNormalization):
-    """`LayerNormalization` over the last axis, computed as matrix products where XLA runs it.
+    """`LayerNormalization` over the last axis, always computed in float32.
 
     The same function (equal to float32 rounding) with the same weights
     (`gamma`, `beta`), computed in float32 under mixed precision. Under JAX
-    and TensorFlow:
-
-    - the two means are products with a `(width, 1)` averaging vector, which
-      makes each block's normalisation gradient a matrix product of its own:
-      XLA's CPU backend otherwise fuses the elementwise LayerNorm gradients of
-      all later blocks into every earlier block's backward pass, work that
-      grows with the square of the depth (ViT-S/16 training on JAX: 1.48 ->
-      1.07 s per step of 8 images);
-    - on CPUs (see `use_custom_gradients`), the gradient is written out, with
-      the sums over tokens for `gamma` and `beta` as products with a row of
-      ones instead of column reductions (the main job's small ViT trains 12%
-      faster on JAX).
-
-    See benchmarks/README.md. On PyTorch, Keras' fused `layer_norm` kernel is
-    faster and is used instead.
+    and TensorFlow it is `keras_vit.kernels.layer_norm`, which computes the
+    means as matrix products and writes its gradient out where that trains
+    better under XLA; on PyTorch, and for other axes or RMS scaling, it is
+    Keras' own `LayerNormalization`.
 
     Example:
     >>> import numpy as np
@@ -356,130 +309,10 @@ class LayerNorm(keras.layers.LayerNormalization):
         width = inputs.shape[-1]
         gamma = ops.convert_to_tensor(self.gamma) if self.scale else ops.ones((width,))
         beta = ops.convert_to_tensor(self.beta) if self.center else ops.zeros((width,))
-        outputs = _layer_norm(
+        outputs = kernels.layer_norm(
             ops.cast(inputs, "float32"), ops.cast(gamma, "float32"), ops.cast(beta, "float32"), self.epsilon
         )
         return ops.cast(outputs, self.compute_dtype)
-
-
-def _platform():
-    """Where the backend runs the model: "cpu", "gpu" or "tpu" (Keras' own device list)."""
-    return keras.distribution.list_devices()[0].split(":")[0].lower()
-
-
-def use_flash_attention():
-    """The `flash_attention` argument for `keras.ops.dot_product_attention`.
-
-    Keras' JAX backend routes TPU attention with no mask through the Splash
-    kernel, which then applies a *causal* mask. ViT attention is
-    bidirectional, so on TPU we turn the flash path off (XLA's fused
-    attention is used instead); elsewhere Keras chooses (`None`).
-    """
-    if keras.backend.backend() != "jax":
-        return None
-    return False if _platform() == "tpu" else None
-
-
-_custom_gradients_enabled = True
-
-
-def set_custom_gradients(enabled):
-    """Allow or forbid keras_vit's hand-written gradients; returns the previous setting.
-
-    Where they are faster (see `use_custom_gradients`), `LayerNorm` and
-    attention (`softmax_attention`) use gradients written out with
-    `keras.ops.custom_gradient`. The functions are the same either way, but a
-    custom gradient does not support forward-mode differentiation (`jax.jvp`,
-    `jax.jacfwd`, forward-over-reverse Hessian products): turn them off for
-    that. Applies when a model's function is next traced (a new model, or a
-    new `compile`).
-
-    Example:
-    >>> previous = set_custom_gradients(False)
-    >>> use_custom_gradients()
-    False
-    >>> set_custom_gradients(previous)
-    False
-    """
-    global _custom_gradients_enabled
-    if not isinstance(enabled, bool):
-        raise TypeError(f"set_custom_gradients takes True or False, got {enabled!r}.")
-    previous, _custom_gradients_enabled = _custom_gradients_enabled, enabled
-    return previous
-
-
-def use_custom_gradients():
-    """Whether `LayerNorm` and `TransformerBlock` use their hand-written gradients now.
-
-    Yes on CPUs under JAX and TensorFlow, unless `set_custom_gradients(False)`.
-    There Keras' `dot_product_attention` is a plain XLA graph with no fused
-    kernel behind it, and XLA's CPU backend runs the column reductions of a
-    differentiated softmax and LayerNorm slowly; the written-out gradients
-    train ViT-S/16 ~13% faster on JAX and ~8% on TensorFlow (see
-    benchmarks/README.md). On GPUs and TPUs Keras may use flash kernels, and
-    on PyTorch it calls torch's fused `scaled_dot_product_attention` and
-    `layer_norm` everywhere, so those keep Keras' ops.
-    """
-    if not _custom_gradients_enabled:
-        return False
-    return keras.backend.backend() in ("jax", "tensorflow") and _platform() == "cpu"
-
-
-def softmax_attention(query, key, value):
-    """Bidirectional scaled dot-product attention with a FlashAttention-style backward pass.
-
-    Computes `softmax(q k^T / sqrt(head_dim)) v` on `(batch, tokens, heads,
-    head_dim)` inputs, the same function as `keras.ops.dot_product_attention`
-    (softmax in float32), in `keras.ops` only. Two things make it cheaper
-    than differentiating the softmax graph:
-
-    - the sums are applied after the product with `v`, to a `(tokens,
-      head_dim)` array instead of the `(tokens, tokens)` weights;
-    - the backward pass forms the softmax correction
-      `sum_s dW[t, s] W[t, s]` as `sum_h dO[t, h] O[t, h]` (the identity
-      FlashAttention uses), a reduction over the small output instead of the
-      attention matrix, and no gradient flows through the max shift.
-
-    Example:
-    >>> import numpy as np
-    >>> q = np.random.default_rng(0).normal(size=(2, 5, 3, 4)).astype("float32")
-    >>> tuple(softmax_attention(q, q, q).shape)
-    (2, 5, 3, 4)
-    """
-    scale = 1.0 / math.sqrt(query.shape[-1])
-
-    @ops.custom_gradient
-    def attend(query, key, value):
-        # Heads first, so that every product is a plain batched matmul. The logits and their
-        # gradients are float32 whatever the inputs (as Keras' attention on JAX); the weights
-        # meet `value` in its own dtype.
-        heads_first = (0, 2, 1, 3)
-        dtype = value.dtype
-        query, key, value = (ops.transpose(t, heads_first) for t in (query, key, value))
-        query, key = ops.cast(query, "float32") * scale, ops.cast(key, "float32")
-        logits = ops.matmul(query, ops.swapaxes(key, -1, -2))
-        exponentials = ops.exp(logits - ops.max(logits, axis=-1, keepdims=True))
-        inverse_sums = 1.0 / ops.sum(exponentials, axis=-1, keepdims=True)
-        output = ops.matmul(ops.cast(exponentials, dtype), value) * ops.cast(inverse_sums, dtype)
-
-        def grad(*args, upstream=None):
-            if upstream is None:
-                (upstream,) = args
-            d_output = ops.transpose(upstream, heads_first)
-            weights = exponentials * inverse_sums
-            correction = ops.sum(
-                ops.cast(d_output, "float32") * ops.cast(output, "float32"), axis=-1, keepdims=True
-            )
-            d_weights = ops.cast(ops.matmul(d_output, ops.swapaxes(value, -1, -2)), "float32")
-            d_logits = weights * (d_weights - correction)
-            d_query = ops.matmul(d_logits, key) * scale
-            d_key = ops.matmul(ops.swapaxes(d_logits, -1, -2), query)
-            d_value = ops.matmul(ops.swapaxes(ops.cast(weights, dtype), -1, -2), d_output)
-            return tuple(ops.cast(ops.transpose(g, heads_first), dtype) for g in (d_query, d_key, d_value))
-
-        return ops.transpose(output, heads_first), grad
-
-    return attend(query, key, value)
 
 
 @keras.saving.register_keras_serializable(package="keras_vit")
@@ -490,12 +323,10 @@ class TransformerBlock(keras.layers.Layer):
     GELU MLP (tanh approximation by default, as the original Flax models),
     dropout after every dense layer except q/k/v, optional dropout on the
     attention probabilities and optional stochastic depth on both residual
-    branches. q, k and v are one fused projection. Attention runs through
-    `keras.ops.dot_product_attention` (flash kernels where Keras has them),
-    through `softmax_attention` on CPUs under JAX and TensorFlow (faster
-    there, see `use_custom_gradients`), and as explicit einsums when its
-    weights are asked for (`return_attention_weights=True`) or attention
-    dropout is active.
+    branches. q, k and v are one fused projection. Attention is
+    `keras_vit.kernels.attention`, except when its weights are asked for
+    (`return_attention_weights=True`) or attention dropout is active: then
+    it is computed as explicit einsums, which expose the weights.
 
     Example:
     >>> import numpy as np
@@ -590,29 +421,34 @@ class TransformerBlock(keras.layers.Layer):
             dtype=self.dtype_policy,
         )
 
-    def _attend(self, x, training, return_weights):
+    def _self_attention(self, x, training, return_weights):
+        """MSA(x): multi-head self-attention, its output projection and dropout."""
         batch, tokens = ops.shape(x)[0], ops.shape(x)[1]
-        # Split the fused projection on its last axis, then reshape each part: on TensorFlow
-        # this trains ViT-S/16 ~30% faster than reshaping to (..., 3, heads, dim) and slicing.
+        # Split the fused projection on its last axis, then reshape each part, rather than
+        # reshaping to (..., 3, heads, dim) and slicing: TensorFlow trains better this way
+        # (see benchmarks/README.md).
         heads = (batch, tokens, self.num_heads, self.head_dim)
         query, key, value = (ops.reshape(part, heads) for part in ops.split(self.qkv(x), 3, axis=-1))
-        drop_attention = training and self.attention_dropout_rate > 0
-        if return_weights or drop_attention:
-            scale = 1.0 / math.sqrt(self.head_dim)
-            logits = ops.einsum("bqhd,bkhd->bhqk", query * ops.cast(scale, query.dtype), key)
-            weights = ops.softmax(ops.cast(logits, "float32"), axis=-1)
-            dropped = self.attention_dropout(weights, training=training)
-            context = ops.einsum("bhqk,bkhd->bqhd", ops.cast(dropped, value.dtype), value)
-        elif use_custom_gradients():
-            weights = None
-            context = softmax_attention(query, key, value)
+        if return_weights or (training and self.attention_dropout_rate > 0):
+            context, weights = self._attention_with_weights(query, key, value, training)
         else:
-            weights = None
-            context = ops.dot_product_attention(
-                query, key, value, flash_attention=use_flash_attention()
-            )
+            context, weights = kernels.attention(query, key, value), None
         context = ops.reshape(context, (batch, tokens, self.num_heads * self.head_dim))
-        return self.attention_output(context), weights
+        return self.output_dropout(self.attention_output(context), training=training), weights
+
+    def _attention_with_weights(self, query, key, value, training):
+        """Attention as explicit einsums, returning its float32 weights (before dropout)."""
+        scale = 1.0 / math.sqrt(self.head_dim)
+        logits = ops.einsum("bqhd,bkhd->bhqk", query * ops.cast(scale, query.dtype), key)
+        weights = ops.softmax(ops.cast(logits, "float32"), axis=-1)
+        dropped = self.attention_dropout(weights, training=training)
+        return ops.einsum("bhqk,bkhd->bqhd", ops.cast(dropped, value.dtype), value), weights
+
+    def _mlp(self, x, training):
+        """MLP(x): two dense layers with a GELU between them, each followed by dropout."""
+        hidden = ops.gelu(self.mlp_hidden(x), approximate=self.approximate_gelu)
+        hidden = self.mlp_hidden_dropout(hidden, training=training)
+        return self.mlp_output_dropout(self.mlp_output(hidden), training=training)
 
     def _drop_path(self, residual, training):
         """Stochastic depth: drop the whole branch for random samples."""
@@ -624,15 +460,13 @@ class TransformerBlock(keras.layers.Layer):
         return residual * ops.cast(mask, residual.dtype) / ops.cast(keep, residual.dtype)
 
     def call(self, inputs, training=None, return_attention_weights=False):
-        attended, weights = self._attend(
+        # Eq. 2: z' = MSA(LN(z)) + z
+        attended, weights = self._self_attention(
             self.attention_norm(inputs), training, return_attention_weights
         )
-        attended = self.output_dropout(attended, training=training)
         x = inputs + self._drop_path(attended, training)
-        hidden = ops.gelu(self.mlp_hidden(self.mlp_norm(x)), approximate=self.approximate_gelu)
-        hidden = self.mlp_hidden_dropout(hidden, training=training)
-        hidden = self.mlp_output_dropout(self.mlp_output(hidden), training=training)
-        outputs = x + self._drop_path(hidden, training)
+        # Eq. 3: z = MLP(LN(z')) + z'
+        outputs = x + self._drop_path(self._mlp(self.mlp_norm(x), training), training)
         if return_attention_weights:
             return outputs, weights
         return outputs

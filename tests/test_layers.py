@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from conftest import predict
-from keras_vit import layers, resize_position_embeddings
+from keras_vit import resize_position_embeddings
 from keras_vit.layers import (
     AddPositionEmbedding,
     ClassToken,
@@ -169,138 +169,6 @@ def test_attention_weights_are_bidirectional_probabilities():
     assert np.all(probs[0, 0][np.triu_indices(6, k=1)] > 0), "tokens must attend to later ones"
 
 
-def test_flash_attention_is_disabled_on_tpu(monkeypatch):
-    monkeypatch.setattr(keras.distribution, "list_devices", lambda *a: ["tpu:0"])
-    if keras.backend.backend() != "jax":
-        assert layers.use_flash_attention() is None
-        return
-    assert layers.use_flash_attention() is False
-    seen = {}
-    real = keras.ops.dot_product_attention
-
-    def spy(*args, **kwargs):
-        seen.update(kwargs)
-        return real(*args, **{**kwargs, "flash_attention": None})
-
-    monkeypatch.setattr(keras.ops, "dot_product_attention", spy)
-    block = TransformerBlock(num_heads=2, mlp_dim=8)
-    block(np.zeros((1, 4, 8), "float32"))
-    assert seen["flash_attention"] is False
-
-
-def test_flash_attention_is_left_to_keras_on_cpu():
-    assert layers.use_flash_attention() is None
-
-
-def numpy_attention_and_gradients(q, k, v, d_output):
-    """Attention on (batch, tokens, heads, dim) and its textbook backward pass, in float64."""
-    q, k, v, d_output = (t.astype("float64").transpose(0, 2, 1, 3) for t in (q, k, v, d_output))
-    scale = 1.0 / math.sqrt(q.shape[-1])
-    logits = q @ k.swapaxes(-1, -2) * scale
-    weights = np.exp(logits - logits.max(-1, keepdims=True))
-    weights /= weights.sum(-1, keepdims=True)
-    d_weights = d_output @ v.swapaxes(-1, -2)
-    d_logits = weights * (d_weights - (d_weights * weights).sum(-1, keepdims=True))
-    results = (weights @ v, d_logits @ k * scale, d_logits.swapaxes(-1, -2) @ q * scale,
-               weights.swapaxes(-1, -2) @ d_output)
-    return [r.transpose(0, 2, 1, 3) for r in results]
-
-
-def test_softmax_attention_and_its_gradients_equal_numpy():
-    rng = np.random.default_rng(12)
-    q, k, v, d_output = (rng.normal(0.0, 2.0, size=(2, 7, 3, 8)).astype("float32") for _ in range(4))
-    expected = numpy_attention_and_gradients(q, k, v, d_output)
-    output = keras.ops.convert_to_numpy(layers.softmax_attention(q, k, v))
-    np.testing.assert_allclose(output, expected[0], atol=1e-5)
-    np.testing.assert_allclose(output, keras.ops.convert_to_numpy(keras.ops.dot_product_attention(q, k, v)),
-                               atol=1e-5)
-    gradients = input_gradients(layers.softmax_attention, [q, k, v], d_output)
-    for name, got, want in zip(("query", "key", "value"), gradients, expected[1:]):
-        np.testing.assert_allclose(got, want, atol=3e-5, err_msg=name)
-
-
-def test_softmax_attention_keeps_the_input_dtype_and_computes_its_logits_in_float32():
-    # Logits near 90 that differ by ~1: bfloat16 logits would be off by up to 0.25 (their
-    # spacing there is 0.5), changing the weights by ~25%; float32 logits keep them exact.
-    rng = np.random.default_rng(15)
-    q, k, v = (rng.normal(size=(2, 9, 2, 8)).astype("float32") for _ in range(3))
-    q[..., 0] = k[..., 0] = 16.0
-    inputs = [keras.ops.cast(t, "bfloat16") for t in (q, k, v)]
-    out = layers.softmax_attention(*inputs)
-    assert keras.backend.standardize_dtype(out.dtype) == "bfloat16"
-    rounded = [keras.ops.convert_to_numpy(keras.ops.cast(t, "float32")) for t in inputs]
-    expected = numpy_attention_and_gradients(*rounded, np.zeros_like(q))[0]
-    # What remains is bfloat16's own rounding of the weights and the output (2^-9 relative).
-    np.testing.assert_allclose(keras.ops.convert_to_numpy(keras.ops.cast(out, "float32")), expected, atol=2e-2)
-
-
-@pytest.mark.parametrize("devices, expected", [(["cpu:0"], True), (["gpu:0", "gpu:1"], False), (["tpu:0"], False)])
-def test_custom_gradients_are_used_on_cpus_under_jax_and_tensorflow(monkeypatch, devices, expected):
-    monkeypatch.setattr(keras.distribution, "list_devices", lambda *a: devices)
-    expected = expected and keras.backend.backend() != "torch"
-    assert layers.use_custom_gradients() is expected
-    calls = []
-    real = layers.softmax_attention
-    monkeypatch.setattr(layers, "softmax_attention", lambda *a: calls.append(1) or real(*a))
-    TransformerBlock(num_heads=2, mlp_dim=8)(np.zeros((1, 4, 8), "float32"))
-    assert bool(calls) is expected
-
-
-@pytest.fixture
-def custom_gradients():
-    """Restores the process-wide custom-gradient setting after a test changes it."""
-    previous = layers.set_custom_gradients(True)
-    yield layers.set_custom_gradients
-    layers.set_custom_gradients(previous)
-
-
-def test_custom_gradients_can_be_turned_off(monkeypatch, custom_gradients):
-    on_cpu_under_xla = keras.backend.backend() != "torch" and layers._platform() == "cpu"
-    assert layers.use_custom_gradients() is on_cpu_under_xla
-    assert custom_gradients(False) is True
-    assert layers.use_custom_gradients() is False
-    calls = []
-    real = layers.softmax_attention
-    monkeypatch.setattr(layers, "softmax_attention", lambda *a: calls.append(1) or real(*a))
-    TransformerBlock(num_heads=2, mlp_dim=8)(np.zeros((1, 4, 8), "float32"))
-    assert not calls
-
-
-def test_forward_mode_differentiation_needs_custom_gradients_off(custom_gradients):
-    if keras.backend.backend() != "jax":
-        pytest.skip("jax.jvp")
-    import jax
-
-    block = TransformerBlock(num_heads=2, mlp_dim=8)
-    x = np.random.default_rng(16).normal(size=(1, 4, 8)).astype("float32")
-    block.build(x.shape)
-    with pytest.raises(TypeError, match="custom_vjp"):
-        jax.jvp(block, (x,), (x,))
-    custom_gradients(False)
-    _, tangent = jax.jvp(block, (x,), (x,))
-    step = 1e-3
-    finite_difference = (np.asarray(block(x + step * x)) - np.asarray(block(x - step * x))) / (2 * step)
-    np.testing.assert_allclose(np.asarray(tangent), finite_difference, atol=2e-3)
-
-
-def test_set_custom_gradients_takes_a_bool(custom_gradients):
-    with pytest.raises(TypeError, match="set_custom_gradients takes True or False, got 'no'"):
-        custom_gradients("no")
-    assert layers.set_custom_gradients(True) is True
-
-
-def test_transformer_block_gradients_equal_with_and_without_custom_gradients(monkeypatch):
-    x = np.random.default_rng(13).normal(size=(2, 5, 8)).astype("float32")
-    d_output = np.random.default_rng(14).normal(size=x.shape).astype("float32")
-    block = TransformerBlock(num_heads=2, mlp_dim=16, seed=3)
-    block.build(x.shape)
-    gradients = {}
-    for custom in (True, False):
-        monkeypatch.setattr(layers, "use_custom_gradients", lambda value=custom: value)
-        gradients[custom] = input_gradients(block, [x], d_output)[0]
-    np.testing.assert_allclose(gradients[True], gradients[False], atol=2e-5)
-
-
 def test_transformer_block_rejects_width_not_divisible_by_heads():
     with pytest.raises(ValueError, match="hidden_size 10 is not divisible by num_heads 3"):
         TransformerBlock(num_heads=3, mlp_dim=8)(np.zeros((1, 4, 10), "float32"))
@@ -383,54 +251,6 @@ def test_layer_norm_equals_keras_layer_normalization_and_numpy():
                                 keras.ops.convert_to_numpy(ours.beta))
     np.testing.assert_allclose(predict(ours, x), expected, atol=2e-5)
     np.testing.assert_allclose(predict(ours, x), predict(reference, x), atol=2e-5)
-
-
-def input_gradients(function, inputs, output_weights):
-    """Gradients of `sum(function(*inputs) * output_weights)` for each input, on the current backend."""
-    backend = keras.backend.backend()
-    if backend == "jax":
-        import jax
-
-        def total(*tensors):
-            return (function(*tensors) * output_weights).sum()
-
-        return [np.asarray(g) for g in jax.grad(total, argnums=tuple(range(len(inputs))))(*inputs)]
-    if backend == "tensorflow":
-        import tensorflow as tf
-
-        tensors = [tf.constant(x) for x in inputs]
-        with tf.GradientTape() as tape:
-            tape.watch(tensors)
-            total = tf.reduce_sum(function(*tensors) * output_weights)
-        return [g.numpy() for g in tape.gradient(total, tensors)]
-    import torch
-
-    tensors = [torch.tensor(x, requires_grad=True) for x in inputs]
-    (function(*tensors) * torch.tensor(output_weights)).sum().backward()
-    return [t.grad.numpy() for t in tensors]
-
-
-@pytest.mark.parametrize("custom", [True, False])
-@pytest.mark.parametrize("options", [{}, {"scale": False}, {"center": False}])
-def test_layer_norm_gradients_equal_keras_layer_normalization(options, custom, custom_gradients):
-    custom_gradients(custom)
-    if keras.backend.backend() == "torch":
-        pytest.skip("on torch LayerNorm is Keras' own kernel")
-    x = np.random.default_rng(9).normal(2.0, 3.0, size=(3, 7, 16)).astype("float32")
-    ours, reference = layer_norm_pair(x, **options)
-    weights = np.random.default_rng(10).normal(size=x.shape).astype("float32")
-    values = [keras.ops.convert_to_numpy(v) for v in ours.trainable_variables]
-
-    def gradients(layer):
-        def function(inputs, *variables):
-            return layer.stateless_call(list(variables), [], inputs)[0]
-
-        return input_gradients(function, [x, *values], weights)
-
-    names = ["inputs"] + [v.name for v in ours.trainable_variables]
-    assert len(names) == 3 - len(options)
-    for name, got, want in zip(names, gradients(ours), gradients(reference)):
-        np.testing.assert_allclose(got, want, atol=1e-4, rtol=1e-5, err_msg=name)
 
 
 @pytest.mark.parametrize("policy", ["mixed_bfloat16", "mixed_float16"])

@@ -1,0 +1,217 @@
+"""The speed kernels: attention and LayerNorm with written-out gradients, and the switches that choose them.
+
+The layers in `keras_vit.layers` compute the paper's functions; this module
+decides how some of them are differentiated on each platform, and nothing
+else. Every function here equals its plain `keras.ops` counterpart (up to
+float32 rounding), so switching paths changes no result:
+
+- `attention` is the one entry point for multi-head attention. On CPUs
+  under JAX and TensorFlow (`use_custom_gradients`) it runs
+  `softmax_attention`, whose backward pass is written out; elsewhere it
+  calls `keras.ops.dot_product_attention`, which has fused kernels on GPUs
+  and TPUs and on PyTorch, with `use_flash_attention` guarding the TPU.
+- `layer_norm` is `LayerNorm`'s function under JAX and TensorFlow: its
+  means are matrix products and, where `use_custom_gradients`, its gradient
+  is written out.
+- `set_custom_gradients(False)` turns the written-out gradients off, for
+  forward-mode differentiation, which they do not support.
+
+benchmarks/README.md records what each of these was measured against.
+"""
+
+import math
+
+import keras
+from keras import ops
+
+
+def _platform():
+    """Where the backend runs the model: "cpu", "gpu" or "tpu" (Keras' own device list)."""
+    return keras.distribution.list_devices()[0].split(":")[0].lower()
+
+
+def use_flash_attention():
+    """The `flash_attention` argument for `keras.ops.dot_product_attention`.
+
+    Keras' JAX backend routes TPU attention with no mask through the Splash
+    kernel, which then applies a *causal* mask. ViT attention is
+    bidirectional, so on TPU we turn the flash path off (XLA's fused
+    attention is used instead); elsewhere Keras chooses (`None`).
+    """
+    if keras.backend.backend() != "jax":
+        return None
+    return False if _platform() == "tpu" else None
+
+
+_custom_gradients_enabled = True
+
+
+def set_custom_gradients(enabled):
+    """Allow or forbid keras_vit's written-out gradients; returns the previous setting.
+
+    Where `use_custom_gradients` says so, `layer_norm` and `attention`
+    (through `softmax_attention`) use gradients written out with
+    `keras.ops.custom_gradient`. The functions are the same either way, but a
+    custom gradient does not support forward-mode differentiation (`jax.jvp`,
+    `jax.jacfwd`, forward-over-reverse Hessian products): turn them off for
+    that. Applies when a model's function is next traced (a new model, or a
+    new `compile`).
+
+    Example:
+    >>> previous = set_custom_gradients(False)
+    >>> use_custom_gradients()
+    False
+    >>> set_custom_gradients(previous)
+    False
+    """
+    global _custom_gradients_enabled
+    if not isinstance(enabled, bool):
+        raise TypeError(f"set_custom_gradients takes True or False, got {enabled!r}.")
+    previous, _custom_gradients_enabled = _custom_gradients_enabled, enabled
+    return previous
+
+
+def use_custom_gradients():
+    """Whether `attention` and `layer_norm` use their written-out gradients now.
+
+    Yes on CPUs under JAX and TensorFlow, unless `set_custom_gradients(False)`.
+    There Keras' `dot_product_attention` is a plain XLA graph with no fused
+    kernel behind it, and XLA's CPU backend runs the column reductions of a
+    differentiated softmax and LayerNorm slowly (see benchmarks/README.md).
+    On GPUs and TPUs Keras may use flash kernels, and on PyTorch it calls
+    torch's fused `scaled_dot_product_attention` and `layer_norm`
+    everywhere, so those keep Keras' ops.
+    """
+    if not _custom_gradients_enabled:
+        return False
+    return keras.backend.backend() in ("jax", "tensorflow") and _platform() == "cpu"
+
+
+def attention(query, key, value):
+    """Bidirectional scaled dot-product attention on `(batch, tokens, heads, head_dim)` inputs.
+
+    `softmax(q k^T / sqrt(head_dim)) v` with the softmax in float32, through
+    `softmax_attention` where `use_custom_gradients()`, otherwise through
+    `keras.ops.dot_product_attention` with `flash_attention=use_flash_attention()`.
+
+    Example:
+    >>> import numpy as np
+    >>> q = np.random.default_rng(0).normal(size=(2, 5, 3, 4)).astype("float32")
+    >>> tuple(attention(q, q, q).shape)
+    (2, 5, 3, 4)
+    """
+    if use_custom_gradients():
+        return softmax_attention(query, key, value)
+    return ops.dot_product_attention(query, key, value, flash_attention=use_flash_attention())
+
+
+def softmax_attention(query, key, value):
+    """Bidirectional scaled dot-product attention with a FlashAttention-style backward pass.
+
+    Computes `softmax(q k^T / sqrt(head_dim)) v` on `(batch, tokens, heads,
+    head_dim)` inputs, the same function as `keras.ops.dot_product_attention`
+    (softmax in float32), in `keras.ops` only. Two things make it cheaper
+    than differentiating the softmax graph:
+
+    - the sums are applied after the product with `v`, to a `(tokens,
+      head_dim)` array instead of the `(tokens, tokens)` weights;
+    - the backward pass forms the softmax correction
+      `sum_s dW[t, s] W[t, s]` as `sum_h dO[t, h] O[t, h]` (the identity
+      FlashAttention uses), a reduction over the small output instead of the
+      attention matrix, and no gradient flows through the max shift.
+
+    Example:
+    >>> import numpy as np
+    >>> q = np.random.default_rng(0).normal(size=(2, 5, 3, 4)).astype("float32")
+    >>> tuple(softmax_attention(q, q, q).shape)
+    (2, 5, 3, 4)
+    """
+    scale = 1.0 / math.sqrt(query.shape[-1])
+
+    @ops.custom_gradient
+    def attend(query, key, value):
+        # Heads first, so that every product is a plain batched matmul. The logits and their
+        # gradients are float32 whatever the inputs (as Keras' attention on JAX); the weights
+        # meet `value` in its own dtype.
+        heads_first = (0, 2, 1, 3)
+        dtype = value.dtype
+        query, key, value = (ops.transpose(t, heads_first) for t in (query, key, value))
+        query, key = ops.cast(query, "float32") * scale, ops.cast(key, "float32")
+        logits = ops.matmul(query, ops.swapaxes(key, -1, -2))
+        exponentials = ops.exp(logits - ops.max(logits, axis=-1, keepdims=True))
+        inverse_sums = 1.0 / ops.sum(exponentials, axis=-1, keepdims=True)
+        output = ops.matmul(ops.cast(exponentials, dtype), value) * ops.cast(inverse_sums, dtype)
+
+        def grad(*args, upstream=None):
+            if upstream is None:
+                (upstream,) = args
+            d_output = ops.transpose(upstream, heads_first)
+            weights = exponentials * inverse_sums
+            correction = ops.sum(
+                ops.cast(d_output, "float32") * ops.cast(output, "float32"), axis=-1, keepdims=True
+            )
+            d_weights = ops.cast(ops.matmul(d_output, ops.swapaxes(value, -1, -2)), "float32")
+            d_logits = weights * (d_weights - correction)
+            d_query = ops.matmul(d_logits, key) * scale
+            d_key = ops.matmul(ops.swapaxes(d_logits, -1, -2), query)
+            d_value = ops.matmul(ops.swapaxes(ops.cast(weights, dtype), -1, -2), d_output)
+            return tuple(ops.cast(ops.transpose(g, heads_first), dtype) for g in (d_query, d_key, d_value))
+
+        return ops.transpose(output, heads_first), grad
+
+    return attend(query, key, value)
+
+
+def layer_norm(x, gamma, beta, epsilon):
+    """Float32 LayerNorm of `x` over its last axis, with its two means as matrix products.
+
+    `(x - mean) / sqrt(variance + epsilon) * gamma + beta` on float32
+    inputs. The means are products with a `(width, 1)` averaging vector,
+    which makes each normalisation's gradient a matrix product of its own:
+    XLA's CPU backend otherwise fuses the elementwise LayerNorm gradients of
+    all later blocks into every earlier block's backward pass, work that
+    grows with the square of the depth. Where `use_custom_gradients()`, the
+    gradient is written out, with the sums over tokens for `gamma` and
+    `beta` as products with a row of ones instead of column reductions.
+    See benchmarks/README.md.
+
+    Example:
+    >>> import numpy as np
+    >>> x = np.arange(8.0, dtype="float32").reshape(2, 4)
+    >>> tuple(layer_norm(x, np.ones(4, "float32"), np.zeros(4, "float32"), 1e-6).shape)
+    (2, 4)
+    """
+    width = x.shape[-1]
+
+    def normalize(x):
+        average = ops.full((width, 1), 1.0 / width, dtype="float32")
+        centred = x - ops.matmul(x, average)
+        inverse_std = ops.rsqrt(ops.matmul(ops.square(centred), average) + epsilon)
+        return centred * inverse_std, inverse_std, average
+
+    if not use_custom_gradients():
+        return normalize(x)[0] * gamma + beta
+
+    @ops.custom_gradient
+    def normalize_and_scale(x, gamma, beta):
+        normalized, inverse_std, average = normalize(x)
+
+        def grad(*args, upstream=None):
+            if upstream is None:
+                (upstream,) = args
+            upstream = ops.cast(upstream, "float32")
+            # Column sums as a row of ones times the (rows, width) matrix.
+            rows = ops.reshape(upstream, (-1, width))
+            # Shaped from `rows` itself: SavedModel export traces this with an unknown batch size.
+            ones = ops.swapaxes(ops.ones_like(rows[:, :1]), 0, 1)
+            d_beta = ops.matmul(ones, rows)[0]
+            d_gamma = ops.matmul(ones, rows * ops.reshape(normalized, (-1, width)))[0]
+            scaled = upstream * gamma
+            d_x = inverse_std * (
+                scaled - ops.matmul(scaled, average) - normalized * ops.matmul(scaled * normalized, average)
+            )
+            return d_x, d_gamma, d_beta
+
+        return normalized * gamma + beta, grad
+
+    return normalize_and_scale(x, gamma, beta)

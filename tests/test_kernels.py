@@ -1,0 +1,227 @@
+import math
+
+import keras
+import numpy as np
+import pytest
+
+from keras_vit import kernels
+from keras_vit.layers import TransformerBlock
+from test_layers import layer_norm_pair
+
+
+def numpy_attention_and_gradients(q, k, v, d_output):
+    """Attention on (batch, tokens, heads, dim) and its textbook backward pass, in float64."""
+    q, k, v, d_output = (t.astype("float64").transpose(0, 2, 1, 3) for t in (q, k, v, d_output))
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    logits = q @ k.swapaxes(-1, -2) * scale
+    weights = np.exp(logits - logits.max(-1, keepdims=True))
+    weights /= weights.sum(-1, keepdims=True)
+    d_weights = d_output @ v.swapaxes(-1, -2)
+    d_logits = weights * (d_weights - (d_weights * weights).sum(-1, keepdims=True))
+    results = (weights @ v, d_logits @ k * scale, d_logits.swapaxes(-1, -2) @ q * scale,
+               weights.swapaxes(-1, -2) @ d_output)
+    return [r.transpose(0, 2, 1, 3) for r in results]
+
+
+def input_gradients(function, inputs, output_weights):
+    """Gradients of `sum(function(*inputs) * output_weights)` for each input, on the current backend."""
+    backend = keras.backend.backend()
+    if backend == "jax":
+        import jax
+
+        def total(*tensors):
+            return (function(*tensors) * output_weights).sum()
+
+        return [np.asarray(g) for g in jax.grad(total, argnums=tuple(range(len(inputs))))(*inputs)]
+    if backend == "tensorflow":
+        import tensorflow as tf
+
+        tensors = [tf.constant(x) for x in inputs]
+        with tf.GradientTape() as tape:
+            tape.watch(tensors)
+            total = tf.reduce_sum(function(*tensors) * output_weights)
+        return [g.numpy() for g in tape.gradient(total, tensors)]
+    import torch
+
+    tensors = [torch.tensor(x, requires_grad=True) for x in inputs]
+    (function(*tensors) * torch.tensor(output_weights)).sum().backward()
+    return [t.grad.numpy() for t in tensors]
+
+
+def record_calls(monkeypatch, owner, name):
+    """Replace `owner.name` with a wrapper that records each call's keyword arguments."""
+    calls = []
+    real = getattr(owner, name)
+
+    def recording(*args, **kwargs):
+        calls.append(kwargs)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(owner, name, recording)
+    return calls
+
+
+def attention_paths(monkeypatch):
+    """Records which attention `TransformerBlock` goes through: the written-out or Keras' own."""
+    return record_calls(monkeypatch, kernels, "softmax_attention"), record_calls(
+        monkeypatch, keras.ops, "dot_product_attention"
+    )
+
+
+def run_block():
+    TransformerBlock(num_heads=2, mlp_dim=8)(np.zeros((1, 4, 8), "float32"))
+
+
+def running_on_cpu():
+    """Whether the backend computes on a CPU, asked of the backend itself rather than of keras_vit."""
+    backend = keras.backend.backend()
+    if backend == "jax":
+        import jax
+
+        return jax.default_backend() == "cpu"
+    if backend == "tensorflow":
+        import tensorflow as tf
+
+        return not (tf.config.list_logical_devices("GPU") or tf.config.list_logical_devices("TPU"))
+    import torch
+
+    return not torch.cuda.is_available()
+
+
+@pytest.fixture
+def custom_gradients():
+    """Restores the process-wide custom-gradient setting after a test changes it."""
+    previous = kernels.set_custom_gradients(True)
+    yield kernels.set_custom_gradients
+    kernels.set_custom_gradients(previous)
+
+
+# --- softmax_attention --------------------------------------------------------
+
+
+def test_softmax_attention_and_its_gradients_equal_numpy():
+    rng = np.random.default_rng(12)
+    q, k, v, d_output = (rng.normal(0.0, 2.0, size=(2, 7, 3, 8)).astype("float32") for _ in range(4))
+    expected = numpy_attention_and_gradients(q, k, v, d_output)
+    output = keras.ops.convert_to_numpy(kernels.softmax_attention(q, k, v))
+    np.testing.assert_allclose(output, expected[0], atol=1e-5)
+    np.testing.assert_allclose(output, keras.ops.convert_to_numpy(keras.ops.dot_product_attention(q, k, v)),
+                               atol=1e-5)
+    gradients = input_gradients(kernels.softmax_attention, [q, k, v], d_output)
+    for name, got, want in zip(("query", "key", "value"), gradients, expected[1:]):
+        np.testing.assert_allclose(got, want, atol=3e-5, err_msg=name)
+
+
+def test_softmax_attention_keeps_the_input_dtype_and_computes_its_logits_in_float32():
+    # Logits near 90 that differ by ~1: bfloat16 logits would be off by up to 0.25 (their
+    # spacing there is 0.5), changing the weights by ~25%; float32 logits keep them exact.
+    rng = np.random.default_rng(15)
+    q, k, v = (rng.normal(size=(2, 9, 2, 8)).astype("float32") for _ in range(3))
+    q[..., 0] = k[..., 0] = 16.0
+    inputs = [keras.ops.cast(t, "bfloat16") for t in (q, k, v)]
+    out = kernels.softmax_attention(*inputs)
+    assert keras.backend.standardize_dtype(out.dtype) == "bfloat16"
+    rounded = [keras.ops.convert_to_numpy(keras.ops.cast(t, "float32")) for t in inputs]
+    expected = numpy_attention_and_gradients(*rounded, np.zeros_like(q))[0]
+    # What remains is bfloat16's own rounding of the weights and the output (2^-9 relative).
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(keras.ops.cast(out, "float32")), expected, atol=2e-2)
+
+
+# --- Which attention the block goes through -----------------------------------
+
+
+@pytest.mark.parametrize("devices", [["cpu:0"], ["gpu:0", "gpu:1"], ["tpu:0"]])
+def test_block_uses_the_written_out_attention_only_on_cpus_under_jax_and_tensorflow(monkeypatch, devices):
+    monkeypatch.setattr(keras.distribution, "list_devices", lambda *a: devices)
+    written_out, keras_attention = attention_paths(monkeypatch)
+    run_block()
+    on_cpu_under_xla = devices == ["cpu:0"] and keras.backend.backend() in ("jax", "tensorflow")
+    assert (len(written_out), len(keras_attention)) == ((1, 0) if on_cpu_under_xla else (0, 1))
+
+
+@pytest.mark.parametrize("device", ["cpu:0", "gpu:0", "tpu:0"])
+def test_block_turns_flash_attention_off_only_on_tpu_under_jax(monkeypatch, custom_gradients, device):
+    # Keras' JAX backend sends unmasked TPU attention to the Splash kernel, which masks causally.
+    custom_gradients(False)
+    monkeypatch.setattr(keras.distribution, "list_devices", lambda *a: [device])
+    written_out, keras_attention = attention_paths(monkeypatch)
+    run_block()
+    expected = False if device == "tpu:0" and keras.backend.backend() == "jax" else None
+    assert not written_out
+    assert [call.get("flash_attention", "not passed") for call in keras_attention] == [expected]
+
+
+def test_custom_gradients_are_used_on_this_cpu_until_turned_off(monkeypatch, custom_gradients):
+    if not running_on_cpu():
+        pytest.skip("the written-out gradients are for CPUs")
+    written_out, keras_attention = attention_paths(monkeypatch)
+    run_block()
+    if keras.backend.backend() == "torch":
+        assert (len(written_out), len(keras_attention)) == (0, 1), "torch keeps its fused attention"
+    else:
+        assert (len(written_out), len(keras_attention)) == (1, 0)
+    assert custom_gradients(False) is True
+    written_out.clear(), keras_attention.clear()
+    run_block()
+    assert (len(written_out), len(keras_attention)) == (0, 1)
+
+
+def test_forward_mode_differentiation_needs_custom_gradients_off(custom_gradients):
+    if keras.backend.backend() != "jax":
+        pytest.skip("jax.jvp")
+    import jax
+
+    block = TransformerBlock(num_heads=2, mlp_dim=8)
+    x = np.random.default_rng(16).normal(size=(1, 4, 8)).astype("float32")
+    block.build(x.shape)
+    with pytest.raises(TypeError, match="custom_vjp"):
+        jax.jvp(block, (x,), (x,))
+    custom_gradients(False)
+    _, tangent = jax.jvp(block, (x,), (x,))
+    step = 1e-3
+    finite_difference = (np.asarray(block(x + step * x)) - np.asarray(block(x - step * x))) / (2 * step)
+    np.testing.assert_allclose(np.asarray(tangent), finite_difference, atol=2e-3)
+
+
+def test_set_custom_gradients_takes_a_bool(custom_gradients):
+    with pytest.raises(TypeError, match="set_custom_gradients takes True or False, got 'no'"):
+        custom_gradients("no")
+    assert kernels.set_custom_gradients(True) is True
+
+
+def test_transformer_block_gradients_equal_with_and_without_custom_gradients(monkeypatch):
+    x = np.random.default_rng(13).normal(size=(2, 5, 8)).astype("float32")
+    d_output = np.random.default_rng(14).normal(size=x.shape).astype("float32")
+    block = TransformerBlock(num_heads=2, mlp_dim=16, seed=3)
+    block.build(x.shape)
+    gradients = {}
+    for custom in (True, False):
+        monkeypatch.setattr(kernels, "use_custom_gradients", lambda value=custom: value)
+        gradients[custom] = input_gradients(block, [x], d_output)[0]
+    np.testing.assert_allclose(gradients[True], gradients[False], atol=2e-5)
+
+
+# --- layer_norm ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("custom", [True, False])
+@pytest.mark.parametrize("options", [{}, {"scale": False}, {"center": False}])
+def test_layer_norm_gradients_equal_keras_layer_normalization(options, custom, custom_gradients):
+    custom_gradients(custom)
+    if keras.backend.backend() == "torch":
+        pytest.skip("on torch LayerNorm is Keras' own kernel")
+    x = np.random.default_rng(9).normal(2.0, 3.0, size=(3, 7, 16)).astype("float32")
+    ours, reference = layer_norm_pair(x, **options)
+    weights = np.random.default_rng(10).normal(size=x.shape).astype("float32")
+    values = [keras.ops.convert_to_numpy(v) for v in ours.trainable_variables]
+
+    def gradients(layer):
+        def function(inputs, *variables):
+            return layer.stateless_call(list(variables), [], inputs)[0]
+
+        return input_gradients(function, [x, *values], weights)
+
+    names = ["inputs"] + [v.name for v in ours.trainable_variables]
+    assert len(names) == 3 - len(options)
+    for name, got, want in zip(names, gradients(ours), gradients(reference)):
+        np.testing.assert_allclose(got, want, atol=1e-4, rtol=1e-5, err_msg=name)
