@@ -79,6 +79,7 @@ class PatchEmbedding(keras.layers.Layer):
         )
 
     def call(self, images):
+        self.grid_size(images.shape)  # A "valid" convolution would crop a size that does not divide.
         patches = ops.conv(
             images,
             self.kernel,

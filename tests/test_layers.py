@@ -265,3 +265,10 @@ def test_layer_norm_computes_in_float32_under_mixed_precision(policy):
                                                                             "float32")).astype("float64"), 1.0, 0.0)
     # Statistics in float32: only the output's own rounding (8 or 11 bits) remains.
     np.testing.assert_allclose(keras.ops.convert_to_numpy(keras.ops.cast(out, "float32")), expected, atol=0.03)
+
+
+def test_patch_embedding_refuses_a_size_it_would_crop():
+    layer = PatchEmbedding(patch_size=8, hidden_size=4)
+    layer(np.zeros((1, 32, 32, 3), "float32"))
+    with pytest.raises(ValueError, match=r"Image height 36 is not divisible by the patch size 8 \(input shape \(1, 36, 32, 3\)\)"):
+        layer(np.zeros((1, 36, 32, 3), "float32"))
