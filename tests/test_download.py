@@ -153,3 +153,20 @@ def test_bad_arguments_fail_before_downloading(server):
     with pytest.raises(ValueError, match="pooling applies only with include_top=False"):
         keras_vit.ViT(image_size=32, **SMALL, weights=checkpoint.name, pooling="gap")
     assert CountingHandler.requests == []
+
+
+def test_readme_checkpoint_table_matches_the_registry():
+    import re
+
+    readme = open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "README.md")).read()
+    table = readme[readme.index("| name | what | variants (px) |"):]
+    table = table[: table.index("\n\n")]
+    claimed = {}
+    for name, variants in re.findall(r"^\| `([^`]+)` \|[^|]*\| ([^|]+) \|$", table, re.MULTILINE):
+        for group, sizes in re.findall(r"([\w, ]+?) \(([\d, ]+)\)", variants):
+            for variant in group.strip("; ").split(", "):
+                claimed.setdefault(f"ViT_{variant.strip()}", {})[name] = [int(s) for s in sizes.split(", ")]
+    published = {}
+    for checkpoint in checkpoints.registry.published():
+        published.setdefault(checkpoint.variant, {}).setdefault(checkpoint.name, []).append(checkpoint.image_size)
+    assert claimed == {v: {n: sorted(s) for n, s in names.items()} for v, names in published.items()}

@@ -89,7 +89,8 @@ _AUGREG_HYBRIDS = {
 }
 
 
-def _published():
+def published():
+    """Every checkpoint the original repositories publish, as `Checkpoint`s."""
     hidden = {"ViT_B16": 768, "ViT_B32": 768, "ViT_L16": 1024, "ViT_L32": 1024, "ViT_H14": 1280}
     files = {"ViT_B16": "ViT-B_16", "ViT_B32": "ViT-B_32", "ViT_L16": "ViT-L_16",
              "ViT_L32": "ViT-L_32", "ViT_H14": "ViT-H_14"}
@@ -137,7 +138,7 @@ def register(checkpoint):
     _REGISTRY[(checkpoint.variant, checkpoint.name, checkpoint.image_size)] = checkpoint
 
 
-for _checkpoint in _published():
+for _checkpoint in published():
     register(_checkpoint)
 
 
