@@ -137,8 +137,8 @@ def test_convert_npz_to_keras_keeps_the_logits(tmp_path):
     [
         (["--dataset", "no_such_set_xyz"], ValueError, "Unknown data set 'no_such_set_xyz'"),
         (["--dataset", "imagenet2012", "--data-dir", "/nonexistent/tfds"], FileNotFoundError, "Data directory not found"),
-        (["--image-size", "30"], ValueError, "Image size 30 is not divisible by the 4 pixels of one patch"),
-        (["--model", "ViT_R26_S32", "--image-size", "48"], ValueError, "Image size 48 is not divisible by the 32 pixels"),
+        (["--image-size", "30"], ValueError, r"image_size \(30, 30\) is not divisible by patch_size 4"),
+        (["--model", "ViT_R26_S32", "--image-size", "48"], ValueError, "is not divisible by the hybrid's 32 pixels per patch"),
         (["--model", "ViT_X99"], ValueError, "Unknown model 'ViT_X99'"),
         (["--weights", fixture("vit_token.npz"), "--model", "ViT_Ti16"], CheckpointError, "has 2 encoder blocks but the model has 12"),
         (["--distribution", "mirrored" if BACKEND != "tensorflow" else "data_parallel"], ValueError, "engine needs the"),
