@@ -204,7 +204,10 @@ def accuracy_metrics(num_classes):
 
 def compile_model(model, optimizer, num_classes, masked_patch=False, label_smoothing=0.0, seed=0,
                   steps_per_execution=1):
-    """Compile `model` for classification from logits, or wrap it in `MaskedPatchPretrainer`; returns the model to fit."""
+    """Compile `model` for classification from logits, or wrap it in `MaskedPatchPretrainer`.
+
+    Returns the model to fit.
+    """
     if masked_patch:
         model = MaskedPatchPretrainer(model, seed=seed, name="masked_patch_pretrainer")
         model.compile(optimizer=optimizer, steps_per_execution=steps_per_execution)
