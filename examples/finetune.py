@@ -1,19 +1,104 @@
 """Fine-tune a ViT at a higher resolution with the paper's recipe, then evaluate.
 
-With no flags it loads runs/pretrain/model.keras (from examples/pretrain.py)
-at 32 px instead of 16 (the position embeddings are resized), replaces the
-head with a zero-initialised one, fine-tunes with SGD and a cosine schedule,
-evaluates on the held-out split and prints `top-1 accuracy: 0.xxxx`. Named
-checkpoints work as well:
+With no flags this is the second half of the digits example: it loads
+runs/pretrain/model.keras (from examples/pretrain.py) at 32 px instead of 16
+(the position embeddings are resized), replaces the head with a
+zero-initialised one, fine-tunes for 10 epochs with SGD and a cosine
+schedule, writes runs/finetune/ and prints `top-1 accuracy: 0.xxxx`:
+
+    python examples/pretrain.py && python examples/finetune.py
+
+Named checkpoints work as well:
 
     python examples/finetune.py --model ViT_B16 --weights imagenet21k --dataset oxford_iiit_pet --image-size 384
 
-See `python examples/finetune.py --help` for every flag.
+The flags are those of `keras-vit finetune` (see `--help`), which runs these
+same steps in one call, `keras_vit.training.train(FinetuneConfig(...))`.
 """
 
-import sys
+import os
 
-from keras_vit.cli import main
+import keras
 
-if __name__ == "__main__":
-    main(["finetune", *sys.argv[1:]])
+import keras_vit
+from keras_vit import data, recipes, training
+from keras_vit.flags import parse_config
+from keras_vit.models import check_image_size, read_checkpoint
+
+config = parse_config(training.FinetuneConfig, description=__doc__.splitlines()[0])
+
+# Seeds, the dtype policy and the distribution engine (one device by default).
+engine = training.setup(config.seed, config.distribution, config.model_parallel_size, config.tpu,
+                        config.mixed_precision)
+engine.check_batch_size(config.batch_size)
+
+# The pretrained weights, and the sizes they were trained with (or --model's).
+checkpoint = None
+if config.weights:
+    checkpoint = read_checkpoint(config.weights, config.model, (config.image_size, config.image_size))
+sizes = config.sizes(checkpoint)
+check_image_size((config.image_size, config.image_size), sizes)
+
+# The data: training and held-out splits (the embedded digits by default).
+train_source = data.load_source(config.dataset, config.train_split, config.data_dir, config.image_size)
+eval_source = data.load_source(config.dataset, config.eval_split, config.data_dir, config.image_size)
+num_classes = train_source.num_classes
+steps = data.steps_per_epoch(train_source, config.batch_size)
+accumulation = recipes.accumulation_steps(config.target_batch_size, config.batch_size)
+total_updates = training.update_steps(steps, config.epochs, accumulation)
+
+os.makedirs(config.output_dir, exist_ok=True)
+with engine.scope():
+    # The model at the new resolution (ViT resizes the checkpoint's position embeddings),
+    # without the checkpoint's pre-logits layer (representation_size=0), as in the paper.
+    model = keras_vit.ViT(
+        image_size=config.image_size, **sizes.__dict__, classes=num_classes, weights=checkpoint,
+        representation_size=0, classifier=config.classifier, dropout_rate=config.dropout,
+        stochastic_depth_rate=config.stochastic_depth, classifier_activation=None, name="vit_finetune",
+    )
+    training.zero_head(model)  # The paper's fine-tuning head: one zero-initialised layer.
+    # The paper's recipe: SGD with momentum, warmup then cosine decay, global-norm clipping.
+    schedule = recipes.WarmupDecay(config.learning_rate, total_updates, min(config.warmup_steps, total_updates),
+                                   "cosine")
+    optimizer = recipes.finetuning_optimizer(schedule, global_clipnorm=config.clipnorm, ema_momentum=config.ema,
+                                             gradient_accumulation_steps=accumulation)
+    model.compile(
+        optimizer=optimizer,
+        loss=keras.losses.CategoricalCrossentropy(from_logits=True, label_smoothing=config.label_smoothing),
+        metrics=training.accuracy_metrics(num_classes),  # "top1" and "top5"
+        steps_per_execution=config.steps_per_execution,
+    )
+
+# A killed run restarts from its last finished epoch: BackupAndRestore keeps the state,
+# and the augmented batches depend on (seed, epoch) alone.
+backup = training.backup_dir(config.output_dir, engine.process_index)
+initial_epoch = training.resumed_epoch(backup)
+min_crop_area, flip = training.augmentation_defaults(config.dataset, config.min_crop_area, config.flip)
+stream, validation = training.training_data(
+    train_source, eval_source, config.image_size, config.batch_size, config.epochs, initial_epoch, config.seed,
+    config.eval_batch_size, config.randaugment, config.mixup, config.cutmix, min_crop_area, flip,
+    multi_process=engine.process_count > 1,
+)
+callbacks = [keras.callbacks.BackupAndRestore(backup), keras.callbacks.TerminateOnNaN()]
+if engine.is_chief:  # One process writes the logs.
+    callbacks += [
+        keras.callbacks.CSVLogger(os.path.join(config.output_dir, "log.csv"), append=initial_epoch > 0),
+        keras.callbacks.TensorBoard(os.path.join(config.output_dir, "tensorboard")),
+    ]
+
+history = model.fit(
+    stream,
+    epochs=config.epochs,
+    initial_epoch=initial_epoch,
+    steps_per_epoch=steps,
+    validation_data=validation,
+    callbacks=callbacks,
+    shuffle=False,  # The stream is already shuffled, per (seed, epoch).
+    verbose=config.verbose,
+)
+training.check_finite(history)
+results = model.evaluate(validation, verbose=0, return_dict=True)
+
+# model.keras, classes.txt and learning_curve.png in runs/finetune/.
+training.save_run(model, config.output_dir, train_source.class_names or range(num_classes), engine.process_index)
+print(f"top-1 accuracy: {results['top1']:.4f}")

@@ -1,32 +1,235 @@
-"""Pretraining, fine-tuning, evaluation and prediction with plain `model.fit`.
+"""Pretraining and fine-tuning with plain `model.fit`, one step a function.
 
-The examples (`examples/pretrain.py`, `examples/finetune.py`) and the
-`keras-vit` command both run these functions; `keras_vit.cli` holds the flags.
+`train(PretrainConfig(...))` and `train(FinetuneConfig(...))` run a whole job
+(the `keras-vit` command calls them). The steps they take are public and take
+plain arguments, for scripts that write the loop out themselves, as
+`examples/pretrain.py` and `examples/finetune.py` do:
+
+    setup -> load_sources -> ViT (+ zero_head) -> pretraining_recipe / finetuning_recipe
+    -> compile_model -> training_data -> make_callbacks -> model.fit -> check_finite
+    -> model.evaluate -> save_run -> report
 """
 
 import csv
+import dataclasses
 import json
 import os
+import typing
 
 import keras
 import numpy as np
 
 from keras_vit import data, distribute, recipes
-from keras_vit.imagenet import imagenet_labels
 from keras_vit.masked_patch import MaskedPatchPretrainer
 from keras_vit.models import ViT, check_image_size, read_checkpoint
 from keras_vit.variants import SMALL_VIT, VARIANTS, Variant
 
 
-def model_sizes(args, source=None):
-    """The `Variant` to build: `--model`, else the checkpoint's, else the size flags."""
-    if args.model:
-        if args.model not in VARIANTS:
-            raise ValueError(f"Unknown model {args.model!r}; expected one of {sorted(VARIANTS)}.")
-        return VARIANTS[args.model]
-    if source is not None and source.sizes is not None:
-        return source.sizes
-    return Variant(args.patch_size, args.hidden_size, args.num_layers, args.num_heads, args.mlp_dim)
+@dataclasses.dataclass
+class _TrainingConfig:
+    """The settings pretraining and fine-tuning share; each field is a flag of the same name."""
+
+    # Model: a named variant, else the checkpoint's sizes, else the five size fields.
+    model: str = None
+    weights: str = None
+    image_size: int = 32
+    patch_size: int = SMALL_VIT.patch_size
+    hidden_size: int = SMALL_VIT.hidden_size
+    num_layers: int = SMALL_VIT.num_layers
+    num_heads: int = SMALL_VIT.num_heads
+    mlp_dim: int = SMALL_VIT.mlp_dim
+    # Data.
+    dataset: str = "digits"
+    data_dir: str = None
+    train_split: str = "train"
+    eval_split: str = "test"
+    eval_batch_size: int = 256
+    verbose: int = 1
+    # Training.
+    batch_size: int = 64
+    target_batch_size: int = None
+    clipnorm: float = 1.0
+    label_smoothing: float = 0.0
+    dropout: float = 0.0
+    stochastic_depth: float = 0.0
+    classifier: str = None
+    min_crop_area: float = None
+    flip: bool = None
+    randaugment: tuple = None
+    mixup: float = 0.0
+    cutmix: float = 0.0
+    mixed_precision: bool = False
+    steps_per_execution: int = 1
+    distribution: str = "none"
+    model_parallel_size: int = 2
+    tpu: str = None
+    seed: int = 0
+
+    def sizes(self, checkpoint=None):
+        """The `Variant` to build: `model`, else the checkpoint's, else the five size fields."""
+        default = Variant(self.patch_size, self.hidden_size, self.num_layers, self.num_heads, self.mlp_dim)
+        return model_sizes(self.model, checkpoint, default)
+
+
+@dataclasses.dataclass
+class PretrainConfig(_TrainingConfig):
+    """`keras-vit pretrain`: the paper's Adam recipe; by default the small digits ViT at 16 px."""
+
+    stage: typing.ClassVar[str] = "pretrain"
+    image_size: int = 16
+    output_dir: str = "runs/pretrain"
+    epochs: int = 60
+    learning_rate: float = 1e-3
+    warmup_steps: int = 100
+    objective: str = "classification"
+    weight_decay: float = 0.1
+    decay: str = "linear"
+    representation_size: int = 0
+
+
+@dataclasses.dataclass
+class FinetuneConfig(_TrainingConfig):
+    """`keras-vit finetune`: the paper's SGD recipe with a zero head; by default runs/pretrain at 32 px."""
+
+    stage: typing.ClassVar[str] = "finetune"
+    weights: str = "runs/pretrain/model.keras"
+    output_dir: str = "runs/finetune"
+    epochs: int = 10
+    learning_rate: float = 0.01
+    warmup_steps: int = 20
+    ema: float = None
+
+
+def model_sizes(model=None, checkpoint=None, default=SMALL_VIT):
+    """The `Variant` to build: the named `model`, else the checkpoint's sizes, else `default`."""
+    if model:
+        if model not in VARIANTS:
+            raise ValueError(f"Unknown model {model!r}; expected one of {sorted(VARIANTS)}.")
+        return VARIANTS[model]
+    if checkpoint is not None and checkpoint.sizes is not None:
+        return checkpoint.sizes
+    return default
+
+
+def setup(seed=0, distribution="none", model_parallel_size=2, tpu=None, mixed_precision=False):
+    """Set the dtype policy and every random seed, then choose the `keras_vit.distribute` engine."""
+    if mixed_precision:
+        keras.config.set_dtype_policy("mixed_bfloat16")
+    keras.utils.set_random_seed(seed)
+    return distribute.setup(distribution, model_parallel_size=model_parallel_size, tpu=tpu)
+
+
+# ---------------------------------------------------------------------------
+# Data
+# ---------------------------------------------------------------------------
+
+
+def load_sources(dataset="digits", image_size=32, train_split="train", eval_split="test", data_dir=None):
+    """The training and held-out `data.Source`s of `dataset`."""
+    train_source = data.load_source(dataset, train_split, data_dir, image_size)
+    eval_source = data.load_source(dataset, eval_split, data_dir, image_size)
+    return train_source, eval_source
+
+
+def augmentation_defaults(dataset, min_crop_area=None, flip=None):
+    """`(min_crop_area, flip)`, filling in 0.05 and flips, or 0.6 and no flips for the digits (flips change them)."""
+    digits = dataset == "digits"
+    return (min_crop_area if min_crop_area is not None else (0.6 if digits else 0.05),
+            flip if flip is not None else not digits)
+
+
+def training_data(
+    train_source, eval_source, image_size, batch_size, epochs, initial_epoch=0, seed=0, eval_batch_size=256,
+    randaugment=None, mixup=0.0, cutmix=0.0, min_crop_area=0.05, flip=True, images_only=False, multi_process=False,
+):
+    """`(stream, validation)`: the augmented batches of epochs `initial_epoch..epochs-1`, and the held-out ones.
+
+    Labels are one-hot; `images_only` drops them (masked patch prediction).
+    With `multi_process` the last partial held-out batch is left out: JAX
+    needs static batch sizes across processes.
+    """
+    augmenters = data.make_augmenters(randaugment, mixup, cutmix, seed)
+    stream = data.training_stream(train_source, image_size, batch_size, epochs, initial_epoch, seed,
+                                  augmenters=augmenters, one_hot=True, min_crop_area=min_crop_area, flip=flip)
+    if multi_process and eval_source.num_examples % eval_batch_size:
+        print(f"note: evaluating {eval_source.num_examples // eval_batch_size * eval_batch_size} "
+              f"of {eval_source.num_examples} held-out examples (whole batches only across processes)")
+    validation = data.make_dataset(eval_source, image_size, eval_batch_size, training=False, one_hot=True,
+                                   num_classes=train_source.num_classes, drop_remainder=multi_process)
+    if images_only:  # The targets come from the images themselves.
+        stream, validation = data.images_only(stream), data.images_only(validation)
+    return stream, validation
+
+
+# ---------------------------------------------------------------------------
+# Model and optimizer recipe
+# ---------------------------------------------------------------------------
+
+
+def zero_head(model):
+    """The paper's fine-tuning head: one zero-initialised layer (kernel and bias set to 0)."""
+    head = model.get_layer("head")
+    head.kernel.assign(np.zeros(head.kernel.shape, "float32"))
+    head.bias.assign(np.zeros(head.bias.shape, "float32"))
+    return model
+
+
+def update_steps(steps_per_epoch, epochs, accumulation=None):
+    """Optimizer updates in the whole run (at least one), `accumulation` batches each."""
+    return max(steps_per_epoch // (accumulation or 1) * epochs, 1)
+
+
+def pretraining_recipe(learning_rate, total_updates, warmup_steps, weight_decay=0.1, decay="linear",
+                       clipnorm=1.0, accumulation=None):
+    """`recipes.pretraining_optimizer` (AdamW) on a warmup-then-`decay` schedule of `total_updates`."""
+    schedule = recipes.WarmupDecay(learning_rate, total_updates, min(warmup_steps, total_updates), decay)
+    return recipes.pretraining_optimizer(schedule, weight_decay=weight_decay, global_clipnorm=clipnorm,
+                                         gradient_accumulation_steps=accumulation)
+
+
+def finetuning_recipe(learning_rate, total_updates, warmup_steps, clipnorm=1.0, ema=None, accumulation=None):
+    """`recipes.finetuning_optimizer` (SGD, momentum) on a warmup-then-cosine schedule of `total_updates`."""
+    schedule = recipes.WarmupDecay(learning_rate, total_updates, min(warmup_steps, total_updates), "cosine")
+    return recipes.finetuning_optimizer(schedule, global_clipnorm=clipnorm, ema_momentum=ema,
+                                        gradient_accumulation_steps=accumulation)
+
+
+def accuracy_metrics(num_classes):
+    """Top-1 and top-5 (top-k for fewer than 5 classes) for one-hot labels, named "top1" and "top5"."""
+    return [
+        keras.metrics.CategoricalAccuracy(name="top1"),
+        keras.metrics.TopKCategoricalAccuracy(k=min(5, num_classes), name="top5"),
+    ]
+
+
+def compile_model(model, optimizer, num_classes, masked_patch=False, label_smoothing=0.0, seed=0,
+                  steps_per_execution=1):
+    """Compile `model` for classification from logits, or wrap it in `MaskedPatchPretrainer`.
+
+    Returns the model to fit.
+    """
+    if masked_patch:
+        model = MaskedPatchPretrainer(model, seed=seed, name="masked_patch_pretrainer")
+        model.compile(optimizer=optimizer, steps_per_execution=steps_per_execution)
+        return model
+    model.compile(
+        optimizer=optimizer,
+        loss=keras.losses.CategoricalCrossentropy(from_logits=True, label_smoothing=label_smoothing),
+        metrics=accuracy_metrics(num_classes),
+        steps_per_execution=steps_per_execution,
+    )
+    return model
+
+
+# ---------------------------------------------------------------------------
+# Callbacks, resuming, and what a run leaves behind
+# ---------------------------------------------------------------------------
+
+
+def backup_dir(output_dir, process_index=0):
+    """Where `BackupAndRestore` keeps its state: every process its own, only the chief's (0) shared."""
+    path = os.path.join(output_dir, "backup")
+    return path if process_index == 0 else os.path.join(path, f"process_{process_index}")
 
 
 def resumed_epoch(backup_dir):
@@ -38,147 +241,121 @@ def resumed_epoch(backup_dir):
         return int(json.load(f).get("epoch", 0))
 
 
-def _metrics(num_classes):
-    return [
-        keras.metrics.CategoricalAccuracy(name="top1"),
-        keras.metrics.TopKCategoricalAccuracy(k=min(5, num_classes), name="top5"),
-    ]
+def make_callbacks(output_dir, backup_dir, initial_epoch=0, is_chief=True):
+    """BackupAndRestore and TerminateOnNaN; on the chief also CSVLogger (log.csv) and TensorBoard."""
+    callbacks = [keras.callbacks.BackupAndRestore(backup_dir), keras.callbacks.TerminateOnNaN()]
+    if is_chief:
+        callbacks += [
+            keras.callbacks.CSVLogger(os.path.join(output_dir, "log.csv"), append=initial_epoch > 0),
+            keras.callbacks.TensorBoard(os.path.join(output_dir, "tensorboard")),
+        ]
+    return callbacks
 
 
 # The accuracy columns a CSVLogger file may hold, and their plot titles.
 _ACCURACY_TITLES = {"top1": "Top-1 accuracy", "corrupted_accuracy": "Corrupted-patch colour accuracy"}
 
 
-def train(args, stage):
-    """Run `stage` ("pretrain" or "finetune") as the flags in `args` say; returns the held-out accuracy.
+def check_finite(history):
+    """Raise if TerminateOnNaN stopped `model.fit` (the last loss is not finite)."""
+    if history.history.get("loss") and not np.isfinite(history.history["loss"][-1]):
+        raise RuntimeError("Training stopped: the loss became NaN (TerminateOnNaN).")
 
-    That is top-1, or with `--objective masked-patch` the accuracy of the
+
+def save_run(encoder, output_dir, class_names=None, process_index=0):
+    """Write model.keras (`encoder`), classes.txt (unless `class_names` is None) and learning_curve.png.
+
+    Only the chief (process 0) writes; the others save to a scratch file,
+    since saving gathers the weights with a collective every process joins.
+    """
+    if process_index != 0:
+        scratch = os.path.join(output_dir, f".process_{process_index}.keras")
+        encoder.save(scratch)
+        os.remove(scratch)
+        return
+    encoder.save(os.path.join(output_dir, "model.keras"))
+    if class_names is not None:
+        with open(os.path.join(output_dir, "classes.txt"), "w") as f:
+            f.writelines(f"{name}\n" for name in class_names)
+    plot_learning_curve(os.path.join(output_dir, "log.csv"), os.path.join(output_dir, "learning_curve.png"))
+
+
+def report(results):
+    """Print and return the held-out accuracy of `model.evaluate(..., return_dict=True)`.
+
+    `top-1 accuracy: 0.xxxx`, or for masked patch prediction
+    `corrupted-patch colour accuracy: 0.xxxx`.
+    """
+    metric = "top1" if "top1" in results else "corrupted_accuracy"
+    print(f"{_ACCURACY_TITLES[metric].lower()}: {results[metric]:.4f}")
+    return results[metric]
+
+
+def train(config):
+    """Run a `PretrainConfig` or `FinetuneConfig` end to end; returns the held-out accuracy.
+
+    That is top-1, or with `objective="masked-patch"` the accuracy of the
     predicted mean colours of corrupted patches; that objective saves the
     encoder alone (no head) as `model.keras`, ready for fine-tuning.
     """
-    masked_patch = args.objective == "masked-patch"
-    if args.mixed_precision:
-        keras.config.set_dtype_policy("mixed_bfloat16")
-    keras.utils.set_random_seed(args.seed)
-    engine = distribute.setup(args.distribution, model_parallel_size=args.model_parallel_size, tpu=args.tpu)
-    engine.check_batch_size(args.batch_size)
+    stage = config.stage
+    masked_patch = getattr(config, "objective", "classification") == "masked-patch"
+    engine = setup(config.seed, config.distribution, config.model_parallel_size, config.tpu, config.mixed_precision)
+    engine.check_batch_size(config.batch_size)
 
-    source = None
-    if args.weights:
-        source = read_checkpoint(args.weights, args.model, (args.image_size, args.image_size))
-    sizes = model_sizes(args, source)
-    check_image_size((args.image_size, args.image_size), sizes)
-    train_source = data.load_source(args.dataset, args.train_split, args.data_dir, args.image_size)
-    eval_source = data.load_source(args.dataset, args.eval_split, args.data_dir, args.image_size)
+    checkpoint = None
+    if config.weights:
+        checkpoint = read_checkpoint(config.weights, config.model, (config.image_size, config.image_size))
+    sizes = config.sizes(checkpoint)
+    check_image_size((config.image_size, config.image_size), sizes)
+    train_source, eval_source = load_sources(config.dataset, config.image_size, config.train_split,
+                                             config.eval_split, config.data_dir)
     num_classes = train_source.num_classes
-    steps = data.steps_per_epoch(train_source, args.batch_size)
-    accumulation = recipes.accumulation_steps(args.target_batch_size, args.batch_size)
-    updates_per_epoch = steps // (accumulation or 1)
-    total_updates = max(updates_per_epoch * args.epochs, 1)
-    warmup = min(args.warmup_steps, total_updates)
+    steps = data.steps_per_epoch(train_source, config.batch_size)
+    accumulation = recipes.accumulation_steps(config.target_batch_size, config.batch_size)
+    total_updates = update_steps(steps, config.epochs, accumulation)
 
-    os.makedirs(args.output_dir, exist_ok=True)
+    os.makedirs(config.output_dir, exist_ok=True)
     with engine.scope():
-        model = ViT(
-            image_size=args.image_size,
-            **sizes.__dict__,
-            classes=num_classes,
-            include_top=not masked_patch,
-            weights=source,
-            representation_size=args.representation_size,
-            classifier=args.classifier,
-            dropout_rate=args.dropout,
-            stochastic_depth_rate=args.stochastic_depth,
-            classifier_activation=None,
-            name=f"vit_{stage}",
+        encoder = ViT(
+            image_size=config.image_size, **sizes.__dict__, classes=num_classes, include_top=not masked_patch,
+            weights=checkpoint, representation_size=getattr(config, "representation_size", 0),
+            classifier=config.classifier, dropout_rate=config.dropout, stochastic_depth_rate=config.stochastic_depth,
+            classifier_activation=None, name=f"vit_{stage}",
         )
         if stage == "finetune":
-            # The paper's fine-tuning: the whole head becomes one zero-initialised layer.
-            head = model.get_layer("head")
-            head.kernel.assign(np.zeros(head.kernel.shape, "float32"))
-            head.bias.assign(np.zeros(head.bias.shape, "float32"))
-            schedule = recipes.WarmupDecay(args.learning_rate, total_updates, warmup, "cosine")
-            optimizer = recipes.finetuning_optimizer(
-                schedule, global_clipnorm=args.clipnorm, ema_momentum=args.ema,
-                gradient_accumulation_steps=accumulation,
-            )
+            zero_head(encoder)
+            optimizer = finetuning_recipe(config.learning_rate, total_updates, config.warmup_steps,
+                                          config.clipnorm, config.ema, accumulation)
         else:
-            schedule = recipes.WarmupDecay(args.learning_rate, total_updates, warmup, args.decay)
-            optimizer = recipes.pretraining_optimizer(
-                schedule, weight_decay=args.weight_decay, global_clipnorm=args.clipnorm,
-                gradient_accumulation_steps=accumulation,
-            )
-        encoder = model
-        if masked_patch:
-            model = MaskedPatchPretrainer(encoder, seed=args.seed, name="masked_patch_pretrainer")
-            model.compile(optimizer=optimizer, steps_per_execution=args.steps_per_execution)
-        else:
-            model.compile(
-                optimizer=optimizer,
-                loss=keras.losses.CategoricalCrossentropy(from_logits=True, label_smoothing=args.label_smoothing),
-                metrics=_metrics(num_classes),
-                steps_per_execution=args.steps_per_execution,
-            )
+            optimizer = pretraining_recipe(config.learning_rate, total_updates, config.warmup_steps,
+                                           config.weight_decay, config.decay, config.clipnorm, accumulation)
+        model = compile_model(encoder, optimizer, num_classes, masked_patch, config.label_smoothing, config.seed,
+                              config.steps_per_execution)
 
-    backup_dir = os.path.join(args.output_dir, "backup")
-    if not engine.is_chief:  # Every process restores its own state; only the chief's is shared.
-        backup_dir = os.path.join(backup_dir, f"process_{engine.process_index}")
-    initial_epoch = resumed_epoch(backup_dir)
-    digits = args.dataset == "digits"
-    augment = dict(
-        augmenters=data.make_augmenters(args.randaugment, args.mixup, args.cutmix, args.seed),
-        one_hot=True,
-        min_crop_area=args.min_crop_area if args.min_crop_area is not None else (0.6 if digits else 0.05),
-        flip=args.flip if args.flip is not None else not digits,
+    backup = backup_dir(config.output_dir, engine.process_index)
+    initial_epoch = resumed_epoch(backup)
+    min_crop_area, flip = augmentation_defaults(config.dataset, config.min_crop_area, config.flip)
+    stream, validation = training_data(
+        train_source, eval_source, config.image_size, config.batch_size, config.epochs, initial_epoch, config.seed,
+        config.eval_batch_size, config.randaugment, config.mixup, config.cutmix, min_crop_area, flip,
+        images_only=masked_patch, multi_process=engine.process_count > 1,
     )
-    stream = data.training_stream(
-        train_source, args.image_size, args.batch_size, args.epochs, initial_epoch, args.seed, **augment
-    )
-    # Multi-process JAX needs static batch sizes: the last partial evaluation batch is left out there.
-    multi_process = engine.process_count > 1
-    if multi_process and eval_source.num_examples % args.eval_batch_size:
-        print(f"note: evaluating {eval_source.num_examples // args.eval_batch_size * args.eval_batch_size} "
-              f"of {eval_source.num_examples} held-out examples (whole batches only across processes)")
-    validation = data.make_dataset(eval_source, args.image_size, args.eval_batch_size, training=False, one_hot=True,
-                                   num_classes=num_classes, drop_remainder=multi_process)
-    if masked_patch:  # The targets come from the images themselves.
-        stream, validation = data.images_only(stream), data.images_only(validation)
-    callbacks = [
-        keras.callbacks.BackupAndRestore(backup_dir),
-        keras.callbacks.TerminateOnNaN(),
-    ]
-    if engine.is_chief:
-        callbacks += [
-            keras.callbacks.CSVLogger(os.path.join(args.output_dir, "log.csv"), append=initial_epoch > 0),
-            keras.callbacks.TensorBoard(os.path.join(args.output_dir, "tensorboard")),
-        ]
     history = model.fit(
         stream,
-        epochs=args.epochs,
+        epochs=config.epochs,
         initial_epoch=initial_epoch,
         steps_per_epoch=steps,
         validation_data=validation,
-        callbacks=callbacks,
+        callbacks=make_callbacks(config.output_dir, backup, initial_epoch, engine.is_chief),
         shuffle=False,  # The stream is already shuffled, per (seed, epoch).
-        verbose=args.verbose,
+        verbose=config.verbose,
     )
-    if history.history.get("loss") and not np.isfinite(history.history["loss"][-1]):
-        raise RuntimeError("Training stopped: the loss became NaN (TerminateOnNaN).")
+    check_finite(history)
     results = model.evaluate(validation, verbose=0, return_dict=True)
-    if not engine.is_chief:
-        # Saving gathers the weights with a collective: every process must take part.
-        scratch = os.path.join(args.output_dir, f".process_{engine.process_index}.keras")
-        encoder.save(scratch)
-        os.remove(scratch)
-    else:
-        encoder.save(os.path.join(args.output_dir, "model.keras"))
-        if not masked_patch:
-            with open(os.path.join(args.output_dir, "classes.txt"), "w") as f:
-                f.writelines(f"{name}\n" for name in (train_source.class_names or range(num_classes)))
-        plot_learning_curve(os.path.join(args.output_dir, "log.csv"), os.path.join(args.output_dir, "learning_curve.png"))
-    metric = "corrupted_accuracy" if masked_patch else "top1"
-    print(f"{_ACCURACY_TITLES[metric].lower()}: {results[metric]:.4f}")
-    return results[metric]
+    names = None if masked_patch else (train_source.class_names or range(num_classes))
+    save_run(encoder, config.output_dir, names, engine.process_index)
+    return report(results)
 
 
 def plot_learning_curve(log_path, png_path):
@@ -212,113 +389,3 @@ def plot_learning_curve(log_path, png_path):
     figure.tight_layout()
     figure.savefig(png_path, dpi=100)
     plt.close(figure)
-
-
-def load_for_inference(args):
-    """A model from `--weights` (a `.keras` file, an `.npz` or a named checkpoint)."""
-    weights = args.weights
-    if weights.endswith(".keras") and os.path.exists(weights):
-        return keras.saving.load_model(weights, compile=False)
-    source = read_checkpoint(weights, args.model, (args.image_size, args.image_size))
-    sizes = model_sizes(args, source)
-    return ViT(image_size=args.image_size, **sizes.__dict__, weights=source, classifier_activation=None)
-
-
-def _check_has_classifier(model, weights):
-    if len(model.output_shape) != 2:
-        raise ValueError(
-            f"{weights} is an encoder without a classifier (its output has shape {model.output_shape}), "
-            "for example from `pretrain --objective masked-patch`; fine-tune it first: "
-            f"examples/finetune.py --weights {weights}"
-        )
-
-
-def _outputs_logits(model):
-    try:
-        activation = model.get_layer("predictions").activation
-    except ValueError:
-        return True
-    return activation is keras.activations.linear or getattr(activation, "__name__", "") == "linear"
-
-
-def evaluate(args):
-    """Top-1 and top-5 of a saved model on a data-set split."""
-    model = load_for_inference(args)
-    _check_has_classifier(model, args.weights)
-    image_size = model.input_shape[1]
-    num_classes = model.output_shape[-1]
-    source = data.load_source(args.dataset, args.eval_split, args.data_dir, image_size)
-    dataset = data.make_dataset(source, image_size, args.eval_batch_size, training=False, one_hot=True,
-                                num_classes=num_classes)
-    model.compile(loss=keras.losses.CategoricalCrossentropy(from_logits=_outputs_logits(model)),
-                  metrics=_metrics(num_classes))
-    results = model.evaluate(dataset, verbose=args.verbose, return_dict=True)
-    print(f"top-1 accuracy: {results['top1']:.4f}")
-    print(f"top-5 accuracy: {results['top5']:.4f}")
-    return results
-
-
-def class_names(args, model):
-    """Names for the model's outputs: --labels, classes.txt beside the model, or ImageNet's."""
-    path = args.labels or os.path.join(os.path.dirname(os.path.abspath(args.weights)), "classes.txt")
-    if os.path.exists(path):
-        with open(path) as f:
-            return [line.strip() for line in f]
-    if model.output_shape[-1] == 1000:
-        return [name for _, name in imagenet_labels()]
-    return [str(i) for i in range(model.output_shape[-1])]
-
-
-def predict(args):
-    """Print the top-5 classes of each image file."""
-    import tensorflow as tf
-
-    model = load_for_inference(args)
-    _check_has_classifier(model, args.weights)
-    size = model.input_shape[1:3]
-    names = class_names(args, model)
-    results = []
-    for path in args.images:
-        if not os.path.exists(path):
-            raise FileNotFoundError(f"Image not found: {path}")
-        image = tf.io.decode_image(tf.io.read_file(path), channels=3, expand_animations=False)
-        image = data.value_range(data.resize(image, size, args.crop_fraction))
-        scores = keras.ops.convert_to_numpy(model(image.numpy()[None], training=False))[0].astype("float64")
-        probabilities = scores
-        if _outputs_logits(model):
-            probabilities = np.exp(scores - scores.max())
-            probabilities /= probabilities.sum()
-        best = np.argsort(probabilities)[::-1][:5]
-        print(path)
-        for index in best:
-            print(f"  {names[index]:>24s}  {probabilities[index]:.4f}")
-        results.append([(names[i], float(probabilities[i])) for i in best])
-    return results
-
-
-def inspect(args):
-    """Write attention rollout, mean attention distance, position-embedding and filter plots."""
-    import tensorflow as tf
-
-    from keras_vit import analysis
-
-    model = load_for_inference(args)
-    if not os.path.exists(args.image):
-        raise FileNotFoundError(f"Image not found: {args.image}")
-    image = tf.io.decode_image(tf.io.read_file(args.image), channels=3, expand_animations=False)
-    image = tf.cast(tf.clip_by_value(data.resize(image, model.input_shape[1:3]), 0, 255), "uint8").numpy()
-    written = analysis.inspect(model, image, args.output_dir)
-    for path in written.values():
-        print("wrote", path)
-    return written
-
-
-def convert(args):
-    """Convert a checkpoint (original `.npz`, `.weights.h5`) to a `.keras` model."""
-    source = read_checkpoint(args.weights, args.model, (args.image_size or 224,) * 2)
-    sizes = model_sizes(args, source)
-    image_size = args.image_size or (source.image_size[0] if source.image_size else 224)
-    model = ViT(image_size=image_size, **sizes.__dict__, weights=source, classes=args.classes)
-    model.save(args.output)
-    print(f"wrote {args.output}: {model.name}, {model.count_params():,} parameters, {image_size} px")
-    return model

@@ -1,0 +1,102 @@
+"""The flags of `keras-vit pretrain` / `finetune` and of the examples, in one place.
+
+Each training flag is a field of `training.PretrainConfig` or
+`training.FinetuneConfig` (`--image-size` is `image_size`) and takes its
+default from there; `keras_vit.cli` adds the commands' own flags.
+
+Example:
+>>> from keras_vit.training import PretrainConfig
+>>> config = parse_config(PretrainConfig, ["--epochs", "3"])
+>>> config.epochs, config.image_size
+(3, 16)
+"""
+
+import argparse
+import dataclasses
+
+from keras_vit import distribute
+
+
+def add_model_flags(parser):
+    group = parser.add_argument_group("model")
+    group.add_argument("--model", help="a named variant, e.g. ViT_B16 (default: the size flags below, "
+                       "or the sizes saved in --weights)")
+    group.add_argument("--weights", help="a named checkpoint, or a .npz / .keras / .weights.h5 file")
+    group.add_argument("--image-size", type=int, help="input resolution in pixels")
+    group.add_argument("--patch-size", type=int)
+    group.add_argument("--hidden-size", type=int)
+    group.add_argument("--num-layers", type=int)
+    group.add_argument("--num-heads", type=int)
+    group.add_argument("--mlp-dim", type=int)
+
+
+def add_data_flags(parser, training=True):
+    group = parser.add_argument_group("data")
+    group.add_argument("--dataset",
+                       help="'digits' (embedded), a tensorflow-datasets name, or a folder of class sub-folders")
+    group.add_argument("--data-dir", help="tensorflow-datasets data directory (manual-download sets)")
+    if training:
+        group.add_argument("--train-split")
+    group.add_argument("--eval-split")
+    group.add_argument("--eval-batch-size", type=int)
+    group.add_argument("--verbose", type=int, help="Keras progress: 0 silent, 1 bar, 2 per epoch")
+
+
+def add_training_flags(parser, config_class):
+    pretrain = config_class.stage == "pretrain"
+    group = parser.add_argument_group("training")
+    group.add_argument("--output-dir", help="logs, learning curve, model.keras")
+    group.add_argument("--epochs", type=int)
+    group.add_argument("--batch-size", type=int, help="global batch per step")
+    group.add_argument("--target-batch-size", type=int,
+                       help="reach this batch by gradient accumulation (the paper: 4096 pretraining, 512 fine-tuning)")
+    group.add_argument("--learning-rate", type=float)
+    group.add_argument("--warmup-steps", type=int, help="linear warmup (the paper: 10k pretraining, 500 fine-tuning)")
+    group.add_argument("--clipnorm", type=float, help="global gradient-norm clip")
+    group.add_argument("--label-smoothing", type=float)
+    group.add_argument("--dropout", type=float)
+    group.add_argument("--stochastic-depth", type=float)
+    group.add_argument("--classifier", choices=["token", "gap"], help="default: the checkpoint's, else token")
+    if pretrain:
+        group.add_argument("--objective", choices=["classification", "masked-patch"],
+                           help="supervised labels, or the paper's self-supervised masked patch prediction "
+                           "(saves the encoder only)")
+        group.add_argument("--weight-decay", type=float, help="decoupled, kernels only")
+        group.add_argument("--decay", choices=["linear", "cosine"])
+        group.add_argument("--representation-size", type=int, help="pre-logits width (0: none)")
+    else:
+        group.add_argument("--ema", type=float, help="Polyak averaging momentum, e.g. 0.9999")
+    group.add_argument("--min-crop-area", type=float,
+                       help="Inception crop's smallest area (default 0.05; 0.6 for digits)")
+    group.add_argument("--flip", action=argparse.BooleanOptionalAction,
+                       help="random horizontal flips (default on; off for digits, which flips change)")
+    group.add_argument("--randaugment", type=float, nargs=2, metavar=("NUM_OPS", "MAGNITUDE"))
+    group.add_argument("--mixup", type=float, help="MixUp alpha (0: off)")
+    group.add_argument("--cutmix", type=float, help="CutMix factor (0: off)")
+    group.add_argument("--mixed-precision", action="store_true", help="mixed_bfloat16")
+    group.add_argument("--steps-per-execution", type=int)
+    group.add_argument("--distribution", choices=distribute.ENGINES)
+    group.add_argument("--model-parallel-size", type=int)
+    group.add_argument("--tpu", help="TPU name or address for --distribution tpu")
+    group.add_argument("--seed", type=int)
+
+
+def add_config_flags(parser, config_class):
+    """Every flag of `config_class` (a training config), with its defaults."""
+    add_model_flags(parser), add_data_flags(parser), add_training_flags(parser, config_class)
+    parser.set_defaults(**dataclasses.asdict(config_class()))
+    return parser
+
+
+def config_from_flags(config_class, args):
+    """The `config_class` that parsed flags `args` (an `argparse.Namespace`) describe."""
+    values = {field.name: getattr(args, field.name) for field in dataclasses.fields(config_class)}
+    if values["randaugment"]:
+        values["randaugment"] = (int(values["randaugment"][0]), values["randaugment"][1])
+    return config_class(**values)
+
+
+def parse_config(config_class, argv=None, description=None):
+    """Parse command-line flags (`sys.argv[1:]` by default) into a `config_class`."""
+    parser = add_config_flags(argparse.ArgumentParser(description=description), config_class)
+    return config_from_flags(config_class, parser.parse_args(argv))

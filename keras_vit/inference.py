@@ -1,0 +1,135 @@
+"""Using a trained model: evaluate, predict, inspect, convert; each takes plain arguments.
+
+`weights` is a `.keras` file, an original `.npz`, a `.weights.h5` file or a
+named checkpoint; for the last three `model` (a variant name), else the
+checkpoint's own sizes, else `sizes` say what to build.
+"""
+
+import os
+
+import keras
+import numpy as np
+
+from keras_vit import data
+from keras_vit.imagenet import imagenet_labels
+from keras_vit.models import ViT, read_checkpoint
+from keras_vit.training import accuracy_metrics, model_sizes
+from keras_vit.variants import SMALL_VIT
+
+
+def load_for_inference(weights, model=None, image_size=32, sizes=SMALL_VIT):
+    """A model from `weights` (a `.keras` file, an `.npz` or a named checkpoint)."""
+    if weights.endswith(".keras") and os.path.exists(weights):
+        return keras.saving.load_model(weights, compile=False)
+    source = read_checkpoint(weights, model, (image_size, image_size))
+    sizes = model_sizes(model, source, sizes)
+    return ViT(image_size=image_size, **sizes.__dict__, weights=source, classifier_activation=None)
+
+
+def _check_has_classifier(model, weights):
+    if len(model.output_shape) != 2:
+        raise ValueError(
+            f"{weights} is an encoder without a classifier (its output has shape {model.output_shape}), "
+            "for example from `pretrain --objective masked-patch`; fine-tune it first: "
+            f"examples/finetune.py --weights {weights}"
+        )
+
+
+def outputs_logits(model):
+    """Whether `model` ends in logits (no softmax on its "predictions" layer)."""
+    try:
+        activation = model.get_layer("predictions").activation
+    except ValueError:
+        return True
+    return activation is keras.activations.linear or getattr(activation, "__name__", "") == "linear"
+
+
+def evaluate(weights="runs/finetune/model.keras", dataset="digits", eval_split="test", data_dir=None,
+             eval_batch_size=256, verbose=1, model=None, image_size=32, sizes=SMALL_VIT):
+    """Top-1 and top-5 of a saved model on a data-set split; prints both and returns Keras' results dict."""
+    network = load_for_inference(weights, model, image_size, sizes)
+    _check_has_classifier(network, weights)
+    image_size = network.input_shape[1]
+    num_classes = network.output_shape[-1]
+    source = data.load_source(dataset, eval_split, data_dir, image_size)
+    batches = data.make_dataset(source, image_size, eval_batch_size, training=False, one_hot=True,
+                                num_classes=num_classes)
+    network.compile(loss=keras.losses.CategoricalCrossentropy(from_logits=outputs_logits(network)),
+                    metrics=accuracy_metrics(num_classes))
+    results = network.evaluate(batches, verbose=verbose, return_dict=True)
+    print(f"top-1 accuracy: {results['top1']:.4f}")
+    print(f"top-5 accuracy: {results['top5']:.4f}")
+    return results
+
+
+def class_names(model, weights=None, labels=None):
+    """Names for the model's outputs: the `labels` file, classes.txt beside `weights`, or ImageNet's."""
+    path = labels or os.path.join(os.path.dirname(os.path.abspath(weights or "")), "classes.txt")
+    if os.path.exists(path):
+        with open(path) as f:
+            return [line.strip() for line in f]
+    if model.output_shape[-1] == 1000:
+        return [name for _, name in imagenet_labels()]
+    return [str(i) for i in range(model.output_shape[-1])]
+
+
+def predict(images, weights="runs/finetune/model.keras", labels=None, crop_fraction=None, model=None,
+            image_size=32, sizes=SMALL_VIT):
+    """Print the top-5 classes of each image file; returns `[(name, probability)] * 5` per image."""
+    import tensorflow as tf
+
+    network = load_for_inference(weights, model, image_size, sizes)
+    _check_has_classifier(network, weights)
+    size = network.input_shape[1:3]
+    names = class_names(network, weights, labels)
+    results = []
+    for path in images:
+        if not os.path.exists(path):
+            raise FileNotFoundError(f"Image not found: {path}")
+        image = tf.io.decode_image(tf.io.read_file(path), channels=3, expand_animations=False)
+        image = data.value_range(data.resize(image, size, crop_fraction))
+        scores = keras.ops.convert_to_numpy(network(image.numpy()[None], training=False))[0].astype("float64")
+        probabilities = scores
+        if outputs_logits(network):
+            probabilities = np.exp(scores - scores.max())
+            probabilities /= probabilities.sum()
+        best = np.argsort(probabilities)[::-1][:5]
+        print(path)
+        for index in best:
+            print(f"  {names[index]:>24s}  {probabilities[index]:.4f}")
+        results.append([(names[i], float(probabilities[i])) for i in best])
+    return results
+
+
+def inspect(image, weights="runs/finetune/model.keras", output_dir="runs/inspect", model=None, image_size=32,
+            sizes=SMALL_VIT):
+    """Write attention rollout, mean attention distance, position-embedding and filter plots of one image file."""
+    import tensorflow as tf
+
+    from keras_vit import analysis
+
+    network = load_for_inference(weights, model, image_size, sizes)
+    if not os.path.exists(image):
+        raise FileNotFoundError(f"Image not found: {image}")
+    pixels = tf.io.decode_image(tf.io.read_file(image), channels=3, expand_animations=False)
+    pixels = tf.cast(tf.clip_by_value(data.resize(pixels, network.input_shape[1:3]), 0, 255), "uint8").numpy()
+    written = analysis.inspect(network, pixels, output_dir)
+    for path in written.values():
+        print("wrote", path)
+    return written
+
+
+def convert(weights, output, model=None, image_size=None, classes=None):
+    """Convert a checkpoint (original `.npz`, `.weights.h5`, or a name with `model`) to a `.keras` file.
+
+    `image_size` and `classes` default to the checkpoint's own; returns the model.
+    """
+    source = read_checkpoint(weights, model, (image_size or 224,) * 2)
+    sizes = model_sizes(model, source, None)
+    if sizes is None:
+        raise ValueError(f"{weights} does not say its sizes; name its variant with `model`, e.g. ViT_B16.")
+    image_size = image_size or (source.image_size[0] if source.image_size else 224)
+    network = ViT(image_size=image_size, **sizes.__dict__, weights=source, classes=classes)
+    network.save(output)
+    print(f"wrote {output}: {network.name}, {network.count_params():,} parameters, {image_size} px")
+    return network
