@@ -82,14 +82,32 @@ def _in_tf_replica_context():
     return tf.distribute.has_strategy() and not tf.distribute.in_cross_replica_context()
 
 
-class _ClipGlobalGradient:
-    """Clip by global norm *after* the replicas' gradients are summed.
+class _RecipeOptimizer:
+    """What the recipes' optimizers add to Keras': schedules in updates, clipping after the all-reduce.
 
-    Under TensorFlow distribution strategies Keras (3.15) clips each replica's
-    share of the gradient before the all-reduce, so `global_clipnorm` gives a
-    different update on N replicas than on one device. This mixin moves the
-    clipping after the all-reduce; elsewhere it changes nothing.
+    - A learning-rate schedule is evaluated at `iterations`, the number of
+      updates. Keras (3.15) evaluates it at the count of micro-batches, so
+      under gradient accumulation a schedule sized in updates would reach
+      its end early and train the rest of the run at its final rate (0).
+    - Under TensorFlow distribution strategies Keras clips each replica's
+      share of the gradient before the all-reduce, so `global_clipnorm`
+      gives a different update on N replicas than on one device. The
+      clipping is moved after the all-reduce; elsewhere it changes nothing.
     """
+
+    def _backend_apply_gradients(self, grads, trainable_variables):
+        if self.gradient_accumulation_steps and _in_tf_replica_context():
+            raise NotImplementedError(
+                "Gradient accumulation does not run under a TensorFlow distribution strategy in Keras "
+                f"{keras.version()} (its conditional update needs a merge_call inside tf.cond). Use a batch that "
+                "fits without accumulation (no --target-batch-size), or the JAX backend's keras.distribution."
+            )
+        return super()._backend_apply_gradients(grads, trainable_variables)
+
+    def _get_current_learning_rate(self):
+        if isinstance(self._learning_rate, keras.optimizers.schedules.LearningRateSchedule):
+            return self._learning_rate(self.iterations)
+        return super()._get_current_learning_rate()
 
     def _clip_gradients(self, grads):
         if _in_tf_replica_context():
@@ -113,13 +131,13 @@ class _ClipGlobalGradient:
 
 
 @keras.saving.register_keras_serializable(package="keras_vit")
-class AdamW(_ClipGlobalGradient, keras.optimizers.AdamW):
-    """`keras.optimizers.AdamW` whose global-norm clipping is the same on any number of replicas."""
+class AdamW(_RecipeOptimizer, keras.optimizers.AdamW):
+    """`keras.optimizers.AdamW` with a schedule in updates and clipping alike on any number of replicas."""
 
 
 @keras.saving.register_keras_serializable(package="keras_vit")
-class SGD(_ClipGlobalGradient, keras.optimizers.SGD):
-    """`keras.optimizers.SGD` whose global-norm clipping is the same on any number of replicas."""
+class SGD(_RecipeOptimizer, keras.optimizers.SGD):
+    """`keras.optimizers.SGD` with a schedule in updates and clipping alike on any number of replicas."""
 
 
 def pretraining_optimizer(

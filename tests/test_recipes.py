@@ -1,3 +1,4 @@
+import json
 import math
 
 import keras
@@ -90,3 +91,46 @@ def test_finetuning_optimizer_options():
     assert optimizer.use_ema and optimizer.ema_momentum == 0.9999
     assert optimizer.momentum == 0.9 and optimizer.global_clipnorm == 1.0
     assert not recipes.finetuning_optimizer(0.01).use_ema
+
+
+def expected_rates():
+    from applied_rates import UPDATES, schedule
+
+    return [float(keras.ops.convert_to_numpy(schedule()(update))) for update in range(UPDATES)]
+
+
+def test_gradient_accumulation_applies_the_schedule_per_update():
+    from applied_rates import measure
+
+    # Warmup over the first update, then linear decay over updates 1..4: none of them at 0 after the first.
+    assert expected_rates() == pytest.approx([0.0, 0.01, 0.0075, 0.005, 0.0025])
+    np.testing.assert_allclose(measure("none"), expected_rates(), atol=1e-7)
+
+
+def run_applied_rates(backend, engine, devices):
+    import os
+    import subprocess
+    import sys
+
+    if keras.backend.backend() != backend:
+        pytest.skip(f"runs in the {backend} pass")
+    worker = os.path.join(os.path.dirname(__file__), "applied_rates.py")
+    env = {**os.environ, "KERAS_BACKEND": backend, "TF_CPP_MIN_LOG_LEVEL": "2"}
+    env.pop("XLA_FLAGS", None)
+    if devices:
+        env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+    return subprocess.run([sys.executable, worker, engine], env=env, capture_output=True, text=True, timeout=600)
+
+
+def test_gradient_accumulation_applies_the_schedule_per_update_on_8_data_parallel_devices():
+    done = run_applied_rates("jax", "data_parallel", 8)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rates = json.loads(done.stdout.split("RATES ", 1)[1].splitlines()[0])
+    np.testing.assert_allclose(rates, expected_rates(), atol=1e-7)
+
+
+def test_gradient_accumulation_under_a_tensorflow_strategy_is_refused_with_the_way_out():
+    done = run_applied_rates("tensorflow", "mirrored", None)
+    assert done.returncode != 0
+    assert "Gradient accumulation does not run under a TensorFlow distribution strategy in Keras" in done.stderr
+    assert "or the JAX backend's keras.distribution" in done.stderr
