@@ -40,8 +40,8 @@ sizes = config.sizes(checkpoint)
 check_image_size((config.image_size, config.image_size), sizes)
 
 # The data: training and held-out splits (the embedded digits by default).
-train_source = data.load_source(config.dataset, config.train_split, config.data_dir, config.image_size)
-eval_source = data.load_source(config.dataset, config.eval_split, config.data_dir, config.image_size)
+train_source, eval_source = training.load_sources(config.dataset, config.image_size, config.train_split,
+                                                  config.eval_split, config.data_dir, config.holdout_fraction)
 num_classes = train_source.num_classes
 steps = data.steps_per_epoch(train_source, config.batch_size)
 accumulation = recipes.accumulation_steps(config.target_batch_size, config.batch_size)
@@ -83,7 +83,7 @@ callbacks = [keras.callbacks.BackupAndRestore(backup), keras.callbacks.Terminate
 if engine.is_chief:  # One process writes the logs.
     callbacks += [
         keras.callbacks.CSVLogger(os.path.join(config.output_dir, "log.csv"), append=initial_epoch > 0),
-        keras.callbacks.TensorBoard(os.path.join(config.output_dir, "tensorboard")),
+        *training.tensorboard_callbacks(os.path.join(config.output_dir, "tensorboard")),  # if installed
     ]
 
 history = model.fit(

@@ -37,6 +37,9 @@ def add_data_flags(parser, training=True):
     group.add_argument("--data-dir", help="tensorflow-datasets data directory (manual-download sets)")
     if training:
         group.add_argument("--train-split")
+        group.add_argument("--holdout-fraction", type=float,
+                           help="an image folder without train/test sub-folders: the part of each class held out "
+                           "for evaluation (default 0.2)")
     group.add_argument("--eval-split")
     group.add_argument("--eval-batch-size", type=int)
     group.add_argument("--verbose", type=int, help="Keras progress: 0 silent, 1 bar, 2 per epoch")

@@ -10,7 +10,7 @@ import os
 import keras
 import numpy as np
 
-from keras_vit import data
+from keras_vit import checkpoints, data
 from keras_vit.imagenet import imagenet_labels
 from keras_vit.models import ViT, read_checkpoint
 from keras_vit.training import accuracy_metrics, model_sizes
@@ -18,9 +18,11 @@ from keras_vit.variants import SMALL_VIT
 
 
 def load_for_inference(weights, model=None, image_size=32, sizes=SMALL_VIT):
-    """A model from `weights` (a `.keras` file, an `.npz` or a named checkpoint)."""
+    """A model from `weights` (a `.keras` file, an `.npz` or a named checkpoint), refused if any weight is NaN."""
     if weights.endswith(".keras") and os.path.exists(weights):
-        return keras.saving.load_model(weights, compile=False)
+        network = keras.saving.load_model(weights, compile=False)
+        checkpoints.check_finite(network, weights)
+        return network
     source = read_checkpoint(weights, model, (image_size, image_size))
     sizes = model_sizes(model, source, sizes)
     return ViT(image_size=image_size, **sizes.__dict__, weights=source, classifier_activation=None)
@@ -31,7 +33,7 @@ def _check_has_classifier(model, weights):
         raise ValueError(
             f"{weights} is an encoder without a classifier (its output has shape {model.output_shape}), "
             "for example from `pretrain --objective masked-patch`; fine-tune it first: "
-            f"examples/finetune.py --weights {weights}"
+            f"keras-vit finetune --weights {weights}"
         )
 
 
@@ -51,7 +53,13 @@ def evaluate(weights="runs/finetune/model.keras", dataset="digits", eval_split="
     _check_has_classifier(network, weights)
     image_size = network.input_shape[1]
     num_classes = network.output_shape[-1]
-    source = data.load_source(dataset, eval_split, data_dir, image_size)
+    names = _saved_class_names(network, weights)
+    source = data.load_source(dataset, eval_split, data_dir, image_size, class_names=names)
+    if source.num_classes != num_classes:
+        raise ValueError(
+            f"{weights} has {num_classes} classes but {dataset!r} ({eval_split}) has {source.num_classes}: "
+            "evaluate a model on the data set it was trained for."
+        )
     batches = data.make_dataset(source, image_size, eval_batch_size, training=False, one_hot=True,
                                 num_classes=num_classes)
     network.compile(loss=keras.losses.CategoricalCrossentropy(from_logits=outputs_logits(network)),
@@ -62,12 +70,31 @@ def evaluate(weights="runs/finetune/model.keras", dataset="digits", eval_split="
     return results
 
 
+def _read_names(path, model):
+    """The class names in a text file, one a line, checked against the model's outputs."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            names = [line.strip() for line in f if line.strip()]
+    except UnicodeDecodeError:
+        raise ValueError(f"{path} is not a text file of class names (one name a line, UTF-8).") from None
+    if len(names) != model.output_shape[-1]:
+        raise ValueError(f"{path} lists {len(names)} class names but the model has {model.output_shape[-1]} outputs.")
+    return names
+
+
+def _saved_class_names(model, weights):
+    """The classes.txt that training wrote beside `weights`, or None."""
+    path = os.path.join(os.path.dirname(os.path.abspath(weights or "")), "classes.txt")
+    return _read_names(path, model) if os.path.exists(path) else None
+
+
 def class_names(model, weights=None, labels=None):
     """Names for the model's outputs: the `labels` file, classes.txt beside `weights`, or ImageNet's."""
-    path = labels or os.path.join(os.path.dirname(os.path.abspath(weights or "")), "classes.txt")
-    if os.path.exists(path):
-        with open(path) as f:
-            return [line.strip() for line in f]
+    if labels:
+        return _read_names(labels, model)
+    saved = _saved_class_names(model, weights)
+    if saved is not None:
+        return saved
     if model.output_shape[-1] == 1000:
         return [name for _, name in imagenet_labels()]
     return [str(i) for i in range(model.output_shape[-1])]
@@ -127,7 +154,10 @@ def convert(weights, output, model=None, image_size=None, classes=None):
     source = read_checkpoint(weights, model, (image_size or 224,) * 2)
     sizes = model_sizes(model, source, None)
     if sizes is None:
-        raise ValueError(f"{weights} does not say its sizes; name its variant with `model`, e.g. ViT_B16.")
+        raise ValueError(
+            f"{weights} does not store all its sizes (a .weights.h5 file has no head count); name its variant "
+            "with `model` (--model), e.g. ViT_B16."
+        )
     image_size = image_size or (source.image_size[0] if source.image_size else 224)
     network = ViT(image_size=image_size, **sizes.__dict__, weights=source, classes=classes)
     network.save(output)

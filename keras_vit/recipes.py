@@ -89,6 +89,8 @@ class _RecipeOptimizer:
       updates. Keras (3.15) evaluates it at the count of micro-batches, so
       under gradient accumulation a schedule sized in updates would reach
       its end early and train the rest of the run at its final rate (0).
+    - With Polyak averaging (EMA), the model's variables get a copy of the
+      averages at the end of `fit`, not the optimizer's own arrays.
     - Under TensorFlow distribution strategies Keras clips each replica's
       share of the gradient before the all-reduce, so `global_clipnorm`
       gives a different update on N replicas than on one device. The
@@ -103,6 +105,16 @@ class _RecipeOptimizer:
                 "fits without accumulation (no --target-batch-size), or the JAX backend's keras.distribution."
             )
         return super()._backend_apply_gradients(grads, trainable_variables)
+
+    def _overwrite_model_variables_with_average_value(self, trainable_variables):
+        # Keras assigns the average variable itself, so on JAX the model and the optimizer share one
+        # buffer, which the next evaluate() donates: saving then fails with "Array has been deleted".
+        averages = self._model_variables_moving_average
+        if len(trainable_variables) != len(averages):
+            return super()._overwrite_model_variables_with_average_value(trainable_variables)
+        for variable, average in zip(trainable_variables, averages):
+            if average is not None:
+                variable.assign(ops.copy(average))
 
     def _get_current_learning_rate(self):
         if isinstance(self._learning_rate, keras.optimizers.schedules.LearningRateSchedule):

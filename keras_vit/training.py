@@ -12,6 +12,7 @@ plain arguments, for scripts that write the loop out themselves, as
 
 import csv
 import dataclasses
+import importlib
 import json
 import os
 import typing
@@ -43,6 +44,7 @@ class _TrainingConfig:
     data_dir: str = None
     train_split: str = "train"
     eval_split: str = "test"
+    holdout_fraction: float = 0.2
     eval_batch_size: int = 256
     verbose: int = 1
     # Training.
@@ -124,10 +126,16 @@ def setup(seed=0, distribution="none", model_parallel_size=2, tpu=None, mixed_pr
 # ---------------------------------------------------------------------------
 
 
-def load_sources(dataset="digits", image_size=32, train_split="train", eval_split="test", data_dir=None):
-    """The training and held-out `data.Source`s of `dataset`."""
-    train_source = data.load_source(dataset, train_split, data_dir, image_size)
-    eval_source = data.load_source(dataset, eval_split, data_dir, image_size)
+def load_sources(dataset="digits", image_size=32, train_split="train", eval_split="test", data_dir=None,
+                 holdout_fraction=0.2):
+    """The training and held-out `data.Source`s of `dataset`, labelled from one class list.
+
+    An image folder without split folders gives both: `holdout_fraction` of
+    each class is held out for evaluation, never trained on.
+    """
+    train_source = data.load_source(dataset, train_split, data_dir, image_size, holdout_fraction=holdout_fraction)
+    eval_source = data.load_source(dataset, eval_split, data_dir, image_size, class_names=train_source.class_names,
+                                   holdout_fraction=holdout_fraction)
     return train_source, eval_source
 
 
@@ -245,11 +253,26 @@ def make_callbacks(output_dir, backup_dir, initial_epoch=0, is_chief=True):
     """BackupAndRestore and TerminateOnNaN; on the chief also CSVLogger (log.csv) and TensorBoard."""
     callbacks = [keras.callbacks.BackupAndRestore(backup_dir), keras.callbacks.TerminateOnNaN()]
     if is_chief:
-        callbacks += [
-            keras.callbacks.CSVLogger(os.path.join(output_dir, "log.csv"), append=initial_epoch > 0),
-            keras.callbacks.TensorBoard(os.path.join(output_dir, "tensorboard")),
-        ]
+        callbacks.append(keras.callbacks.CSVLogger(os.path.join(output_dir, "log.csv"), append=initial_epoch > 0))
+        callbacks += tensorboard_callbacks(os.path.join(output_dir, "tensorboard"))
     return callbacks
+
+
+def optional_package(package, what):
+    """Whether `package` imports; if not, print a one-line note that `what` is skipped."""
+    try:
+        importlib.import_module(package)
+        return True
+    except ImportError:
+        print(f"note: {what} skipped: the optional package {package!r} is not installed (pip install {package})")
+        return False
+
+
+def tensorboard_callbacks(log_dir):
+    """`[keras.callbacks.TensorBoard(log_dir)]`, or `[]` with a note when `tensorboard` is not installed."""
+    if not optional_package("tensorboard", "TensorBoard logs"):
+        return []
+    return [keras.callbacks.TensorBoard(log_dir)]
 
 
 # The accuracy columns a CSVLogger file may hold, and their plot titles.
@@ -309,7 +332,7 @@ def train(config):
     sizes = config.sizes(checkpoint)
     check_image_size((config.image_size, config.image_size), sizes)
     train_source, eval_source = load_sources(config.dataset, config.image_size, config.train_split,
-                                             config.eval_split, config.data_dir)
+                                             config.eval_split, config.data_dir, config.holdout_fraction)
     num_classes = train_source.num_classes
     steps = data.steps_per_epoch(train_source, config.batch_size)
     accumulation = recipes.accumulation_steps(config.target_batch_size, config.batch_size)
@@ -364,6 +387,8 @@ def plot_learning_curve(log_path, png_path):
     The accuracy is top-1, or for masked patch prediction the corrupted-patch
     colour accuracy, whichever the file has.
     """
+    if not optional_package("matplotlib", "the learning-curve plot"):
+        return
     import matplotlib
 
     matplotlib.use("Agg")

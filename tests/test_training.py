@@ -225,3 +225,87 @@ def test_console_entry_point_runs():
     assert done.returncode == 0, done.stderr
     for command in ("pretrain", "finetune", "evaluate", "predict", "convert an original .npz checkpoint to .keras"):
         assert command in done.stdout
+
+
+# --- Nothing silently wrong ---------------------------------------------------------
+
+
+def test_finetune_with_ema_saves_a_model_that_loads(pretrained, tmp_path):
+    """fit -> evaluate -> save with Polyak averaging: on JAX the save failed with 'Array has been deleted'."""
+    out, _ = pretrained
+    cli.main(["finetune", *QUICK, "--weights", str(out / "model.keras"), "--epochs", "1", "--ema", "0.9",
+              "--output-dir", str(tmp_path)])
+    model = keras.saving.load_model(tmp_path / "model.keras")
+    assert model.output_shape == (None, 10)
+
+
+def test_training_without_tensorboard_or_matplotlib_skips_them_with_a_note(monkeypatch, tmp_path, capsys):
+    monkeypatch.setitem(sys.modules, "tensorboard", None)  # import tensorboard -> ImportError
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    cli.main(["pretrain", *QUICK, "--epochs", "1", "--output-dir", str(tmp_path), "--warmup-steps", "1"])
+    printed = capsys.readouterr().out
+    assert "note: TensorBoard logs skipped: the optional package 'tensorboard' is not installed" in printed
+    assert "note: the learning-curve plot skipped: the optional package 'matplotlib' is not installed" in printed
+    assert (tmp_path / "model.keras").exists() and not (tmp_path / "tensorboard").exists()
+
+
+def write_digit_folders(root, splits):
+    _, (images, labels) = data.digits(image_size=16)
+    for split, classes in splits.items():
+        for label in classes:
+            os.makedirs(root / split / str(label), exist_ok=True)
+            for i in np.flatnonzero(labels == label)[:4]:
+                tf.io.write_file(str(root / split / str(label) / f"{i}.png"), tf.io.encode_png(images[i]))
+
+
+def test_evaluate_labels_a_folder_with_the_models_classes_and_checks_their_count(pretrained, tmp_path, capsys):
+    out, _ = pretrained
+    model = keras.saving.load_model(out / "model.keras")
+    write_digit_folders(tmp_path, {"test": [0, 2, 7]})  # three of the ten classes the model knows
+    results = cli.main(["evaluate", "--weights", str(out / "model.keras"), "--dataset", str(tmp_path / "test"),
+                        "--verbose", "0"])
+    images = np.stack([tf.io.decode_png(tf.io.read_file(str(p))).numpy()
+                       for c in ("0", "2", "7") for p in sorted((tmp_path / "test" / c).iterdir())])
+    predicted = np.argmax(keras.ops.convert_to_numpy(model(images / 127.5 - 1.0)), axis=-1)
+    truth = np.repeat([0, 2, 7], 4)  # the labels of classes.txt, not 0, 1, 2
+    assert results["top1"] == pytest.approx(np.mean(predicted == truth), abs=1e-6)
+    write_digit_folders(tmp_path, {"other": [3, 4]})
+    os.remove(out / "classes.txt")
+    try:
+        with pytest.raises(ValueError, match=r"has 10 classes but '.*other' \(test\) has 2: evaluate a model"):
+            cli.main(["evaluate", "--weights", str(out / "model.keras"), "--dataset", str(tmp_path / "other")])
+    finally:
+        (out / "classes.txt").write_text("".join(f"{i}\n" for i in range(10)))
+
+
+def test_evaluate_refuses_a_model_with_a_nan_weight(pretrained, tmp_path):
+    out, _ = pretrained
+    model = keras.saving.load_model(out / "model.keras")
+    model.get_layer("head").bias.assign(np.full((10,), np.nan, "float32"))
+    model.save(tmp_path / "nan.keras")
+    with pytest.raises(CheckpointError, match=r"nan.keras holds NaN or infinite weights in 1 variables: \['head/bias'\]"):
+        cli.main(["evaluate", "--weights", str(tmp_path / "nan.keras"), "--verbose", "0"])
+
+
+def test_predict_checks_the_labels_file(pretrained, tmp_path):
+    out, _ = pretrained
+    _, (images, _) = data.digits(image_size=16)
+    image = tmp_path / "digit.png"
+    tf.io.write_file(str(image), tf.io.encode_png(images[0]))
+    short = tmp_path / "short.txt"
+    short.write_text("zero\none\n")
+    with pytest.raises(ValueError, match="short.txt lists 2 class names but the model has 10 outputs"):
+        cli.main(["predict", "--weights", str(out / "model.keras"), "--labels", str(short), str(image)])
+    binary = tmp_path / "labels.bin"
+    binary.write_bytes(bytes(range(256)))
+    with pytest.raises(ValueError, match=r"labels.bin is not a text file of class names"):
+        cli.main(["predict", "--weights", str(out / "model.keras"), "--labels", str(binary), str(image)])
+
+
+def test_training_on_a_folder_without_splits_evaluates_on_held_out_images(tmp_path, capsys):
+    write_digit_folders(tmp_path, {"all": range(10)})
+    top1 = cli.main(["pretrain", *QUICK, "--epochs", "1", "--dataset", str(tmp_path / "all"), "--batch-size", "8",
+                     "--output-dir", str(tmp_path / "run"), "--holdout-fraction", "0.25", "--warmup-steps", "1"])
+    train, test = training.load_sources(str(tmp_path / "all"), 16, holdout_fraction=0.25)
+    assert (train.num_examples, test.num_examples) == (30, 10)
+    assert 0.0 <= top1 <= 1.0
