@@ -35,9 +35,9 @@ engine.check_batch_size(config.batch_size)
 # The sizes: --model, else those of --weights, else the size flags (the small digits ViT).
 checkpoint = None
 if config.weights:
-    checkpoint = read_checkpoint(config.weights, config.model, (config.image_size, config.image_size))
+    checkpoint = read_checkpoint(config.weights, config.model, config.image_size)
 sizes = config.sizes(checkpoint)
-check_image_size((config.image_size, config.image_size), sizes)
+check_image_size(config.image_size, sizes)
 
 # The data: training and held-out splits (the embedded digits by default).
 train_source, eval_source = training.load_sources(config.dataset, config.image_size, config.train_split,

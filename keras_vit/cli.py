@@ -12,23 +12,34 @@ import inspect
 import sys
 
 from keras_vit import flags, inference, training
-from keras_vit.variants import SMALL_VIT, Variant
+from keras_vit.variants import named_variant
 
 _SIZES = ("patch_size", "hidden_size", "num_layers", "num_heads", "mlp_dim")
 
 
 def _defaults(function):
-    """The keyword defaults of `function`, the size flags' from its `sizes`."""
+    """The keyword defaults of `function` (the size flags stay unset: the file's or the digits ViT's)."""
     defaults = {name: parameter.default for name, parameter in inspect.signature(function).parameters.items()
                 if parameter.default is not inspect.Parameter.empty}
-    sizes = defaults.pop("sizes", None)
-    if sizes is not None:
-        defaults.update({name: getattr(sizes, name) for name in _SIZES})
+    defaults.pop("sizes", None)
     return defaults
+
+
+def _show_defaults(parser):
+    """Add "(default: ...)" to every flag's help, in every sub-command, unless the help already says it."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for command in action.choices.values():
+                _show_defaults(command)
+        elif action.option_strings and action.default is not argparse.SUPPRESS and action.nargs != 0:
+            if "default" not in (action.help or ""):
+                action.help = f"{action.help} (default: %(default)s)" if action.help else "(default: %(default)s)"
+    return parser
 
 
 def build_parser():
     parser = argparse.ArgumentParser(prog="keras-vit", description=__doc__.splitlines()[0])
+    parser.add_argument("--debug", action="store_true", help="show the full traceback of an error")
     commands = parser.add_subparsers(dest="command", required=True)
 
     pretrain = commands.add_parser("pretrain", help="train a ViT from scratch (Adam, weight decay, warmup)")
@@ -58,9 +69,12 @@ def build_parser():
     convert.add_argument("weights", help="a .npz or .weights.h5 file, or a named checkpoint with --model")
     convert.add_argument("output", help="the .keras file to write")
     convert.add_argument("--model", help="the variant, for named checkpoints (default: read from the file)")
-    convert.add_argument("--image-size", type=int, help="default: the checkpoint's own resolution")
+    convert.add_argument("--image-size", type=int, nargs="+", metavar=("SIZE", "WIDTH"),
+                         help="SIZE or HEIGHT WIDTH; default: the checkpoint's own resolution")
     convert.add_argument("--classes", type=int, help="default: the checkpoint's head")
-    return parser
+    for command in commands.choices.values():
+        command.add_argument("--debug", action="store_true", help="show the full traceback of an error")
+    return _show_defaults(parser)
 
 
 def main(argv=None):
@@ -70,15 +84,32 @@ def main(argv=None):
     if args.command == "finetune":
         return training.train(flags.config_from_flags(training.FinetuneConfig, args))
     function = getattr(inference, args.command)
-    kwargs = {name: getattr(args, name) for name in inspect.signature(function).parameters if name != "sizes"}
-    if "sizes" in inspect.signature(function).parameters:
-        kwargs["sizes"] = Variant(**{name: getattr(args, name) for name in _SIZES})
+    parameters = inspect.signature(function).parameters
+    kwargs = {name: getattr(args, name) for name in parameters if name != "sizes"}
+    if "image_size" in kwargs:
+        kwargs["image_size"] = flags.image_size_flag(kwargs["image_size"])
+    if args.model:
+        named_variant(args.model)  # An unknown name is the error, not a missing default file.
+    if "sizes" in parameters:
+        kwargs["sizes"] = {name: getattr(args, name) for name in _SIZES if getattr(args, name) is not None}
     return function(**kwargs)
 
 
-def console_main():
-    """The `keras-vit` entry point: runs a command, exit status 0 on success."""
-    main()
+# What a user can fix: bad flags, files and data. Anything else is a bug and keeps its traceback.
+USER_ERRORS = (ValueError, FileNotFoundError, FileExistsError, IsADirectoryError, PermissionError, NotImplementedError)
+
+
+def console_main(argv=None):
+    """The `keras-vit` entry point: exit status 0 on success, 2 with one line for a user error (--debug: traceback)."""
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        main(argv)
+    except USER_ERRORS as error:
+        if "--debug" in argv:
+            raise
+        message = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        print(f"keras-vit: error: {message}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -96,7 +96,13 @@ def from_tfds(name, split, data_dir=None, shard=None):
     `shard=(index, count)` keeps every `count`-th file for multi-host input.
     Manual-download sets (imagenet2012) need `data_dir` with the prepared files.
     """
-    import tensorflow_datasets as tfds
+    try:
+        import tensorflow_datasets as tfds
+    except ImportError as error:
+        raise ValueError(
+            f"The data set {name!r} comes from tensorflow-datasets, which is not installed ({error}): "
+            "pip install 'keras-vision-transformer[tensorflow]'."
+        ) from None
 
     if data_dir is not None and not os.path.isdir(data_dir):
         raise FileNotFoundError(f"Data directory not found: {data_dir}")
@@ -300,7 +306,7 @@ def load_source(name, split, data_dir=None, image_size=32, shard=None, class_nam
     if name == "digits":
         if split not in ("train", "test"):
             raise ValueError(f"The digits data set has splits 'train' and 'test', not {split!r}.")
-        train, test = digits(image_size=max(image_size, 8))
+        train, test = digits(image_size=max(*as_pair(image_size, "image_size"), 8))
         images, labels = train if split == "train" else test
         if shard is not None:
             images, labels = images[shard[0]::shard[1]], labels[shard[0]::shard[1]]

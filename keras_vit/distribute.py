@@ -10,6 +10,7 @@ every global batch). Build and compile the model inside `engine.scope()`.
 
 import contextlib
 import dataclasses
+import os
 
 import keras
 
@@ -68,6 +69,11 @@ def model_parallel_layout(mesh):
     return layout_map
 
 
+MULTI_HOST_VARIABLES = (
+    "KERAS_DISTRIBUTION_JOB_ADDRESSES", "KERAS_DISTRIBUTION_NUM_PROCESSES", "KERAS_DISTRIBUTION_PROCESS_ID",
+)
+
+
 def setup(name="none", model_parallel_size=2, tpu=None):
     """Choose and set up a distribution engine; see `ENGINES`.
 
@@ -102,6 +108,13 @@ def setup(name="none", model_parallel_size=2, tpu=None):
         except AttributeError:
             pass
         # Reads KERAS_DISTRIBUTION_JOB_ADDRESSES / _NUM_PROCESSES / _PROCESS_ID, or TPU metadata.
+        missing = [name for name in MULTI_HOST_VARIABLES if not os.environ.get(name)]
+        if missing and keras.distribution.list_devices()[0].split(":")[0].lower() != "tpu":
+            raise ValueError(
+                f"--distribution multi_host needs {', '.join(missing)} set on every process: "
+                "KERAS_DISTRIBUTION_JOB_ADDRESSES=host0:port,host1:port (the first is the coordinator), "
+                "KERAS_DISTRIBUTION_NUM_PROCESSES=<count>, KERAS_DISTRIBUTION_PROCESS_ID=<0..count-1>."
+            )
         keras.distribution.initialize()
     devices = keras.distribution.list_devices()
     if name == "model_parallel":

@@ -15,6 +15,7 @@ import argparse
 import dataclasses
 
 from keras_vit import distribute
+from keras_vit.variants import SMALL_VIT
 
 
 def add_model_flags(parser):
@@ -22,12 +23,14 @@ def add_model_flags(parser):
     group.add_argument("--model", help="a named variant, e.g. ViT_B16 (default: the size flags below, "
                        "or the sizes saved in --weights)")
     group.add_argument("--weights", help="a named checkpoint, or a .npz / .keras / .weights.h5 file")
-    group.add_argument("--image-size", type=int, help="input resolution in pixels")
-    group.add_argument("--patch-size", type=int)
-    group.add_argument("--hidden-size", type=int)
-    group.add_argument("--num-layers", type=int)
-    group.add_argument("--num-heads", type=int)
-    group.add_argument("--mlp-dim", type=int)
+    group.add_argument("--image-size", type=int, nargs="+", metavar=("SIZE", "WIDTH"),
+                       help="input resolution in pixels: SIZE, or HEIGHT WIDTH")
+    digits = "default: the digits ViT's {}, or the sizes of --model / --weights"
+    group.add_argument("--patch-size", type=int, help=digits.format(SMALL_VIT.patch_size))
+    group.add_argument("--hidden-size", type=int, help=digits.format(SMALL_VIT.hidden_size))
+    group.add_argument("--num-layers", type=int, help=digits.format(SMALL_VIT.num_layers))
+    group.add_argument("--num-heads", type=int, help=digits.format(SMALL_VIT.num_heads))
+    group.add_argument("--mlp-dim", type=int, help=digits.format(SMALL_VIT.mlp_dim))
 
 
 def add_data_flags(parser, training=True):
@@ -94,9 +97,19 @@ def add_config_flags(parser, config_class):
 def config_from_flags(config_class, args):
     """The `config_class` that parsed flags `args` (an `argparse.Namespace`) describe."""
     values = {field.name: getattr(args, field.name) for field in dataclasses.fields(config_class)}
+    values["image_size"] = image_size_flag(values["image_size"])
     if values["randaugment"]:
         values["randaugment"] = (int(values["randaugment"][0]), values["randaugment"][1])
     return config_class(**values)
+
+
+def image_size_flag(values):
+    """`--image-size 32` -> 32; `--image-size 24 40` -> (24, 40); more values are an error."""
+    if not isinstance(values, list):
+        return values
+    if len(values) not in (1, 2):
+        raise ValueError(f"--image-size takes SIZE or HEIGHT WIDTH, got {len(values)} values: {values}.")
+    return values[0] if len(values) == 1 else tuple(values)
 
 
 def parse_config(config_class, argv=None, description=None):

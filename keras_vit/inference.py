@@ -5,6 +5,7 @@ named checkpoint; for the last three `model` (a variant name), else the
 checkpoint's own sizes, else `sizes` say what to build.
 """
 
+import dataclasses
 import os
 
 import keras
@@ -12,19 +13,34 @@ import numpy as np
 
 from keras_vit import checkpoints, data
 from keras_vit.imagenet import imagenet_labels
-from keras_vit.models import ViT, read_checkpoint
-from keras_vit.training import accuracy_metrics, model_sizes
-from keras_vit.variants import SMALL_VIT
+from keras_vit.models import ViT, read_checkpoint, sizes_of
+from keras_vit.position_embedding import as_pair
+from keras_vit.training import accuracy_metrics, check_sizes_agree, model_sizes
+from keras_vit.variants import SMALL_VIT, Variant
 
 
-def load_for_inference(weights, model=None, image_size=32, sizes=SMALL_VIT):
-    """A model from `weights` (a `.keras` file, an `.npz` or a named checkpoint), refused if any weight is NaN."""
+def _given(sizes):
+    """Sizes the caller set: all of a `Variant`, or the entries of a dict (`{"hidden_size": 32}`)."""
+    return dataclasses.asdict(sizes) if isinstance(sizes, Variant) else dict(sizes or {})
+
+
+def load_for_inference(weights, model=None, image_size=32, sizes=None):
+    """A model from `weights` (a `.keras` file, an `.npz` or a named checkpoint), refused if any weight is NaN.
+
+    `sizes` (a `Variant`, or a dict of some of its fields) build a model for
+    a file that does not say its own; where the file or `model` says them,
+    they must agree.
+    """
+    given = _given(sizes)
     if weights.endswith(".keras") and os.path.exists(weights):
         network = keras.saving.load_model(weights, compile=False)
         checkpoints.check_finite(network, weights)
+        check_sizes_agree(sizes_of(network), f"--weights {weights}", given)
         return network
-    source = read_checkpoint(weights, model, (image_size, image_size))
-    sizes = model_sizes(model, source, sizes)
+    image_size = as_pair(image_size, "image_size")
+    source = read_checkpoint(weights, model, image_size)
+    default = dataclasses.replace(SMALL_VIT, **given)
+    sizes = model_sizes(model, source, default, given)
     return ViT(image_size=image_size, **sizes.__dict__, weights=source, classifier_activation=None)
 
 
@@ -47,11 +63,11 @@ def outputs_logits(model):
 
 
 def evaluate(weights="runs/finetune/model.keras", dataset="digits", eval_split="test", data_dir=None,
-             eval_batch_size=256, verbose=1, model=None, image_size=32, sizes=SMALL_VIT):
+             eval_batch_size=256, verbose=1, model=None, image_size=32, sizes=None):
     """Top-1 and top-5 of a saved model on a data-set split; prints both and returns Keras' results dict."""
     network = load_for_inference(weights, model, image_size, sizes)
     _check_has_classifier(network, weights)
-    image_size = network.input_shape[1]
+    image_size = network.input_shape[1:3]
     num_classes = network.output_shape[-1]
     names = _saved_class_names(network, weights)
     source = data.load_source(dataset, eval_split, data_dir, image_size, class_names=names)
@@ -101,7 +117,7 @@ def class_names(model, weights=None, labels=None):
 
 
 def predict(images, weights="runs/finetune/model.keras", labels=None, crop_fraction=None, model=None,
-            image_size=32, sizes=SMALL_VIT):
+            image_size=32, sizes=None):
     """Print the top-5 classes of each image file; returns `[(name, probability)] * 5` per image."""
     import tensorflow as tf
 
@@ -129,7 +145,7 @@ def predict(images, weights="runs/finetune/model.keras", labels=None, crop_fract
 
 
 def inspect(image, weights="runs/finetune/model.keras", output_dir="runs/inspect", model=None, image_size=32,
-            sizes=SMALL_VIT):
+            sizes=None):
     """Write attention rollout, mean attention distance, position-embedding and filter plots of one image file."""
     import tensorflow as tf
 
@@ -151,14 +167,14 @@ def convert(weights, output, model=None, image_size=None, classes=None):
 
     `image_size` and `classes` default to the checkpoint's own; returns the model.
     """
-    source = read_checkpoint(weights, model, (image_size or 224,) * 2)
+    source = read_checkpoint(weights, model, as_pair(image_size or 224, "image_size"))
     sizes = model_sizes(model, source, None)
     if sizes is None:
         raise ValueError(
             f"{weights} does not store all its sizes (a .weights.h5 file has no head count); name its variant "
             "with `model` (--model), e.g. ViT_B16."
         )
-    image_size = image_size or (source.image_size[0] if source.image_size else 224)
+    image_size = image_size or source.image_size or 224
     network = ViT(image_size=image_size, **sizes.__dict__, weights=source, classes=classes)
     network.save(output)
     print(f"wrote {output}: {network.name}, {network.count_params():,} parameters, {image_size} px")

@@ -194,6 +194,18 @@ class ModelOptions:
     name: str = "vit"
 
 
+def sizes_of(model):
+    """The `Variant` sizes of a built keras_vit model, for example one loaded from a `.keras` file."""
+    embedding, block = model.get_layer("embedding"), model.get_layer("encoderblock_0")
+    depth = sum(1 for layer in model.layers if layer.name.startswith("encoderblock_"))
+    paths = {variable.path: variable for variable in model.weights}
+    resnet = {}
+    if "conv_root/kernel" in paths:
+        resnet = dict(resnet_layers=checkpoints.source.resnet_layers_of(paths),
+                      resnet_width=int(paths["conv_root/kernel"].shape[-1]))
+    return Variant(embedding.patch_size[0], embedding.hidden_size, depth, block.num_heads, block.mlp_dim, **resnet)
+
+
 def read_checkpoint(weights, variant=None, image_size=(224, 224)):
     """Read `weights` (a name or a path) into a `checkpoints.WeightsSource` with its state.
 

@@ -23,7 +23,8 @@ import numpy as np
 from keras_vit import data, distribute, recipes
 from keras_vit.masked_patch import MaskedPatchPretrainer
 from keras_vit.models import ViT, check_image_size, read_checkpoint
-from keras_vit.variants import SMALL_VIT, VARIANTS, Variant
+from keras_vit.position_embedding import as_pair
+from keras_vit.variants import SMALL_VIT, named_variant
 
 
 @dataclasses.dataclass
@@ -33,12 +34,13 @@ class _TrainingConfig:
     # Model: a named variant, else the checkpoint's sizes, else the five size fields.
     model: str = None
     weights: str = None
-    image_size: int = 32
-    patch_size: int = SMALL_VIT.patch_size
-    hidden_size: int = SMALL_VIT.hidden_size
-    num_layers: int = SMALL_VIT.num_layers
-    num_heads: int = SMALL_VIT.num_heads
-    mlp_dim: int = SMALL_VIT.mlp_dim
+    image_size: tuple = 32  # An int or (height, width); a (height, width) pair once made.
+    # None: the digits ViT's (SMALL_VIT); a value given with `model` or sized `weights` must agree.
+    patch_size: int = None
+    hidden_size: int = None
+    num_layers: int = None
+    num_heads: int = None
+    mlp_dim: int = None
     # Data.
     dataset: str = "digits"
     data_dir: str = None
@@ -67,10 +69,47 @@ class _TrainingConfig:
     tpu: str = None
     seed: int = 0
 
+    def __post_init__(self):
+        self.image_size = as_pair(self.image_size, "image_size")
+        for name, value in vars(self).items():
+            if value is None or name not in _RULES:
+                continue
+            low, high, allowed = _RULES[name]
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not low(value) or not high(value):
+                raise ValueError(f"--{name.replace('_', '-')} must be {allowed}, got {value!r}.")
+        if self.model:
+            named_variant(self.model)
+
     def sizes(self, checkpoint=None):
-        """The `Variant` to build: `model`, else the checkpoint's, else the five size fields."""
-        default = Variant(self.patch_size, self.hidden_size, self.num_layers, self.num_heads, self.mlp_dim)
-        return model_sizes(self.model, checkpoint, default)
+        """The `Variant` to build: `model`, else the checkpoint's, else the size fields (the digits ViT's)."""
+        given = {name: getattr(self, name) for name in _SIZE_FIELDS if getattr(self, name) is not None}
+        return model_sizes(self.model, checkpoint, dataclasses.replace(SMALL_VIT, **given), given)
+
+
+_SIZE_FIELDS = ("patch_size", "hidden_size", "num_layers", "num_heads", "mlp_dim")
+
+
+def _bounds(low=None, high=None, low_open=False, high_open=False, words=""):
+    above = (lambda v: True) if low is None else (lambda v: v > low) if low_open else (lambda v: v >= low)
+    below = (lambda v: True) if high is None else (lambda v: v < high) if high_open else (lambda v: v <= high)
+    return above, below, words
+
+
+_AT_LEAST_1 = _bounds(1, words="at least 1")
+_FRACTION = _bounds(0, 1, high_open=True, words="in [0, 1)")
+_OPEN_FRACTION = _bounds(0, 1, low_open=True, high_open=True, words="between 0 and 1")
+_NON_NEGATIVE = _bounds(0, words="at least 0")
+_POSITIVE = _bounds(0, low_open=True, words="positive")
+# The numeric settings and the values that make sense for each; None (where allowed) means the default.
+_RULES = {
+    **dict.fromkeys(("batch_size", "target_batch_size", "eval_batch_size", "epochs", "steps_per_execution",
+                     "model_parallel_size", *_SIZE_FIELDS), _AT_LEAST_1),
+    **dict.fromkeys(("label_smoothing", "dropout", "stochastic_depth"), _FRACTION),
+    **dict.fromkeys(("holdout_fraction", "ema"), _OPEN_FRACTION),
+    **dict.fromkeys(("warmup_steps", "mixup", "cutmix", "weight_decay", "representation_size"), _NON_NEGATIVE),
+    **dict.fromkeys(("learning_rate", "clipnorm"), _POSITIVE),
+    "min_crop_area": _bounds(0, 1, low_open=True, words="in (0, 1]"),
+}
 
 
 @dataclasses.dataclass
@@ -102,15 +141,31 @@ class FinetuneConfig(_TrainingConfig):
     ema: float = None
 
 
-def model_sizes(model=None, checkpoint=None, default=SMALL_VIT):
-    """The `Variant` to build: the named `model`, else the checkpoint's sizes, else `default`."""
+def model_sizes(model=None, checkpoint=None, default=SMALL_VIT, given=None):
+    """The `Variant` to build: the named `model`, else the checkpoint's sizes, else `default`.
+
+    `given` are sizes the user set explicitly (`{"hidden_size": 32}`); they
+    must agree with the named or saved sizes, which they would otherwise
+    silently lose to.
+    """
     if model:
-        if model not in VARIANTS:
-            raise ValueError(f"Unknown model {model!r}; expected one of {sorted(VARIANTS)}.")
-        return VARIANTS[model]
-    if checkpoint is not None and checkpoint.sizes is not None:
-        return checkpoint.sizes
-    return default
+        chosen, source = named_variant(model), f"--model {model}"
+    elif checkpoint is not None and checkpoint.sizes is not None:
+        chosen, source = checkpoint.sizes, f"--weights {checkpoint.description}"
+    else:
+        return default
+    check_sizes_agree(chosen, source, given)
+    return chosen
+
+
+def check_sizes_agree(sizes, source, given):
+    """Raise if a size the user set (`given`, e.g. `{"hidden_size": 32}`) differs from `sizes`, which `source` has."""
+    for name, value in (given or {}).items():
+        if getattr(sizes, name) != value:
+            raise ValueError(
+                f"--{name.replace('_', '-')} {value} disagrees with {source}, whose {name} is "
+                f"{getattr(sizes, name)}; leave the size flags out to use its sizes."
+            )
 
 
 def setup(seed=0, distribution="none", model_parallel_size=2, tpu=None, mixed_precision=False):
@@ -328,9 +383,9 @@ def train(config):
 
     checkpoint = None
     if config.weights:
-        checkpoint = read_checkpoint(config.weights, config.model, (config.image_size, config.image_size))
+        checkpoint = read_checkpoint(config.weights, config.model, config.image_size)
     sizes = config.sizes(checkpoint)
-    check_image_size((config.image_size, config.image_size), sizes)
+    check_image_size(config.image_size, sizes)
     train_source, eval_source = load_sources(config.dataset, config.image_size, config.train_split,
                                              config.eval_split, config.data_dir, config.holdout_fraction)
     num_classes = train_source.num_classes

@@ -13,6 +13,7 @@ Example:
 """
 
 import dataclasses
+import difflib
 
 
 def resnet_stride(resnet_layers):
@@ -87,6 +88,22 @@ def width_name(hidden_size):
 
 
 VARIANTS = {"ViT_" + spec.replace("+", "_").replace("/", ""): decode_variant(spec) for spec in _NAMED}
+
+
+def named_variant(name):
+    """The sizes of the variant called `name`; an unknown name gets the closest names in the error.
+
+    Example:
+    >>> named_variant("ViT_B16").patch_size
+    16
+    """
+    if name in VARIANTS:
+        return VARIANTS[name]
+    folded = {key.lower().replace("_", ""): key for key in VARIANTS}
+    wanted = str(name).lower().replace("_", "").replace("-", "").replace("/", "").replace("+", "")
+    close = [folded[key] for key in difflib.get_close_matches(wanted, list(folded), n=3, cutoff=0.6)]
+    hint = f"Did you mean {' or '.join(close)}? " if close else ""
+    raise ValueError(f"Unknown model {name!r}. {hint}Named variants: {', '.join(VARIANTS)}.")
 
 
 def variant_name(sizes):
