@@ -44,47 +44,44 @@ class DownloadError(CheckpointError):
     """A download that failed or was refused; nothing of it entered the cache."""
 
 
-def private_folder(path, hint):
-    """Create `path` (mode 0o700) if needed and refuse it if another user could change its files.
+def private_folder(home, subfolder, hint):
+    """`home/subfolder`, created with mode 0o700 where missing, refused if another user could change its files.
 
+    `home` and every folder below it down to `subfolder` are checked.
     Refused: a folder we cannot write, a world-writable one (a shared temp
-    folder, even with its sticky bit: another user can still plant a file
-    we have not written yet), and one owned by another user (root aside).
-    `hint` says how to choose another folder.
+    folder, even with its sticky bit: another user can plant a file we have
+    not written yet), one owned by another user (root aside), and a `home`
+    inside a world-writable folder without the sticky bit (it could be
+    swapped). `hint` says how to choose another folder.
     """
-    path = os.path.abspath(path)
-    parts = []
-    while not os.path.isdir(path):
-        parts.append(os.path.basename(path))
-        parent = os.path.dirname(path)
-        if parent == path:
-            break
-        path = parent
-    folders = [path]
-    for part in reversed(parts):
-        path = os.path.join(path, part)
+    home = os.path.abspath(home)
+    folders = [home]
+    for part in subfolder.split("/"):
+        folders.append(os.path.join(folders[-1], part))
+    for folder in folders:
         try:
-            os.mkdir(path, 0o700)
-        except FileExistsError:
-            pass
+            os.makedirs(folder, mode=0o700, exist_ok=True)
         except OSError as error:
-            raise CheckpointError(f"Cannot create the checkpoint cache folder {path}: {error}. {hint}") from error
-        folders.append(path)
+            raise CheckpointError(f"Cannot create the checkpoint cache folder {folder}: {error}. {hint}") from error
+    parent = os.stat(os.path.dirname(home))
+    if parent.st_mode & stat.S_IWOTH and not parent.st_mode & stat.S_ISVTX:
+        _refuse(os.path.dirname(home), "is writable by every user without the sticky bit", hint)
     for folder in folders:
         info = os.stat(folder)
         if not os.access(folder, os.W_OK | os.X_OK):
-            problem = "is not writable by this user"
-        elif info.st_mode & stat.S_IWOTH:
-            problem = f"is writable by every user (mode {stat.S_IMODE(info.st_mode):o})"
-        elif hasattr(os, "getuid") and info.st_uid not in (os.getuid(), 0):
-            problem = f"belongs to another user (uid {info.st_uid})"
-        else:
-            continue
-        raise CheckpointError(
-            f"Refusing the checkpoint cache folder {folder}: it {problem}, so a file there could be planted "
-            f"or changed by someone else. {hint}"
-        )
-    return path
+            _refuse(folder, "is not writable by this user", hint)
+        if info.st_mode & stat.S_IWOTH:
+            _refuse(folder, f"is writable by every user (mode {stat.S_IMODE(info.st_mode):o})", hint)
+        if hasattr(os, "getuid") and info.st_uid not in (os.getuid(), 0):
+            _refuse(folder, f"belongs to another user (uid {info.st_uid})", hint)
+    return folders[-1]
+
+
+def _refuse(folder, problem, hint):
+    raise CheckpointError(
+        f"Refusing the checkpoint cache folder {folder}: it {problem}, so a file there could be planted or "
+        f"changed by someone else. {hint}"
+    )
 
 
 def sha256_of(path):

@@ -188,7 +188,7 @@ def cache_dir():
     """
     home = os.environ.get("KERAS_HOME") or os.path.join(os.path.expanduser("~"), ".keras")
     hint = "Set KERAS_HOME to a folder only you can write (for example KERAS_HOME=$HOME/.keras)."
-    return download.private_folder(os.path.join(home, "models", "keras_vit"), hint)
+    return download.private_folder(home, "models/keras_vit", hint)
 
 
 def fetch(checkpoint):
