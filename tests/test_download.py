@@ -4,13 +4,13 @@ import functools
 import hashlib
 import http.server
 import os
+import multiprocessing
 import shutil
 import signal
-import subprocess
-import sys
 import threading
 import time
 import uuid
+import warnings
 
 import numpy as np
 import pytest
@@ -259,23 +259,28 @@ def test_stalled_download_times_out_is_retried_and_never_cached(server, monkeypa
     assert checkpoints.read_npz(checkpoints.fetch(checkpoint)).classes == 10
 
 
-CHILD = """
-import sys
-from keras_vit import checkpoints
-checkpoint = checkpoints.Checkpoint(sys.argv[1], "ViT_TestS8", 32, sys.argv[2], classes=10)
-print("ready", flush=True)
-sys.stdin.readline()
-path = checkpoints.fetch(checkpoint)
-print("loaded", path, checkpoints.read_npz(path).classes, flush=True)
-"""
-
-
 def child(checkpoint):
-    """A fresh process that fetches `checkpoint` once it reads a line (NumPy backend: quick to start)."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = dict(os.environ, KERAS_BACKEND="numpy", PYTHONPATH=root)
-    return subprocess.Popen([sys.executable, "-c", CHILD, checkpoint.name, checkpoint.url], env=env, text=True,
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    """A forked process that fetches `checkpoint` once `go` is set, and reports on `results`.
+
+    Forked from this one (already imported, so quick to start); it only
+    downloads and reads numpy files, never touching the backend.
+    """
+    context = multiprocessing.get_context("fork")
+    go, results = context.Event(), context.SimpleQueue()
+
+    def run():
+        go.wait(30)
+        try:
+            path = checkpoints.fetch(checkpoint)
+            results.put(("loaded", path, checkpoints.read_npz(path).classes))
+        except Exception as error:
+            results.put(("failed", repr(error)))
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # JAX warns that forking a threaded process may deadlock.
+        process = context.Process(target=run, daemon=True)
+        process.start()
+    return process, go, results
 
 
 def test_concurrent_processes_download_once_and_never_read_a_partial_file(server):
@@ -283,14 +288,13 @@ def test_concurrent_processes_download_once_and_never_read_a_partial_file(server
     checkpoint = register(f"{base}/vit_token.npz")
     CountingHandler.faults["/vit_token.npz"] = "slow"  # One second: the second process arrives mid-download.
     workers = [child(checkpoint), child(checkpoint)]
-    for worker in workers:
-        assert worker.stdout.readline() == "ready\n", worker.stderr.read()
-    for worker in workers:
-        worker.stdin.write("go\n")
-        worker.stdin.flush()
-    outputs = [worker.communicate(timeout=60) for worker in workers]
+    for _, go, _ in workers:
+        go.set()
+    reports = [results.get() for _, _, results in workers]
+    for process, _, _ in workers:
+        process.join(30)
     cached = os.path.join(checkpoints.cache_dir(), checkpoint.filename)
-    assert [out for out, _ in outputs] == [f"loaded {cached} 10\n"] * 2, [err[-2000:] for _, err in outputs]
+    assert reports == [("loaded", cached, 10)] * 2
     assert CountingHandler.requests == ["/vit_token.npz"]
 
 
@@ -298,15 +302,13 @@ def test_download_killed_midway_leaves_nothing_that_is_used(server):
     base, _, _ = server
     checkpoint = register(f"{base}/vit_token.npz")
     CountingHandler.faults["/vit_token.npz"] = "stall"
-    worker = child(checkpoint)
-    assert worker.stdout.readline() == "ready\n"
-    worker.stdin.write("go\n")
-    worker.stdin.flush()
+    process, go, _ = child(checkpoint)
+    go.set()
     deadline = time.monotonic() + 20
     while not any(f.endswith(".part") for f in cache_entries(checkpoint)) and time.monotonic() < deadline:
         time.sleep(0.05)
-    worker.send_signal(signal.SIGKILL)
-    worker.communicate()
+    os.kill(process.pid, signal.SIGKILL)
+    process.join(10)
     assert [f for f in cache_entries(checkpoint) if not f.endswith(".part")] == []
     CountingHandler.faults.clear()
     assert checkpoints.read_npz(checkpoints.fetch(checkpoint)).classes == 10
