@@ -11,6 +11,7 @@ import threading
 import time
 import uuid
 import warnings
+import zipfile
 
 import numpy as np
 import pytest
@@ -18,7 +19,7 @@ import pytest
 import keras_vit
 from conftest import SMALL, fixture, predict, reference
 from keras_vit import Checkpoint, CheckpointError, checkpoints
-from keras_vit.checkpoints import download
+from keras_vit.checkpoints import download, source
 
 VARIANT = "ViT_TestS8"
 
@@ -355,3 +356,16 @@ def test_creates_the_cache_folder_private(tmp_path, monkeypatch):
     assert folder == str(tmp_path / "home" / "models" / "keras_vit")
     for path in (tmp_path / "home", tmp_path / "home" / "models", folder):
         assert os.stat(path).st_mode & 0o777 == 0o700
+
+
+def test_downloaded_decompression_bomb_never_enters_the_cache(server, monkeypatch):
+    base, www, _ = server
+    with zipfile.ZipFile(www / "bomb.npz", "w", zipfile.ZIP_DEFLATED) as archive:
+        with archive.open("a.npy", "w") as f:  # 4 MB of zeros in a few KB; refused with the limits lowered.
+            np.lib.format.write_array(f, np.zeros(1 << 20, "float32"))
+    monkeypatch.setattr(source, "DECOMPRESSION_SLACK", 1 << 20)
+    checkpoint = register(f"{base}/bomb.npz")
+    with pytest.raises(CheckpointError, match=f"from {base}/bomb.npz: the download was refused: .*declares 4,194,432 "
+                                              "bytes of arrays in a [0-9,]+-byte file.*decompression bomb"):
+        checkpoints.fetch(checkpoint)
+    assert cache_entries(checkpoint) == []
