@@ -11,10 +11,13 @@ every global batch). Build and compile the model inside `engine.scope()`.
 import contextlib
 import dataclasses
 import os
+import threading
 
 import keras
 
 ENGINES = ("none", "mirrored", "tpu", "data_parallel", "model_parallel", "multi_host")
+# Seconds to find and initialise a TPU; TensorFlow's resolver and connect have no timeout of their own.
+TPU_TIMEOUT = 300.0
 # The attention and MLP kernels are split over the "model" mesh axis (Megatron style:
 # column-parallel in, row-parallel out); everything else is replicated.
 MODEL_PARALLEL_RULES = {
@@ -74,6 +77,38 @@ MULTI_HOST_VARIABLES = (
 )
 
 
+def _connect_tpu(tf, tpu):
+    """Resolve, connect to and initialise the TPU at `tpu`, or raise `TimeoutError` after `TPU_TIMEOUT` s.
+
+    TensorFlow's calls block without a limit on an unreachable address, so
+    they run in a daemon thread; one that times out is left behind.
+    """
+    result = {}
+
+    def connect():
+        try:
+            resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu=tpu)
+            tf.config.experimental_connect_to_cluster(resolver)
+            tf.tpu.experimental.initialize_tpu_system(resolver)
+            result["resolver"] = resolver
+        except Exception as error:  # Raised again in the calling thread.
+            result["error"] = error
+
+    thread = threading.Thread(target=connect, name="keras_vit-tpu-connect", daemon=True)
+    thread.start()
+    thread.join(TPU_TIMEOUT)
+    where = f"the TPU {tpu!r}" if tpu else "the TPU named by TPU_NAME or this VM's metadata"
+    if thread.is_alive():
+        raise TimeoutError(
+            f"Could not reach {where} within {TPU_TIMEOUT:g} s. Check the address (a TPU name, or "
+            "grpc://HOST:8470) and that this machine can reach it, e.g. `gcloud compute tpus list` or "
+            "`nc -zv HOST 8470`; keras_vit.distribute.TPU_TIMEOUT sets the wait."
+        )
+    if "error" in result:
+        raise RuntimeError(f"Could not connect to {where}: {result['error']}") from result["error"]
+    return result["resolver"]
+
+
 def setup(name="none", model_parallel_size=2, tpu=None):
     """Choose and set up a distribution engine; see `ENGINES`.
 
@@ -93,10 +128,7 @@ def setup(name="none", model_parallel_size=2, tpu=None):
         if name == "mirrored":
             strategy = tf.distribute.MirroredStrategy()
         else:
-            resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu=tpu)
-            tf.config.experimental_connect_to_cluster(resolver)
-            tf.tpu.experimental.initialize_tpu_system(resolver)
-            strategy = tf.distribute.TPUStrategy(resolver)
+            strategy = tf.distribute.TPUStrategy(_connect_tpu(tf, tpu))
             keras.config.set_dtype_policy("mixed_bfloat16")
         return Engine(name, strategy.num_replicas_in_sync, strategy)
     _require_backend(name, "jax")

@@ -113,3 +113,37 @@ def test_layout_map_shards_attention_and_mlp_kernels_only():
     assert distribute.MODEL_PARALLEL_RULES[r".*qkv/kernel"] == (None, "model")
     assert distribute.MODEL_PARALLEL_RULES[r".*mlp_output/kernel"] == ("model", None)
     assert not any("norm" in rule or "embedding" in rule for rule in distribute.MODEL_PARALLEL_RULES)
+
+
+class BlockingTPU:
+    """A stand-in for `tf` whose TPU resolver blocks like one given an unreachable address."""
+
+    def __init__(self):
+        self.release = __import__("threading").Event()
+        resolver = lambda tpu: self.release.wait(30)  # noqa: E731
+        self.distribute = type("distribute", (), {"cluster_resolver": type("cr", (), {"TPUClusterResolver": resolver})})
+
+
+def test_unreachable_tpu_times_out_with_the_address_and_how_to_check_it(monkeypatch):
+    import time
+
+    monkeypatch.setattr(distribute, "TPU_TIMEOUT", 0.3)
+    fake = BlockingTPU()
+    started = time.monotonic()
+    with pytest.raises(TimeoutError, match=r"Could not reach the TPU 'grpc://10\.255\.255\.1:8470' within 0\.3 s\. "
+                                           r"Check the address .*nc -zv HOST 8470"):
+        distribute._connect_tpu(fake, "grpc://10.255.255.1:8470")
+    fake.release.set()
+    assert time.monotonic() - started < 5
+
+
+@tf_only
+def test_tpu_engine_gives_up_on_a_resolver_that_never_answers(monkeypatch):
+    import tensorflow as tf
+
+    fake = BlockingTPU()
+    monkeypatch.setattr(distribute, "TPU_TIMEOUT", 0.3)
+    monkeypatch.setattr(tf.distribute.cluster_resolver, "TPUClusterResolver", fake.distribute.cluster_resolver.TPUClusterResolver)
+    with pytest.raises(TimeoutError, match="Could not reach the TPU 'nowhere' within 0.3 s"):
+        distribute.setup("tpu", tpu="nowhere")
+    fake.release.set()

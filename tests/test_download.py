@@ -4,9 +4,14 @@ import functools
 import hashlib
 import http.server
 import os
+import multiprocessing
 import shutil
+import signal
 import threading
+import time
 import uuid
+import warnings
+import zipfile
 
 import numpy as np
 import pytest
@@ -14,16 +19,46 @@ import pytest
 import keras_vit
 from conftest import SMALL, fixture, predict, reference
 from keras_vit import Checkpoint, CheckpointError, checkpoints
+from keras_vit.checkpoints import download, source
 
 VARIANT = "ViT_TestS8"
 
 
 class CountingHandler(http.server.SimpleHTTPRequestHandler):
+    """Serves files, or misbehaves as `faults[path]` says (HTTP/1.0: the connection closes after each answer)."""
+
     requests = []
+    faults = {}
+    HTML = b"<!DOCTYPE html><html><body>Sign in to continue</body></html>"
 
     def do_GET(self):
         CountingHandler.requests.append(self.path)
-        super().do_GET()
+        fault = CountingHandler.faults.get(self.path)
+        if fault is None:
+            return super().do_GET()
+        body = open(self.translate_path(self.path), "rb").read()
+        if fault == "silent":  # Accepts the connection, never answers.
+            time.sleep(1.5)
+            return
+        self.send_response(200)
+        self.send_header("Content-Type", "text/html" if fault == "html" else "application/octet-stream")
+        if fault in ("html", "html-as-binary"):
+            body = self.HTML
+        if fault not in ("short", "slow"):  # "short" has no Content-Length: only the file itself can tell.
+            self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if fault in ("short", "short-length"):
+            body = body[: len(body) // 2]
+        if fault == "stall":
+            self.wfile.flush()
+            time.sleep(1.5)
+            return
+        step = len(body) // 10 + 1 if fault == "slow" else len(body)
+        for start in range(0, len(body), step):
+            self.wfile.write(body[start:start + step])
+            if fault == "slow":
+                self.wfile.flush()
+                time.sleep(0.1)
 
     def log_message(self, *args):
         pass
@@ -40,6 +75,8 @@ def server(tmp_path, monkeypatch):
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)
     thread.start()
     CountingHandler.requests = []
+    CountingHandler.faults = {}
+    monkeypatch.setattr(download, "BACKOFF", 0.01)
     # Make the small fixture sizes a named variant, so the named-weights path runs for real.
     monkeypatch.setitem(keras_vit.VARIANTS, VARIANT, keras_vit.Variant(**SMALL))
     stopped = []
@@ -170,3 +207,165 @@ def test_readme_checkpoint_table_matches_the_registry():
     for checkpoint in checkpoints.registry.published():
         published.setdefault(checkpoint.variant, {}).setdefault(checkpoint.name, []).append(checkpoint.image_size)
     assert claimed == {v: {n: sorted(s) for n, s in names.items()} for v, names in published.items()}
+
+
+def cache_entries(checkpoint):
+    """What the cache holds for `checkpoint`, the lock file aside."""
+    folder = checkpoints.cache_dir()
+    return sorted(f for f in os.listdir(folder) if f.startswith(checkpoint.filename) and not f.endswith(".lock"))
+
+
+def half_of(path):
+    return f"{os.path.getsize(path) // 2:,} of {os.path.getsize(path):,} bytes"
+
+
+@pytest.mark.parametrize("fault, message", [
+    ("html", r"served an HTML page \(Content-Type text/html\), not a checkpoint"),
+    ("html-as-binary", r"is not a readable .npz checkpoint: it starts with b'<!DOCTYPE html>.*\(an HTML or text page\?\)"),
+    ("short", r"is not a readable .npz checkpoint: it is no zip archive \(truncated"),
+    ("short-length", "ended after {half}"),
+])
+def test_bad_download_never_reaches_the_cache_and_the_fixed_server_is_used_next(server, fault, message):
+    base, www, _ = server
+    checkpoint = register(f"{base}/vit_token.npz")
+    CountingHandler.faults["/vit_token.npz"] = fault
+    message = message.format(half=half_of(www / "vit_token.npz"))
+    with pytest.raises(CheckpointError, match=f"from {base}/vit_token.npz: .*{message}.*Nothing was cached"):
+        build(checkpoint.name)
+    assert cache_entries(checkpoint) == []
+    CountingHandler.faults.clear()  # The server is fixed: the next load downloads again and works.
+    images, logits = reference("vit_token")
+    np.testing.assert_allclose(predict(build(checkpoint.name), images), logits, atol=1e-5)
+    assert cache_entries(checkpoint) == [checkpoint.filename, checkpoint.filename + ".sha256"]
+
+
+@pytest.mark.parametrize("fault, message", [
+    ("stall", r"timed out after 0\.3 s without data \(2 attempts\)"),
+    ("silent", r"timed out after 0\.3 s connecting or waiting for an answer \(2 attempts\)"),
+])
+def test_stalled_download_times_out_is_retried_and_never_cached(server, monkeypatch, fault, message):
+    base, _, _ = server
+    monkeypatch.setattr(download, "CONNECT_TIMEOUT", 0.3)
+    monkeypatch.setattr(download, "READ_TIMEOUT", 0.3)
+    monkeypatch.setattr(download, "RETRIES", 1)
+    checkpoint = register(f"{base}/vit_token.npz")
+    CountingHandler.faults["/vit_token.npz"] = fault
+    started = time.monotonic()
+    with pytest.raises(CheckpointError, match=f"from {base}/vit_token.npz: the download {message}"):
+        checkpoints.fetch(checkpoint)
+    assert time.monotonic() - started < 3
+    assert CountingHandler.requests == ["/vit_token.npz"] * 2
+    assert cache_entries(checkpoint) == []
+    CountingHandler.faults.clear()
+    assert checkpoints.read_npz(checkpoints.fetch(checkpoint)).classes == 10
+
+
+def child(checkpoint):
+    """A forked process that fetches `checkpoint` once `go` is set, and reports on `results`.
+
+    Forked from this one (already imported, so quick to start); it only
+    downloads and reads numpy files, never touching the backend.
+    """
+    context = multiprocessing.get_context("fork")
+    go, results = context.Event(), context.SimpleQueue()
+
+    def run():
+        go.wait(30)
+        try:
+            path = checkpoints.fetch(checkpoint)
+            results.put(("loaded", path, checkpoints.read_npz(path).classes))
+        except Exception as error:
+            results.put(("failed", repr(error)))
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # JAX warns that forking a threaded process may deadlock.
+        process = context.Process(target=run, daemon=True)
+        process.start()
+    return process, go, results
+
+
+def test_concurrent_processes_download_once_and_never_read_a_partial_file(server):
+    base, _, _ = server
+    checkpoint = register(f"{base}/vit_token.npz")
+    CountingHandler.faults["/vit_token.npz"] = "slow"  # One second: the second process arrives mid-download.
+    workers = [child(checkpoint), child(checkpoint)]
+    for _, go, _ in workers:
+        go.set()
+    reports = [results.get() for _, _, results in workers]
+    for process, _, _ in workers:
+        process.join(30)
+    cached = os.path.join(checkpoints.cache_dir(), checkpoint.filename)
+    assert reports == [("loaded", cached, 10)] * 2
+    assert CountingHandler.requests == ["/vit_token.npz"]
+
+
+def test_download_killed_midway_leaves_nothing_that_is_used(server):
+    base, _, _ = server
+    checkpoint = register(f"{base}/vit_token.npz")
+    CountingHandler.faults["/vit_token.npz"] = "stall"
+    process, go, _ = child(checkpoint)
+    go.set()
+    deadline = time.monotonic() + 20
+    while not any(f.endswith(".part") for f in cache_entries(checkpoint)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    os.kill(process.pid, signal.SIGKILL)
+    process.join(10)
+    assert [f for f in cache_entries(checkpoint) if not f.endswith(".part")] == []
+    CountingHandler.faults.clear()
+    assert checkpoints.read_npz(checkpoints.fetch(checkpoint)).classes == 10
+    assert cache_entries(checkpoint) == [checkpoint.filename, checkpoint.filename + ".sha256"]
+
+
+def test_cached_file_changed_after_download_is_refused(server):
+    base, _, _ = server
+    checkpoint = register(f"{base}/vit_token.npz")
+    cached = checkpoints.fetch(checkpoint)
+    shutil.copy(fixture("vit_nonsquare.npz"), cached)  # A valid checkpoint, but not the one downloaded.
+    with pytest.raises(CheckpointError, match=f"The cached file {cached} changed since it was downloaded from "
+                                              f"{base}/vit_token.npz .* Delete it \\(rm {cached} "):
+        build(checkpoint.name)
+
+
+def test_unverified_bad_cache_entry_from_an_older_version_is_downloaded_again(server):
+    base, _, _ = server
+    checkpoint = register(f"{base}/vit_token.npz")
+    cached = os.path.join(checkpoints.cache_dir(), checkpoint.filename)
+    with open(cached, "wb") as f:  # What keras.utils.get_file left behind for an HTML answer.
+        f.write(CountingHandler.HTML)
+    assert checkpoints.read_npz(checkpoints.fetch(checkpoint)).classes == 10
+    assert CountingHandler.requests == ["/vit_token.npz"]
+
+
+def test_refuses_a_world_writable_keras_home_and_its_planted_file(server, tmp_path, monkeypatch):
+    base, www, _ = server
+    shared = tmp_path / "shared"
+    (shared / "models" / "keras_vit").mkdir(parents=True)
+    os.chmod(shared, 0o777)
+    checkpoint = register(f"{base}/vit_token.npz")
+    shutil.copy(www / "vit_token.npz", shared / "models" / "keras_vit" / checkpoint.filename)
+    monkeypatch.setenv("KERAS_HOME", str(shared))
+    with pytest.raises(CheckpointError, match=f"Refusing the checkpoint cache folder {shared}: it is writable by "
+                                              r"every user \(mode 777\).*Set KERAS_HOME to a folder only you"):
+        build(checkpoint.name)
+    assert CountingHandler.requests == []
+
+
+def test_creates_the_cache_folder_private(tmp_path, monkeypatch):
+    monkeypatch.setenv("KERAS_HOME", str(tmp_path / "home"))
+    folder = checkpoints.cache_dir()
+    assert folder == str(tmp_path / "home" / "models" / "keras_vit")
+    for path in (tmp_path / "home", tmp_path / "home" / "models", folder):
+        assert os.stat(path).st_mode & 0o777 == 0o700
+
+
+def test_downloaded_decompression_bomb_never_enters_the_cache(server, monkeypatch):
+    base, www, _ = server
+    with zipfile.ZipFile(www / "bomb.npz", "w", zipfile.ZIP_DEFLATED) as archive:
+        with archive.open("a.npy", "w") as f:  # 4 MB of zeros in a few KB; refused with the limits lowered.
+            np.lib.format.write_array(f, np.zeros(1 << 20, "float32"))
+    monkeypatch.setattr(source, "DECOMPRESSION_SLACK", 1 << 20)
+    checkpoint = register(f"{base}/bomb.npz")
+    with pytest.raises(CheckpointError, match=f"from {base}/bomb.npz: the download was refused: .*declares 4,194,432 "
+                                              "bytes of arrays in a [0-9,]+-byte file.*decompression bomb"):
+        checkpoints.fetch(checkpoint)
+    assert cache_entries(checkpoint) == []

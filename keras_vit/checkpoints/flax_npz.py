@@ -13,7 +13,15 @@ import zipfile
 
 import numpy as np
 
-from keras_vit.checkpoints.source import UNIT, CheckpointError, preview, source_from_state, state_of
+from keras_vit.checkpoints.source import (
+    UNIT,
+    CheckpointError,
+    check_declared_size,
+    preview,
+    require_regular_file,
+    source_from_state,
+    state_of,
+)
 
 _PREFIXES = ("", "opt/target/", "params/", "params/img/")
 
@@ -212,17 +220,36 @@ def _block_indices(arrays, prefix):
 
 
 
-def _declared_arrays(path):
-    """`{name: (shape, dtype)}` from the `.npy` headers of an `.npz`, checked against each entry's stored size."""
-    if not zipfile.is_zipfile(path):
-        with open(path, "rb") as f:
+def check_npz(path, description=None):
+    """Raise `CheckpointError` unless `path` is a zip of numeric `.npy` arrays of sane sizes; reads only headers.
+
+    `description` names the file in messages (default: `path`).
+    """
+    _declared_arrays(path, description)
+
+
+def _declared_arrays(path, description=None):
+    """`{name: (shape, dtype)}` from the `.npy` headers of an `.npz`, checked against each entry's stored size.
+
+    The zip directory's total uncompressed size is checked against the
+    file's size first (`check_declared_size`), so a decompression bomb is
+    refused before anything is decompressed.
+    """
+    file_size = require_regular_file(path).st_size
+    given, path = path, description or path
+    if not zipfile.is_zipfile(given):
+        with open(given, "rb") as f:
             start = f.read(6)
         what = "a single .npy array" if start == b"\x93NUMPY" else "no zip archive (truncated, or another kind of file)"
         raise CheckpointError(f"{path} is not a readable .npz checkpoint: it is {what}, not np.savez's zip of arrays.")
     declared = {}
     try:
-        with zipfile.ZipFile(path) as archive:
-            for entry in archive.infolist():
+        with zipfile.ZipFile(given) as archive:
+            entries = archive.infolist()
+            check_declared_size(path, sum(entry.file_size for entry in entries), file_size, "arrays")
+            if not entries:
+                raise CheckpointError(f"{path} is an empty zip archive, not an .npz checkpoint.")
+            for entry in entries:
                 with archive.open(entry) as f:
                     version = np.lib.format.read_magic(f)
                     read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else \

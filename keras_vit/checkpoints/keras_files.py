@@ -12,7 +12,15 @@ import zipfile
 
 import keras
 
-from keras_vit.checkpoints.source import CheckpointError, WeightsSource, preview, source_from_state, state_of
+from keras_vit.checkpoints.source import (
+    CheckpointError,
+    WeightsSource,
+    check_declared_size,
+    preview,
+    require_regular_file,
+    source_from_state,
+    state_of,
+)
 from keras_vit.variants import Variant
 
 def read_keras(path):
@@ -32,10 +40,17 @@ def read_keras(path):
 
 
 def _check_archive(path):
-    """A `.keras` file is a zip holding `config.json` and the weights; say which part is broken."""
+    """A `.keras` file is a zip holding `config.json` and the weights; say which part is broken.
+
+    It must be a regular file, and its entries may not declare far more
+    bytes than it holds (`check_declared_size`): both checked before any
+    entry is decompressed.
+    """
+    file_size = require_regular_file(path).st_size
     try:
         with zipfile.ZipFile(path) as archive:
             names = archive.namelist()
+            check_declared_size(path, sum(entry.file_size for entry in archive.infolist()), file_size, "entries")
             broken = archive.testzip()
     except (zipfile.BadZipFile, OSError, EOFError) as error:
         raise CheckpointError(f"{path} is not a .keras archive (a zip file), or it is truncated: {error}") from error
@@ -56,6 +71,7 @@ def read_weights_h5(path):
     """
     import h5py  # A Keras dependency.
 
+    require_regular_file(path)
     try:
         with h5py.File(path, "r") as archive:
             layers = archive["layers"]

@@ -17,7 +17,14 @@ import numpy as np
 from keras_vit.checkpoints.flax_npz import read_npz
 from keras_vit.checkpoints.keras_files import read_keras, read_weights_h5
 from keras_vit.checkpoints.registry import fetch, find_checkpoint
-from keras_vit.checkpoints.source import BLOCK, CheckpointError, WeightsSource, preview, resnet_layers_of
+from keras_vit.checkpoints.source import (
+    BLOCK,
+    CheckpointError,
+    WeightsSource,
+    preview,
+    require_regular_file,
+    resnet_layers_of,
+)
 from keras_vit.position_embedding import resize_position_embeddings
 from keras_vit.variants import width_name
 
@@ -54,6 +61,7 @@ def read_weights(weights, variant, image_size):
         )
     if not os.path.exists(path):
         raise CheckpointError(f"Weights file not found: {path}")
+    require_regular_file(path)  # Before anything opens it: a FIFO or a device would hang or never end.
     return reader(path)
 
 

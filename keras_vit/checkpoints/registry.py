@@ -8,8 +8,8 @@ Example:
 import dataclasses
 import os
 
-import keras
-
+from keras_vit.checkpoints import download
+from keras_vit.checkpoints.flax_npz import check_npz
 from keras_vit.checkpoints.source import CheckpointError
 
 _BUCKET = "https://storage.googleapis.com/vit_models"
@@ -180,35 +180,29 @@ def find_checkpoint(variant, name, image_size):
 
 
 def cache_dir():
-    """Where named checkpoints are cached: `$KERAS_HOME/models/keras_vit` (default `~/.keras`)."""
+    """Where named checkpoints are cached: `$KERAS_HOME/models/keras_vit` (default `~/.keras`), created private.
+
+    Never a folder that another user can write (see `download.private_folder`):
+    where the default is refused, there is no fallback to a shared temp
+    folder; set `KERAS_HOME` to a folder of your own.
+    """
     home = os.environ.get("KERAS_HOME") or os.path.join(os.path.expanduser("~"), ".keras")
-    return os.path.join(home, "models", "keras_vit")
+    hint = "Set KERAS_HOME to a folder only you can write (for example KERAS_HOME=$HOME/.keras)."
+    return download.private_folder(home, "models/keras_vit", hint)
 
 
 def fetch(checkpoint):
-    """Download a named checkpoint into the Keras cache (or reuse it) and return its path."""
-    directory = cache_dir()
+    """The path of a named checkpoint in the cache, downloaded and checked first if it is not there.
+
+    A download enters the cache only complete and readable (see
+    `keras_vit.checkpoints.download`); a cached file is re-hashed on each use.
+    """
+    target = os.path.join(cache_dir(), checkpoint.filename)
     try:
-        return keras.utils.get_file(
-            fname=checkpoint.filename,
-            origin=checkpoint.url,
-            file_hash=checkpoint.file_hash,
-            cache_dir=os.path.dirname(os.path.dirname(directory)),
-            cache_subdir=os.path.join("models", "keras_vit"),
-        )
-    except ValueError as error:  # The download does not match the known hash.
-        target = os.path.join(directory, checkpoint.filename)
-        if os.path.exists(target):
-            os.remove(target)  # Our own cache entry, known to be bad.
+        return download.cached(checkpoint.url, target, check_npz, checkpoint.file_hash)
+    except download.DownloadError as error:
         raise CheckpointError(
-            f"The download of weights {checkpoint.name!r} for {checkpoint.variant} from "
-            f"{checkpoint.url} does not match its known sha256 {checkpoint.file_hash} "
-            "(corrupt or changed file); it was discarded."
-        ) from error
-    except Exception as error:  # get_file raises bare Exceptions for network errors.
-        cache = os.path.join(directory, checkpoint.filename)
-        raise CheckpointError(
-            f"Could not get weights {checkpoint.name!r} for {checkpoint.variant} "
-            f"from {checkpoint.url}: {error}. If this machine is offline, download the "
-            f"file elsewhere and pass its path as weights=, or place it at {cache}."
+            f"Could not get weights {checkpoint.name!r} for {checkpoint.variant} from {checkpoint.url}: {error} "
+            f"Nothing was cached. If this machine is offline, download the file elsewhere and pass its path "
+            f"as weights=, or place it at {target}."
         ) from error

@@ -7,7 +7,9 @@ and back; `loading.load_into` puts one into a model.
 """
 
 import dataclasses
+import os
 import re
+import stat
 
 import keras
 
@@ -16,6 +18,49 @@ from keras_vit.variants import Variant, resnet_stride
 
 class CheckpointError(ValueError):
     """A checkpoint that cannot be read or does not fit the model."""
+
+
+def require_regular_file(path):
+    """Raise `CheckpointError` unless `path` (after symlinks) is a regular file; checked before it is opened.
+
+    A FIFO would block the reader forever, and a device such as `/dev/zero`
+    would be read until memory runs out.
+    """
+    try:
+        info = os.stat(path)
+    except OSError as error:
+        raise CheckpointError(f"Weights file not found or not readable: {path} ({error.strerror}).") from error
+    if not stat.S_ISREG(info.st_mode):
+        kind = {stat.S_IFIFO: "a FIFO (named pipe)", stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device",
+                stat.S_IFSOCK: "a socket", stat.S_IFDIR: "a folder"}.get(stat.S_IFMT(info.st_mode), "not a file")
+        target = os.path.realpath(path)
+        shown = path if target == os.path.abspath(path) else f"{path} (-> {target})"
+        raise CheckpointError(f"{shown} is {kind}, not a regular file; keras_vit reads weights only from files.")
+    return info
+
+
+def check_declared_size(path, declared, stored, what):
+    """Refuse an archive whose entries declare far more bytes than the file holds, before decompressing any.
+
+    Checkpoint weights are floats, which deflate compresses by well under
+    half; even a zeroed head compresses only where the rest of the file
+    does not. So `declared` (the sum of the zip directory's uncompressed
+    sizes) may be at most `DECOMPRESSION_RATIO` times the `stored` file size
+    plus `DECOMPRESSION_SLACK` bytes (room for a small model with a large
+    zero head); deflate itself allows about 1000x, which a decompression
+    bomb uses.
+    """
+    limit = DECOMPRESSION_RATIO * stored + DECOMPRESSION_SLACK
+    if declared > limit:
+        raise CheckpointError(
+            f"{path} declares {declared:,} bytes of {what} in a {stored:,}-byte file, more than "
+            f"{DECOMPRESSION_RATIO}x its size plus {DECOMPRESSION_SLACK >> 20} MiB: a decompression bomb or a "
+            "corrupt archive; nothing was decompressed."
+        )
+
+
+DECOMPRESSION_RATIO = 64
+DECOMPRESSION_SLACK = 64 << 20
 
 
 @dataclasses.dataclass

@@ -1,0 +1,88 @@
+"""Files that would hang a reader or exhaust memory are refused quickly, before they are opened or decompressed."""
+
+import os
+import time
+import zipfile
+
+import numpy as np
+import pytest
+
+from keras_vit import CheckpointError, checkpoints
+
+SUFFIXES = (".npz", ".keras", ".weights.h5")
+
+
+def read(path):
+    return checkpoints.read_weights(str(path), None, (32, 32))
+
+
+@pytest.fixture
+def quickly():
+    """Assert the block ends within two seconds (a hang or a 300 MB read would not)."""
+    started = time.monotonic()
+    yield
+    assert time.monotonic() - started < 2
+
+
+@pytest.mark.parametrize("suffix", SUFFIXES)
+def test_refuses_a_fifo_instead_of_blocking_on_it(tmp_path, suffix, quickly):
+    fifo = tmp_path / f"weights{suffix}"
+    os.mkfifo(fifo)
+    with pytest.raises(CheckpointError, match=f"{fifo} is a FIFO \\(named pipe\\), not a regular file"):
+        read(fifo)
+
+
+@pytest.mark.parametrize("suffix", SUFFIXES)
+def test_refuses_a_symlink_to_dev_zero_instead_of_reading_it_forever(tmp_path, suffix, quickly):
+    link = tmp_path / f"x{suffix}"
+    os.symlink("/dev/zero", link)
+    with pytest.raises(CheckpointError, match=f"{link} \\(-> /dev/zero\\) is a character device, not a regular file"):
+        read(link)
+
+
+def test_readers_refuse_a_fifo_when_called_directly(tmp_path, quickly):
+    for suffix, reader in zip(SUFFIXES, (checkpoints.read_npz, checkpoints.read_keras, checkpoints.read_weights_h5)):
+        fifo = tmp_path / f"direct{suffix}"
+        os.mkfifo(fifo)
+        with pytest.raises(CheckpointError, match="is a FIFO"):
+            reader(str(fifo))
+
+
+def write_bomb(path, extra=()):
+    """A zip holding one 300 MB `.npy` array of zeros, deflated to about 1.3 MB (written in slices)."""
+    count = 75_000_000
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED, compresslevel=1) as archive:
+        for name, text in extra:
+            archive.writestr(name, text)
+        with archive.open("a.npy" if not extra else "model.weights.h5", "w", force_zip64=True) as f:
+            np.lib.format.write_array_header_1_0(f, {"descr": "<f4", "fortran_order": False, "shape": (count,)})
+            block = bytes(1 << 22)
+            for _ in range(count * 4 // len(block)):
+                f.write(block)
+            f.write(bytes(count * 4 % len(block)))
+    return os.path.getsize(path)
+
+
+@pytest.fixture(scope="module")
+def bombs(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("bombs")
+    npz, keras_file = folder / "bomb.npz", folder / "bomb.keras"
+    write_bomb(npz)
+    write_bomb(keras_file, extra=[("config.json", "{}"), ("metadata.json", "{}")])
+    return npz, keras_file
+
+
+def test_refuses_a_decompression_bomb_npz_before_decompressing(bombs, quickly):
+    npz, _ = bombs
+    size = os.path.getsize(npz)
+    assert size < 2_000_000
+    with pytest.raises(CheckpointError, match=f"{npz} declares 300,000,128 bytes of arrays in a {size:,}-byte file, "
+                                              "more than 64x its size plus 64 MiB: a decompression bomb"):
+        read(npz)
+
+
+def test_refuses_a_decompression_bomb_keras_file_before_decompressing(bombs, quickly):
+    _, keras_file = bombs
+    with pytest.raises(CheckpointError, match=f"{keras_file} declares 300,000,[0-9]+ bytes of entries in a "
+                                              "[0-9,]+-byte file.*decompression bomb"):
+        read(keras_file)
