@@ -1,16 +1,17 @@
 """Named checkpoints download over real HTTP (a server on 127.0.0.1), cache and verify."""
 
+import dataclasses
 import functools
 import hashlib
 import http.server
+import json
 import os
-import multiprocessing
 import shutil
-import signal
+import subprocess
+import sys
 import threading
 import time
 import uuid
-import warnings
 import zipfile
 
 import numpy as np
@@ -260,56 +261,65 @@ def test_stalled_download_times_out_is_retried_and_never_cached(server, monkeypa
     assert checkpoints.read_npz(checkpoints.fetch(checkpoint)).classes == 10
 
 
-def child(checkpoint):
-    """A forked process that fetches `checkpoint` once `go` is set, and reports on `results`.
-
-    Forked from this one (already imported, so quick to start); it only
-    downloads and reads numpy files, never touching the backend.
-    """
-    context = multiprocessing.get_context("fork")
-    go, results = context.Event(), context.SimpleQueue()
-
-    def run():
-        go.wait(30)
-        try:
-            path = checkpoints.fetch(checkpoint)
-            results.put(("loaded", path, checkpoints.read_npz(path).classes))
-        except Exception as error:
-            results.put(("failed", repr(error)))
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)  # JAX warns that forking a threaded process may deadlock.
-        process = context.Process(target=run, daemon=True)
-        process.start()
-    return process, go, results
+CHILD = """
+import dataclasses, json, os, sys, time
+from keras_vit import checkpoints
+checkpoint = checkpoints.Checkpoint(**json.loads(sys.argv[2]))
+print("READY", flush=True)
+while not os.path.exists(sys.argv[1]):
+    time.sleep(0.02)
+try:
+    path = checkpoints.fetch(checkpoint)
+    print("REPORT " + json.dumps(["loaded", path, checkpoints.read_npz(path).classes]))
+except Exception as error:
+    print("REPORT " + json.dumps(["failed", repr(error)]))
+"""
 
 
-def test_concurrent_processes_download_once_and_never_read_a_partial_file(server):
+class Child:
+    """A real process that fetches `checkpoint` once `go()` is called, and reports what it got."""
+
+    def __init__(self, checkpoint, tmp_path):
+        self.flag = tmp_path / f"go-{uuid.uuid4().hex[:6]}"
+        arguments = json.dumps(dataclasses.asdict(checkpoint))
+        self.process = subprocess.Popen([sys.executable, "-c", CHILD, str(self.flag), arguments],
+                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        assert self.process.stdout.readline().strip() == "READY"  # Imported: ready to race.
+
+    def go(self):
+        self.flag.touch()
+
+    def report(self):
+        out, err = self.process.communicate(timeout=120)
+        assert "REPORT " in out, err[-2000:]
+        return tuple(json.loads(out.split("REPORT ", 1)[1].splitlines()[0]))
+
+
+def test_concurrent_processes_download_once_and_never_read_a_partial_file(server, tmp_path):
     base, _, _ = server
     checkpoint = register(f"{base}/vit_token.npz")
     CountingHandler.faults["/vit_token.npz"] = "slow"  # One second: the second process arrives mid-download.
-    workers = [child(checkpoint), child(checkpoint)]
-    for _, go, _ in workers:
-        go.set()
-    reports = [results.get() for _, _, results in workers]
-    for process, _, _ in workers:
-        process.join(30)
+    workers = [Child(checkpoint, tmp_path), Child(checkpoint, tmp_path)]
+    for worker in workers:
+        worker.go()
+    reports = [worker.report() for worker in workers]
     cached = os.path.join(checkpoints.cache_dir(), checkpoint.filename)
     assert reports == [("loaded", cached, 10)] * 2
     assert CountingHandler.requests == ["/vit_token.npz"]
 
 
-def test_download_killed_midway_leaves_nothing_that_is_used(server):
+def test_download_killed_midway_leaves_nothing_that_is_used(server, tmp_path):
     base, _, _ = server
     checkpoint = register(f"{base}/vit_token.npz")
     CountingHandler.faults["/vit_token.npz"] = "stall"
-    process, go, _ = child(checkpoint)
-    go.set()
+    worker = Child(checkpoint, tmp_path)
+    worker.go()
+    process = worker.process
     deadline = time.monotonic() + 20
     while not any(f.endswith(".part") for f in cache_entries(checkpoint)) and time.monotonic() < deadline:
         time.sleep(0.05)
-    os.kill(process.pid, signal.SIGKILL)
-    process.join(10)
+    process.kill()  # SIGKILL, mid-download
+    process.wait(10)
     assert [f for f in cache_entries(checkpoint) if not f.endswith(".part")] == []
     CountingHandler.faults.clear()
     assert checkpoints.read_npz(checkpoints.fetch(checkpoint)).classes == 10
