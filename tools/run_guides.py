@@ -52,8 +52,12 @@ def plan(text, path):
     return runs
 
 
+BACKENDS = ("jax", "tensorflow", "torch")
+
+
 def backends(text):
-    match = re.search(r"^\*\*Backends:\*\*\s*(.+)$", text, re.MULTILINE)
+    """The backends a guide's `**Backends:**` line names, without its trailing (note)."""
+    match = re.search(r"^\*\*Backends:\*\*\s*([^(\n]+)", text, re.MULTILINE)
     return [b.strip() for b in match.group(1).split(",")] if match else []
 
 
@@ -61,6 +65,9 @@ def main(path):
     text = open(path).read()
     if not backends(text) or "**Hardware:**" not in text:
         raise SystemExit(f"{path}: a guide must say its **Backends:** and **Hardware:**")
+    unknown = [b for b in backends(text) if b not in BACKENDS]
+    if unknown:
+        raise SystemExit(f"{path}: unknown backends {unknown} on the **Backends:** line; use {', '.join(BACKENDS)}")
     namespace = {"__name__": "__guide__"}
     for language, code, line in plan(text, path):
         print(f"--- {path}:{line} ({language})", flush=True)
