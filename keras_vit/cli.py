@@ -77,8 +77,16 @@ def main(argv=None):
 
 
 def console_main():
-    """The `keras-vit` entry point: runs a command, exit status 0 on success."""
-    main()
+    """The `keras-vit` entry point: runs a command, exit status 0 on success.
+
+    A finished --output-dir (or --weights the run would replace) is not an
+    error to trace back: the reason is printed, and the status is 1.
+    """
+    try:
+        main()
+    except FileExistsError as error:
+        print(f"keras-vit: {error}", file=sys.stderr)
+        return 1
     return 0
 
 
