@@ -68,6 +68,8 @@ def check_output_dir(output_dir, overwrite=False, weights=None, process_index=0)
             raise FileExistsError(
                 f"--weights {weights} is the model.keras of --output-dir {output_dir}, which this run would "
                 "replace: choose another --output-dir, or pass --overwrite to replace it.")
+    if process_index == 0 and os.path.isdir(output_dir):
+        files.remove_temporary(output_dir)  # Left by a process killed while writing.
     if overwrite:
         files.remove(backup_dir(output_dir, process_index))
     elif os.path.exists(model) and not has_state(backup_dir(output_dir)):

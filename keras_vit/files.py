@@ -61,3 +61,10 @@ def remove(path):
         shutil.rmtree(path, ignore_errors=True)
     elif os.path.lexists(path):
         os.remove(path)
+
+
+def remove_temporary(folder):
+    """Delete the temporary files that writers killed mid-write left in `folder`."""
+    for name in os.listdir(folder):
+        if name.startswith(".tmp-"):
+            remove(os.path.join(folder, name))

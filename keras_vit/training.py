@@ -162,7 +162,9 @@ def training_data(
     needs static batch sizes across processes.
     """
     augmenters = data.make_augmenters(randaugment, mixup, cutmix, seed)
-    stream = data.training_stream(train_source, image_size, batch_size, epochs, initial_epoch, seed,
+    # A run killed after its last epoch resumes at `epochs`: fit trains nothing, the stream is never read.
+    first = min(initial_epoch, epochs - 1)
+    stream = data.training_stream(train_source, image_size, batch_size, epochs, first, seed,
                                   augmenters=augmenters, one_hot=True, min_crop_area=min_crop_area, flip=flip)
     if multi_process and eval_source.num_examples % eval_batch_size:
         print(f"note: evaluating {eval_source.num_examples // eval_batch_size * eval_batch_size} "
