@@ -21,7 +21,7 @@ import os
 import keras
 
 import keras_vit
-from keras_vit import data, recipes, training
+from keras_vit import data, durable, recipes, training
 from keras_vit.flags import parse_config
 from keras_vit.models import check_image_size, read_checkpoint
 
@@ -31,6 +31,8 @@ config = parse_config(training.FinetuneConfig, description=__doc__.splitlines()[
 engine = training.setup(config.seed, config.distribution, config.model_parallel_size, config.tpu,
                         config.mixed_precision)
 engine.check_batch_size(config.batch_size)
+# A finished --output-dir is not trained again, nor are --weights replaced by their own run, without --overwrite.
+durable.check_output_dir(config.output_dir, config.overwrite, config.weights, engine.process_index)
 
 # The pretrained weights, and the sizes they were trained with (or --model's).
 checkpoint = None
@@ -69,8 +71,8 @@ with engine.scope():
         steps_per_execution=config.steps_per_execution,
     )
 
-# A killed run restarts from its last finished epoch: BackupAndRestore keeps the state,
-# and the augmented batches depend on (seed, epoch) alone.
+# A killed run restarts from its last finished epoch: DurableBackup keeps the state (a new set
+# each epoch, renamed into place), and the augmented batches depend on (seed, epoch) alone.
 backup = training.backup_dir(config.output_dir, engine.process_index)
 initial_epoch = training.resumed_epoch(backup)
 min_crop_area, flip = training.augmentation_defaults(config.dataset, config.min_crop_area, config.flip)
@@ -79,10 +81,11 @@ stream, validation = training.training_data(
     config.eval_batch_size, config.randaugment, config.mixup, config.cutmix, min_crop_area, flip,
     multi_process=engine.process_count > 1,
 )
-callbacks = [keras.callbacks.BackupAndRestore(backup), keras.callbacks.TerminateOnNaN()]
-if engine.is_chief:  # One process writes the logs.
-    callbacks += [
-        keras.callbacks.CSVLogger(os.path.join(config.output_dir, "log.csv"), append=initial_epoch > 0),
+callbacks = [durable.DurableBackup(backup, initial_epoch), keras.callbacks.TerminateOnNaN()]
+if engine.is_chief:  # One process writes the logs; log.csv first, so it has a row for every backed-up epoch.
+    callbacks = [
+        durable.DurableLog(os.path.join(config.output_dir, "log.csv"), initial_epoch),
+        *callbacks,
         *training.tensorboard_callbacks(os.path.join(config.output_dir, "tensorboard")),  # if installed
     ]
 
@@ -96,9 +99,10 @@ history = model.fit(
     shuffle=False,  # The stream is already shuffled, per (seed, epoch).
     verbose=config.verbose,
 )
-training.check_finite(history)
+training.check_finite(history, backup, config.learning_rate)  # a NaN stop says how to resume
 results = model.evaluate(validation, verbose=0, return_dict=True)
 
 # model.keras, classes.txt and learning_curve.png in runs/finetune/.
 training.save_run(model, config.output_dir, train_source.class_names or range(num_classes), engine.process_index)
+durable.finish(backup)  # The training state goes only once model.keras is written.
 print(f"top-1 accuracy: {results['top1']:.4f}")

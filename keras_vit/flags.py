@@ -52,6 +52,8 @@ def add_training_flags(parser, config_class):
     pretrain = config_class.stage == "pretrain"
     group = parser.add_argument_group("training")
     group.add_argument("--output-dir", help="logs, learning curve, model.keras")
+    group.add_argument("--overwrite", action="store_true",
+                       help="train again into a finished --output-dir (or over its own --weights), replacing it")
     group.add_argument("--epochs", type=int)
     group.add_argument("--batch-size", type=int, help="global batch per step")
     group.add_argument("--target-batch-size", type=int,

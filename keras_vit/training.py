@@ -7,20 +7,24 @@ plain arguments, for scripts that write the loop out themselves, as
 
     setup -> load_sources -> ViT (+ zero_head) -> pretraining_recipe / finetuning_recipe
     -> compile_model -> training_data -> make_callbacks -> model.fit -> check_finite
-    -> model.evaluate -> save_run -> report
+    -> model.evaluate -> save_run -> durable.finish -> report
+
+Nothing is lost to a kill or a full disk: `keras_vit.durable` keeps the
+training state until model.keras is written, and every file is written
+under a temporary name and renamed into place.
 """
 
 import csv
 import dataclasses
 import importlib
-import json
 import os
 import typing
 
 import keras
 import numpy as np
 
-from keras_vit import data, distribute, recipes
+from keras_vit import data, distribute, durable, files, recipes
+from keras_vit.durable import backup_dir, resumed_epoch  # noqa: F401 (public here too)
 from keras_vit.masked_patch import MaskedPatchPretrainer
 from keras_vit.models import ViT, check_image_size, read_checkpoint
 from keras_vit.position_embedding import as_pair
@@ -68,6 +72,7 @@ class _TrainingConfig:
     model_parallel_size: int = 2
     tpu: str = None
     seed: int = 0
+    overwrite: bool = False
 
     def __post_init__(self):
         self.image_size = as_pair(self.image_size, "image_size")
@@ -212,7 +217,9 @@ def training_data(
     needs static batch sizes across processes.
     """
     augmenters = data.make_augmenters(randaugment, mixup, cutmix, seed)
-    stream = data.training_stream(train_source, image_size, batch_size, epochs, initial_epoch, seed,
+    # A run killed after its last epoch resumes at `epochs`: fit trains nothing, the stream is never read.
+    first = min(initial_epoch, epochs - 1)
+    stream = data.training_stream(train_source, image_size, batch_size, epochs, first, seed,
                                   augmenters=augmenters, one_hot=True, min_crop_area=min_crop_area, flip=flip)
     if multi_process and eval_source.num_examples % eval_batch_size:
         print(f"note: evaluating {eval_source.num_examples // eval_batch_size * eval_batch_size} "
@@ -289,26 +296,15 @@ def compile_model(model, optimizer, num_classes, masked_patch=False, label_smoot
 # ---------------------------------------------------------------------------
 
 
-def backup_dir(output_dir, process_index=0):
-    """Where `BackupAndRestore` keeps its state: every process its own, only the chief's (0) shared."""
-    path = os.path.join(output_dir, "backup")
-    return path if process_index == 0 else os.path.join(path, f"process_{process_index}")
-
-
-def resumed_epoch(backup_dir):
-    """The epoch `keras.callbacks.BackupAndRestore` will resume from (0 for a new run)."""
-    path = os.path.join(backup_dir, "training_metadata.json")
-    if not os.path.exists(path):
-        return 0
-    with open(path) as f:
-        return int(json.load(f).get("epoch", 0))
-
-
 def make_callbacks(output_dir, backup_dir, initial_epoch=0, is_chief=True):
-    """BackupAndRestore and TerminateOnNaN; on the chief also CSVLogger (log.csv) and TensorBoard."""
-    callbacks = [keras.callbacks.BackupAndRestore(backup_dir), keras.callbacks.TerminateOnNaN()]
+    """On the chief `durable.DurableLog` (log.csv), then on every process `durable.DurableBackup` and
+    TerminateOnNaN, then on the chief TensorBoard.
+
+    The log is written before the backup, so it always has a row for each epoch the backup holds.
+    """
+    log = [durable.DurableLog(os.path.join(output_dir, "log.csv"), initial_epoch)] if is_chief else []
+    callbacks = [*log, durable.DurableBackup(backup_dir, initial_epoch), keras.callbacks.TerminateOnNaN()]
     if is_chief:
-        callbacks.append(keras.callbacks.CSVLogger(os.path.join(output_dir, "log.csv"), append=initial_epoch > 0))
         callbacks += tensorboard_callbacks(os.path.join(output_dir, "tensorboard"))
     return callbacks
 
@@ -334,27 +330,42 @@ def tensorboard_callbacks(log_dir):
 _ACCURACY_TITLES = {"top1": "Top-1 accuracy", "corrupted_accuracy": "Corrupted-patch colour accuracy"}
 
 
-def check_finite(history):
-    """Raise if TerminateOnNaN stopped `model.fit` (the last loss is not finite)."""
-    if history.history.get("loss") and not np.isfinite(history.history["loss"][-1]):
-        raise RuntimeError("Training stopped: the loss became NaN (TerminateOnNaN).")
+def check_finite(history, backup_dir=None, learning_rate=None):
+    """Raise if TerminateOnNaN stopped `model.fit` (the last loss is not finite), saying how to resume.
+
+    The backup in `backup_dir` keeps the last finite epoch's state; the
+    message suggests rerunning from it at half `learning_rate`.
+    """
+    if not history.history.get("loss") or np.isfinite(history.history["loss"][-1]):
+        return
+    message = "Training stopped: the loss became NaN (TerminateOnNaN)."
+    folder, epoch = durable.latest_state(backup_dir) if backup_dir else (None, 0)
+    rerun = f"rerun the same command with --learning-rate {learning_rate / 2:g}" if learning_rate else "rerun"
+    if folder:
+        message += f" {folder} keeps the state after epoch {epoch}, the last finite one: {rerun} to resume from it."
+    else:
+        message += f" No epoch finished: {rerun} to start over."
+    raise RuntimeError(message)
 
 
 def save_run(encoder, output_dir, class_names=None, process_index=0):
-    """Write model.keras (`encoder`), classes.txt (unless `class_names` is None) and learning_curve.png.
+    """Write model.keras (`encoder`), classes.txt (unless `class_names` is None) and learning_curve.png, atomically.
 
     Only the chief (process 0) writes; the others save to a scratch file,
     since saving gathers the weights with a collective every process joins.
     """
+    durable.kill_point("before-save")
     if process_index != 0:
         scratch = os.path.join(output_dir, f".process_{process_index}.keras")
         encoder.save(scratch)
         os.remove(scratch)
         return
-    encoder.save(os.path.join(output_dir, "model.keras"))
+    # Each file is written under a temporary name and renamed into place: a kill leaves the old one whole.
+    with files.atomic_path(os.path.join(output_dir, "model.keras")) as path:
+        encoder.save(path)
+        durable.kill_point("final-save")
     if class_names is not None:
-        with open(os.path.join(output_dir, "classes.txt"), "w") as f:
-            f.writelines(f"{name}\n" for name in class_names)
+        files.write_text(os.path.join(output_dir, "classes.txt"), "".join(f"{name}\n" for name in class_names))
     plot_learning_curve(os.path.join(output_dir, "log.csv"), os.path.join(output_dir, "learning_curve.png"))
 
 
@@ -380,6 +391,7 @@ def train(config):
     masked_patch = getattr(config, "objective", "classification") == "masked-patch"
     engine = setup(config.seed, config.distribution, config.model_parallel_size, config.tpu, config.mixed_precision)
     engine.check_batch_size(config.batch_size)
+    durable.check_output_dir(config.output_dir, config.overwrite, config.weights, engine.process_index)
 
     checkpoint = None
     if config.weights:
@@ -429,10 +441,11 @@ def train(config):
         shuffle=False,  # The stream is already shuffled, per (seed, epoch).
         verbose=config.verbose,
     )
-    check_finite(history)
+    check_finite(history, backup, config.learning_rate)
     results = model.evaluate(validation, verbose=0, return_dict=True)
     names = None if masked_patch else (train_source.class_names or range(num_classes))
     save_run(encoder, config.output_dir, names, engine.process_index)
+    durable.finish(backup)  # Only now that model.keras is written.
     return report(results)
 
 
@@ -467,5 +480,6 @@ def plot_learning_curve(log_path, png_path):
     accuracy_axis.set(xlabel="epoch", ylabel=title.lower(), title=title, ylim=(0, 1))
     loss_axis.legend(), accuracy_axis.legend()
     figure.tight_layout()
-    figure.savefig(png_path, dpi=100)
+    with files.atomic_path(png_path) as path:
+        figure.savefig(path, dpi=100)
     plt.close(figure)

@@ -23,7 +23,8 @@ QUICK = ["--epochs", "2", "--hidden-size", "32", "--num-layers", "2", "--num-hea
 
 
 def _run(script, *flags, cwd):
-    env = {**os.environ, "KERAS_BACKEND": BACKEND, "TF_CPP_MIN_LOG_LEVEL": "2"}
+    env = {**os.environ, "KERAS_BACKEND": BACKEND, "TF_CPP_MIN_LOG_LEVEL": "2",
+           "PYTHONPATH": os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")])}  # this checkout's keras_vit
     done = subprocess.run([sys.executable, EXAMPLES[script], "--verbose", "2", *flags], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]

@@ -1,6 +1,5 @@
 """The examples and the keras-vit command, end to end on the embedded digits."""
 
-import json
 import os
 import signal
 import subprocess
@@ -177,26 +176,23 @@ def _pretrain_command(out):
 
 @pytest.mark.skipif(BACKEND == "torch", reason="run on the jax and tensorflow backends")
 def test_killed_training_resumes_to_the_same_weights(tmp_path):
-    env = {**os.environ, "KERAS_BACKEND": BACKEND, "TF_CPP_MIN_LOG_LEVEL": "2"}
+    env = {**os.environ, "KERAS_BACKEND": BACKEND, "TF_CPP_MIN_LOG_LEVEL": "2",
+           "PYTHONPATH": os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")])}
     uninterrupted, resumed = tmp_path / "uninterrupted", tmp_path / "resumed"
     done = subprocess.run(_pretrain_command(uninterrupted), env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
 
     process = subprocess.Popen(_pretrain_command(resumed), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    metadata = resumed / "backup" / "training_metadata.json"
+    latest = resumed / "backup" / "latest"  # names the newest complete set, backup/epoch-<N>
     deadline = time.time() + 300
     while time.time() < deadline and process.poll() is None:
-        if metadata.exists():
-            try:
-                if json.loads(metadata.read_text())["epoch"] >= 2:
-                    break
-            except (ValueError, KeyError):
-                pass  # caught mid-write
+        if latest.exists() and latest.read_text().strip() != "epoch-1":
+            break
         time.sleep(0.02)
     assert process.poll() is None, "training ended before it could be killed"
     process.send_signal(signal.SIGKILL)
     process.wait()
-    killed_at = json.loads(metadata.read_text())["epoch"]
+    killed_at = training.resumed_epoch(str(resumed / "backup"))
     assert 2 <= killed_at < 8 and not (resumed / "model.keras").exists()
 
     done = subprocess.run(_pretrain_command(resumed), env=env, capture_output=True, text=True, timeout=600)

@@ -22,6 +22,7 @@ from keras_vit.checkpoints.source import (
     source_from_state,
     state_of,
 )
+from keras_vit.files import atomic_path
 
 _PREFIXES = ("", "opt/target/", "params/", "params/img/")
 
@@ -206,7 +207,9 @@ def save_npz(model, path):
     Example:
     >>> save_npz(keras_vit.ViT_Ti16(image_size=32, classes=10), "/tmp/ti16.npz")
     """
-    np.savez(path, **to_flax(model))
+    arrays = to_flax(model)
+    with atomic_path(path) as temporary, open(temporary, "wb") as f:  # whole, or the old file untouched
+        np.savez(f, **arrays)
     return path
 
 
