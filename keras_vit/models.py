@@ -128,7 +128,7 @@ def ViT(
     if num_heads is not None and hidden_size % num_heads:
         raise ValueError(f"hidden_size {hidden_size} is not divisible by num_heads {num_heads}.")
     # Arguments are checked above, before any download.
-    source = None if weights is None else read_checkpoint(weights, variant_name(sizes), image_size)
+    source = None if weights is None else read_checkpoint(weights, variant_name(sizes), image_size, sizes, classes)
     if num_heads is None and source is not None:
         if source.num_heads is not None:
             sizes = dataclasses.replace(sizes, num_heads=source.num_heads)
@@ -206,7 +206,7 @@ def sizes_of(model):
     return Variant(embedding.patch_size[0], embedding.hidden_size, depth, block.num_heads, block.mlp_dim, **resnet)
 
 
-def read_checkpoint(weights, variant=None, image_size=(224, 224)):
+def read_checkpoint(weights, variant=None, image_size=(224, 224), sizes=None, classes=None):
     """Read `weights` (a name or a path) into a `checkpoints.WeightsSource` with its state.
 
     `keras_vit.checkpoints` reads every layout without building a model,
@@ -218,7 +218,7 @@ def read_checkpoint(weights, variant=None, image_size=(224, 224)):
     >>> source = read_checkpoint("ViT-B_16.npz")  # doctest: +SKIP
     >>> source.sizes, source.image_size  # doctest: +SKIP
     """
-    source = checkpoints.read_weights(weights, variant, image_size)
+    source = checkpoints.read_weights(weights, variant, image_size, sizes, classes)
     if source.state is not None:
         return source
     layout = source.layout

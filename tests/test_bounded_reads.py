@@ -86,3 +86,52 @@ def test_refuses_a_decompression_bomb_keras_file_before_decompressing(bombs, qui
     with pytest.raises(CheckpointError, match=f"{keras_file} declares 300,000,[0-9]+ bytes of entries in a "
                                               "[0-9,]+-byte file.*decompression bomb"):
         read(keras_file)
+
+
+TINY = dict(image_size=32, patch_size=8, hidden_size=64, num_layers=2, num_heads=4, mlp_dim=128, classes=10)
+TINY_MODEL = "a ViT of hidden size 64, 2 blocks and MLP size 128"
+
+
+def write_oversized(archive, name, megabytes=90):
+    """An entry of `megabytes` MB that deflate stores in about 1 MB: too little to be a bomb, too much for TINY."""
+    rng = np.random.default_rng(0)
+    with archive.open(name, "w", force_zip64=True) as f:
+        if name.endswith(".npy"):
+            np.lib.format.write_array_header_1_0(f, {"descr": "<f4", "fortran_order": False,
+                                                     "shape": (megabytes * 250_000,)})
+        f.write(rng.bytes(1 << 20))
+        f.write(bytes(megabytes * 1_000_000 - (1 << 20)))
+
+
+def test_npz_out_of_proportion_to_the_model_is_refused_before_reading(tmp_path):
+    import keras_vit
+
+    path = tmp_path / "huge.npz"
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED, compresslevel=1) as archive:
+        write_oversized(archive, "embedding/kernel.npy")
+    with pytest.raises(CheckpointError, match=f"{path} declares 90,000,128 bytes of arrays, out of proportion to "
+                                              f"{TINY_MODEL}, whose checkpoints hold at most"):
+        keras_vit.ViT(weights=str(path), **TINY)
+
+
+def test_keras_file_out_of_proportion_to_the_model_it_claims_is_refused(tmp_path):
+    import keras_vit
+
+    path = tmp_path / "padded.keras"
+    keras_vit.ViT(**TINY).save(path)
+    with zipfile.ZipFile(path, "a", zipfile.ZIP_DEFLATED, compresslevel=1) as archive:
+        write_oversized(archive, "assets/padding.bin")
+    with pytest.raises(CheckpointError, match=f"{path} declares [0-9,]+ bytes of entries, out of proportion to "
+                                              f"{TINY_MODEL}, whose"):
+        read(path)  # No model given: the budget is the one its config.json claims.
+
+
+def test_weights_h5_declaring_far_more_than_it_stores_is_refused(tmp_path, quickly):
+    import h5py
+
+    path = tmp_path / "bomb.weights.h5"
+    with h5py.File(path, "w") as archive:  # Chunks never written take no space: 300 MB declared in a few KB.
+        archive.create_dataset("layers/patch_embedding/vars/0", shape=(75_000_000,), dtype="f4",
+                               chunks=(1 << 20,), compression="gzip")
+    with pytest.raises(CheckpointError, match=f"{path} declares 300,000,000 bytes of arrays in a [0-9,]+-byte file"):
+        read(path)

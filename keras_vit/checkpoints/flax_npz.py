@@ -223,20 +223,22 @@ def _block_indices(arrays, prefix):
 
 
 
-def check_npz(path, description=None):
+def check_npz(path, description=None, budget=None):
     """Raise `CheckpointError` unless `path` is a zip of numeric `.npy` arrays of sane sizes; reads only headers.
 
-    `description` names the file in messages (default: `path`).
+    `description` names the file in messages (default: `path`); `budget`
+    (a `WeightBudget`) bounds the bytes its arrays may declare.
     """
-    _declared_arrays(path, description)
+    _declared_arrays(path, description, budget)
 
 
-def _declared_arrays(path, description=None):
+def _declared_arrays(path, description=None, budget=None):
     """`{name: (shape, dtype)}` from the `.npy` headers of an `.npz`, checked against each entry's stored size.
 
     The zip directory's total uncompressed size is checked against the
-    file's size first (`check_declared_size`), so a decompression bomb is
-    refused before anything is decompressed.
+    file's size (`check_declared_size`) and against the `budget` of the
+    model it is meant for first, so a decompression bomb, or a file out of
+    proportion to the model, is refused before anything is decompressed.
     """
     file_size = require_regular_file(path).st_size
     given, path = path, description or path
@@ -249,7 +251,10 @@ def _declared_arrays(path, description=None):
     try:
         with zipfile.ZipFile(given) as archive:
             entries = archive.infolist()
-            check_declared_size(path, sum(entry.file_size for entry in entries), file_size, "arrays")
+            declared_bytes = sum(entry.file_size for entry in entries)
+            check_declared_size(path, declared_bytes, file_size, "arrays")
+            if budget is not None:
+                budget.check(path, declared_bytes, "arrays")
             if not entries:
                 raise CheckpointError(f"{path} is an empty zip archive, not an .npz checkpoint.")
             for entry in entries:
@@ -276,14 +281,16 @@ def _declared_arrays(path, description=None):
     return declared
 
 
-def read_npz(path):
+def read_npz(path, budget=None):
     """Read an original `.npz` checkpoint (vision_transformer or big_vision layout).
 
     Every array's header is checked before any array is read: a file that
-    is no zip of `.npy` arrays, or an entry whose declared shape and type do
-    not match its stored size, is refused without allocating it.
+    is no zip of `.npy` arrays, an entry whose declared shape and type do
+    not match its stored size, or arrays beyond the `budget` (a
+    `WeightBudget`) of the model they are meant for, are refused without
+    allocating them.
     """
-    _declared_arrays(path)
+    _declared_arrays(path, budget=budget)
     try:
         with np.load(path, allow_pickle=False) as archive:
             arrays = {key: archive[key] for key in archive.files}

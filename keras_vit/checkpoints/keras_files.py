@@ -7,6 +7,7 @@ read from the saved layers. A `.weights.h5` file carries none: its layout
 """
 
 import itertools
+import json
 import math
 import zipfile
 
@@ -20,12 +21,20 @@ from keras_vit.checkpoints.source import (
     require_regular_file,
     source_from_state,
     state_of,
+    weight_budget,
 )
 from keras_vit.variants import Variant
 
-def read_keras(path):
-    """Read the weights of a keras_vit model saved as `.keras`."""
-    _check_archive(path)
+# A saved keras_vit model's config.json is tens of kilobytes; far more is no model of ours.
+_MAX_CONFIG_BYTES = 16 << 20
+
+def read_keras(path, budget=None):
+    """Read the weights of a keras_vit model saved as `.keras`.
+
+    `budget` (a `WeightBudget`) bounds its size by the model it is meant
+    for; without one, by the model its own `config.json` describes.
+    """
+    _check_archive(path, budget)
     try:
         saved = keras.saving.load_model(path, compile=False)
     except Exception as error:  # Keras raises many types for a bad archive.
@@ -39,18 +48,24 @@ def read_keras(path):
     return source_from_state(path, state_of(saved), grid, num_heads)
 
 
-def _check_archive(path):
+def _check_archive(path, budget=None):
     """A `.keras` file is a zip holding `config.json` and the weights; say which part is broken.
 
-    It must be a regular file, and its entries may not declare far more
-    bytes than it holds (`check_declared_size`): both checked before any
-    entry is decompressed.
+    It must be a regular file, its entries may not declare far more bytes
+    than it holds (`check_declared_size`), nor more than the `budget` of the
+    model it is meant for or, without one, of the model its `config.json`
+    claims: all checked before the weights are decompressed.
     """
     file_size = require_regular_file(path).st_size
     try:
         with zipfile.ZipFile(path) as archive:
             names = archive.namelist()
-            check_declared_size(path, sum(entry.file_size for entry in archive.infolist()), file_size, "entries")
+            declared = sum(entry.file_size for entry in archive.infolist())
+            check_declared_size(path, declared, file_size, "entries")
+            if budget is None and "config.json" in names:
+                budget = _claimed_budget(path, archive)
+            if budget is not None:
+                budget.check(path, declared, "entries")
             broken = archive.testzip()
     except (zipfile.BadZipFile, OSError, EOFError) as error:
         raise CheckpointError(f"{path} is not a .keras archive (a zip file), or it is truncated: {error}") from error
@@ -60,20 +75,47 @@ def _check_archive(path):
         raise CheckpointError(f"{path} is a zip file but not a saved Keras model: it has no config.json.")
 
 
-def read_weights_h5(path):
+def _claimed_budget(path, archive):
+    """The `WeightBudget` of the keras_vit model a `.keras` archive's `config.json` describes (None: not ours)."""
+    if archive.getinfo("config.json").file_size > _MAX_CONFIG_BYTES:
+        raise CheckpointError(f"{path}: its config.json declares more than {_MAX_CONFIG_BYTES >> 20} MiB; "
+                              "it is not a saved keras_vit model.")
+    try:
+        config = json.loads(archive.read("config.json"))
+        layers = {layer["config"]["name"]: layer["config"] for layer in config["config"]["layers"]}
+        embedding, block = layers["embedding"], layers["encoderblock_0"]
+        depth = sum(1 for name in layers if name.startswith("encoderblock_"))
+        sizes = Variant(int(embedding["patch_size"][0]), int(embedding["hidden_size"]), depth,
+                        int(block["num_heads"]), int(block["mlp_dim"]))
+        classes = int(layers["head"]["units"]) if "head" in layers else None
+    except (ValueError, KeyError, TypeError, IndexError):
+        return None  # Not a plain keras_vit ViT (a hybrid, a masked-patch model): Keras' loader judges it.
+    return weight_budget(sizes, classes)
+
+
+def read_weights_h5(path, budget=None):
     """Read the layout of a `.weights.h5` file saved from a keras_vit model.
 
     The file holds no architecture, so the saved model's depth, head and
     position grid are inferred from its shapes into `layout` (the options
     of `keras_vit.models.ModelOptions`); the arrays are read by a model of
     that layout (`keras_vit.models.read_checkpoint`). The head count is not
-    stored in the file.
+    stored in the file. `budget` (a `WeightBudget`) bounds the file's size
+    and the bytes its arrays declare by the model it is meant for.
     """
     import h5py  # A Keras dependency.
 
-    require_regular_file(path)
+    file_size = require_regular_file(path).st_size
+    if budget is not None:
+        budget.check(path, file_size, "data")
     try:
         with h5py.File(path, "r") as archive:
+            declared = []  # Shapes are metadata: nothing is decompressed to sum them.
+            archive.visititems(lambda _, item: declared.append(item.size * item.dtype.itemsize)
+                               if isinstance(item, h5py.Dataset) else None)
+            check_declared_size(path, sum(declared), file_size, "arrays")
+            if budget is not None:
+                budget.check(path, sum(declared), "arrays")
             layers = archive["layers"]
             names = list(layers.keys())
             shapes = {

@@ -24,18 +24,22 @@ from keras_vit.checkpoints.source import (
     preview,
     require_regular_file,
     resnet_layers_of,
+    weight_budget,
 )
 from keras_vit.position_embedding import resize_position_embeddings
-from keras_vit.variants import width_name
+from keras_vit.variants import VARIANTS, width_name
 
 logger = logging.getLogger("keras_vit")
 
 
-def read_weights(weights, variant, image_size):
+def read_weights(weights, variant, image_size, sizes=None, classes=None):
     """Read `weights` (a name or a path) into a `WeightsSource`.
 
     `variant` is the model's variant name (or `None` for custom sizes) and
     `image_size` its `(height, width)`, used to choose among named files.
+    `sizes` (a `Variant`, default the named variant's) and `classes` are
+    the model's it is meant for: a file far larger than any checkpoint of
+    that model is refused before it is read.
     """
     if isinstance(weights, WeightsSource):
         return weights
@@ -44,7 +48,7 @@ def read_weights(weights, variant, image_size):
     path = os.fspath(weights)
     if not _looks_like_path(path):
         checkpoint = find_checkpoint(variant, path, image_size)
-        source = read_npz(fetch(checkpoint))
+        source = read_npz(fetch(checkpoint))  # Checked against the variant's budget on download.
         if checkpoint.image_size != image_size[0] or image_size[0] != image_size[1]:
             logger.warning(
                 "Using %s weights %r trained at %d px for a %s input.",
@@ -62,7 +66,8 @@ def read_weights(weights, variant, image_size):
     if not os.path.exists(path):
         raise CheckpointError(f"Weights file not found: {path}")
     require_regular_file(path)  # Before anything opens it: a FIFO or a device would hang or never end.
-    return reader(path)
+    sizes = sizes or VARIANTS.get(variant)
+    return reader(path, budget=None if sizes is None else weight_budget(sizes, classes))
 
 
 def _looks_like_path(weights):

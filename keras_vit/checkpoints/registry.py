@@ -10,7 +10,8 @@ import os
 
 from keras_vit.checkpoints import download
 from keras_vit.checkpoints.flax_npz import check_npz
-from keras_vit.checkpoints.source import CheckpointError
+from keras_vit.checkpoints.source import CheckpointError, weight_budget
+from keras_vit.variants import VARIANTS
 
 _BUCKET = "https://storage.googleapis.com/vit_models"
 
@@ -198,8 +199,14 @@ def fetch(checkpoint):
     `keras_vit.checkpoints.download`); a cached file is re-hashed on each use.
     """
     target = os.path.join(cache_dir(), checkpoint.filename)
+    sizes = VARIANTS.get(checkpoint.variant)  # A registered custom variant has no sizes here.
+    budget = None if sizes is None else weight_budget(sizes, checkpoint.classes)
+
+    def check(path, description):
+        check_npz(path, description, budget)
+
     try:
-        return download.cached(checkpoint.url, target, check_npz, checkpoint.file_hash)
+        return download.cached(checkpoint.url, target, check, checkpoint.file_hash)
     except download.DownloadError as error:
         raise CheckpointError(
             f"Could not get weights {checkpoint.name!r} for {checkpoint.variant} from {checkpoint.url}: {error} "

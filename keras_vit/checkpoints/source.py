@@ -63,6 +63,57 @@ DECOMPRESSION_RATIO = 64
 DECOMPRESSION_SLACK = 64 << 20
 
 
+@dataclasses.dataclass(frozen=True)
+class WeightBudget:
+    """The most bytes of weights a checkpoint for one model may declare, and that model in words."""
+
+    limit: int
+    model: str
+
+    def check(self, path, declared, what="weights"):
+        """Refuse `path` if it declares more than `limit` bytes, before any of it is decompressed or read."""
+        if declared > self.limit:
+            raise CheckpointError(
+                f"{path} declares {declared:,} bytes of {what}, out of proportion to {self.model}, whose "
+                f"checkpoints hold at most {self.limit:,} bytes: it is not a checkpoint of this model, or it is "
+                "corrupt or a decompression bomb; nothing was read."
+            )
+
+
+# Generous bounds, so that every real checkpoint of a model fits its budget: an
+# ImageNet-21k head (21,843 classes) with pre-logits, position embeddings for
+# up to a 64x64 patch grid, every array in float64, and 64 MiB for the
+# containers' own bytes.
+_BUDGET_CLASSES = 21843
+_BUDGET_GRID = 64
+_BUDGET_SLACK = 64 << 20
+
+
+def weight_budget(sizes, classes=None):
+    """The `WeightBudget` of a model of `sizes` (a `Variant`) with `classes` outputs.
+
+    Example:
+    >>> from keras_vit.variants import VARIANTS
+    >>> weight_budget(VARIANTS["ViT_B16"]).limit > 8 * 86_000_000
+    True
+    """
+    h, m = sizes.hidden_size, sizes.mlp_dim
+    blocks = sizes.num_layers * (4 * h * h + 2 * h * m + m + 9 * h) + 2 * h
+    channels, resnet = 3, 0
+    if sizes.resnet_layers is not None:
+        # Each bottleneck unit holds at most 25 mid^2 weights (1x1, 3x3, 1x1 and a projection).
+        width = sizes.resnet_width
+        resnet = 147 * width + sum(units * 25 * (width * 2**stage) ** 2
+                                   for stage, units in enumerate(sizes.resnet_layers))
+        channels = 4 * width * 2 ** max(len(sizes.resnet_layers) - 1, 0)
+    embedding = sizes.patch_size**2 * channels * h + h + (1 + _BUDGET_GRID**2) * h
+    head = (h + 1) * (h + max(classes or 0, _BUDGET_CLASSES) + 1)
+    parameters = blocks + resnet + embedding + head
+    model = (f"a ViT of hidden size {h}, {sizes.num_layers} blocks and MLP size {m}"
+             + ("" if sizes.resnet_layers is None else f" on a ResNet with stages {sizes.resnet_layers}"))
+    return WeightBudget(8 * parameters + _BUDGET_SLACK, model)
+
+
 @dataclasses.dataclass
 class WeightsSource:
     """A checkpoint read into keras_vit's names, before it meets a model.
