@@ -25,7 +25,7 @@ from keras_vit.models import (
     ViT_S32,
     ViT_Ti16,
 )
-from keras_vit.position_embedding import resize_position_embeddings
+from keras_vit.position_embedding import resize_patch_embedding, resize_position_embeddings
 from keras_vit.variants import VARIANTS, Variant, decode_variant
 
 __version__ = "0.1.0"
@@ -48,6 +48,7 @@ __all__ = [
     "preprocess_input",
     "recipes",
     "resnet",
+    "resize_patch_embedding",
     "resize_position_embeddings",
     *VARIANTS,
 ]

@@ -1,9 +1,11 @@
-"""Resizing learned position embeddings to a new patch grid.
+"""Resizing learned embeddings: position tables to a new patch grid, patch kernels to a new patch size.
 
 One function, `resize_position_embeddings`, serves the checkpoint loader, the
 `AddPositionEmbedding` layer (dynamic resolution) and users. It resamples the
 patch part of a `(1, prefix + H * W, D)` table as an `H x W` image, leaving the
-prefix tokens (the class token's slot) untouched.
+prefix tokens (the class token's slot) untouched. `resize_patch_embedding`
+is FlexiViT's pseudo-inverse resize of a patch-embedding kernel, built on the
+same interpolation matrices.
 
 Interpolation is written as two small matrices (one per axis) built in numpy
 from the grid sizes, then applied with `keras.ops.einsum`. That keeps the
@@ -201,6 +203,53 @@ def resize_position_embeddings(
         grid = ops.einsum("qw,pwd->pqd", ops.convert_to_tensor(cols), grid)
     patches = ops.reshape(grid, (1, new_h * new_w, shape[2]))
     resized = ops.concatenate([prefix, patches], axis=1)
+    if was_numpy:
+        return ops.convert_to_numpy(resized).astype(dtype)
+    return ops.cast(resized, dtype)
+
+
+def resize_patch_embedding(kernel, new_patch_size, interpolation="bicubic", antialias=True):
+    """FlexiViT's pseudo-inverse resize of a `(ph, pw, channels, hidden)` patch-embedding kernel.
+
+    Resizing a patch `x` to the new size is a linear map `B`; the returned
+    kernel is `pinv(B^T) w`, so that a patch upsampled from `x` gives the
+    same embedding as `x` did: `<x, w> == <B x, resize_patch_embedding(w)>`
+    (Beyer et al., 2023, "FlexiViT"; timm's `resample_patch_embed`). The
+    resize is separable, so the pseudo-inverse is taken per axis.
+
+    Args:
+        kernel: array or tensor of shape `(ph, pw, channels, hidden)`.
+        new_patch_size: int or `(height, width)` of the new patches.
+        interpolation: `"bicubic"` (default, as timm) or `"bilinear"`.
+        antialias: resize as torch's `antialias=True` kernels (default, as timm).
+
+    Returns:
+        The kernel of shape `(new_ph, new_pw, channels, hidden)`, a numpy
+        array if `kernel` was one, else a backend tensor.
+
+    Example:
+    >>> import numpy as np
+    >>> resize_patch_embedding(np.ones((16, 16, 3, 8), "float32"), 8).shape
+    (8, 8, 3, 8)
+    """
+    was_numpy = isinstance(kernel, np.ndarray)
+    shape = tuple(kernel.shape)
+    if len(shape) != 4:
+        raise ValueError(f"kernel must have shape (patch_height, patch_width, channels, hidden), got {shape}.")
+    new_h, new_w = as_pair(new_patch_size, "new_patch_size")
+    if (new_h, new_w) == shape[:2]:
+        return kernel
+    options = dict(interpolation=interpolation, antialias=antialias)
+    # Pseudo-inverses in float64: a downsizing map is rank-deficient and its small singular values matter.
+    rows = np.linalg.pinv(interpolation_matrix(shape[0], new_h, **options).T).astype("float32")
+    cols = np.linalg.pinv(interpolation_matrix(shape[1], new_w, **options).T).astype("float32")
+    dtype = kernel.dtype
+    resized = ops.einsum(
+        "ph,qw,hwcd->pqcd",
+        ops.convert_to_tensor(rows),
+        ops.convert_to_tensor(cols),
+        ops.cast(ops.convert_to_tensor(kernel), "float32"),
+    )
     if was_numpy:
         return ops.convert_to_numpy(resized).astype(dtype)
     return ops.cast(resized, dtype)

@@ -84,6 +84,25 @@ def test_loading_at_new_size_resizes_position_embeddings_and_says_so(image_size,
     assert np.all(np.isfinite(predict(model, images)))
 
 
+def test_loading_at_another_patch_size_pi_resizes_the_kernel_and_the_grid(caplog):
+    arrays = npz_arrays()
+    model = load("vit_token", patch_size=4)  # 8-pixel patches in the file: an 8x8 grid instead of 4x4
+    kernel = keras_vit.resize_patch_embedding(arrays["embedding/kernel"], (4, 4))
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(model.get_layer("embedding").kernel), kernel, atol=1e-6)
+    table = resize_position_embeddings(arrays["Transformer/posembed_input/pos_embedding"], (8, 8), (4, 4))
+    np.testing.assert_allclose(
+        keras.ops.convert_to_numpy(model.get_layer("position_embedding").pos_embedding), table, atol=1e-6
+    )
+    assert "Resized the patch embedding of" in caplog.text
+    assert "from 8x8 to 4x4 pixel patches (FlexiViT pseudo-inverse, bicubic)" in caplog.text
+    assert "from a 4x4 to a 8x8 patch grid" in caplog.text
+
+
+def test_patch_size_that_does_not_divide_the_image_is_refused_before_loading():
+    with pytest.raises(ValueError, match=r"image_size \(32, 32\) is not divisible by patch_size 5"):
+        load("vit_token", patch_size=5)
+
+
 def test_other_class_count_gets_a_fresh_zero_head_and_says_so(caplog):
     images, _ = reference("vit_token")
     model = load("vit_token", classes=5)
@@ -110,9 +129,9 @@ def write_npz(tmp_path, arrays, name="bad.npz"):
     return path
 
 
-def test_rejects_checkpoint_with_wrong_patch_size(caplog):
-    with pytest.raises(CheckpointError, match=r"'embedding/kernel' has shape \(8, 8, 3, 48\) but the model expects \(4, 4, 3, 48\)"):
-        load("vit_token", patch_size=4)
+def test_failed_load_at_another_patch_size_reports_no_resize(caplog):
+    with pytest.raises(CheckpointError, match=r"mlp_hidden/kernel' has shape \(48, 96\) but the model expects \(48, 64\)"):
+        load("vit_token", patch_size=4, mlp_dim=64)
     assert "Resized" not in caplog.text  # nothing is reported as done when the load fails
 
 

@@ -1,9 +1,10 @@
+import keras
 import numpy as np
 import pytest
 import scipy.ndimage
 
 from conftest import fixture
-from keras_vit import resize_position_embeddings
+from keras_vit import resize_patch_embedding, resize_position_embeddings
 from keras_vit.position_embedding import interpolation_matrix
 
 
@@ -88,3 +89,52 @@ def test_errors_name_the_problem():
         resize_position_embeddings(table, 4, (3, 5), interpolation="nearest")
     with pytest.raises(ValueError, match=r"must have shape \(1, tokens, dim\)"):
         resize_position_embeddings(np.zeros((16, 2)), 4)
+
+
+# --- FlexiViT's patch-embedding resize ---------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def patch_references():
+    with np.load(fixture("patch_resize_reference.npz")) as data:
+        return {key: value.transpose(2, 3, 1, 0) for key, value in data.items()}  # timm (out, in, h, w) -> ours
+
+
+@pytest.mark.parametrize("interpolation,antialias", [("bicubic", True), ("bilinear", False)])
+@pytest.mark.parametrize("new", [(8, 8), (6, 5), (2, 2)])
+def test_patch_resize_matches_timm_resample_patch_embed(patch_references, interpolation, antialias, new):
+    expected = patch_references[f"{interpolation}_aa{int(antialias)}_{new[0]}x{new[1]}"]
+    resized = resize_patch_embedding(patch_references["kernel"], new, interpolation, antialias)
+    np.testing.assert_allclose(resized, expected, atol=1e-5)
+    tensor = resize_patch_embedding(keras.ops.convert_to_tensor(patch_references["kernel"]), new, interpolation,
+                                    antialias)
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(tensor), expected, atol=1e-5)
+
+
+@pytest.mark.parametrize("interpolation,antialias", [("bicubic", True), ("bicubic", False), ("bilinear", False)])
+@pytest.mark.parametrize("old,new", [((4, 4), (8, 8)), ((3, 5), (7, 6))])
+def test_upsampled_patch_keeps_its_embedding(interpolation, antialias, old, new):
+    """FlexiViT's defining property: <x, w> == <resize(x), resize_patch_embedding(w)> when the patch grows."""
+    rng = np.random.default_rng(0)
+    kernel = rng.normal(size=(*old, 3, 6))
+    patches = rng.normal(size=(5, *old, 3))
+    options = dict(interpolation=interpolation, antialias=antialias)
+    upsampled = np.einsum("ph,qw,nhwc->npqc", interpolation_matrix(old[0], new[0], **options),
+                          interpolation_matrix(old[1], new[1], **options), patches)
+    resized = resize_patch_embedding(kernel.astype("float32"), new, **options)
+    np.testing.assert_allclose(np.einsum("npqc,pqcd->nd", upsampled, resized),
+                               np.einsum("nhwc,hwcd->nd", patches, kernel), atol=1e-4)
+
+
+def test_patch_resize_keeps_dtype_and_same_size_is_identity():
+    kernel = np.ones((4, 4, 3, 2), "float16")
+    assert resize_patch_embedding(kernel, 4) is kernel
+    assert resize_patch_embedding(kernel, 6).dtype == np.float16
+
+
+def test_patch_resize_errors_name_the_problem():
+    with pytest.raises(ValueError, match=r"kernel must have shape \(patch_height, patch_width, channels, hidden\), "
+                                         r"got \(16, 3, 8\)"):
+        resize_patch_embedding(np.zeros((16, 3, 8)), 8)
+    with pytest.raises(ValueError, match="new_patch_size must be positive, got 0"):
+        resize_patch_embedding(np.zeros((4, 4, 3, 8)), 0)

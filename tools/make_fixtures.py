@@ -247,6 +247,21 @@ def write_resize_references(rng):
     print(f"resize: {len(cases) - 1} references")
 
 
+def write_patch_resize_references():
+    """timm's `resample_patch_embed` (FlexiViT PI-resize) of random kernels, in timm's (out, in, h, w) layout."""
+    from timm.layers import resample_patch_embed
+
+    rng = np.random.default_rng(1)  # Its own stream: the other fixtures stay as they are.
+    kernel = torch.from_numpy(rng.normal(size=(8, 3, 4, 4)).astype(np.float32))
+    cases = {"kernel": numpy(kernel)}
+    for interpolation, antialias in (("bicubic", True), ("bilinear", False)):
+        for new in ((8, 8), (6, 5), (2, 2)):
+            resized = resample_patch_embed(kernel, list(new), interpolation=interpolation, antialias=antialias)
+            cases[f"{interpolation}_aa{int(antialias)}_{new[0]}x{new[1]}"] = numpy(resized)
+    np.savez(os.path.join(FIXTURES, "patch_resize_reference.npz"), **cases)
+    print(f"patch resize: {len(cases) - 1} references")
+
+
 def write_parameter_counts():
     sizes = {"Ti": (192, 12, 3), "S": (384, 12, 6), "B": (768, 12, 12), "L": (1024, 24, 16), "H": (1280, 32, 16)}
     counts = {}
@@ -291,8 +306,12 @@ def write_full_size(directory, generator, rng):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--full-size-dir", help="also write a full ViT-B/16 checkpoint here")
+    parser.add_argument("--only", choices=["patch_resize"], help="write only this fixture")
     args = parser.parse_args()
     os.makedirs(FIXTURES, exist_ok=True)
+    if args.only == "patch_resize":
+        write_patch_resize_references()
+        return
     torch.manual_seed(0)
     generator = torch.Generator().manual_seed(0)
     rng = np.random.default_rng(0)
@@ -316,6 +335,7 @@ def main():
     write_parameter_counts()
     write_case("hybrid_token", small_hybrid(generator, 32), images(32, 32))
     write_case("hybrid_nonsquare", small_hybrid(generator, (24, 40)), images(24, 40))
+    write_patch_resize_references()
     if args.full_size_dir:
         write_full_size(args.full_size_dir, generator, rng)
 

@@ -4,7 +4,8 @@ Loading is all-or-nothing: a checkpoint is read into a plain dict of numpy
 arrays, every name and shape is checked against the model, and only then
 are the variables assigned. Any mismatch raises `CheckpointError` from the
 model constructor, so no half-loaded model is ever returned. Position
-embeddings are resized to the model's grid and heads adapted here.
+embeddings are resized to the model's grid, patch kernels to its patch size
+(FlexiViT), and heads adapted here.
 """
 
 import logging
@@ -26,7 +27,7 @@ from keras_vit.checkpoints.source import (
     resnet_layers_of,
     weight_budget,
 )
-from keras_vit.position_embedding import resize_position_embeddings
+from keras_vit.position_embedding import resize_patch_embedding, resize_position_embeddings
 from keras_vit.variants import VARIANTS, width_name
 
 logger = logging.getLogger("keras_vit")
@@ -81,7 +82,8 @@ _OPTIONAL = ("pre_logits/", "head/")
 def load_into(model, source):
     """Check `source` against `model` completely, then assign every variable.
 
-    Resizes the position embeddings to the model's grid; loads the head only
+    Resizes the patch-embedding kernel to the model's patch size and the
+    position embeddings to the model's grid; loads the head only
     when its class count matches (else keeps the fresh zero head) and
     raises `CheckpointError` for anything else that does not fit.
     """
@@ -113,6 +115,7 @@ def load_into(model, source):
             f"{_apparent_size(state)}; pass num_heads={source.num_heads}."
         )
     notes = []  # Said only once the load succeeds.
+    _adapt_patch_embedding(variables, state, name, notes)
     _adapt_position_embedding(model, state, source, notes)
     _adapt_head(variables, state, name, notes)
 
@@ -164,6 +167,21 @@ def check_finite(model, description):
     bad = [v.path for v in model.weights if not np.all(np.isfinite(keras.ops.convert_to_numpy(v)))]
     if bad:
         raise CheckpointError(f"{description} holds NaN or infinite weights in {len(bad)} variables: {preview(bad)}.")
+
+
+def _adapt_patch_embedding(variables, state, name, notes):
+    """A checkpoint of another patch size serves this one through FlexiViT's pseudo-inverse resize."""
+    key = "embedding/kernel"
+    if key not in state or key not in variables:
+        return
+    kernel, target = state[key], tuple(variables[key].shape)
+    if kernel.ndim != 4 or tuple(kernel.shape[2:]) != target[2:] or tuple(kernel.shape[:2]) == target[:2]:
+        return  # Equal, or a mismatch the shape check reports.
+    state[key] = resize_patch_embedding(kernel.astype("float32"), target[:2])
+    notes.append(
+        f"Resized the patch embedding of {name} from {kernel.shape[0]}x{kernel.shape[1]} to "
+        f"{target[0]}x{target[1]} pixel patches (FlexiViT pseudo-inverse, bicubic)."
+    )
 
 
 def _adapt_position_embedding(model, state, source, notes):
