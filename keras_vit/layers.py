@@ -17,7 +17,7 @@ import keras
 from keras import ops
 
 from keras_vit import kernels
-from keras_vit.position_embedding import INTERPOLATIONS, as_pair, resize_position_embeddings
+from keras_vit.position_embedding import AddPositionEmbedding, as_pair  # noqa: F401 (re-exported: a ViT layer)
 
 LAYER_NORM_EPSILON = 1e-6
 
@@ -29,7 +29,9 @@ class PatchEmbedding(keras.layers.Layer):
     A `patch_size`-strided convolution with bias, as in the original model.
     Input `(batch, height, width, channels)` with height and width divisible
     by `patch_size`; output `(batch, (height // P) * (width // P), hidden_size)`
-    in row-major patch order.
+    in row-major patch order, or the grid `(batch, height // P, width // P,
+    hidden_size)` with `flatten=False` (a dynamic-resolution model reads its
+    grid from it).
 
     Example:
     >>> import numpy as np
@@ -43,12 +45,14 @@ class PatchEmbedding(keras.layers.Layer):
         hidden_size,
         kernel_initializer="lecun_normal",
         bias_initializer="zeros",
+        flatten=True,
         **kwargs,
     ):
         super().__init__(**kwargs)
         # === Config ===
         self.patch_size = as_pair(patch_size, "patch_size")
         self.hidden_size = int(hidden_size)
+        self.flatten = bool(flatten)
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
         self.bias_initializer = keras.initializers.get(bias_initializer)
 
@@ -88,11 +92,15 @@ class PatchEmbedding(keras.layers.Layer):
             data_format="channels_last",
         )
         patches = patches + self.bias
+        if not self.flatten:
+            return patches
         shape = ops.shape(patches)
         return ops.reshape(patches, (shape[0], shape[1] * shape[2], self.hidden_size))
 
     def compute_output_shape(self, input_shape):
         rows, cols = self.grid_size(input_shape)
+        if not self.flatten:
+            return (input_shape[0], rows, cols, self.hidden_size)
         tokens = None if rows is None or cols is None else rows * cols
         return (input_shape[0], tokens, self.hidden_size)
 
@@ -104,6 +112,8 @@ class PatchEmbedding(keras.layers.Layer):
             kernel_initializer=keras.initializers.serialize(self.kernel_initializer),
             bias_initializer=keras.initializers.serialize(self.bias_initializer),
         )
+        if not self.flatten:  # Kept out of fixed-size models' configs, which older keras_vit reads.
+            config.update(flatten=False)
         return config
 
 
@@ -140,109 +150,6 @@ class ClassToken(keras.layers.Layer):
     def get_config(self):
         config = super().get_config()
         config.update(initializer=keras.initializers.serialize(self.initializer))
-        return config
-
-
-@keras.saving.register_keras_serializable(package="keras_vit")
-class AddPositionEmbedding(keras.layers.Layer):
-    """Add learned 1-D position embeddings to `prefix + rows * cols` tokens.
-
-    The table is built for `grid_size`. Called on a sequence from another
-    grid (dynamic resolution), it resizes the table on the fly with
-    `resize_position_embeddings`; pass `grid_size=(rows, cols)` to the call
-    for non-square grids, otherwise a square grid is assumed.
-
-    Example:
-    >>> import numpy as np
-    >>> layer = AddPositionEmbedding(grid_size=(14, 14))
-    >>> layer(np.zeros((2, 197, 32))).shape
-    (2, 197, 32)
-    >>> layer(np.zeros((2, 1 + 24 * 32, 32)), grid_size=(24, 32)).shape
-    (2, 769, 32)
-    """
-
-    def __init__(
-        self,
-        grid_size,
-        num_prefix_tokens=1,
-        interpolation="bicubic",
-        antialias=False,
-        initializer=None,
-        **kwargs,
-    ):
-        super().__init__(**kwargs)
-        if interpolation not in INTERPOLATIONS:
-            raise ValueError(
-                f"Unknown interpolation {interpolation!r}; expected one of {INTERPOLATIONS}."
-            )
-        # === Config ===
-        self.grid_size = as_pair(grid_size, "grid_size")
-        self.num_prefix_tokens = int(num_prefix_tokens)
-        self.interpolation = interpolation
-        self.antialias = bool(antialias)
-        self.initializer = keras.initializers.get(
-            initializer or keras.initializers.RandomNormal(stddev=0.02)
-        )
-
-    @property
-    def num_positions(self):
-        return self.num_prefix_tokens + self.grid_size[0] * self.grid_size[1]
-
-    def build(self, input_shape):
-        self.pos_embedding = self.add_weight(
-            name="pos_embedding",
-            shape=(1, self.num_positions, input_shape[-1]),
-            initializer=self.initializer,
-        )
-
-    def _input_grid(self, num_tokens, grid_size):
-        if grid_size is not None:
-            grid_size = as_pair(grid_size, "grid_size")
-        elif num_tokens == self.num_positions:
-            grid_size = self.grid_size
-        else:
-            side = math.isqrt(max(num_tokens - self.num_prefix_tokens, 0))
-            grid_size = (side, side)
-        if self.num_prefix_tokens + grid_size[0] * grid_size[1] != num_tokens:
-            raise ValueError(
-                f"{num_tokens} tokens do not form {self.num_prefix_tokens} prefix tokens "
-                f"plus a {grid_size} patch grid; pass grid_size=(rows, cols) for "
-                "non-square images."
-            )
-        return grid_size
-
-    def call(self, tokens, grid_size=None):
-        num_tokens = tokens.shape[1]
-        if num_tokens is None:
-            raise ValueError(
-                "AddPositionEmbedding needs a static number of tokens; build the "
-                "model with a fixed image size."
-            )
-        grid = self._input_grid(num_tokens, grid_size)
-        table = self.pos_embedding
-        if grid != self.grid_size:
-            table = resize_position_embeddings(
-                table,
-                new_grid_size=grid,
-                old_grid_size=self.grid_size,
-                num_prefix_tokens=self.num_prefix_tokens,
-                interpolation=self.interpolation,
-                antialias=self.antialias,
-            )
-        return tokens + ops.cast(table, tokens.dtype)
-
-    def compute_output_shape(self, input_shape):
-        return input_shape
-
-    def get_config(self):
-        config = super().get_config()
-        config.update(
-            grid_size=self.grid_size,
-            num_prefix_tokens=self.num_prefix_tokens,
-            interpolation=self.interpolation,
-            antialias=self.antialias,
-            initializer=keras.initializers.serialize(self.initializer),
-        )
         return config
 
 

@@ -7,11 +7,11 @@ model is built.
 """
 
 import dataclasses
-import numbers
 
 import keras
 
 from keras_vit import checkpoints
+from keras_vit.functional import DYNAMIC, VisionTransformer, sizes_of
 from keras_vit.layers import (
     LAYER_NORM_EPSILON,
     AddPositionEmbedding,
@@ -29,16 +29,26 @@ from keras_vit.variants import VARIANTS, Variant, variant_name
 def _image_size(image_size, input_tensor):
     if input_tensor is not None:
         height, width = tuple(input_tensor.shape)[1:3]
-        if height is None or width is None:
+        if (height is None) != (width is None):
             raise ValueError(
-                f"input_tensor must have a static height and width, got shape {tuple(input_tensor.shape)}."
+                f"input_tensor must have a static height and width, or neither, got shape "
+                f"{tuple(input_tensor.shape)}."
             )
-        if image_size is not None and as_pair(image_size, "image_size") != (height, width):
+        if image_size is not None and _pair_or_dynamic(image_size) != (height, width):
             raise ValueError(
                 f"image_size {image_size} disagrees with input_tensor's {(height, width)}."
             )
         return (height, width)
-    return as_pair(224 if image_size is None else image_size, "image_size")
+    return _pair_or_dynamic(224 if image_size is None else image_size)
+
+
+def _pair_or_dynamic(image_size):
+    if isinstance(image_size, (tuple, list)) and tuple(image_size) == DYNAMIC:
+        return DYNAMIC
+    if isinstance(image_size, (tuple, list)) and None in tuple(image_size):
+        raise ValueError(f"image_size {tuple(image_size)} fixes one side only; pass (None, None) for any size, "
+                         "or a (height, width) of ints.")
+    return as_pair(image_size, "image_size")
 
 
 def ViT(
@@ -62,6 +72,8 @@ def ViT(
     stochastic_depth_rate=0.0,
     classifier_activation="softmax",
     approximate_gelu=True,
+    position_embedding_interpolation="bicubic",
+    position_embedding_antialias=False,
     name=None,
 ):
     """Build a Vision Transformer (Dosovitskiy et al., 2020).
@@ -69,6 +81,10 @@ def ViT(
     Args:
         image_size: int or `(height, width)`, divisible by the pixels one
             patch spans; default 224 (or `input_tensor`'s size).
+            `(None, None)` takes any size that divides into patches, with
+            the position embeddings resized to each input's grid on every
+            call (dynamic resolution); the table keeps the checkpoint's grid,
+            or 224 pixels' worth of patches.
         patch_size, hidden_size, num_layers, num_heads, mlp_dim: the sizes
             (see `VARIANTS` for the named ones). `num_heads` defaults to the
             checkpoint's (an `.npz` or `.keras` file stores it), else 12; a
@@ -97,6 +113,11 @@ def ViT(
             branches, rising linearly from 0 in the first block.
         classifier_activation: activation of the head (computed in float32).
         approximate_gelu: tanh-approximated GELU (the original models') or exact.
+        position_embedding_interpolation: `"bicubic"` or `"bilinear"`: how the
+            position embeddings are resized, to a checkpoint's new grid and,
+            with dynamic resolution, to each input's grid.
+        position_embedding_antialias: resize with torch's anti-aliased kernels
+            (with `"bicubic"`, timm's `dynamic_img_size`).
         name: model name.
 
     Returns:
@@ -125,10 +146,14 @@ def ViT(
             )
     sizes = Variant(patch_size, hidden_size, num_layers, num_heads or 12, mlp_dim, resnet_layers, resnet_width)
     check_image_size(image_size, sizes)
+    if position_embedding_interpolation not in ("bicubic", "bilinear"):
+        raise ValueError(f"Unknown position_embedding_interpolation {position_embedding_interpolation!r}; "
+                         "expected 'bicubic' or 'bilinear'.")
     if num_heads is not None and hidden_size % num_heads:
         raise ValueError(f"hidden_size {hidden_size} is not divisible by num_heads {num_heads}.")
     # Arguments are checked above, before any download.
-    source = None if weights is None else read_checkpoint(weights, variant_name(sizes), image_size, sizes, classes)
+    chosen_size = (224, 224) if image_size == DYNAMIC else image_size  # Which published resolution to take.
+    source = None if weights is None else read_checkpoint(weights, variant_name(sizes), chosen_size, sizes, classes)
     if num_heads is None and source is not None:
         if source.num_heads is not None:
             sizes = dataclasses.replace(sizes, num_heads=source.num_heads)
@@ -158,6 +183,9 @@ def ViT(
         stochastic_depth_rate=stochastic_depth_rate,
         classifier_activation=classifier_activation,
         approximate_gelu=approximate_gelu,
+        position_grid=_position_grid(image_size, sizes, source),
+        position_embedding_interpolation=position_embedding_interpolation,
+        position_embedding_antialias=bool(position_embedding_antialias),
         name=name or variant_name(sizes) or "vit",
     )
     model = _build(options, input_tensor)
@@ -166,9 +194,26 @@ def ViT(
     return model
 
 
+def _position_grid(image_size, sizes, source):
+    """The grid of the position table: the image's, or with dynamic resolution the checkpoint's (else 224 px)."""
+    step = sizes.pixels_per_patch
+    if image_size != DYNAMIC:
+        return (image_size[0] // step, image_size[1] // step)
+    if source is not None and source.state is not None:
+        if source.grid_size is not None:
+            return tuple(source.grid_size)
+        table = source.state.get("position_embedding/pos_embedding")
+        if table is not None:
+            side = int(round((table.shape[1] - ("class_token/cls" in source.state)) ** 0.5))
+            return (side, side)
+    return (max(224 // step, 1),) * 2
+
+
 def check_image_size(image_size, sizes):
     """Raise `ValueError` unless `(height, width)` divides into the patches of `sizes` (a `Variant`)."""
     step = sizes.pixels_per_patch
+    if image_size == DYNAMIC:
+        return
     if image_size[0] % step or image_size[1] % step:
         what = f"patch_size {sizes.patch_size}" if sizes.resnet_layers is None else (
             f"the hybrid's {step} pixels per patch (ResNet stride x patch_size {sizes.patch_size})")
@@ -191,19 +236,10 @@ class ModelOptions:
     stochastic_depth_rate: float = 0.0
     classifier_activation: str = "softmax"
     approximate_gelu: bool = True
+    position_grid: tuple = None  # Default: the image's grid.
+    position_embedding_interpolation: str = "bicubic"
+    position_embedding_antialias: bool = False
     name: str = "vit"
-
-
-def sizes_of(model):
-    """The `Variant` sizes of a built keras_vit model, for example one loaded from a `.keras` file."""
-    embedding, block = model.get_layer("embedding"), model.get_layer("encoderblock_0")
-    depth = sum(1 for layer in model.layers if layer.name.startswith("encoderblock_"))
-    paths = {variable.path: variable for variable in model.weights}
-    resnet = {}
-    if "conv_root/kernel" in paths:
-        resnet = dict(resnet_layers=checkpoints.source.resnet_layers_of(paths),
-                      resnet_width=int(paths["conv_root/kernel"].shape[-1]))
-    return Variant(embedding.patch_size[0], embedding.hidden_size, depth, block.num_heads, block.mlp_dim, **resnet)
 
 
 def read_checkpoint(weights, variant=None, image_size=(224, 224), sizes=None, classes=None):
@@ -243,17 +279,26 @@ def _build(options, input_tensor):
         images = keras.Input(tensor=input_tensor, shape=shape, name="images")
     else:
         images = input_tensor
-    step = sizes.pixels_per_patch
-    grid_size = (image_size[0] // step, image_size[1] // step)
+    grid_size = options.position_grid or _position_grid(image_size, sizes, None)
     num_prefix_tokens = 1 if options.classifier == "token" else 0
+    dynamic = image_size == DYNAMIC
 
     x = images
     if sizes.resnet_layers is not None:
         x = apply_resnet(x, sizes.resnet_layers, sizes.resnet_width)
-    x = PatchEmbedding(sizes.patch_size, sizes.hidden_size, name="embedding")(x)
+    x = patch_grid = PatchEmbedding(sizes.patch_size, sizes.hidden_size, flatten=not dynamic, name="embedding")(x)
+    if dynamic:
+        x = keras.layers.Reshape((-1, sizes.hidden_size), name="flatten_patches")(patch_grid)
     if num_prefix_tokens:
         x = ClassToken(name="class_token")(x)
-    x = AddPositionEmbedding(grid_size, num_prefix_tokens, name="position_embedding")(x)
+    position = AddPositionEmbedding(
+        grid_size,
+        num_prefix_tokens,
+        interpolation=options.position_embedding_interpolation,
+        antialias=options.position_embedding_antialias,
+        name="position_embedding",
+    )
+    x = position(x, patch_grid=patch_grid) if dynamic else position(x)
     x = keras.layers.Dropout(options.dropout_rate, name="embedding_dropout")(x)
     for index in range(sizes.num_layers):
         depth_rate = options.stochastic_depth_rate * index / max(sizes.num_layers - 1, 1)
@@ -279,112 +324,6 @@ def _build(options, input_tensor):
 
     inputs = images if input_tensor is None else keras.utils.get_source_inputs(input_tensor)
     return VisionTransformer(inputs, x, name=options.name)
-
-
-@keras.saving.register_keras_serializable(package="keras_vit")
-class VisionTransformer(keras.Model):
-    """The functional model `ViT` returns: a `keras.Model` that checks its images before running.
-
-    Keras' JAX trainer runs `fit`, `evaluate` and `predict` without the input
-    check that `model(images)` makes: an image size that is a few pixels off
-    was cropped silently, and an error inside those calls left the model's
-    variables empty. Here every entry point first checks the images' size
-    and layout (a grayscale or channels-first batch is named as such), and
-    a call that fails anyway puts the weights back before it raises.
-
-    Example:
-    >>> import numpy as np
-    >>> model = ViT(image_size=32, patch_size=8, hidden_size=16, num_layers=1, num_heads=2,
-    ...             mlp_dim=32, classes=3)
-    >>> model.predict(np.zeros((1, 36, 36, 3)), verbose=0)  # doctest: +SKIP
-    ValueError: Input 0 with name 'images' of layer 'vit' is incompatible with the layer: ...
-    """
-
-    def __call__(self, *args, **kwargs):
-        if args:
-            self._check_images(args[0])
-        return super().__call__(*args, **kwargs)
-
-    def fit(self, x=None, *args, **kwargs):
-        return self._guarded(super().fit, x, *args, **kwargs)
-
-    def evaluate(self, x=None, *args, **kwargs):
-        return self._guarded(super().evaluate, x, *args, **kwargs)
-
-    def predict(self, x, *args, **kwargs):
-        return self._guarded(super().predict, x, *args, **kwargs)
-
-    def train_on_batch(self, x, *args, **kwargs):
-        return self._guarded(super().train_on_batch, x, *args, **kwargs)
-
-    def test_on_batch(self, x, *args, **kwargs):
-        return self._guarded(super().test_on_batch, x, *args, **kwargs)
-
-    def predict_on_batch(self, x):
-        return self._guarded(super().predict_on_batch, x)
-
-    def _guarded(self, method, x, *args, **kwargs):
-        self._check_images(x)
-        if keras.backend.backend() != "jax":
-            return method(x, *args, **kwargs)
-        # JAX's trainer detaches the variables' values while it runs and re-attaches them at the end.
-        values = [variable.value for variable in self.variables]
-        try:
-            return method(x, *args, **kwargs)
-        except BaseException:
-            if getattr(self, "_jax_state", None):
-                self.jax_state_sync()
-            self._jax_state = None
-            for variable, value in zip(self.variables, values):
-                if variable._value is None:  # Detached and never re-attached.
-                    variable.assign(value)
-            raise
-
-    def _check_images(self, x):
-        """Refuse another image size, or a grayscale or channels-first batch, with a message that says so."""
-        if len(self.inputs) != 1:
-            return
-        found = _images_shape(x)
-        expected = tuple(self.inputs[0].shape)
-        if found is None or len(expected) != 4:
-            return
-        if len(found) == 3 and found[-1] in (1, 3, 4):
-            raise ValueError(f"Got one image of shape {found}; the model takes a batch {expected}: add a batch axis, "
-                             "e.g. images[None].")
-        if len(found) == 4 and found[-1] != 3:
-            if found[1] == 3:
-                fix = "they look channels-first (batch, 3, height, width): transpose them with np.transpose(x, (0, 2, 3, 1))"
-            elif found[-1] == 1:
-                fix = "they are grayscale (one channel): repeat it with np.repeat(x, 3, axis=-1)"
-            elif found[-1] == 4:
-                fix = "they have an alpha channel: drop it with x[..., :3]"
-            else:
-                fix = f"they have {found[-1]} channels"
-            raise ValueError(f"Images of shape {found} are not RGB channels-last {expected}; {fix}.")
-        compatible = len(found) == 4 and all(e is None or f is None or e == f for e, f in zip(expected, found))
-        if not compatible:
-            raise ValueError(
-                f"Input 0 with name '{self.inputs[0].name}' of layer '{self.name}' is incompatible with the layer: "
-                f"expected shape={expected}, found shape={found}"
-            )
-
-
-def _images_shape(x):
-    """The static shape of a batch of images, of a tf.data dataset's images, or None if unknown."""
-    spec = getattr(x, "element_spec", None)
-    if spec is not None:  # A tf.data.Dataset of images or (images, labels, ...).
-        while isinstance(spec, (tuple, list)) and spec:
-            spec = spec[0]
-        x = spec
-    shape = getattr(x, "shape", None)
-    if shape is None or isinstance(x, dict):
-        return None
-    try:
-        dims = list(shape)
-    except TypeError:
-        return None
-    # Symbolic sizes (an export's batch dimension, a traced unknown) count as unknown.
-    return tuple(int(d) if isinstance(d, numbers.Integral) else None for d in dims)
 
 
 def _named(name, weights, image_size, kwargs):

@@ -5,7 +5,9 @@ One function, `resize_position_embeddings`, serves the checkpoint loader, the
 patch part of a `(1, prefix + H * W, D)` table as an `H x W` image, leaving the
 prefix tokens (the class token's slot) untouched. `resize_patch_embedding`
 is FlexiViT's pseudo-inverse resize of a patch-embedding kernel, built on the
-same interpolation matrices.
+same interpolation matrices. The `AddPositionEmbedding` layer (also exported
+by `keras_vit.layers`) lives here, beside the resize it calls on every grid
+change.
 
 Interpolation is written as two small matrices (one per axis) built in numpy
 from the grid sizes, then applied with `keras.ops.einsum`. That keeps the
@@ -22,6 +24,7 @@ exactly:
 import math
 import numbers
 
+import keras
 import numpy as np
 from keras import ops
 
@@ -135,6 +138,56 @@ def as_pair(value, name):
     return (int(pair[0]), int(pair[1]))
 
 
+def _traced_cubic(x, a):
+    x = ops.abs(x)
+    near = ((a + 2.0) * x - (a + 3.0)) * x * x + 1.0
+    far = ((a * x - 5.0 * a) * x + 8.0 * a) * x - 4.0 * a
+    return ops.where(x < 1.0, near, ops.where(x < 2.0, far, ops.zeros_like(x)))
+
+
+def traced_interpolation_matrix(in_size, out_size, interpolation="bicubic", antialias=False):
+    """`interpolation_matrix` (half-pixel) for an `out_size` known only when a traced graph runs.
+
+    The same formulas in `keras.ops`, as a dense `(out_size, in_size)`
+    float32 matrix: a TensorFlow graph traced with unknown image sizes
+    builds its resize here. Equal to `interpolation_matrix` to float32
+    rounding (tested).
+    """
+    if interpolation not in INTERPOLATIONS:
+        raise ValueError(f"Unknown interpolation {interpolation!r}; expected one of {INTERPOLATIONS}.")
+    scale = float(in_size) / ops.cast(out_size, "float32")
+    out_index = ops.cast(ops.arange(out_size), "float32")[:, None]
+    in_index = ops.cast(ops.arange(in_size), "float32")[None, :]
+    last = float(in_size - 1)
+    if antialias:
+        taps, kernel = (2, lambda x: ops.maximum(0.0, 1.0 - ops.abs(x))) if interpolation == "bilinear" else (
+            4, lambda x: _traced_cubic(x, -0.5))
+        shrinking = scale >= 1.0
+        support = ops.where(shrinking, taps / 2 * scale, taps / 2)
+        inverse_scale = ops.where(shrinking, 1.0 / scale, 1.0)
+        center = scale * (out_index + 0.5)
+        start = ops.maximum(ops.floor(center - support + 0.5), 0.0)
+        stop = ops.minimum(ops.floor(center + support + 0.5), float(in_size))
+        inside = ops.logical_and(in_index >= start, in_index < stop)
+        weights = ops.where(inside, kernel((in_index - center + 0.5) * inverse_scale), 0.0)
+        total = ops.sum(weights, axis=1, keepdims=True)
+        return weights / ops.where(total == 0.0, 1.0, total)
+    source = scale * (out_index + 0.5) - 0.5
+    if interpolation == "bilinear":
+        source = ops.maximum(source, 0.0)
+        lower = ops.minimum(ops.floor(source), last)
+        upper = ops.minimum(lower + 1.0, last)
+        frac = source - lower
+        return ops.where(in_index == lower, 1.0 - frac, 0.0) + ops.where(in_index == upper, frac, 0.0)
+    lower = ops.floor(source)
+    frac = source - lower
+    matrix = 0.0
+    for tap in (-1, 0, 1, 2):
+        index = ops.clip(lower + tap, 0.0, last)
+        matrix = matrix + ops.where(in_index == index, _traced_cubic(frac - tap, -0.75), 0.0)
+    return matrix
+
+
 def resize_position_embeddings(
     pos_embedding,
     new_grid_size,
@@ -148,7 +201,9 @@ def resize_position_embeddings(
 
     Args:
         pos_embedding: array or tensor of shape `(1, num_prefix_tokens + H * W, D)`.
-        new_grid_size: int or `(height, width)` of the target patch grid.
+        new_grid_size: int or `(height, width)` of the target patch grid; inside
+            a traced graph its entries may be scalar tensors (a dynamic-resolution
+            model), with `align_corners=False`.
         old_grid_size: int or `(height, width)` of the table's grid; `None`
             means square.
         num_prefix_tokens: leading rows (the class token's) copied unchanged.
@@ -183,7 +238,9 @@ def resize_position_embeddings(
             )
         old_grid_size = side
     old_h, old_w = as_pair(old_grid_size, "old_grid_size")
-    new_h, new_w = as_pair(new_grid_size, "new_grid_size")
+    traced = isinstance(new_grid_size, (tuple, list)) and not all(
+        isinstance(v, numbers.Integral) for v in new_grid_size)
+    new_h, new_w = new_grid_size if traced else as_pair(new_grid_size, "new_grid_size")
     if old_h * old_w != num_patches:
         raise ValueError(
             f"old_grid_size {(old_h, old_w)} has {old_h * old_w} positions but the "
@@ -193,15 +250,21 @@ def resize_position_embeddings(
     table = ops.cast(ops.convert_to_tensor(pos_embedding), "float32")
     prefix = table[:, :num_prefix_tokens]
     grid = ops.reshape(table[:, num_prefix_tokens:], (old_h, old_w, shape[2]))
-    if (old_h, old_w) != (new_h, new_w):
+    if traced:
+        if align_corners:
+            raise ValueError("A grid size known only when the graph runs needs align_corners=False.")
+        rows = traced_interpolation_matrix(old_h, new_h, interpolation, antialias)
+        cols = traced_interpolation_matrix(old_w, new_w, interpolation, antialias)
+    elif (old_h, old_w) != (new_h, new_w):
         options = dict(
             interpolation=interpolation, align_corners=align_corners, antialias=antialias
         )
-        rows = interpolation_matrix(old_h, new_h, **options).astype("float32")
-        cols = interpolation_matrix(old_w, new_w, **options).astype("float32")
-        grid = ops.einsum("ph,hwd->pwd", ops.convert_to_tensor(rows), grid)
-        grid = ops.einsum("qw,pwd->pqd", ops.convert_to_tensor(cols), grid)
-    patches = ops.reshape(grid, (1, new_h * new_w, shape[2]))
+        rows = ops.convert_to_tensor(interpolation_matrix(old_h, new_h, **options).astype("float32"))
+        cols = ops.convert_to_tensor(interpolation_matrix(old_w, new_w, **options).astype("float32"))
+    if traced or (old_h, old_w) != (new_h, new_w):
+        grid = ops.einsum("ph,hwd->pwd", rows, grid)
+        grid = ops.einsum("qw,pwd->pqd", cols, grid)
+    patches = ops.reshape(grid, (1, -1, shape[2]))
     resized = ops.concatenate([prefix, patches], axis=1)
     if was_numpy:
         return ops.convert_to_numpy(resized).astype(dtype)
@@ -253,3 +316,114 @@ def resize_patch_embedding(kernel, new_patch_size, interpolation="bicubic", anti
     if was_numpy:
         return ops.convert_to_numpy(resized).astype(dtype)
     return ops.cast(resized, dtype)
+
+
+@keras.saving.register_keras_serializable(package="keras_vit")
+class AddPositionEmbedding(keras.layers.Layer):
+    """Add learned 1-D position embeddings to `prefix + rows * cols` tokens.
+
+    The table is built for `grid_size`. Called on a sequence from another
+    grid (dynamic resolution), it resizes the table on the fly with
+    `resize_position_embeddings`; pass `grid_size=(rows, cols)` to the call
+    for non-square grids, or `patch_grid`, the `(batch, rows, cols, hidden)`
+    patches the tokens came from, whose sizes may be known only when a
+    traced graph runs. Otherwise a square grid is assumed.
+
+    Example:
+    >>> import numpy as np
+    >>> layer = AddPositionEmbedding(grid_size=(14, 14))
+    >>> layer(np.zeros((2, 197, 32))).shape
+    (2, 197, 32)
+    >>> layer(np.zeros((2, 1 + 24 * 32, 32)), grid_size=(24, 32)).shape
+    (2, 769, 32)
+    """
+
+    def __init__(
+        self,
+        grid_size,
+        num_prefix_tokens=1,
+        interpolation="bicubic",
+        antialias=False,
+        initializer=None,
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        if interpolation not in INTERPOLATIONS:
+            raise ValueError(
+                f"Unknown interpolation {interpolation!r}; expected one of {INTERPOLATIONS}."
+            )
+        # === Config ===
+        self.grid_size = as_pair(grid_size, "grid_size")
+        self.num_prefix_tokens = int(num_prefix_tokens)
+        self.interpolation = interpolation
+        self.antialias = bool(antialias)
+        self.initializer = keras.initializers.get(
+            initializer or keras.initializers.RandomNormal(stddev=0.02)
+        )
+
+    @property
+    def num_positions(self):
+        return self.num_prefix_tokens + self.grid_size[0] * self.grid_size[1]
+
+    def build(self, input_shape):
+        self.pos_embedding = self.add_weight(
+            name="pos_embedding",
+            shape=(1, self.num_positions, input_shape[-1]),
+            initializer=self.initializer,
+        )
+
+    def _input_grid(self, num_tokens, grid_size):
+        if grid_size is not None:
+            grid_size = as_pair(grid_size, "grid_size")
+        elif num_tokens == self.num_positions:
+            grid_size = self.grid_size
+        else:
+            side = math.isqrt(max(num_tokens - self.num_prefix_tokens, 0))
+            grid_size = (side, side)
+        if self.num_prefix_tokens + grid_size[0] * grid_size[1] != num_tokens:
+            raise ValueError(
+                f"{num_tokens} tokens do not form {self.num_prefix_tokens} prefix tokens "
+                f"plus a {grid_size} patch grid; pass grid_size=(rows, cols) for "
+                "non-square images."
+            )
+        return grid_size
+
+    def call(self, tokens, grid_size=None, patch_grid=None):
+        num_tokens = tokens.shape[1]
+        if patch_grid is not None:
+            grid_size = tuple(ops.shape(patch_grid)[1:3])
+        traced = grid_size is not None and not all(isinstance(size, numbers.Integral) for size in grid_size)
+        if traced:
+            grid = grid_size  # Known only when the traced graph runs: always resized (equal sizes give identity).
+        elif num_tokens is None:
+            raise ValueError(
+                "AddPositionEmbedding needs a static number of tokens, or the patch_grid they came from; "
+                "build the model with a fixed image size or image_size=(None, None)."
+            )
+        else:
+            grid = self._input_grid(num_tokens, grid_size)
+        table = self.pos_embedding
+        if traced or grid != self.grid_size:
+            table = resize_position_embeddings(
+                table,
+                new_grid_size=grid,
+                old_grid_size=self.grid_size,
+                num_prefix_tokens=self.num_prefix_tokens,
+                interpolation=self.interpolation,
+                antialias=self.antialias,
+            )
+        return tokens + ops.cast(table, tokens.dtype)
+
+    def compute_output_shape(self, input_shape):
+        return input_shape
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            grid_size=self.grid_size,
+            num_prefix_tokens=self.num_prefix_tokens,
+            interpolation=self.interpolation,
+            antialias=self.antialias,
+            initializer=keras.initializers.serialize(self.initializer),
+        )
+        return config

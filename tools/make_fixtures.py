@@ -262,6 +262,34 @@ def write_patch_resize_references():
     print(f"patch resize: {len(cases) - 1} references")
 
 
+def write_dynamic_references():
+    """timm's `dynamic_img_size` logits and `forward_intermediates` of the `vit_token` fixture's weights.
+
+    The weights are read from `vit_token.npz` by timm's own loader into a model
+    built with `dynamic_img_size=True` (bicubic, anti-aliased position resize).
+    """
+    rng = np.random.default_rng(2)  # Its own stream: the other fixtures stay as they are.
+    kwargs = dict(img_size=32, patch_size=8, embed_dim=48, depth=2, num_heads=3, mlp_ratio=2.0, num_classes=10,
+                  act_layer=GELU_TANH, global_pool="token", fc_norm=False, dynamic_img_size=True)
+    model = VisionTransformer(**kwargs).eval()
+    _load_weights(model, os.path.join(FIXTURES, "vit_token.npz"))
+    cases = {}
+    with torch.no_grad():
+        for height, width in ((24, 40), (48, 48), (32, 32)):
+            images = rng.uniform(-1, 1, size=(2, height, width, 3)).astype(np.float32)
+            batch = torch.from_numpy(images.transpose(0, 3, 1, 2))
+            key = f"{height}x{width}"
+            cases[f"images_{key}"] = images
+            cases[f"logits_{key}"] = numpy(model(batch))
+            for norm in (False, True):
+                maps = model.forward_intermediates(batch, indices=[0, 1], norm=norm, output_fmt="NCHW",
+                                                   intermediates_only=True)
+                for index, features in enumerate(maps):
+                    cases[f"features_{key}_block{index}_norm{int(norm)}"] = numpy(features).transpose(0, 2, 3, 1)  # NHWC
+    np.savez(os.path.join(FIXTURES, "vit_token_dynamic_reference.npz"), **cases)
+    print(f"dynamic: {len(cases)} arrays")
+
+
 def write_parameter_counts():
     sizes = {"Ti": (192, 12, 3), "S": (384, 12, 6), "B": (768, 12, 12), "L": (1024, 24, 16), "H": (1280, 32, 16)}
     counts = {}
@@ -306,11 +334,11 @@ def write_full_size(directory, generator, rng):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--full-size-dir", help="also write a full ViT-B/16 checkpoint here")
-    parser.add_argument("--only", choices=["patch_resize"], help="write only this fixture")
+    parser.add_argument("--only", choices=["patch_resize", "dynamic"], help="write only this fixture")
     args = parser.parse_args()
     os.makedirs(FIXTURES, exist_ok=True)
-    if args.only == "patch_resize":
-        write_patch_resize_references()
+    if args.only:
+        {"patch_resize": write_patch_resize_references, "dynamic": write_dynamic_references}[args.only]()
         return
     torch.manual_seed(0)
     generator = torch.Generator().manual_seed(0)
@@ -336,6 +364,7 @@ def main():
     write_case("hybrid_token", small_hybrid(generator, 32), images(32, 32))
     write_case("hybrid_nonsquare", small_hybrid(generator, (24, 40)), images(24, 40))
     write_patch_resize_references()
+    write_dynamic_references()
     if args.full_size_dir:
         write_full_size(args.full_size_dir, generator, rng)
 

@@ -1,0 +1,142 @@
+"""The `keras.Model` class of every ViT, and what can be read back from a built one.
+
+`VisionTransformer` is the functional model `keras_vit.ViT` returns; it
+checks the images at every entry point. `sizes_of` reads a built model's
+`Variant` sizes (for example of a model loaded from a `.keras` file).
+"""
+
+import numbers
+
+import keras
+
+from keras_vit.checkpoints.source import resnet_layers_of
+from keras_vit.variants import Variant
+
+# The image_size of a dynamic-resolution model: any height and width that divide into patches.
+DYNAMIC = (None, None)
+
+
+def sizes_of(model):
+    """The `Variant` sizes of a built keras_vit model, for example one loaded from a `.keras` file."""
+    embedding, block = model.get_layer("embedding"), model.get_layer("encoderblock_0")
+    depth = sum(1 for layer in model.layers if layer.name.startswith("encoderblock_"))
+    paths = {variable.path: variable for variable in model.weights}
+    resnet = {}
+    if "conv_root/kernel" in paths:
+        resnet = dict(resnet_layers=resnet_layers_of(paths),
+                      resnet_width=int(paths["conv_root/kernel"].shape[-1]))
+    return Variant(embedding.patch_size[0], embedding.hidden_size, depth, block.num_heads, block.mlp_dim, **resnet)
+
+
+@keras.saving.register_keras_serializable(package="keras_vit")
+class VisionTransformer(keras.Model):
+    """The functional model `ViT` returns: a `keras.Model` that checks its images before running.
+
+    Keras' JAX trainer runs `fit`, `evaluate` and `predict` without the input
+    check that `model(images)` makes: an image size that is a few pixels off
+    was cropped silently, and an error inside those calls left the model's
+    variables empty. Here every entry point first checks the images' size
+    and layout (a grayscale or channels-first batch is named as such), and
+    a call that fails anyway puts the weights back before it raises.
+
+    Example:
+    >>> import numpy as np, keras_vit
+    >>> model = keras_vit.ViT(image_size=32, patch_size=8, hidden_size=16, num_layers=1, num_heads=2,
+    ...             mlp_dim=32, classes=3)
+    >>> model.predict(np.zeros((1, 36, 36, 3)), verbose=0)  # doctest: +SKIP
+    ValueError: Input 0 with name 'images' of layer 'vit' is incompatible with the layer: ...
+    """
+
+    def __call__(self, *args, **kwargs):
+        if args:
+            self._check_images(args[0])
+        return super().__call__(*args, **kwargs)
+
+    def fit(self, x=None, *args, **kwargs):
+        return self._guarded(super().fit, x, *args, **kwargs)
+
+    def evaluate(self, x=None, *args, **kwargs):
+        return self._guarded(super().evaluate, x, *args, **kwargs)
+
+    def predict(self, x, *args, **kwargs):
+        return self._guarded(super().predict, x, *args, **kwargs)
+
+    def train_on_batch(self, x, *args, **kwargs):
+        return self._guarded(super().train_on_batch, x, *args, **kwargs)
+
+    def test_on_batch(self, x, *args, **kwargs):
+        return self._guarded(super().test_on_batch, x, *args, **kwargs)
+
+    def predict_on_batch(self, x):
+        return self._guarded(super().predict_on_batch, x)
+
+    def _guarded(self, method, x, *args, **kwargs):
+        self._check_images(x)
+        if keras.backend.backend() != "jax":
+            return method(x, *args, **kwargs)
+        # JAX's trainer detaches the variables' values while it runs and re-attaches them at the end.
+        values = [variable.value for variable in self.variables]
+        try:
+            return method(x, *args, **kwargs)
+        except BaseException:
+            if getattr(self, "_jax_state", None):
+                self.jax_state_sync()
+            self._jax_state = None
+            for variable, value in zip(self.variables, values):
+                if variable._value is None:  # Detached and never re-attached.
+                    variable.assign(value)
+            raise
+
+    def _check_images(self, x):
+        """Refuse another image size, or a grayscale or channels-first batch, with a message that says so."""
+        if len(self.inputs) != 1:
+            return
+        found = _images_shape(x)
+        expected = tuple(self.inputs[0].shape)
+        if found is None or len(expected) != 4:
+            return
+        if len(found) == 3 and found[-1] in (1, 3, 4):
+            raise ValueError(f"Got one image of shape {found}; the model takes a batch {expected}: add a batch axis, "
+                             "e.g. images[None].")
+        if len(found) == 4 and found[-1] != 3:
+            if found[1] == 3:
+                fix = "they look channels-first (batch, 3, height, width): transpose them with np.transpose(x, (0, 2, 3, 1))"
+            elif found[-1] == 1:
+                fix = "they are grayscale (one channel): repeat it with np.repeat(x, 3, axis=-1)"
+            elif found[-1] == 4:
+                fix = "they have an alpha channel: drop it with x[..., :3]"
+            else:
+                fix = f"they have {found[-1]} channels"
+            raise ValueError(f"Images of shape {found} are not RGB channels-last {expected}; {fix}.")
+        if len(found) == 4 and expected[1:3] == DYNAMIC:
+            # A TensorFlow graph traced with unknown sizes cannot check them; a "valid" convolution would crop.
+            sizes = sizes_of(self)
+            for size, axis in zip(found[1:3], ("height", "width")):
+                if size is not None and size % sizes.pixels_per_patch:
+                    what = f"the patch size {sizes.patch_size}" if sizes.resnet_layers is None else \
+                        f"the {sizes.pixels_per_patch} pixels one patch spans"
+                    raise ValueError(f"Image {axis} {size} is not divisible by {what} (input shape {found}).")
+        compatible = len(found) == 4 and all(e is None or f is None or e == f for e, f in zip(expected, found))
+        if not compatible:
+            raise ValueError(
+                f"Input 0 with name '{self.inputs[0].name}' of layer '{self.name}' is incompatible with the layer: "
+                f"expected shape={expected}, found shape={found}"
+            )
+
+
+def _images_shape(x):
+    """The static shape of a batch of images, of a tf.data dataset's images, or None if unknown."""
+    spec = getattr(x, "element_spec", None)
+    if spec is not None:  # A tf.data.Dataset of images or (images, labels, ...).
+        while isinstance(spec, (tuple, list)) and spec:
+            spec = spec[0]
+        x = spec
+    shape = getattr(x, "shape", None)
+    if shape is None or isinstance(x, dict):
+        return None
+    try:
+        dims = list(shape)
+    except TypeError:
+        return None
+    # Symbolic sizes (an export's batch dimension, a traced unknown) count as unknown.
+    return tuple(int(d) if isinstance(d, numbers.Integral) else None for d in dims)
