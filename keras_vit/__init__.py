@@ -7,6 +7,7 @@ Example:
 
 from keras_vit import analysis, kernels, layers, recipes, resnet  # recipes registers the optimizers saved in .keras files
 from keras_vit.checkpoints import Checkpoint, CheckpointError, available_weights
+from keras_vit.features import feature_extractor
 from keras_vit.imagenet import decode_predictions, preprocess_input
 from keras_vit.masked_patch import MaskedPatchPretrainer, PatchCorruption, mean_colour_bins
 from keras_vit.models import (
@@ -42,6 +43,7 @@ __all__ = [
     "available_weights",
     "decode_predictions",
     "decode_variant",
+    "feature_extractor",
     "kernels",
     "layers",
     "mean_colour_bins",
