@@ -17,6 +17,8 @@ import math
 import keras
 import numpy as np
 
+from keras_vit.functional import native_image_size
+
 
 def _numpy(x):
     return np.asarray(keras.ops.convert_to_numpy(x))
@@ -323,7 +325,7 @@ def inspect(model, image, output_dir):
     model_input = image.astype("float32") / 127.5 - 1.0 if image.dtype == np.uint8 else image
     attentions = attention_weights(model, model_input[None])
     grid_size, prefix = _grid_and_prefix(model)
-    patch_size = model.input_shape[1] // grid_size[0]  # In pixels, also for a hybrid.
+    patch_size = native_image_size(model)[0] // grid_size[0]  # In pixels, also for a hybrid.
     written = {}
     if prefix:
         heat = rollout_map(attention_rollout(attentions), grid_size, prefix)[0]

@@ -28,6 +28,21 @@ def sizes_of(model):
     return Variant(embedding.patch_size[0], embedding.hidden_size, depth, block.num_heads, block.mlp_dim, **resnet)
 
 
+def native_image_size(model):
+    """The `(height, width)` a model takes: its input's, or for dynamic resolution its position table's.
+
+    Tools that must pick one size for a dynamic model (`keras-vit evaluate`,
+    `predict`, `inspect`) resize images to the size its position embeddings
+    were trained at.
+    """
+    size = tuple(model.input_shape[1:3])
+    if None not in size:
+        return size
+    step = sizes_of(model).pixels_per_patch
+    rows, cols = model.get_layer("position_embedding").grid_size
+    return (rows * step, cols * step)
+
+
 @keras.saving.register_keras_serializable(package="keras_vit")
 class VisionTransformer(keras.Model):
     """The functional model `ViT` returns: a `keras.Model` that checks its images before running.

@@ -12,6 +12,7 @@ import keras
 import numpy as np
 
 from keras_vit import checkpoints, data
+from keras_vit.functional import native_image_size
 from keras_vit.imagenet import imagenet_labels
 from keras_vit.models import ViT, read_checkpoint, sizes_of
 from keras_vit.position_embedding import as_pair
@@ -67,7 +68,7 @@ def evaluate(weights="runs/finetune/model.keras", dataset="digits", eval_split="
     """Top-1 and top-5 of a saved model on a data-set split; prints both and returns Keras' results dict."""
     network = load_for_inference(weights, model, image_size, sizes)
     _check_has_classifier(network, weights)
-    image_size = network.input_shape[1:3]
+    image_size = native_image_size(network)
     num_classes = network.output_shape[-1]
     names = _saved_class_names(network, weights)
     source = data.load_source(dataset, eval_split, data_dir, image_size, class_names=names)
@@ -123,7 +124,7 @@ def predict(images, weights="runs/finetune/model.keras", labels=None, crop_fract
 
     network = load_for_inference(weights, model, image_size, sizes)
     _check_has_classifier(network, weights)
-    size = network.input_shape[1:3]
+    size = native_image_size(network)
     names = class_names(network, weights, labels)
     results = []
     for path in images:
@@ -155,7 +156,7 @@ def inspect(image, weights="runs/finetune/model.keras", output_dir="runs/inspect
     if not os.path.exists(image):
         raise FileNotFoundError(f"Image not found: {image}")
     pixels = tf.io.decode_image(tf.io.read_file(image), channels=3, expand_animations=False)
-    pixels = tf.cast(tf.clip_by_value(data.resize(pixels, network.input_shape[1:3]), 0, 255), "uint8").numpy()
+    pixels = tf.cast(tf.clip_by_value(data.resize(pixels, native_image_size(network)), 0, 255), "uint8").numpy()
     written = analysis.inspect(network, pixels, output_dir)
     for path in written.values():
         print("wrote", path)

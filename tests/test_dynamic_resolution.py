@@ -120,3 +120,17 @@ def test_bad_dynamic_options_are_refused_with_the_fix():
         keras_vit.ViT(image_size=(None, 224), **SMALL)
     with pytest.raises(ValueError, match="Unknown position_embedding_interpolation 'nearest'"):
         keras_vit.ViT(image_size=(None, None), **SMALL, position_embedding_interpolation="nearest")
+
+
+def test_tools_that_need_one_size_use_the_size_the_table_was_trained_at(tmp_path):
+    from keras_vit import inference
+    from keras_vit.functional import native_image_size
+
+    model = dynamic()
+    assert native_image_size(model) == (32, 32)
+    assert native_image_size(keras_vit.ViT(image_size=(None, None), **SMALL_HYBRID)) == (224, 224)
+    model.save(tmp_path / "dynamic.keras")
+    image = tmp_path / "digit.png"
+    keras.utils.save_img(image, np.random.default_rng(0).integers(0, 255, (48, 40, 3)).astype("uint8"))
+    (top5,) = inference.predict([str(image)], weights=str(tmp_path / "dynamic.keras"))
+    assert len(top5) == 5
