@@ -13,10 +13,12 @@ The `plot_*` functions write PNG files with matplotlib.
 """
 
 import math
+import os
 
 import keras
 import numpy as np
 
+from keras_vit import files
 from keras_vit.functional import native_image_size
 
 
@@ -246,6 +248,11 @@ def extract_features(model, dataset, max_batches=None):
 # ---------------------------------------------------------------------------
 
 
+def _save(figure, path):
+    with files.atomic_path(path) as temporary:  # Whole, or the old figure untouched.
+        figure.savefig(temporary, dpi=100, format=os.path.splitext(path)[1][1:] or "png")
+
+
 def _pyplot():
     import matplotlib
 
@@ -267,7 +274,7 @@ def plot_mean_attention_distance(distances, path, title="Mean attention distance
     if distances.shape[1] <= 16:
         axis.legend(fontsize=6, ncol=2)
     figure.tight_layout()
-    figure.savefig(path, dpi=100)
+    _save(figure, path)
     plt.close(figure)
 
 
@@ -281,7 +288,7 @@ def plot_position_embedding_similarity(similarity, path):
             axes[i, j].imshow(similarity[i, j], vmin=-1, vmax=1, cmap="viridis")
             axes[i, j].set_axis_off()
     figure.suptitle("Position embedding similarity")
-    figure.savefig(path, dpi=100)
+    _save(figure, path)
     plt.close(figure)
 
 
@@ -298,7 +305,7 @@ def plot_embedding_filters(filters, path):
             image = filters[index]
             axis.imshow(image[..., 0] if image.shape[-1] == 1 else image, cmap="gray")
     figure.suptitle("RGB embedding filters (principal components)")
-    figure.savefig(path, dpi=100)
+    _save(figure, path)
     plt.close(figure)
 
 
@@ -312,13 +319,12 @@ def plot_attention_overlay(image, attention_map, path):
     left.imshow(shown), left.set_title("image"), left.set_axis_off()
     right.imshow(overlay(image, attention_map)), right.set_title("attention rollout"), right.set_axis_off()
     figure.tight_layout()
-    figure.savefig(path, dpi=100)
+    _save(figure, path)
     plt.close(figure)
 
 
 def inspect(model, image, output_dir):
     """Write every figure for one model and one image (`[-1, 1]` or uint8) to `output_dir`."""
-    import os
 
     os.makedirs(output_dir, exist_ok=True)
     image = np.asarray(image)

@@ -11,7 +11,7 @@ import os
 import keras
 import numpy as np
 
-from keras_vit import checkpoints, data
+from keras_vit import checkpoints, data, files
 from keras_vit.functional import native_image_size
 from keras_vit.imagenet import imagenet_labels
 from keras_vit.models import ViT, read_checkpoint, sizes_of
@@ -177,6 +177,7 @@ def convert(weights, output, model=None, image_size=None, classes=None):
         )
     image_size = image_size or source.image_size or 224
     network = ViT(image_size=image_size, **sizes.__dict__, weights=source, classes=classes)
-    network.save(output)
+    with files.atomic_path(output) as path:  # A failed write keeps any earlier file whole.
+        network.save(path)
     print(f"wrote {output}: {network.name}, {network.count_params():,} parameters, {image_size} px")
     return network

@@ -204,3 +204,34 @@ def test_atomic_writes_leave_the_old_file_whole_when_writing_fails(tmp_path, mon
             open(path, "w").write("half")
             raise OSError(errno.ENOSPC, "No space left on device")
     assert target.read_bytes() == good and sorted(os.listdir(tmp_path)) == ["vit.npz"]
+
+
+def test_figures_and_converted_models_are_replaced_whole_or_not_at_all(tmp_path, monkeypatch):
+    pytest.importorskip("matplotlib")
+    from keras_vit import analysis, inference
+
+    figure_path = tmp_path / "distances.png"
+    analysis.plot_mean_attention_distance(np.ones((2, 3)), str(figure_path))
+    good_figure = figure_path.read_bytes()
+    source = tmp_path / "vit.npz"
+    save_npz(training.ViT(image_size=16, patch_size=8, hidden_size=8, num_layers=1, num_heads=1, mlp_dim=16,
+                          classes=2), str(source))
+    converted = tmp_path / "vit.keras"
+    inference.convert(str(source), str(converted))
+    good_model = converted.read_bytes()
+
+    import matplotlib.figure
+    import keras
+
+    def full_disk(self, path, *args, **kwargs):
+        open(path, "wb").write(b"\x89PNG half")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", full_disk)
+    monkeypatch.setattr(keras.Model, "save", full_disk)
+    with pytest.raises(OSError, match="No space left"):
+        analysis.plot_mean_attention_distance(np.ones((2, 3)), str(figure_path))
+    with pytest.raises(OSError, match="No space left"):
+        inference.convert(str(source), str(converted))
+    assert figure_path.read_bytes() == good_figure and converted.read_bytes() == good_model
+    assert sorted(os.listdir(tmp_path)) == ["distances.png", "vit.keras", "vit.npz"]
