@@ -275,24 +275,24 @@ class TransformerBlock(keras.layers.Layer):
                 f"hidden_size {hidden_size} is not divisible by num_heads {self.num_heads}."
             )
         self.head_dim = hidden_size // self.num_heads
-        dense = dict(dtype=self.dtype_policy)
+        plain = dict(dtype=self._sublayer_policy())  # Norms and dropouts: never quantized.
         # Glorot over each of q, k and v (fan D -> D), as the original's three
         # separate projections, although they are stored as one (D, 3D) kernel.
         qkv_init = keras.initializers.VarianceScaling(2.0, "fan_avg", "uniform", seed=self._seed(0))
         self.attention_norm = LayerNorm(
-            epsilon=LAYER_NORM_EPSILON, name="attention_norm", **dense
+            epsilon=LAYER_NORM_EPSILON, name="attention_norm", **plain
         )
         self.qkv = keras.layers.Dense(
-            3 * hidden_size, kernel_initializer=qkv_init, name="qkv", **dense
+            3 * hidden_size, kernel_initializer=qkv_init, name="qkv", dtype=self._sublayer_policy("qkv")
         )
         self.attention_output = keras.layers.Dense(
             hidden_size,
             kernel_initializer=keras.initializers.GlorotUniform(seed=self._seed(1)),
             name="attention_output",
-            **dense,
+            dtype=self._sublayer_policy("attention_output"),
         )
         self.mlp_norm = LayerNorm(
-            epsilon=LAYER_NORM_EPSILON, name="mlp_norm", **dense
+            epsilon=LAYER_NORM_EPSILON, name="mlp_norm", **plain
         )
         self.mlp_hidden = self._mlp_dense(self.mlp_dim, "mlp_hidden", seed_offset=2)
         self.mlp_output = self._mlp_dense(hidden_size, "mlp_output", seed_offset=4)
@@ -300,9 +300,9 @@ class TransformerBlock(keras.layers.Layer):
         self.attention_dropout = keras.layers.Dropout(
             self.attention_dropout_rate, seed=self._seed(6), dtype="float32"
         )
-        self.output_dropout = keras.layers.Dropout(self.dropout_rate, seed=self._seed(7), **dense)
-        self.mlp_hidden_dropout = keras.layers.Dropout(self.dropout_rate, seed=self._seed(8), **dense)
-        self.mlp_output_dropout = keras.layers.Dropout(self.dropout_rate, seed=self._seed(9), **dense)
+        self.output_dropout = keras.layers.Dropout(self.dropout_rate, seed=self._seed(7), **plain)
+        self.mlp_hidden_dropout = keras.layers.Dropout(self.dropout_rate, seed=self._seed(8), **plain)
+        self.mlp_output_dropout = keras.layers.Dropout(self.dropout_rate, seed=self._seed(9), **plain)
         if self.stochastic_depth_rate:
             self.stochastic_depth_seed = keras.random.SeedGenerator(self._seed(10))
 
@@ -313,6 +313,18 @@ class TransformerBlock(keras.layers.Layer):
         self.mlp_norm.build(token_shape)
         self.mlp_hidden.build(token_shape)
         self.mlp_output.build((*token_shape[:-1], self.mlp_dim))
+
+    def _sublayer_policy(self, name=None):
+        """The dtype policy of sublayer `name`: the block's own, or a quantized one its saved config names.
+
+        A block reloaded after `quantize` has a `DTypePolicyMap`; each sublayer
+        gets its own entry as a plain policy, which Keras' Dense saves and
+        reloads correctly (it does not look a map up when it saves).
+        """
+        policy = self.dtype_policy
+        if not isinstance(policy, keras.dtype_policies.DTypePolicyMap):
+            return policy
+        return policy.default_policy if name is None else policy[f"{self.path}/{name}"]
 
     def _seed(self, offset):
         """Distinct seeds per random op, so that equal seeds give unequal masks."""
@@ -326,7 +338,7 @@ class TransformerBlock(keras.layers.Layer):
                 stddev=1e-6, seed=self._seed(seed_offset + 1)
             ),
             name=name,
-            dtype=self.dtype_policy,
+            dtype=self._sublayer_policy(name),
         )
 
     def _self_attention(self, x, training, return_weights):
@@ -390,4 +402,15 @@ class TransformerBlock(keras.layers.Layer):
             approximate_gelu=self.approximate_gelu,
             seed=self.seed,
         )
+        # A quantized dense layer (after `model.quantize("int8")`) is rebuilt quantized on loading only if
+        # the block's config says so: Keras' DTypePolicyMap, keyed by the sublayers' paths.
+        quantized = {layer.path: layer.dtype_policy for layer in self._flatten_layers(include_self=False)
+                     if layer.quantization_mode is not None}
+        if quantized:
+            own = self.dtype_policy
+            default = own.default_policy if isinstance(own, keras.dtype_policies.DTypePolicyMap) else own
+            policies = keras.dtype_policies.DTypePolicyMap(default_policy=default)
+            for path, policy in quantized.items():
+                policies[path] = policy
+            config["dtype"] = keras.dtype_policies.serialize(policies)
         return config
