@@ -71,7 +71,7 @@ def ViT(
     attention_dropout_rate=0.0,
     stochastic_depth_rate=0.0,
     classifier_activation="softmax",
-    approximate_gelu=True,
+    approximate_gelu=None,
     position_embedding_interpolation="bicubic",
     position_embedding_antialias=False,
     name=None,
@@ -112,7 +112,9 @@ def ViT(
         stochastic_depth_rate: drop rate of the last block's residual
             branches, rising linearly from 0 in the first block.
         classifier_activation: activation of the head (computed in float32).
-        approximate_gelu: tanh-approximated GELU (the original models') or exact.
+        approximate_gelu: tanh-approximated GELU (the original checkpoints') or
+            exact (timm's); default the checkpoint's form (exact for timm
+            weights), else tanh.
         position_embedding_interpolation: `"bicubic"` or `"bilinear"`: how the
             position embeddings are resized, to a checkpoint's new grid and,
             with dynamic resolution, to each input's grid.
@@ -170,6 +172,8 @@ def ViT(
         representation_size = source.representation_size if source else 0
     if classes is None:
         classes = source.classes if source and source.classes else 1000
+    if approximate_gelu is None:
+        approximate_gelu = source.approximate_gelu if source and source.approximate_gelu is not None else True
     options = ModelOptions(
         image_size=image_size,
         sizes=sizes,

@@ -293,15 +293,15 @@ def test_rejects_checkpoint_with_non_finite_values(tmp_path):
 def test_rejects_missing_file_and_unknown_kinds(tmp_path):
     with pytest.raises(CheckpointError, match="Weights file not found: .*nowhere.npz"):
         keras_vit.ViT(image_size=32, **SMALL, weights=str(tmp_path / "nowhere.npz"))
-    other = tmp_path / "weights.bin"
+    other = tmp_path / "weights.ckpt"
     other.write_bytes(b"x")
-    with pytest.raises(CheckpointError, match=r"Unknown weights file type '\.bin': .*weights.bin. keras_vit reads"):
+    with pytest.raises(CheckpointError, match=r"Unknown weights file type '\.ckpt': .*weights.ckpt. keras_vit reads"):
         keras_vit.ViT(image_size=32, **SMALL, weights=str(other))
     # A misspelt extension is a file type, not the name of published weights.
     with pytest.raises(CheckpointError, match=r"Unknown weights file type '\.nzp': tiny.nzp"):
         keras_vit.ViT(image_size=32, **SMALL, weights="tiny.nzp")
-    with pytest.raises(CheckpointError, match=r"Unknown weights file type '\.bin': pytorch_model.bin"):
-        keras_vit.ViT_B16(weights="pytorch_model.bin")
+    with pytest.raises(CheckpointError, match=r"Unknown weights file type '\.ckpt': model.ckpt"):
+        keras_vit.ViT_B16(weights="model.ckpt")
 
 
 def test_rejects_unknown_checkpoint_name():

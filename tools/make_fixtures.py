@@ -290,6 +290,42 @@ def write_dynamic_references():
     print(f"dynamic: {len(cases)} arrays")
 
 
+def write_timm_hub_references():
+    """A tiny timm ViT as timm publishes one on the Hub: `config.json` + `model.safetensors`, by timm's own writer.
+
+    Built with `timm.create_model` (exact GELU, as every timm ViT), random
+    values in every tensor, saved with `save_for_hf`, read back by
+    `timm.models.load_checkpoint(..., strict=True)`; the
+    logits of fixed images and timm's state-dict names and shapes are kept.
+    """
+    import json
+
+    import timm
+    from timm.models._hub import save_for_hf
+
+    generator = torch.Generator().manual_seed(3)
+    rng = np.random.default_rng(3)  # Its own stream: the other fixtures stay as they are.
+    args = dict(img_size=32, patch_size=8, embed_dim=24, depth=2, num_heads=3, mlp_ratio=2.0, num_classes=5)
+    model = timm.create_model("vit_tiny_patch16_224", pretrained=False, **args).eval()
+    randomise(model, generator)
+    folder = os.path.join(FIXTURES, "timm_hub")
+    save_for_hf(model, folder, safe_serialization=True)
+    weights = os.path.join(folder, "model.safetensors")
+    for stale in set(os.listdir(folder)) - {"config.json", "model.safetensors"}:
+        os.remove(os.path.join(folder, stale))  # pytorch_model.bin: the fixture keeps only the safetensors
+    again = timm.create_model("vit_tiny_patch16_224", pretrained=False, **args).eval()
+    timm.models.load_checkpoint(again, weights, strict=True)
+    images = rng.uniform(-1, 1, size=(2, 32, 32, 3)).astype(np.float32)
+    with torch.no_grad():
+        batch = torch.from_numpy(images.transpose(0, 3, 1, 2))
+        logits = numpy(model(batch))
+        if not np.array_equal(logits, numpy(again(batch))):
+            raise AssertionError("timm read its own files back differently")
+    names = json.dumps({name: list(tensor.shape) for name, tensor in model.state_dict().items()})
+    np.savez(os.path.join(FIXTURES, "timm_hub_reference.npz"), images=images, logits=logits, state_dict_shapes=names)
+    print(f"timm hub: {sorted(os.listdir(folder))}, logits {logits.shape}")
+
+
 def write_parameter_counts():
     sizes = {"Ti": (192, 12, 3), "S": (384, 12, 6), "B": (768, 12, 12), "L": (1024, 24, 16), "H": (1280, 32, 16)}
     counts = {}
@@ -334,11 +370,12 @@ def write_full_size(directory, generator, rng):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--full-size-dir", help="also write a full ViT-B/16 checkpoint here")
-    parser.add_argument("--only", choices=["patch_resize", "dynamic"], help="write only this fixture")
+    parser.add_argument("--only", choices=["patch_resize", "dynamic", "timm_hub"], help="write only this fixture")
     args = parser.parse_args()
     os.makedirs(FIXTURES, exist_ok=True)
     if args.only:
-        {"patch_resize": write_patch_resize_references, "dynamic": write_dynamic_references}[args.only]()
+        {"patch_resize": write_patch_resize_references, "dynamic": write_dynamic_references,
+         "timm_hub": write_timm_hub_references}[args.only]()
         return
     torch.manual_seed(0)
     generator = torch.Generator().manual_seed(0)
@@ -365,6 +402,7 @@ def main():
     write_case("hybrid_nonsquare", small_hybrid(generator, (24, 40)), images(24, 40))
     write_patch_resize_references()
     write_dynamic_references()
+    write_timm_hub_references()
     if args.full_size_dir:
         write_full_size(args.full_size_dir, generator, rng)
 

@@ -4,6 +4,7 @@
 - `source`: `WeightsSource`, the one internal state every layout is read into;
 - `flax_npz`: the original Flax `.npz` layout (vision_transformer, big_vision), read and written;
 - `keras_files`: Keras' `.keras` and `.weights.h5` files;
+- `timm_layout`: timm's ViT state dicts (`.safetensors`, `.bin`/`.pth`) and Hub folders, read and written;
 - `loading`: `read_weights` for any name or path, and `load_into`, which adapts
   heads and position embeddings and assigns all or nothing.
 
@@ -28,6 +29,7 @@ from keras_vit.checkpoints.registry import (
     register,
 )
 from keras_vit.checkpoints.source import CheckpointError, WeightsSource, state_of
+from keras_vit.checkpoints.timm_layout import from_timm, read_timm, read_timm_folder, save_timm, to_timm
 
 __all__ = [
     "Checkpoint",
@@ -39,13 +41,18 @@ __all__ = [
     "fetch",
     "find_checkpoint",
     "from_flax",
+    "from_timm",
     "load_into",
     "read_keras",
     "read_npz",
+    "read_timm",
+    "read_timm_folder",
     "read_weights",
     "read_weights_h5",
     "register",
     "save_npz",
+    "save_timm",
     "state_of",
     "to_flax",
+    "to_timm",
 ]

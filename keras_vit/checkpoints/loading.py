@@ -18,6 +18,7 @@ import numpy as np
 from keras_vit.checkpoints.flax_npz import read_npz
 from keras_vit.checkpoints.keras_files import read_keras, read_weights_h5
 from keras_vit.checkpoints.registry import fetch, find_checkpoint
+from keras_vit.checkpoints.timm_layout import read_timm, read_timm_folder
 from keras_vit.checkpoints.source import (
     BLOCK,
     CheckpointError,
@@ -56,19 +57,23 @@ def read_weights(weights, variant, image_size, sizes=None, classes=None):
                 variant, path, checkpoint.image_size, image_size,
             )
         return source
-    readers = {".npz": read_npz, ".keras": read_keras, ".weights.h5": read_weights_h5}
+    sizes = sizes or VARIANTS.get(variant)
+    budget = None if sizes is None else weight_budget(sizes, classes)
+    if os.path.isdir(path):
+        return read_timm_folder(path, budget)[0]
+    readers = {".npz": read_npz, ".keras": read_keras, ".weights.h5": read_weights_h5,
+               ".safetensors": read_timm, ".bin": read_timm, ".pth": read_timm}
     reader = next((read for suffix, read in readers.items() if path.endswith(suffix)), None)
     if reader is None:
         kind = os.path.splitext(path)[1] or "without an extension"
         raise CheckpointError(
             f"Unknown weights file type {kind!r}: {path}. keras_vit reads an original .npz, a .keras "
-            "or a .weights.h5 file."
+            "or a .weights.h5 file, a timm state dict (.safetensors, .bin, .pth) or a timm Hub folder."
         )
     if not os.path.exists(path):
         raise CheckpointError(f"Weights file not found: {path}")
     require_regular_file(path)  # Before anything opens it: a FIFO or a device would hang or never end.
-    sizes = sizes or VARIANTS.get(variant)
-    return reader(path, budget=None if sizes is None else weight_budget(sizes, classes))
+    return reader(path, budget=budget)
 
 
 def _looks_like_path(weights):

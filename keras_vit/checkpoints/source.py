@@ -132,6 +132,7 @@ class WeightsSource:
     classes: int = None
     num_heads: int = None
     layout: dict = None
+    approximate_gelu: bool = None  # The GELU the checkpoint was trained with, where its layout says (timm: exact).
 
     @property
     def sizes(self):

@@ -1,0 +1,300 @@
+"""timm's layout: a `VisionTransformer` state dict, read and written.
+
+timm stores PyTorch tensors under its module names (`blocks.0.attn.qkv.weight`,
+...): dense kernels as `(out, in)`, the patch convolution as `(out, in, h, w)`.
+A bare state dict is a `.safetensors` file (or a `.bin`/`.pth` file, read
+only through `torch.load(weights_only=True)`); timm's Hub folders add a
+`config.json` with the model's arguments and preprocessing, which
+`read_timm_folder` reads too. timm's ViTs compute exact GELU, so a source read
+here asks for it.
+
+Example:
+>>> from keras_vit import checkpoints
+>>> source = checkpoints.read_timm("model.safetensors")  # doctest: +SKIP
+>>> checkpoints.save_timm(model, "vit.safetensors")  # doctest: +SKIP
+"""
+
+import json
+import logging
+import math
+import os
+import struct
+
+import keras
+import numpy as np
+
+from keras_vit.checkpoints.source import CheckpointError, preview, require_regular_file, source_from_state
+from keras_vit.files import atomic_path
+
+logger = logging.getLogger("keras_vit")
+
+# timm name (after "blocks.{i}.") -> keras_vit name (after "encoderblock_{i}/").
+_BLOCK = {
+    "norm1.weight": "attention_norm/gamma",
+    "norm1.bias": "attention_norm/beta",
+    "attn.qkv.weight": "qkv/kernel",
+    "attn.qkv.bias": "qkv/bias",
+    "attn.proj.weight": "attention_output/kernel",
+    "attn.proj.bias": "attention_output/bias",
+    "norm2.weight": "mlp_norm/gamma",
+    "norm2.bias": "mlp_norm/beta",
+    "mlp.fc1.weight": "mlp_hidden/kernel",
+    "mlp.fc1.bias": "mlp_hidden/bias",
+    "mlp.fc2.weight": "mlp_output/kernel",
+    "mlp.fc2.bias": "mlp_output/bias",
+}
+_TOP = {
+    "cls_token": "class_token/cls",
+    "pos_embed": "position_embedding/pos_embedding",
+    "patch_embed.proj.weight": "embedding/kernel",
+    "patch_embed.proj.bias": "embedding/bias",
+    "norm.weight": "encoder_norm/gamma",
+    "norm.bias": "encoder_norm/beta",
+    "head.weight": "head/kernel",
+    "head.bias": "head/bias",
+}
+# Parts of timm's ViT family that keras_vit's model does not have, and what they are.
+_UNSUPPORTED = {
+    "reg_token": "register tokens",
+    ".ls1.": "layer scale",
+    ".q_norm.": "query/key normalisation",
+    "fc_norm.": "a LayerNorm after pooling (fc_norm)",
+    "attn_pool.": "attention pooling",
+    "patch_embed.backbone.": "a hybrid's ResNet (load the original .npz instead)",
+    "patch_embed.norm.": "a normalised patch embedding",
+}
+_SAFETENSORS_DTYPES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1,
+                       "BOOL": 1}
+_MAX_HEADER_BYTES = 100 << 20
+
+
+def _to_ours(name, value):
+    """A timm tensor as keras_vit's array: kernels transposed to (in, out), the convolution to HWIO."""
+    if name == "patch_embed.proj.weight":
+        return value.transpose(2, 3, 1, 0)
+    if name.endswith(".weight") and value.ndim == 2:
+        return value.T
+    return value
+
+
+def from_timm(tensors, description="checkpoint"):
+    """keras_vit's state `{path: array}` from a timm ViT state dict of numpy arrays."""
+    for marker, what in _UNSUPPORTED.items():
+        found = sorted(name for name in tensors if marker in name or name.startswith(marker))
+        if found:
+            raise CheckpointError(
+                f"{description} is a timm ViT with {what} ({preview(found, 3)}), which keras_vit's ViT does not have."
+            )
+    state, unknown = {}, []
+    for name, value in tensors.items():
+        value = np.asarray(value)
+        if name in _TOP:
+            state[_TOP[name]] = _to_ours(name, value)
+            continue
+        parts = name.split(".", 2)
+        if parts[0] == "blocks" and len(parts) == 3 and parts[1].isdigit() and parts[2] in _BLOCK:
+            state[f"encoderblock_{int(parts[1])}/{_BLOCK[parts[2]]}"] = _to_ours(name, value)
+        else:
+            unknown.append(name)
+    if unknown:
+        raise CheckpointError(
+            f"{description} has {len(unknown)} tensors that are not in timm's VisionTransformer layout: "
+            f"{preview(unknown, 5)}; keras_vit reads timm ViT state dicts (blocks.N.attn.qkv.weight, ...)."
+        )
+    if "embedding/kernel" not in state or "position_embedding/pos_embedding" not in state:
+        raise CheckpointError(f"{description} lacks a patch or position embedding (patch_embed.proj.weight, pos_embed).")
+    table = state["position_embedding/pos_embedding"]
+    prefix = int("class_token/cls" in state)
+    tokens = table.shape[1]
+    if prefix and math.isqrt(tokens) ** 2 == tokens and math.isqrt(tokens - 1) ** 2 != tokens - 1:
+        raise CheckpointError(
+            f"{description} has a class token without a position embedding of its own (timm's no_embed_class); "
+            "keras_vit adds one to every token."
+        )
+    return state
+
+
+def to_timm(model):
+    """A keras_vit model's weights as a timm ViT state dict of numpy arrays (refuses what timm cannot express)."""
+    names = {v.path for v in model.weights}
+    if any(name.startswith("conv_root") for name in names):
+        raise CheckpointError("save_timm writes plain ViTs; a hybrid's ResNet has no timm VisionTransformer layout "
+                              "here (save it with checkpoints.save_npz instead).")
+    if "pre_logits/kernel" in names:
+        raise CheckpointError("timm's VisionTransformer has no pre-logits layer (representation_size); "
+                              "build the model with representation_size=0, or save it with checkpoints.save_npz.")
+    ours = {value: key for key, value in _TOP.items()}
+    tensors = {}
+    for variable in model.weights:
+        path, value = variable.path, keras.ops.convert_to_numpy(variable)
+        block, _, rest = path.partition("/")
+        if block.startswith("encoderblock_"):
+            name = f"blocks.{block.removeprefix('encoderblock_')}.{_inverse_block(rest)}"
+        elif path in ours:
+            name = ours[path]
+        else:
+            raise CheckpointError(f"save_timm: the model's weight {path!r} has no place in timm's layout.")
+        if name == "patch_embed.proj.weight":
+            value = value.transpose(3, 2, 0, 1)
+        elif name.endswith(".weight") and value.ndim == 2:
+            value = value.T
+        tensors[name] = np.ascontiguousarray(value.astype("float32"))
+    return tensors
+
+
+def _inverse_block(rest):
+    for timm_name, our_name in _BLOCK.items():
+        if our_name == rest:
+            return timm_name
+    raise CheckpointError(f"save_timm: the block weight {rest!r} has no place in timm's layout.")
+
+
+def save_timm(model, path):
+    """Write `model` as a timm `VisionTransformer` state dict (`.safetensors`) that timm loads with `strict=True`.
+
+    Build the timm model with the same sizes, `class_token`/`global_pool`
+    matching the classifier, and `act_layer=partial(nn.GELU, approximate="tanh")`
+    if the model uses the tanh GELU (the original checkpoints' form; a
+    warning says so), then `timm.models.load_checkpoint(model, path, strict=True)`.
+
+    Example:
+    >>> import keras_vit
+    >>> model = keras_vit.ViT(image_size=32, patch_size=8, hidden_size=24, num_layers=1, num_heads=3,
+    ...                       mlp_dim=48, classes=5)
+    >>> save_timm(model, "/tmp/vit.safetensors")  # doctest: +SKIP
+    """
+    if not str(path).endswith(".safetensors"):
+        raise CheckpointError(f"save_timm writes a .safetensors file; got {path}.")
+    tensors = to_timm(model)
+    blocks = [layer for layer in model.layers if layer.name.startswith("encoderblock_")]
+    if blocks and blocks[0].approximate_gelu:
+        logger.warning(
+            "%s computes the tanh-approximated GELU but timm's VisionTransformer computes exact GELU: build the "
+            "timm model with act_layer=functools.partial(torch.nn.GELU, approximate='tanh') for equal logits.",
+            model.name,
+        )
+    save_file = _safetensors().save_file
+    with atomic_path(os.fspath(path)) as temporary:
+        save_file(tensors, temporary, metadata={"format": "pt"})
+    return path
+
+
+def _safetensors():
+    try:
+        import safetensors.numpy
+    except ImportError as error:
+        raise CheckpointError(
+            "Reading or writing .safetensors files needs the safetensors package: pip install "
+            "'keras-vision-transformer[hub]' (or pip install safetensors)."
+        ) from error
+    return safetensors.numpy
+
+
+def safetensors_header(path, budget=None):
+    """`{name: (dtype, shape)}` from a `.safetensors` header, checked against the file's size and `budget`.
+
+    Reads only the header: a file whose tensors declare more bytes than it
+    holds, or more than the model's `budget`, is refused before any tensor
+    is read.
+    """
+    size = require_regular_file(path).st_size
+    try:
+        with open(path, "rb") as f:
+            (length,) = struct.unpack("<Q", f.read(8))
+            if length > min(_MAX_HEADER_BYTES, size - 8):
+                raise CheckpointError(f"{path} is not a readable .safetensors file: its header claims {length:,} bytes.")
+            header = json.loads(f.read(length))
+    except (struct.error, ValueError, UnicodeDecodeError) as error:
+        raise CheckpointError(f"{path} is not a readable .safetensors file (truncated or another format): {error}") \
+            from error
+    header.pop("__metadata__", None)
+    declared = {}
+    total = 0
+    for name, entry in header.items():
+        try:
+            dtype, shape, (start, stop) = entry["dtype"], tuple(entry["shape"]), entry["data_offsets"]
+            nbytes = math.prod(shape) * _SAFETENSORS_DTYPES[dtype]
+        except (KeyError, TypeError, ValueError) as error:
+            raise CheckpointError(f"{path}: tensor {name!r} has an unreadable header entry: {error}") from error
+        if stop - start != nbytes or stop > size - 8 - length:
+            raise CheckpointError(f"{path}: tensor {name!r} declares {nbytes:,} bytes that the file does not hold; "
+                                  "the file is truncated or corrupt.")
+        declared[name] = (dtype, shape)
+        total += nbytes
+    if budget is not None:
+        budget.check(path, total, "tensors")
+    return declared
+
+
+def read_state_dict(path, budget=None):
+    """A timm state dict file as `{name: numpy array}`: `.safetensors`, or `.bin`/`.pth` through torch."""
+    if str(path).endswith(".safetensors"):
+        safetensors_header(path, budget)
+        with _safetensors_open(path) as f:
+            return {name: f.get_tensor(name) for name in f.keys()}
+    size = require_regular_file(path).st_size
+    if budget is not None:
+        budget.check(path, size, "data")
+    try:
+        import torch
+    except ImportError as error:
+        raise CheckpointError(
+            f"{path} is a PyTorch pickle (.bin/.pth), which keras_vit reads only with torch installed "
+            "(torch.load with weights_only=True): pip install torch, or convert it to .safetensors."
+        ) from error
+    try:
+        loaded = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as error:  # torch raises many types for a bad or unsafe pickle.
+        raise CheckpointError(f"{path} is not a loadable PyTorch state dict (weights_only=True): {error}") from error
+    for wrapper in ("state_dict", "model"):
+        if isinstance(loaded, dict) and isinstance(loaded.get(wrapper), dict):
+            loaded = loaded[wrapper]
+    if not isinstance(loaded, dict):
+        raise CheckpointError(f"{path} holds a {type(loaded).__name__}, not a state dict of tensors.")
+    return {name: tensor.float().numpy() if tensor.is_floating_point() else tensor.numpy()
+            for name, tensor in loaded.items()}
+
+
+def _safetensors_open(path):
+    _safetensors()
+    from safetensors import safe_open
+
+    return safe_open(path, framework="numpy")
+
+
+def read_timm(path, budget=None, config=None):
+    """Read a timm ViT state dict file into a `WeightsSource` (exact GELU; heads from `config` when given)."""
+    state = from_timm(read_state_dict(path, budget), description=path)
+    positions = state["position_embedding/pos_embedding"].shape[1] - int("class_token/cls" in state)
+    side = math.isqrt(positions)
+    grid = (side, side) if side * side == positions else None
+    num_heads = None
+    if config:
+        args = config.get("model_args", {})
+        num_heads = args.get("num_heads")
+        size = args.get("img_size")
+        patch = args.get("patch_size", state["embedding/kernel"].shape[0])
+        if isinstance(size, (list, tuple)) and len(size) == 2 and isinstance(patch, int):
+            grid = (size[0] // patch, size[1] // patch)
+    source = source_from_state(path, state, grid, num_heads)
+    source.approximate_gelu = False
+    return source
+
+
+def read_timm_folder(folder, budget=None):
+    """A timm Hub folder (`config.json` + `model.safetensors`) as a `WeightsSource` and its `config`."""
+    config_path = os.path.join(folder, "config.json")
+    try:
+        with open(config_path) as f:
+            config = json.load(f)
+    except (OSError, ValueError) as error:
+        raise CheckpointError(f"{folder}: its config.json is missing or not JSON: {error}") from error
+    architecture = config.get("architecture", "")
+    if not architecture.startswith("vit_") or "hybrid" in architecture or "resnet" in architecture:
+        raise CheckpointError(f"{folder} holds timm's {architecture or 'unnamed'!r}, not a plain timm ViT "
+                              "(architecture vit_*).")
+    weights = next((os.path.join(folder, name) for name in ("model.safetensors", "pytorch_model.bin")
+                    if os.path.exists(os.path.join(folder, name))), None)
+    if weights is None:
+        raise CheckpointError(f"{folder} has a timm config.json but no model.safetensors or pytorch_model.bin.")
+    return read_timm(weights, budget, config), config

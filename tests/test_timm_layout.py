@@ -1,0 +1,138 @@
+"""timm's layout: state dicts and Hub folders written by timm itself, read with equal logits, and written back."""
+
+import json
+import os
+import shutil
+import sys
+
+import numpy as np
+import pytest
+
+import keras_vit
+from conftest import fixture, predict
+from keras_vit import CheckpointError, checkpoints
+
+pytest.importorskip("safetensors")
+
+TIMM = dict(image_size=32, patch_size=8, hidden_size=24, num_layers=2, mlp_dim=48, classifier_activation=None)
+FOLDER = fixture("timm_hub")
+WEIGHTS = os.path.join(FOLDER, "model.safetensors")
+
+
+@pytest.fixture(scope="module")
+def reference():
+    with np.load(fixture("timm_hub_reference.npz")) as data:
+        return data["images"], data["logits"], json.loads(str(data["state_dict_shapes"]))
+
+
+def test_timm_hub_folder_loads_with_timms_logits_and_exact_gelu(reference):
+    images, logits, _ = reference
+    model = keras_vit.ViT(**TIMM, weights=FOLDER)  # heads (3) and classes (5) from the folder's files
+    assert model.get_layer("encoderblock_0").num_heads == 3 and model.output_shape == (None, 5)
+    assert model.get_layer("encoderblock_0").approximate_gelu is False
+    np.testing.assert_allclose(predict(model, images), logits, atol=1e-5, rtol=0)
+
+
+def test_bare_state_dict_needs_the_head_count_and_then_matches(reference):
+    images, logits, _ = reference
+    with pytest.raises(CheckpointError, match="does not store the number of attention heads.*pass num_heads="):
+        keras_vit.ViT(**TIMM, weights=WEIGHTS)
+    model = keras_vit.ViT(**TIMM, num_heads=3, weights=WEIGHTS)
+    np.testing.assert_allclose(predict(model, images), logits, atol=1e-5, rtol=0)
+
+
+def test_pytorch_pickle_is_read_through_torch_weights_only(reference, tmp_path):
+    torch = pytest.importorskip("torch")
+    from safetensors.torch import load_file
+
+    path = tmp_path / "pytorch_model.bin"
+    torch.save({"state_dict": load_file(WEIGHTS)}, path)
+    images, logits, _ = reference
+    model = keras_vit.ViT(**TIMM, num_heads=3, weights=str(path))
+    np.testing.assert_allclose(predict(model, images), logits, atol=1e-5, rtol=0)
+
+
+def test_pytorch_pickle_without_torch_says_how_to_read_it(tmp_path, monkeypatch):
+    path = tmp_path / "pytorch_model.bin"
+    path.write_bytes(b"not read")
+    monkeypatch.setitem(sys.modules, "torch", None)  # import torch now fails, as where it is not installed
+    with pytest.raises(CheckpointError, match=r"pytorch_model.bin is a PyTorch pickle \(.bin/.pth\), which keras_vit "
+                                              r"reads only with torch installed .*pip install torch, or convert it"):
+        keras_vit.ViT(**TIMM, num_heads=3, weights=str(path))
+
+
+def test_save_timm_writes_exactly_timms_names_and_shapes_and_reads_back(reference, tmp_path, caplog):
+    images, logits, timm_shapes = reference
+    model = keras_vit.ViT(**TIMM, weights=FOLDER)
+    path = tmp_path / "vit.safetensors"
+    checkpoints.save_timm(model, path)
+    assert "tanh" not in caplog.text  # exact GELU, as timm's
+    from safetensors.numpy import load_file
+
+    written = load_file(path)
+    assert {name: list(value.shape) for name, value in written.items()} == timm_shapes  # what strict=True needs
+    original = load_file(WEIGHTS)
+    for name, value in written.items():
+        np.testing.assert_array_equal(value, original[name], err_msg=name)
+    again = keras_vit.ViT(**TIMM, num_heads=3, weights=str(path))
+    np.testing.assert_allclose(predict(again, images), logits, atol=1e-5, rtol=0)
+
+
+def test_save_timm_warns_about_tanh_gelu_and_refuses_what_timm_cannot_express(tmp_path, caplog):
+    sizes = dict(image_size=32, patch_size=8, hidden_size=24, num_layers=1, num_heads=3, mlp_dim=48, classes=5)
+    checkpoints.save_timm(keras_vit.ViT(**sizes), tmp_path / "tanh.safetensors")
+    assert "computes the tanh-approximated GELU but timm's VisionTransformer computes exact GELU" in caplog.text
+    with pytest.raises(CheckpointError, match="timm's VisionTransformer has no pre-logits layer"):
+        checkpoints.save_timm(keras_vit.ViT(**sizes, representation_size=8), tmp_path / "p.safetensors")
+    with pytest.raises(CheckpointError, match="save_timm writes plain ViTs; a hybrid's ResNet"):
+        checkpoints.save_timm(keras_vit.ViT(**dict(sizes, patch_size=1), resnet_layers=(), resnet_width=32),
+                              tmp_path / "h.safetensors")
+    with pytest.raises(CheckpointError, match="save_timm writes a .safetensors file; got"):
+        checkpoints.save_timm(keras_vit.ViT(**sizes), tmp_path / "vit.pth")
+    assert sorted(os.listdir(tmp_path)) == ["tanh.safetensors"]
+
+
+def rewrite(tmp_path, change):
+    from safetensors.numpy import load_file, save_file
+
+    tensors = load_file(WEIGHTS)
+    change(tensors)
+    path = tmp_path / "changed.safetensors"
+    save_file(tensors, path)
+    return str(path)
+
+
+def test_layouts_that_are_not_timm_vits_are_refused_by_name(tmp_path):
+    scaled = rewrite(tmp_path, lambda t: t.update({"blocks.0.ls1.gamma": np.ones(24, "float32")}))
+    with pytest.raises(CheckpointError, match=r"is a timm ViT with layer scale \(\['blocks.0.ls1.gamma'\]\)"):
+        keras_vit.ViT(**TIMM, num_heads=3, weights=scaled)
+    other = rewrite(tmp_path, lambda t: t.update({"encoder.layer.0.weight": np.ones(3, "float32")}))
+    with pytest.raises(CheckpointError, match=r"has 1 tensors that are not in timm's VisionTransformer layout: "
+                                              r"\['encoder.layer.0.weight'\]"):
+        keras_vit.ViT(**TIMM, num_heads=3, weights=other)
+
+
+def test_wrong_size_state_dict_names_the_weight_and_both_shapes():
+    with pytest.raises(CheckpointError, match=r"model.safetensors: 'position_embedding/pos_embedding' has shape "
+                                              r"\(1, 17, 24\) but the model expects \(1, 17, 48\)"):
+        keras_vit.ViT(**dict(TIMM, hidden_size=48), num_heads=3, weights=WEIGHTS)
+
+
+def test_truncated_or_oversized_safetensors_are_refused_before_reading(tmp_path):
+    data = open(WEIGHTS, "rb").read()
+    cut = tmp_path / "cut.safetensors"
+    cut.write_bytes(data[: len(data) // 2])
+    with pytest.raises(CheckpointError, match="declares .* bytes that the file does not hold; the file is truncated"):
+        keras_vit.ViT(**TIMM, num_heads=3, weights=str(cut))
+    budget = checkpoints.source.WeightBudget(1000, "a tiny model")
+    with pytest.raises(CheckpointError, match="out of proportion to a tiny model"):
+        checkpoints.read_timm(WEIGHTS, budget)
+
+
+def test_folder_that_is_not_a_timm_vit_says_what_it_holds(tmp_path):
+    folder = tmp_path / "resnet"
+    shutil.copytree(FOLDER, folder)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps(dict(config, architecture="resnet50")))
+    with pytest.raises(CheckpointError, match=r"holds timm's 'resnet50', not a plain timm ViT"):
+        keras_vit.ViT(**TIMM, weights=str(folder))
