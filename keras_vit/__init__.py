@@ -27,6 +27,7 @@ from keras_vit.models import (
     ViT_Ti16,
 )
 from keras_vit.position_embedding import resize_patch_embedding, resize_position_embeddings
+from keras_vit.pretrained import from_pretrained
 from keras_vit.variants import VARIANTS, Variant, decode_variant
 
 __version__ = "0.1.0"
@@ -44,6 +45,7 @@ __all__ = [
     "decode_predictions",
     "decode_variant",
     "feature_extractor",
+    "from_pretrained",
     "kernels",
     "layers",
     "mean_colour_bins",

@@ -1,0 +1,96 @@
+"""`from_pretrained`: a model whose sizes, head and GELU come from the checkpoint itself.
+
+`keras_vit.ViT(weights=...)` builds the sizes you give and loads a file into
+them; `from_pretrained` reads the file first and builds what it holds: an
+original `.npz`, a `.keras` file, a timm state dict or Hub folder, or an
+`hf://org/name` handle, which `huggingface_hub` resolves into its own cache
+(and, once cached, offline).
+
+Example:
+>>> import keras_vit
+>>> model = keras_vit.from_pretrained("hf://timm/vit_base_patch16_224.augreg2_in21k_ft_in1k")  # doctest: +SKIP
+>>> model = keras_vit.from_pretrained("/data/ViT-B_16.npz", classes=37)  # doctest: +SKIP
+"""
+
+import dataclasses
+import os
+
+from keras_vit.checkpoints import CheckpointError
+from keras_vit.models import ViT, read_checkpoint
+from keras_vit.variants import VARIANTS
+
+HF_PREFIX = "hf://"
+# The files a ViT repository on the Hub may hold that keras_vit reads.
+_HUB_FILES = ["config.json", "model.safetensors", "pytorch_model.bin", "*.npz"]
+# timm and the paper name these widths; their head counts, for a file that does not store its own.
+_HEADS_BY_WIDTH = {variant.hidden_size: variant.num_heads for variant in VARIANTS.values()}
+
+
+def resolve_handle(handle):
+    """The local folder of an `hf://org/name[@revision]` handle, downloaded into the Hugging Face cache once.
+
+    With `HF_HUB_OFFLINE=1` (or no network) a cached snapshot is used; a
+    handle that is not cached is a `CheckpointError` that names it.
+    """
+    try:
+        import huggingface_hub
+        from huggingface_hub.errors import LocalEntryNotFoundError
+    except ImportError as error:
+        raise CheckpointError(
+            f"{handle}: hf:// handles need huggingface_hub: pip install 'keras-vision-transformer[hub]'."
+        ) from error
+    repo, _, revision = handle.removeprefix(HF_PREFIX).partition("@")
+    if repo.count("/") != 1 or not all(repo.split("/")):
+        raise CheckpointError(f"{handle} is not an hf://org/name handle (for example hf://timm/vit_base_patch16_224).")
+    try:
+        return huggingface_hub.snapshot_download(repo, revision=revision or None, allow_patterns=_HUB_FILES)
+    except LocalEntryNotFoundError as error:
+        raise CheckpointError(
+            f"{handle} is not in the Hugging Face cache ({huggingface_hub.constants.HF_HUB_CACHE}) and the Hub "
+            "cannot be reached (offline, or HF_HUB_OFFLINE=1): download it once with network access, or pass a "
+            "local path."
+        ) from error
+    except Exception as error:  # huggingface_hub raises many types (missing repo, gated, HTTP).
+        raise CheckpointError(f"{handle} could not be fetched from the Hugging Face Hub: {error}") from error
+
+
+def from_pretrained(source, **overrides):
+    """Build the model a checkpoint holds and load it.
+
+    Args:
+        source: a path (original `.npz`, `.keras`, `.weights.h5` with
+            `num_heads`, timm `.safetensors`/`.bin`/`.pth`, a timm Hub folder)
+            or an `hf://org/name` handle.
+        **overrides: `keras_vit.ViT` keywords that replace what the file says,
+            for example a new `classes` (a fresh head) or `image_size`.
+
+    The patch size, width, depth, MLP size, head count, image size (its
+    position grid), classifier, pre-logits, class count and GELU form are
+    read from the files.
+
+    Example:
+    >>> from keras_vit import checkpoints
+    >>> small = ViT(image_size=32, patch_size=8, hidden_size=48, num_layers=2, num_heads=3, mlp_dim=96)
+    >>> _ = checkpoints.save_npz(small, "/tmp/small.npz")
+    >>> from_pretrained("/tmp/small.npz", classes=10).output_shape
+    (None, 10)
+    """
+    path = os.fspath(source)
+    if path.startswith(HF_PREFIX):
+        path = resolve_handle(path)
+    checkpoint = read_checkpoint(path)
+    state = checkpoint.state
+    kernel, mlp = state.get("embedding/kernel"), state.get("encoderblock_0/mlp_hidden/kernel")
+    if kernel is None or mlp is None:
+        raise CheckpointError(f"{path} holds no ViT encoder (no patch embedding or first block).")
+    hidden = int(kernel.shape[-1])
+    num_heads = overrides.pop("num_heads", None) or checkpoint.num_heads or _HEADS_BY_WIDTH.get(hidden)
+    if num_heads is None:
+        raise CheckpointError(f"{path} does not store its head count and its width {hidden} is no named "
+                              "variant's; pass num_heads=.")
+    sizes = checkpoint.sizes or dataclasses.replace(
+        VARIANTS["ViT_B16"], patch_size=int(kernel.shape[0]), hidden_size=hidden, num_layers=checkpoint.num_layers,
+        mlp_dim=int(mlp.shape[-1]), resnet_layers=None)
+    options = dict(dataclasses.asdict(sizes), num_heads=num_heads, image_size=checkpoint.image_size or 224)
+    options.update(overrides)
+    return ViT(weights=checkpoint, **options)

@@ -1,0 +1,92 @@
+"""from_pretrained: the model a checkpoint holds, from a path or an hf:// handle in an offline Hugging Face cache."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import keras_vit
+from conftest import fixture, predict
+from keras_vit import CheckpointError
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_sizes_head_and_gelu_come_from_the_files():
+    with np.load(fixture("timm_hub_reference.npz")) as data:
+        images, logits = data["images"], data["logits"]
+    model = keras_vit.from_pretrained(fixture("timm_hub"), classifier_activation=None)
+    block = model.get_layer("encoderblock_0")
+    assert (model.input_shape, model.output_shape) == ((None, 32, 32, 3), (None, 5))
+    assert (block.num_heads, block.mlp_dim, block.approximate_gelu) == (3, 48, False)
+    np.testing.assert_allclose(predict(model, images), logits, atol=1e-5, rtol=0)
+    original = keras_vit.from_pretrained(fixture("vit_token.npz"), classes=3)  # an override: a new head
+    assert original.output_shape == (None, 3) and original.get_layer("encoderblock_0").approximate_gelu is True
+
+
+def hub_cache(root, repo, files):
+    """A Hugging Face cache holding one snapshot of `repo`, laid out as huggingface_hub writes it."""
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    folder = root / f"models--{repo.replace('/', '--')}"
+    (folder / "refs").mkdir(parents=True)
+    (folder / "refs" / "main").write_text(commit)
+    snapshot = folder / "snapshots" / commit
+    snapshot.mkdir(parents=True)
+    for name in files:
+        shutil.copy(fixture(os.path.join("timm_hub", name)), snapshot / name)
+    return root
+
+
+def run_offline(cache, code):
+    env = {**os.environ, "HF_HUB_CACHE": str(cache), "HF_HUB_OFFLINE": "1", "PYTHONPATH": ROOT,
+           "TF_CPP_MIN_LOG_LEVEL": "3"}
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_hf_handle_loads_from_the_cache_with_no_network(tmp_path):
+    pytest.importorskip("huggingface_hub")
+    cache = hub_cache(tmp_path / "hub", "timm/vit_test_tiny", ["config.json", "model.safetensors"])
+    code = (
+        "import numpy as np, keras, keras_vit\n"
+        f"data = np.load({fixture('timm_hub_reference.npz')!r})\n"
+        "model = keras_vit.from_pretrained('hf://timm/vit_test_tiny', classifier_activation=None)\n"
+        "gap = np.abs(keras.ops.convert_to_numpy(model(data['images'])) - data['logits']).max()\n"
+        "print('GAP', float(gap))\n"
+    )
+    done = run_offline(cache, code)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert float(done.stdout.split("GAP")[-1]) < 1e-5
+
+
+def test_offline_miss_names_the_handle_and_the_way_out(tmp_path):
+    pytest.importorskip("huggingface_hub")
+    code = "import keras_vit\nkeras_vit.from_pretrained('hf://google/not-cached')\n"
+    done = run_offline(tmp_path / "empty", code)
+    assert done.returncode != 0
+    assert ("CheckpointError: hf://google/not-cached is not in the Hugging Face cache" in done.stderr
+            and "download it once with network access, or pass a local path" in done.stderr), done.stderr[-2000:]
+
+
+def test_bad_handles_and_missing_huggingface_hub_are_clear(monkeypatch):
+    with pytest.raises(CheckpointError, match=r"hf://timm is not an hf://org/name handle"):
+        keras_vit.from_pretrained("hf://timm")
+    monkeypatch.setitem(sys.modules, "huggingface_hub", None)
+    with pytest.raises(CheckpointError, match=r"hf:// handles need huggingface_hub: pip install "
+                                              r"'keras-vision-transformer\[hub\]'"):
+        keras_vit.from_pretrained("hf://timm/vit_base_patch16_224")
+
+
+def test_width_without_a_head_count_asks_for_one(tmp_path):
+    config = json.load(open(fixture("timm_hub/config.json")))
+    folder = tmp_path / "no_heads"
+    shutil.copytree(fixture("timm_hub"), folder)
+    del config["model_args"]["num_heads"]
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(CheckpointError, match="does not store its head count and its width 24 is no named variant's; "
+                                              "pass num_heads="):
+        keras_vit.from_pretrained(str(folder))
+    assert keras_vit.from_pretrained(str(folder), num_heads=3).get_layer("encoderblock_0").num_heads == 3
