@@ -9,6 +9,7 @@ from keras_vit import analysis, kernels, layers, recipes, resnet  # recipes regi
 from keras_vit.checkpoints import Checkpoint, CheckpointError, available_weights
 from keras_vit.features import feature_extractor
 from keras_vit.imagenet import decode_predictions, preprocess_input
+from keras_vit.lora import enable_lora, merge_lora
 from keras_vit.masked_patch import MaskedPatchPretrainer, PatchCorruption, mean_colour_bins
 from keras_vit.models import (
     ViT,
@@ -44,11 +45,13 @@ __all__ = [
     "available_weights",
     "decode_predictions",
     "decode_variant",
+    "enable_lora",
     "feature_extractor",
     "from_pretrained",
     "kernels",
     "layers",
     "mean_colour_bins",
+    "merge_lora",
     "preprocess_input",
     "recipes",
     "resnet",

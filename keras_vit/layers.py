@@ -253,11 +253,15 @@ class TransformerBlock(keras.layers.Layer):
         stochastic_depth_rate=0.0,
         approximate_gelu=True,
         seed=None,
+        lora_rank=None,
+        lora_targets=(),
         **kwargs,
     ):
         super().__init__(**kwargs)
         # === Config ===
         self.num_heads = int(num_heads)
+        self.lora_rank = lora_rank  # LoRA adapters on the dense layers named in lora_targets (keras_vit.enable_lora)
+        self.lora_targets = tuple(lora_targets)
         self.mlp_dim = int(mlp_dim)
         self.dropout_rate = float(dropout_rate)
         self.attention_dropout_rate = float(attention_dropout_rate)
@@ -283,13 +287,15 @@ class TransformerBlock(keras.layers.Layer):
             epsilon=LAYER_NORM_EPSILON, name="attention_norm", **plain
         )
         self.qkv = keras.layers.Dense(
-            3 * hidden_size, kernel_initializer=qkv_init, name="qkv", dtype=self._sublayer_policy("qkv")
+            3 * hidden_size, kernel_initializer=qkv_init, name="qkv", dtype=self._sublayer_policy("qkv"),
+            lora_rank=self._lora("qkv"),
         )
         self.attention_output = keras.layers.Dense(
             hidden_size,
             kernel_initializer=keras.initializers.GlorotUniform(seed=self._seed(1)),
             name="attention_output",
             dtype=self._sublayer_policy("attention_output"),
+            lora_rank=self._lora("attention_output"),
         )
         self.mlp_norm = LayerNorm(
             epsilon=LAYER_NORM_EPSILON, name="mlp_norm", **plain
@@ -313,6 +319,20 @@ class TransformerBlock(keras.layers.Layer):
         self.mlp_norm.build(token_shape)
         self.mlp_hidden.build(token_shape)
         self.mlp_output.build((*token_shape[:-1], self.mlp_dim))
+        if self.lora_rank:
+            self.freeze_all_but_lora()
+
+    def _lora(self, name):
+        return self.lora_rank if name in self.lora_targets else None
+
+    def freeze_all_but_lora(self):
+        """Train only the LoRA adapters: every sublayer, and the adapted layers' kernels and biases, frozen."""
+        for layer in self._flatten_layers(include_self=False):
+            layer.trainable = getattr(layer, "lora_enabled", False)  # The setter also resets its variables.
+            if layer.trainable:
+                layer._kernel.trainable = False
+                if layer.bias is not None:
+                    layer.bias.trainable = False
 
     def _sublayer_policy(self, name=None):
         """The dtype policy of sublayer `name`: the block's own, or a quantized one its saved config names.
@@ -339,6 +359,7 @@ class TransformerBlock(keras.layers.Layer):
             ),
             name=name,
             dtype=self._sublayer_policy(name),
+            lora_rank=self._lora(name),
         )
 
     def _self_attention(self, x, training, return_weights):
@@ -402,6 +423,8 @@ class TransformerBlock(keras.layers.Layer):
             approximate_gelu=self.approximate_gelu,
             seed=self.seed,
         )
+        if self.lora_rank:
+            config.update(lora_rank=self.lora_rank, lora_targets=list(self.lora_targets))
         # A quantized dense layer (after `model.quantize("int8")`) is rebuilt quantized on loading only if
         # the block's config says so: Keras' DTypePolicyMap, keyed by the sublayers' paths.
         quantized = {layer.path: layer.dtype_policy for layer in self._flatten_layers(include_self=False)

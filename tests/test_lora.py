@@ -1,0 +1,79 @@
+"""LoRA through Keras' Dense.enable_lora: only the adapters and the head train; saved, reloaded and merged."""
+
+import keras
+import numpy as np
+import pytest
+
+import keras_vit
+from conftest import SMALL, predict
+
+IMAGES = np.random.default_rng(0).uniform(-1, 1, (8, 32, 32, 3)).astype("float32")
+LABELS = np.arange(8) % 3
+
+
+def adapted(targets=("qkv", "mlp_hidden")):
+    model = keras_vit.ViT(image_size=32, **SMALL, classes=3, classifier_activation=None)
+    rng = np.random.default_rng(1)
+    for variable in model.weights:  # a non-zero head, so the adapters get gradients
+        variable.assign(rng.normal(scale=0.1, size=variable.shape).astype("float32"))
+    return keras_vit.enable_lora(model, rank=2, targets=targets)
+
+
+def values(model):
+    return {v.path: keras.ops.convert_to_numpy(v).copy() for v in model.weights}
+
+
+def test_only_the_adapters_and_the_head_train():
+    model = adapted()
+    trainable = sorted(v.path for v in model.trainable_weights)
+    adapters = [f"encoderblock_{i}/{name}/lora_kernel_{ab}" for i in range(2) for name in ("mlp_hidden", "qkv")
+                for ab in "ab"]
+    assert trainable == sorted(adapters + ["head/bias", "head/kernel"])
+    before = values(model)
+    model.compile(optimizer=keras.optimizers.SGD(0.5),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    model.fit(IMAGES, LABELS, epochs=2, batch_size=4, verbose=0)
+    after = values(model)
+    changed = sorted(path for path in before if not np.array_equal(before[path], after[path]))
+    assert set(changed) <= set(trainable) and {"head/kernel", "head/bias"} <= set(changed)
+    assert "encoderblock_0/qkv/kernel" not in changed and "encoderblock_0/qkv/bias" not in changed
+    assert any(path.endswith("lora_kernel_b") for path in changed)  # the adapters did learn
+    parameters = sum(int(np.prod(v.shape)) for v in model.trainable_weights)
+    assert parameters < model.count_params() // 5
+
+
+def test_saved_model_reloads_with_equal_outputs_and_its_adapters(tmp_path):
+    model = adapted()
+    for block in ("encoderblock_0", "encoderblock_1"):  # trained-looking adapters
+        model.get_layer(block).qkv.lora_kernel_b.assign(np.full(model.get_layer(block).qkv.lora_kernel_b.shape, 0.05))
+    model.save(tmp_path / "lora.keras")
+    reloaded = keras.saving.load_model(tmp_path / "lora.keras")
+    np.testing.assert_allclose(predict(reloaded, IMAGES), predict(model, IMAGES), atol=1e-5, rtol=0)
+    block = reloaded.get_layer("encoderblock_0")
+    assert block.qkv.lora_enabled and block.mlp_hidden.lora_enabled and not block.mlp_output.lora_enabled
+    assert sorted(v.path for v in reloaded.trainable_weights) == sorted(v.path for v in model.trainable_weights)
+
+
+def test_merge_gives_a_plain_model_with_equal_outputs(tmp_path):
+    model = adapted(("qkv", "attention_output", "mlp_hidden", "mlp_output"))
+    rng = np.random.default_rng(2)
+    for variable in model.weights:
+        if "lora_kernel" in variable.path:
+            variable.assign(rng.normal(scale=0.05, size=variable.shape).astype("float32"))
+    plain = keras_vit.merge_lora(model)
+    assert not any("lora" in v.path for v in plain.weights)
+    assert plain.get_layer("encoderblock_0").get_config().get("lora_rank") is None
+    np.testing.assert_allclose(predict(plain, IMAGES), predict(model, IMAGES), atol=1e-5, rtol=0)
+
+
+def test_bad_lora_arguments_are_refused_with_the_choices():
+    model = keras_vit.ViT(image_size=32, **SMALL, classes=3)
+    with pytest.raises(ValueError, match=r"Unknown LoRA targets \['query'\]; choose among \['qkv', "):
+        keras_vit.enable_lora(model, 4, targets=("query",))
+    with pytest.raises(ValueError, match="rank must be a positive int, got 0"):
+        keras_vit.enable_lora(model, 0)
+    keras_vit.enable_lora(model, 4)
+    with pytest.raises(ValueError, match="already has LoRA adapters; call merge_lora first"):
+        keras_vit.enable_lora(model, 4)
+    with pytest.raises(ValueError, match="has no TransformerBlock layers to adapt"):
+        keras_vit.enable_lora(keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)]), 4)
