@@ -59,6 +59,8 @@ with engine.scope():
         stochastic_depth_rate=config.stochastic_depth, classifier_activation=None, name="vit_finetune",
     )
     training.zero_head(model)  # The paper's fine-tuning head: one zero-initialised layer.
+    if config.lora_rank:  # Low-rank adapters on every block's qkv: only they and the head train.
+        keras_vit.enable_lora(model, config.lora_rank)
     # The paper's recipe: SGD with momentum, warmup then cosine decay, global-norm clipping.
     schedule = recipes.WarmupDecay(config.learning_rate, total_updates, min(config.warmup_steps, total_updates),
                                    "cosine")

@@ -74,6 +74,8 @@ def add_training_flags(parser, config_class):
         group.add_argument("--representation-size", type=int, help="pre-logits width (0: none)")
     else:
         group.add_argument("--ema", type=float, help="Polyak averaging momentum, e.g. 0.9999")
+        group.add_argument("--lora-rank", type=int,
+                           help="train LoRA adapters of this rank on every block's qkv and the head only")
     group.add_argument("--min-crop-area", type=float,
                        help="Inception crop's smallest area (default 0.05; 0.6 for digits)")
     group.add_argument("--flip", action=argparse.BooleanOptionalAction,

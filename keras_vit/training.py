@@ -25,6 +25,7 @@ import numpy as np
 
 from keras_vit import data, distribute, durable, files, recipes
 from keras_vit.durable import backup_dir, resumed_epoch  # noqa: F401 (public here too)
+from keras_vit.lora import enable_lora
 from keras_vit.masked_patch import MaskedPatchPretrainer
 from keras_vit.models import ViT, check_image_size, read_checkpoint
 from keras_vit.position_embedding import as_pair
@@ -108,7 +109,7 @@ _POSITIVE = _bounds(0, low_open=True, words="positive")
 # The numeric settings and the values that make sense for each; None (where allowed) means the default.
 _RULES = {
     **dict.fromkeys(("batch_size", "target_batch_size", "eval_batch_size", "epochs", "steps_per_execution",
-                     "model_parallel_size", *_SIZE_FIELDS), _AT_LEAST_1),
+                     "model_parallel_size", "lora_rank", *_SIZE_FIELDS), _AT_LEAST_1),
     **dict.fromkeys(("label_smoothing", "dropout", "stochastic_depth"), _FRACTION),
     **dict.fromkeys(("holdout_fraction", "ema"), _OPEN_FRACTION),
     **dict.fromkeys(("warmup_steps", "mixup", "cutmix", "weight_decay", "representation_size"), _NON_NEGATIVE),
@@ -144,6 +145,7 @@ class FinetuneConfig(_TrainingConfig):
     learning_rate: float = 0.01
     warmup_steps: int = 20
     ema: float = None
+    lora_rank: int = None  # LoRA adapters of this rank on every block's qkv; only they and the head train
 
 
 def model_sizes(model=None, checkpoint=None, default=SMALL_VIT, given=None):
@@ -415,6 +417,8 @@ def train(config):
         )
         if stage == "finetune":
             zero_head(encoder)
+            if config.lora_rank:
+                enable_lora(encoder, config.lora_rank)
             optimizer = finetuning_recipe(config.learning_rate, total_updates, config.warmup_steps,
                                           config.clipnorm, config.ema, accumulation)
         else:

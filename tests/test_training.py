@@ -236,6 +236,26 @@ def test_finetune_with_ema_saves_a_model_that_loads(pretrained, tmp_path):
     assert model.output_shape == (None, 10)
 
 
+def test_finetune_with_lora_trains_only_the_adapters_and_the_head(pretrained, tmp_path):
+    out, _ = pretrained
+    base = keras.saving.load_model(out / "model.keras")
+    cli.main(["finetune", *QUICK, "--weights", str(out / "model.keras"), "--epochs", "1", "--lora-rank", "2",
+              "--output-dir", str(tmp_path)])
+    model = keras.saving.load_model(tmp_path / "model.keras")
+    block = model.get_layer("encoderblock_0")
+    assert block.qkv.lora_enabled and block.qkv.lora_rank == 2
+    assert sorted({v.path.split("/")[-1] for v in model.trainable_weights}) == [
+        "bias", "kernel", "lora_kernel_a", "lora_kernel_b"]  # the head's, and the adapters
+    for name in ("attention_norm", "mlp_hidden"):  # frozen base weights
+        for trained, pretrained_value in zip(getattr(block, name).weights,
+                                             getattr(base.get_layer("encoderblock_0"), name).weights):
+            np.testing.assert_array_equal(keras.ops.convert_to_numpy(trained),
+                                          keras.ops.convert_to_numpy(pretrained_value))
+    with pytest.raises(ValueError, match="--lora-rank must be at least 1, got 0"):
+        cli.main(["finetune", *QUICK, "--weights", str(out / "model.keras"), "--lora-rank", "0",
+                  "--output-dir", str(tmp_path / "bad")])
+
+
 def test_training_without_tensorboard_or_matplotlib_skips_them_with_a_note(monkeypatch, tmp_path, capsys):
     monkeypatch.setitem(sys.modules, "tensorboard", None)  # import tensorboard -> ImportError
     monkeypatch.setitem(sys.modules, "matplotlib", None)
