@@ -255,11 +255,13 @@ class TransformerBlock(keras.layers.Layer):
         seed=None,
         lora_rank=None,
         lora_targets=(),
+        layer_norm_epsilon=LAYER_NORM_EPSILON,
         **kwargs,
     ):
         super().__init__(**kwargs)
         # === Config ===
         self.num_heads = int(num_heads)
+        self.layer_norm_epsilon = float(layer_norm_epsilon)  # 1e-12 in transformers' google/vit-* files
         self.lora_rank = lora_rank  # LoRA adapters on the dense layers named in lora_targets (keras_vit.enable_lora)
         self.lora_targets = tuple(lora_targets)
         self.mlp_dim = int(mlp_dim)
@@ -284,7 +286,7 @@ class TransformerBlock(keras.layers.Layer):
         # separate projections, although they are stored as one (D, 3D) kernel.
         qkv_init = keras.initializers.VarianceScaling(2.0, "fan_avg", "uniform", seed=self._seed(0))
         self.attention_norm = LayerNorm(
-            epsilon=LAYER_NORM_EPSILON, name="attention_norm", **plain
+            epsilon=self.layer_norm_epsilon, name="attention_norm", **plain
         )
         self.qkv = keras.layers.Dense(
             3 * hidden_size, kernel_initializer=qkv_init, name="qkv", dtype=self._sublayer_policy("qkv"),
@@ -298,7 +300,7 @@ class TransformerBlock(keras.layers.Layer):
             lora_rank=self._lora("attention_output"),
         )
         self.mlp_norm = LayerNorm(
-            epsilon=LAYER_NORM_EPSILON, name="mlp_norm", **plain
+            epsilon=self.layer_norm_epsilon, name="mlp_norm", **plain
         )
         self.mlp_hidden = self._mlp_dense(self.mlp_dim, "mlp_hidden", seed_offset=2)
         self.mlp_output = self._mlp_dense(hidden_size, "mlp_output", seed_offset=4)
@@ -422,6 +424,7 @@ class TransformerBlock(keras.layers.Layer):
             stochastic_depth_rate=self.stochastic_depth_rate,
             approximate_gelu=self.approximate_gelu,
             seed=self.seed,
+            layer_norm_epsilon=self.layer_norm_epsilon,
         )
         if self.lora_rank:
             config.update(lora_rank=self.lora_rank, lora_targets=list(self.lora_targets))

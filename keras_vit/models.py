@@ -72,6 +72,7 @@ def ViT(
     stochastic_depth_rate=0.0,
     classifier_activation="softmax",
     approximate_gelu=None,
+    layer_norm_epsilon=None,
     position_embedding_interpolation="bicubic",
     position_embedding_antialias=False,
     name=None,
@@ -115,6 +116,8 @@ def ViT(
         approximate_gelu: tanh-approximated GELU (the original checkpoints') or
             exact (timm's); default the checkpoint's form (exact for timm
             weights), else tanh.
+        layer_norm_epsilon: every LayerNorm's epsilon; default the
+            checkpoint's (1e-12 in transformers' files), else 1e-6.
         position_embedding_interpolation: `"bicubic"` or `"bilinear"`: how the
             position embeddings are resized, to a checkpoint's new grid and,
             with dynamic resolution, to each input's grid.
@@ -174,6 +177,8 @@ def ViT(
         classes = source.classes if source and source.classes else 1000
     if approximate_gelu is None:
         approximate_gelu = source.approximate_gelu if source and source.approximate_gelu is not None else True
+    if layer_norm_epsilon is None:
+        layer_norm_epsilon = source.layer_norm_epsilon if source and source.layer_norm_epsilon else LAYER_NORM_EPSILON
     options = ModelOptions(
         image_size=image_size,
         sizes=sizes,
@@ -187,6 +192,7 @@ def ViT(
         stochastic_depth_rate=stochastic_depth_rate,
         classifier_activation=classifier_activation,
         approximate_gelu=approximate_gelu,
+        layer_norm_epsilon=float(layer_norm_epsilon),
         position_grid=_position_grid(image_size, sizes, source),
         position_embedding_interpolation=position_embedding_interpolation,
         position_embedding_antialias=bool(position_embedding_antialias),
@@ -240,6 +246,7 @@ class ModelOptions:
     stochastic_depth_rate: float = 0.0
     classifier_activation: str = "softmax"
     approximate_gelu: bool = True
+    layer_norm_epsilon: float = LAYER_NORM_EPSILON
     position_grid: tuple = None  # Default: the image's grid.
     position_embedding_interpolation: str = "bicubic"
     position_embedding_antialias: bool = False
@@ -313,9 +320,10 @@ def _build(options, input_tensor):
             attention_dropout_rate=options.attention_dropout_rate,
             stochastic_depth_rate=depth_rate,
             approximate_gelu=options.approximate_gelu,
+            layer_norm_epsilon=options.layer_norm_epsilon,
             name=f"encoderblock_{index}",
         )(x)
-    x = LayerNorm(epsilon=LAYER_NORM_EPSILON, name="encoder_norm")(x)
+    x = LayerNorm(epsilon=options.layer_norm_epsilon, name="encoder_norm")(x)
 
     if options.include_top:
         x = TokenPooling(options.classifier, num_prefix_tokens, name="pool")(x)

@@ -326,6 +326,37 @@ def write_timm_hub_references():
     print(f"timm hub: {sorted(os.listdir(folder))}, logits {logits.shape}")
 
 
+def write_transformers_references():
+    """A tiny `ViTForImageClassification` as `save_pretrained` writes it (layer_norm_eps 1e-12, exact GELU).
+
+    Random values in every tensor; the folder is read back with
+    `from_pretrained` and must give the same logits.
+    """
+    from transformers import ViTConfig, ViTForImageClassification
+
+    generator = torch.Generator().manual_seed(4)
+    rng = np.random.default_rng(4)  # Its own stream: the other fixtures stay as they are.
+    config = ViTConfig(image_size=32, patch_size=8, hidden_size=24, num_hidden_layers=2, num_attention_heads=3,
+                       intermediate_size=48, num_labels=5, id2label={i: f"digit {i}" for i in range(5)},
+                       label2id={f"digit {i}": i for i in range(5)})
+    model = ViTForImageClassification(config).eval()
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            noise = torch.randn(parameter.shape, generator=generator) * 0.2
+            parameter.copy_(noise + (1.0 if "layernorm" in name and name.endswith("weight") else 0.0))
+    folder = os.path.join(FIXTURES, "transformers_vit")
+    model.save_pretrained(folder)
+    again = ViTForImageClassification.from_pretrained(folder).eval()
+    images = rng.uniform(-1, 1, size=(2, 32, 32, 3)).astype(np.float32)
+    with torch.no_grad():
+        batch = torch.from_numpy(images.transpose(0, 3, 1, 2))
+        logits = numpy(model(pixel_values=batch).logits)
+        if not np.array_equal(logits, numpy(again(pixel_values=batch).logits)):
+            raise AssertionError("transformers read its own files back differently")
+    np.savez(os.path.join(FIXTURES, "transformers_vit_reference.npz"), images=images, logits=logits)
+    print(f"transformers: {sorted(os.listdir(folder))}, logits {logits.shape}")
+
+
 def write_parameter_counts():
     sizes = {"Ti": (192, 12, 3), "S": (384, 12, 6), "B": (768, 12, 12), "L": (1024, 24, 16), "H": (1280, 32, 16)}
     counts = {}
@@ -370,12 +401,12 @@ def write_full_size(directory, generator, rng):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--full-size-dir", help="also write a full ViT-B/16 checkpoint here")
-    parser.add_argument("--only", choices=["patch_resize", "dynamic", "timm_hub"], help="write only this fixture")
+    parser.add_argument("--only", choices=["patch_resize", "dynamic", "timm_hub", "transformers"], help="write only this fixture")
     args = parser.parse_args()
     os.makedirs(FIXTURES, exist_ok=True)
     if args.only:
         {"patch_resize": write_patch_resize_references, "dynamic": write_dynamic_references,
-         "timm_hub": write_timm_hub_references}[args.only]()
+         "timm_hub": write_timm_hub_references, "transformers": write_transformers_references}[args.only]()
         return
     torch.manual_seed(0)
     generator = torch.Generator().manual_seed(0)
@@ -403,6 +434,7 @@ def main():
     write_patch_resize_references()
     write_dynamic_references()
     write_timm_hub_references()
+    write_transformers_references()
     if args.full_size_dir:
         write_full_size(args.full_size_dir, generator, rng)
 

@@ -5,6 +5,7 @@
 - `flax_npz`: the original Flax `.npz` layout (vision_transformer, big_vision), read and written;
 - `keras_files`: Keras' `.keras` and `.weights.h5` files;
 - `timm_layout`: timm's ViT state dicts (`.safetensors`, `.bin`/`.pth`) and Hub folders, read and written;
+- `transformers_layout`: Hugging Face transformers' `ViTForImageClassification` / `ViTModel` folders;
 - `loading`: `read_weights` for any name or path, and `load_into`, which adapts
   heads and position embeddings and assigns all or nothing.
 
@@ -19,7 +20,7 @@ Example:
 
 from keras_vit.checkpoints.flax_npz import from_flax, read_npz, save_npz, to_flax
 from keras_vit.checkpoints.keras_files import read_keras, read_weights_h5
-from keras_vit.checkpoints.loading import check_finite, load_into, read_weights
+from keras_vit.checkpoints.loading import check_finite, load_into, read_folder, read_weights
 from keras_vit.checkpoints.registry import (
     Checkpoint,
     available_weights,
@@ -30,6 +31,7 @@ from keras_vit.checkpoints.registry import (
 )
 from keras_vit.checkpoints.source import CheckpointError, WeightsSource, state_of
 from keras_vit.checkpoints.timm_layout import from_timm, read_timm, read_timm_folder, save_timm, to_timm
+from keras_vit.checkpoints.transformers_layout import from_transformers, read_transformers_folder
 
 __all__ = [
     "Checkpoint",
@@ -42,11 +44,14 @@ __all__ = [
     "find_checkpoint",
     "from_flax",
     "from_timm",
+    "from_transformers",
     "load_into",
     "read_keras",
     "read_npz",
     "read_timm",
+    "read_folder",
     "read_timm_folder",
+    "read_transformers_folder",
     "read_weights",
     "read_weights_h5",
     "register",

@@ -8,6 +8,7 @@ embeddings are resized to the model's grid, patch kernels to its patch size
 (FlexiViT), and heads adapted here.
 """
 
+import json
 import logging
 import math
 import os
@@ -19,6 +20,7 @@ from keras_vit.checkpoints.flax_npz import read_npz
 from keras_vit.checkpoints.keras_files import read_keras, read_weights_h5
 from keras_vit.checkpoints.registry import fetch, find_checkpoint
 from keras_vit.checkpoints.timm_layout import read_timm, read_timm_folder
+from keras_vit.checkpoints.transformers_layout import read_transformers_folder
 from keras_vit.checkpoints.source import (
     BLOCK,
     CheckpointError,
@@ -60,7 +62,7 @@ def read_weights(weights, variant, image_size, sizes=None, classes=None):
     sizes = sizes or VARIANTS.get(variant)
     budget = None if sizes is None else weight_budget(sizes, classes)
     if os.path.isdir(path):
-        return read_timm_folder(path, budget)[0]
+        return read_folder(path, budget)
     readers = {".npz": read_npz, ".keras": read_keras, ".weights.h5": read_weights_h5,
                ".safetensors": read_timm, ".bin": read_timm, ".pth": read_timm}
     reader = next((read for suffix, read in readers.items() if path.endswith(suffix)), None)
@@ -74,6 +76,24 @@ def read_weights(weights, variant, image_size, sizes=None, classes=None):
         raise CheckpointError(f"Weights file not found: {path}")
     require_regular_file(path)  # Before anything opens it: a FIFO or a device would hang or never end.
     return reader(path, budget=budget)
+
+
+def read_folder(folder, budget=None):
+    """A Hub-style folder: timm's (`config.json` with `architecture`) or transformers' (`model_type: "vit"`)."""
+    config_path = os.path.join(folder, "config.json")
+    try:
+        require_regular_file(config_path)
+        with open(config_path) as f:
+            config = json.load(f)
+    except (CheckpointError, OSError, ValueError) as error:
+        raise CheckpointError(f"{folder} is a folder without a readable config.json (timm's or transformers'): "
+                              f"{error}") from error
+    if "architecture" in config:
+        return read_timm_folder(folder, config, budget)
+    if config.get("model_type") == "vit":
+        return read_transformers_folder(folder, config, budget)
+    raise CheckpointError(f"{folder}: its config.json is neither timm's (architecture) nor a transformers ViT's "
+                          f"(model_type 'vit'; this one is {config.get('model_type')!r}).")
 
 
 def _looks_like_path(weights):

@@ -133,6 +133,8 @@ class WeightsSource:
     num_heads: int = None
     layout: dict = None
     approximate_gelu: bool = None  # The GELU the checkpoint was trained with, where its layout says (timm: exact).
+    layer_norm_epsilon: float = None  # Its LayerNorm epsilon, where its layout says (transformers: 1e-12).
+    class_names: list = None  # Its classes' names, where its files say (transformers' id2label).
 
     @property
     def sizes(self):

@@ -281,14 +281,8 @@ def read_timm(path, budget=None, config=None):
     return source
 
 
-def read_timm_folder(folder, budget=None):
-    """A timm Hub folder (`config.json` + `model.safetensors`) as a `WeightsSource` and its `config`."""
-    config_path = os.path.join(folder, "config.json")
-    try:
-        with open(config_path) as f:
-            config = json.load(f)
-    except (OSError, ValueError) as error:
-        raise CheckpointError(f"{folder}: its config.json is missing or not JSON: {error}") from error
+def read_timm_folder(folder, config, budget=None):
+    """A timm Hub folder (its parsed `config.json`, beside `model.safetensors`) as a `WeightsSource`."""
     architecture = config.get("architecture", "")
     if not architecture.startswith("vit_") or "hybrid" in architecture or "resnet" in architecture:
         raise CheckpointError(f"{folder} holds timm's {architecture or 'unnamed'!r}, not a plain timm ViT "
@@ -297,4 +291,4 @@ def read_timm_folder(folder, budget=None):
                     if os.path.exists(os.path.join(folder, name))), None)
     if weights is None:
         raise CheckpointError(f"{folder} has a timm config.json but no model.safetensors or pytorch_model.bin.")
-    return read_timm(weights, budget, config), config
+    return read_timm(weights, budget, config)

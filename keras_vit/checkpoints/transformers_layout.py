@@ -1,0 +1,117 @@
+"""Hugging Face transformers' layout: `ViTForImageClassification` and `ViTModel` folders, read.
+
+A folder holds `config.json` (`model_type: "vit"`) beside `model.safetensors`
+(or `pytorch_model.bin`). transformers keeps q, k and v as three `(out, in)`
+projections, which keras_vit fuses into one `(in, 3 * out)` kernel; its
+`layer_norm_eps` (1e-12 in `google/vit-*`) and `hidden_act` are honoured, and
+`id2label` names the classes (`WeightsSource.class_names`).
+
+Example:
+>>> from keras_vit import checkpoints
+>>> source = checkpoints.read_transformers_folder("vit-base-patch16-224")  # doctest: +SKIP
+"""
+
+import math
+import os
+
+import numpy as np
+
+from keras_vit.checkpoints.source import CheckpointError, preview, source_from_state
+from keras_vit.checkpoints.timm_layout import read_state_dict
+
+# transformers name (after "encoder.layer.{i}.") -> keras_vit name (after "encoderblock_{i}/").
+_BLOCK = {
+    "layernorm_before.weight": "attention_norm/gamma",
+    "layernorm_before.bias": "attention_norm/beta",
+    "attention.output.dense.weight": "attention_output/kernel",
+    "attention.output.dense.bias": "attention_output/bias",
+    "layernorm_after.weight": "mlp_norm/gamma",
+    "layernorm_after.bias": "mlp_norm/beta",
+    "intermediate.dense.weight": "mlp_hidden/kernel",
+    "intermediate.dense.bias": "mlp_hidden/bias",
+    "output.dense.weight": "mlp_output/kernel",
+    "output.dense.bias": "mlp_output/bias",
+}
+_QKV = ("query", "key", "value")
+_TOP = {
+    "embeddings.cls_token": "class_token/cls",
+    "embeddings.position_embeddings": "position_embedding/pos_embedding",
+    "embeddings.patch_embeddings.projection.weight": "embedding/kernel",
+    "embeddings.patch_embeddings.projection.bias": "embedding/bias",
+    "layernorm.weight": "encoder_norm/gamma",
+    "layernorm.bias": "encoder_norm/beta",
+    "pooler.dense.weight": "pre_logits/kernel",
+    "pooler.dense.bias": "pre_logits/bias",
+    "classifier.weight": "head/kernel",
+    "classifier.bias": "head/bias",
+}
+# transformers' activation names -> keras_vit's approximate_gelu.
+_GELU = {"gelu": False, "gelu_new": True, "gelu_pytorch_tanh": True, "gelu_python": False}
+
+
+def _kernel(name, value):
+    if name.endswith("projection.weight"):
+        return value.transpose(2, 3, 1, 0)
+    return value.T if name.endswith(".weight") and value.ndim == 2 else value
+
+
+def from_transformers(tensors, description="checkpoint"):
+    """keras_vit's state from a transformers ViT state dict (`vit.` prefix or none) of numpy arrays."""
+    tensors = {name.removeprefix("vit."): np.asarray(value) for name, value in tensors.items()}
+    tensors.pop("embeddings.mask_token", None)  # Only for masked image modelling; unused in inference.
+    state, qkv, unknown = {}, {}, []
+    for name, value in tensors.items():
+        if name in _TOP:
+            state[_TOP[name]] = _kernel(name, value)
+            continue
+        parts = name.split(".", 3)
+        if name.startswith("encoder.layer.") and parts[2].isdigit():
+            index, rest = int(parts[2]), parts[3]
+            if rest in _BLOCK:
+                state[f"encoderblock_{index}/{_BLOCK[rest]}"] = _kernel(rest, value)
+                continue
+            kind, _, field = rest.removeprefix("attention.attention.").rpartition(".")
+            if rest.startswith("attention.attention.") and kind in _QKV and field in ("weight", "bias"):
+                qkv.setdefault(index, {})[(kind, field)] = _kernel(rest, value)
+                continue
+        unknown.append(name)
+    if unknown:
+        raise CheckpointError(f"{description} has {len(unknown)} tensors that are not in transformers' ViT layout: "
+                              f"{preview(unknown, 5)}.")
+    for index, parts in qkv.items():
+        missing = [f"{kind}.weight" for kind in _QKV if (kind, "weight") not in parts]
+        if missing:
+            raise CheckpointError(f"{description}: encoder.layer.{index} lacks attention {missing}.")
+        kernel = np.concatenate([parts[(kind, "weight")] for kind in _QKV], axis=-1)
+        state[f"encoderblock_{index}/qkv/kernel"] = kernel
+        state[f"encoderblock_{index}/qkv/bias"] = np.concatenate(  # qkv_bias=False: zero biases, equal outputs
+            [parts.get((kind, "bias"), np.zeros(kernel.shape[0], kernel.dtype)) for kind in _QKV])
+    if "pre_logits/kernel" in state and "head/kernel" in state:
+        raise CheckpointError(f"{description} has both a pooler and a classifier, which no transformers ViT has.")
+    return state
+
+
+def read_transformers_folder(folder, config, budget=None):
+    """A transformers ViT folder (its parsed `config`) as a `WeightsSource`."""
+    weights = next((os.path.join(folder, name) for name in ("model.safetensors", "pytorch_model.bin")
+                    if os.path.exists(os.path.join(folder, name))), None)
+    if weights is None:
+        raise CheckpointError(f"{folder} has a transformers config.json but no model.safetensors or pytorch_model.bin.")
+    activation = config.get("hidden_act", "gelu")
+    if activation not in _GELU:
+        raise CheckpointError(f"{folder}: hidden_act {activation!r} is not a GELU; keras_vit's blocks compute GELU.")
+    state = from_transformers(read_state_dict(weights, budget), description=weights)
+    size, patch = config.get("image_size", 224), config.get("patch_size", 16)
+    sides = tuple(size) if isinstance(size, (list, tuple)) else (size, size)
+    grid = (sides[0] // patch, sides[1] // patch)
+    positions = state["position_embedding/pos_embedding"].shape[1] - 1
+    if grid[0] * grid[1] != positions:
+        side = math.isqrt(positions)
+        grid = (side, side) if side * side == positions else None
+    source = source_from_state(weights, state, grid, config.get("num_attention_heads"))
+    source.approximate_gelu = _GELU[activation]
+    source.layer_norm_epsilon = float(config.get("layer_norm_eps", 1e-12))
+    labels = config.get("id2label") or {}
+    if "head/kernel" in state and len(labels) == state["head/kernel"].shape[-1]:
+        source.class_names = [labels[str(i)] if str(i) in labels else labels.get(i) for i in range(len(labels))]
+    return source

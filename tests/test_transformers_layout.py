@@ -1,0 +1,81 @@
+"""transformers' layout: a ViTForImageClassification folder written by save_pretrained, read with equal logits."""
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+import keras_vit
+from conftest import fixture, predict
+from keras_vit import CheckpointError
+
+pytest.importorskip("safetensors")
+
+FOLDER = fixture("transformers_vit")
+SIZES = dict(image_size=32, patch_size=8, hidden_size=24, num_layers=2, mlp_dim=48, classifier_activation=None)
+
+
+@pytest.fixture(scope="module")
+def reference():
+    with np.load(fixture("transformers_vit_reference.npz")) as data:
+        return data["images"], data["logits"]
+
+
+def test_folder_loads_with_transformers_logits_epsilon_gelu_and_labels(reference):
+    images, logits = reference
+    model = keras_vit.ViT(**SIZES, weights=FOLDER)
+    block = model.get_layer("encoderblock_0")
+    assert (block.num_heads, block.layer_norm_epsilon, block.approximate_gelu) == (3, 1e-12, False)
+    assert model.get_layer("encoder_norm").epsilon == 1e-12
+    np.testing.assert_allclose(predict(model, images), logits, atol=1e-5, rtol=0)
+    source = keras_vit.checkpoints.read_weights(FOLDER, None, (32, 32))
+    assert source.class_names == [f"digit {i}" for i in range(5)]
+
+
+def test_from_pretrained_reads_every_size_and_takes_a_new_head(reference):
+    images, logits = reference
+    model = keras_vit.from_pretrained(FOLDER, classifier_activation=None)
+    np.testing.assert_allclose(predict(model, images), logits, atol=1e-5, rtol=0)
+    assert keras_vit.from_pretrained(FOLDER, classes=37).output_shape == (None, 37)
+
+
+def test_vit_model_folder_gives_its_pooler_as_pre_logits(tmp_path):
+    from safetensors.numpy import load_file, save_file
+
+    folder = tmp_path / "vit_model"
+    folder.mkdir()
+    tensors = {name.removeprefix("vit."): value for name, value in load_file(f"{FOLDER}/model.safetensors").items()
+               if not name.startswith("classifier.")}
+    rng = np.random.default_rng(0)
+    tensors["pooler.dense.weight"] = rng.normal(size=(24, 24)).astype("float32")
+    tensors["pooler.dense.bias"] = rng.normal(size=(24,)).astype("float32")
+    save_file(tensors, folder / "model.safetensors")
+    config = json.load(open(f"{FOLDER}/config.json"))
+    (folder / "config.json").write_text(json.dumps(dict(config, architectures=["ViTModel"])))
+    model = keras_vit.from_pretrained(str(folder), include_top=False, pooling="token")
+    assert model.output_shape == (None, 24)
+    with_head = keras_vit.from_pretrained(str(folder), classes=3)
+    np.testing.assert_array_equal(with_head.get_layer("pre_logits").get_weights()[0], tensors["pooler.dense.weight"].T)
+
+
+def edited(tmp_path, change):
+    folder = tmp_path / "edited"
+    shutil.copytree(FOLDER, folder)
+    config = json.loads((folder / "config.json").read_text())
+    change(config)
+    (folder / "config.json").write_text(json.dumps(config))
+    return str(folder)
+
+
+def test_configs_keras_vit_cannot_compute_are_refused_by_name(tmp_path):
+    relu = edited(tmp_path, lambda c: c.update(hidden_act="relu"))
+    with pytest.raises(CheckpointError, match="hidden_act 'relu' is not a GELU"):
+        keras_vit.ViT(**SIZES, weights=relu)
+    shutil.rmtree(relu)
+    bert = edited(tmp_path, lambda c: c.update(model_type="bert"))
+    with pytest.raises(CheckpointError, match=r"neither timm's \(architecture\) nor a transformers ViT's "
+                                              r"\(model_type 'vit'; this one is 'bert'\)"):
+        keras_vit.ViT(**SIZES, weights=bert)
+    with pytest.raises(CheckpointError, match="is a folder without a readable config.json"):
+        keras_vit.ViT(**SIZES, weights=str(tmp_path))
