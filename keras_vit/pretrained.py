@@ -17,7 +17,7 @@ import os
 
 from keras_vit.checkpoints import CheckpointError
 from keras_vit.models import ViT, read_checkpoint
-from keras_vit.variants import VARIANTS
+from keras_vit.variants import VARIANTS, Variant
 
 HF_PREFIX = "hf://"
 # The files a ViT repository on the Hub may hold that keras_vit reads.
@@ -88,9 +88,8 @@ def from_pretrained(source, **overrides):
     if num_heads is None:
         raise CheckpointError(f"{path} does not store its head count and its width {hidden} is no named "
                               "variant's; pass num_heads=.")
-    sizes = checkpoint.sizes or dataclasses.replace(
-        VARIANTS["ViT_B16"], patch_size=int(kernel.shape[0]), hidden_size=hidden, num_layers=checkpoint.num_layers,
-        mlp_dim=int(mlp.shape[-1]), resnet_layers=None)
+    sizes = checkpoint.sizes or Variant(int(kernel.shape[0]), hidden, checkpoint.num_layers, num_heads,
+                                        int(mlp.shape[-1]))
     options = dict(dataclasses.asdict(sizes), num_heads=num_heads, image_size=checkpoint.image_size or 224)
     options.update(overrides)
     return ViT(weights=checkpoint, **options)

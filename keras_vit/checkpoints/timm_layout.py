@@ -68,13 +68,18 @@ _SAFETENSORS_DTYPES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32":
 _MAX_HEADER_BYTES = 100 << 20
 
 
-def _to_ours(name, value):
-    """A timm tensor as keras_vit's array: kernels transposed to (in, out), the convolution to HWIO."""
-    if name == "patch_embed.proj.weight":
+def torch_to_keras(name, value):
+    """A PyTorch tensor under `name` as keras_vit's array: dense `(out, in)` to `(in, out)`, a convolution to HWIO."""
+    if value.ndim == 4 and name.endswith(".weight"):
         return value.transpose(2, 3, 1, 0)
-    if name.endswith(".weight") and value.ndim == 2:
-        return value.T
-    return value
+    return value.T if name.endswith(".weight") and value.ndim == 2 else value
+
+
+def keras_to_torch(name, value):
+    """The inverse of `torch_to_keras`."""
+    if value.ndim == 4 and name.endswith(".weight"):
+        return value.transpose(3, 2, 0, 1)
+    return value.T if name.endswith(".weight") and value.ndim == 2 else value
 
 
 def from_timm(tensors, description="checkpoint"):
@@ -89,11 +94,11 @@ def from_timm(tensors, description="checkpoint"):
     for name, value in tensors.items():
         value = np.asarray(value)
         if name in _TOP:
-            state[_TOP[name]] = _to_ours(name, value)
+            state[_TOP[name]] = torch_to_keras(name, value)
             continue
         parts = name.split(".", 2)
         if parts[0] == "blocks" and len(parts) == 3 and parts[1].isdigit() and parts[2] in _BLOCK:
-            state[f"encoderblock_{int(parts[1])}/{_BLOCK[parts[2]]}"] = _to_ours(name, value)
+            state[f"encoderblock_{int(parts[1])}/{_BLOCK[parts[2]]}"] = torch_to_keras(name, value)
         else:
             unknown.append(name)
     if unknown:
@@ -124,29 +129,19 @@ def to_timm(model):
         raise CheckpointError("timm's VisionTransformer has no pre-logits layer (representation_size); "
                               "build the model with representation_size=0, or save it with checkpoints.save_npz.")
     ours = {value: key for key, value in _TOP.items()}
+    block_names = {value: key for key, value in _BLOCK.items()}
     tensors = {}
     for variable in model.weights:
         path, value = variable.path, keras.ops.convert_to_numpy(variable)
         block, _, rest = path.partition("/")
-        if block.startswith("encoderblock_"):
-            name = f"blocks.{block.removeprefix('encoderblock_')}.{_inverse_block(rest)}"
+        if block.startswith("encoderblock_") and rest in block_names:
+            name = f"blocks.{block.removeprefix('encoderblock_')}.{block_names[rest]}"
         elif path in ours:
             name = ours[path]
         else:
             raise CheckpointError(f"save_timm: the model's weight {path!r} has no place in timm's layout.")
-        if name == "patch_embed.proj.weight":
-            value = value.transpose(3, 2, 0, 1)
-        elif name.endswith(".weight") and value.ndim == 2:
-            value = value.T
-        tensors[name] = np.ascontiguousarray(value.astype("float32"))
+        tensors[name] = np.ascontiguousarray(keras_to_torch(name, value).astype("float32"))
     return tensors
-
-
-def _inverse_block(rest):
-    for timm_name, our_name in _BLOCK.items():
-        if our_name == rest:
-            return timm_name
-    raise CheckpointError(f"save_timm: the block weight {rest!r} has no place in timm's layout.")
 
 
 def save_timm(model, path):

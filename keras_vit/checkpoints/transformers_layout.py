@@ -17,7 +17,7 @@ import os
 import numpy as np
 
 from keras_vit.checkpoints.source import CheckpointError, preview, source_from_state
-from keras_vit.checkpoints.timm_layout import read_state_dict
+from keras_vit.checkpoints.timm_layout import read_state_dict, torch_to_keras
 
 # transformers name (after "encoder.layer.{i}.") -> keras_vit name (after "encoderblock_{i}/").
 _BLOCK = {
@@ -49,12 +49,6 @@ _TOP = {
 _GELU = {"gelu": False, "gelu_new": True, "gelu_pytorch_tanh": True, "gelu_python": False}
 
 
-def _kernel(name, value):
-    if name.endswith("projection.weight"):
-        return value.transpose(2, 3, 1, 0)
-    return value.T if name.endswith(".weight") and value.ndim == 2 else value
-
-
 def from_transformers(tensors, description="checkpoint"):
     """keras_vit's state from a transformers ViT state dict (`vit.` prefix or none) of numpy arrays."""
     tensors = {name.removeprefix("vit."): np.asarray(value) for name, value in tensors.items()}
@@ -62,17 +56,17 @@ def from_transformers(tensors, description="checkpoint"):
     state, qkv, unknown = {}, {}, []
     for name, value in tensors.items():
         if name in _TOP:
-            state[_TOP[name]] = _kernel(name, value)
+            state[_TOP[name]] = torch_to_keras(name, value)
             continue
         parts = name.split(".", 3)
         if name.startswith("encoder.layer.") and parts[2].isdigit():
             index, rest = int(parts[2]), parts[3]
             if rest in _BLOCK:
-                state[f"encoderblock_{index}/{_BLOCK[rest]}"] = _kernel(rest, value)
+                state[f"encoderblock_{index}/{_BLOCK[rest]}"] = torch_to_keras(rest, value)
                 continue
             kind, _, field = rest.removeprefix("attention.attention.").rpartition(".")
             if rest.startswith("attention.attention.") and kind in _QKV and field in ("weight", "bias"):
-                qkv.setdefault(index, {})[(kind, field)] = _kernel(rest, value)
+                qkv.setdefault(index, {})[(kind, field)] = torch_to_keras(rest, value)
                 continue
         unknown.append(name)
     if unknown:
