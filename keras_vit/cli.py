@@ -1,4 +1,4 @@
-"""The `keras-vit` command: pretrain, finetune, evaluate, predict, inspect, convert.
+"""The `keras-vit` command: pretrain, finetune, evaluate, predict, inspect, convert, export.
 
 Defaults follow the paper (Appendix B) except where the embedded digits data
 set needs smaller numbers; every number is a flag. This module only turns
@@ -11,7 +11,7 @@ import argparse
 import inspect
 import sys
 
-from keras_vit import flags, inference, training
+from keras_vit import deployment, flags, inference, training
 from keras_vit.variants import named_variant
 
 _SIZES = ("patch_size", "hidden_size", "num_layers", "num_heads", "mlp_dim")
@@ -72,6 +72,15 @@ def build_parser():
     convert.add_argument("--image-size", type=int, nargs="+", metavar=("SIZE", "WIDTH"),
                          help="SIZE or HEIGHT WIDTH; default: the checkpoint's own resolution")
     convert.add_argument("--classes", type=int, help="default: the checkpoint's head")
+    export = commands.add_parser("export", help="export a model to ONNX, LiteRT or a TensorFlow SavedModel")
+    export.add_argument("source", metavar="MODEL",
+                        help="a .keras file, an original .npz, a timm or transformers file or folder, or hf://org/name")
+    export.add_argument("--output", help="default: MODEL's name with .onnx, .tflite or _saved_model")
+    export.add_argument("--format", choices=deployment.FORMATS, help="onnx: any backend; litert: tensorflow; "
+                        "tf_saved_model: tensorflow or jax")
+    export.add_argument("--quantize", choices=deployment.QUANTIZE_MODES,
+                        help="8-bit weights (default: none, float32)")
+    export.set_defaults(**_defaults(inference.export))
     for command in commands.choices.values():
         command.add_argument("--debug", action="store_true", help="show the full traceback of an error")
     return _show_defaults(parser)
@@ -83,6 +92,8 @@ def main(argv=None):
         return training.train(flags.config_from_flags(training.PretrainConfig, args))
     if args.command == "finetune":
         return training.train(flags.config_from_flags(training.FinetuneConfig, args))
+    if args.command == "export":
+        return inference.export(args.source, args.output, args.format, args.quantize)
     function = getattr(inference, args.command)
     parameters = inspect.signature(function).parameters
     kwargs = {name: getattr(args, name) for name in parameters if name != "sizes"}
@@ -96,7 +107,7 @@ def main(argv=None):
 
 
 # What a user can fix: bad flags, files and data. Anything else is a bug and keeps its traceback.
-USER_ERRORS = (ValueError, FileNotFoundError, FileExistsError, IsADirectoryError, PermissionError, NotImplementedError)
+USER_ERRORS = (ValueError, ImportError, FileNotFoundError, FileExistsError, IsADirectoryError, PermissionError, NotImplementedError)
 
 
 def console_main(argv=None):

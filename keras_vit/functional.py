@@ -9,6 +9,7 @@ import numbers
 
 import keras
 
+from keras_vit import deployment
 from keras_vit.checkpoints.source import resnet_layers_of
 from keras_vit.variants import Variant
 
@@ -67,6 +68,15 @@ class VisionTransformer(keras.Model):
             self._check_images(args[0])
         return super().__call__(*args, **kwargs)
 
+    def export(self, filepath, format="tf_saved_model", verbose=None, input_signature=None, **kwargs):
+        """Keras' `export`, with a dynamic batch in every format and ONNX on every backend (`keras_vit.deployment`).
+
+        Also takes `quantize="int8"`, for an 8-bit copy of the weights.
+        """
+        return deployment.export_model(self, filepath, format=format, verbose=verbose,
+                                       input_signature=input_signature, native_image_size=native_image_size(self),
+                                       **kwargs)
+
     def fit(self, x=None, *args, **kwargs):
         return self._guarded(super().fit, x, *args, **kwargs)
 
@@ -113,7 +123,7 @@ class VisionTransformer(keras.Model):
         if len(found) == 3 and found[-1] in (1, 3, 4):
             raise ValueError(f"Got one image of shape {found}; the model takes a batch {expected}: add a batch axis, "
                              "e.g. images[None].")
-        if len(found) == 4 and found[-1] != 3:
+        if len(found) == 4 and found[-1] not in (3, None):
             if found[1] == 3:
                 fix = "they look channels-first (batch, 3, height, width): transpose them with np.transpose(x, (0, 2, 3, 1))"
             elif found[-1] == 1:

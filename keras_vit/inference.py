@@ -1,4 +1,4 @@
-"""Using a trained model: evaluate, predict, inspect, convert; each takes plain arguments.
+"""Using a trained model: evaluate, predict, inspect, convert, export; each takes plain arguments.
 
 `weights` is a `.keras` file, an original `.npz`, a `.weights.h5` file or a
 named checkpoint; for the last three `model` (a variant name), else the
@@ -11,7 +11,7 @@ import os
 import keras
 import numpy as np
 
-from keras_vit import checkpoints, data, files
+from keras_vit import checkpoints, data, deployment, files
 from keras_vit.functional import native_image_size
 from keras_vit.imagenet import imagenet_labels
 from keras_vit.models import ViT, read_checkpoint, sizes_of
@@ -181,3 +181,26 @@ def convert(weights, output, model=None, image_size=None, classes=None):
         network.save(path)
     print(f"wrote {output}: {network.name}, {network.count_params():,} parameters, {image_size} px")
     return network
+
+
+def export(source, output=None, format="onnx", quantize=None):
+    """Export a model for serving; returns the path written.
+
+    `source` is a `.keras` file or anything `keras_vit.from_pretrained` reads
+    (an original `.npz`, a timm or transformers file or folder, an `hf://`
+    handle); `output` defaults to the source's name with the format's ending
+    (`vit.onnx`, `vit.tflite`, `vit_saved_model/`). See `keras_vit.deployment`.
+    """
+    deployment.check_format(format, quantize)  # A wrong backend or a missing package, before loading anything.
+    if source.endswith(".keras") and os.path.exists(source):
+        network = load_for_inference(source)
+    else:
+        from keras_vit.pretrained import from_pretrained
+
+        network = from_pretrained(source)
+    output = output or deployment.default_path(source, format)
+    network.export(output, format=format, quantize=quantize)
+    what = f"{format}, int8" if quantize else format
+    print(f"wrote {output} ({what}): {network.name}, {network.count_params():,} parameters, "
+          f"input {(None, *network.input_shape[1:])}")
+    return output

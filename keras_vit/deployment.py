@@ -1,0 +1,197 @@
+"""Export a ViT for serving: ONNX on every backend, LiteRT on TensorFlow, a SavedModel on TensorFlow and JAX.
+
+`VisionTransformer.export` (that is, `model.export(path, format=...)`) and
+`keras-vit export` both come here. Keras' own exporter does the work, with
+what a ViT needs around it:
+
+- the batch dimension stays dynamic in every format;
+- on PyTorch, ONNX goes through torch's dynamo exporter with a dynamic batch:
+  Keras picks the TorchScript exporter when a dimension is dynamic, and that
+  one cannot export LayerNorm's shape (a `SymbolicValueError`) or int8's
+  division;
+- on JAX, a model that was only used through `predict` counts as called;
+- a dynamic-resolution model exports on JAX and PyTorch at the size its
+  position table was trained at (TensorFlow keeps height and width open);
+- LoRA adapters are merged into the kernels first (equal outputs, plain ops);
+- the file or folder appears whole or not at all.
+
+The formats need the `export` extra (onnx, onnxruntime, onnxscript, tf2onnx,
+jax2onnx, ai-edge-litert): `pip install 'keras-vision-transformer[export]'`.
+
+Example:
+>>> import keras_vit
+>>> model = keras_vit.ViT(image_size=32, patch_size=8, hidden_size=32, num_layers=1, num_heads=2,
+...                       mlp_dim=64, classes=3)
+>>> model.export("/tmp/vit.onnx", format="onnx", verbose=False)  # doctest: +SKIP
+"""
+
+import contextlib
+import importlib.util
+import os
+
+import keras
+
+from keras_vit import files
+from keras_vit.lora import merge_lora
+
+FORMATS = ("onnx", "litert", "tf_saved_model")
+BACKENDS = {"onnx": ("jax", "tensorflow", "torch"), "litert": ("tensorflow",), "tf_saved_model": ("jax", "tensorflow")}
+# The packages each format needs on each backend (import names).
+_PACKAGES = {
+    ("onnx", "tensorflow"): ("onnx", "tf2onnx"),
+    ("onnx", "jax"): ("onnx", "jax2onnx"),
+    ("onnx", "torch"): ("onnx", "onnxscript"),
+    ("litert", "tensorflow"): ("tensorflow",),
+    ("tf_saved_model", "tensorflow"): ("tensorflow",),
+    ("tf_saved_model", "jax"): ("tensorflow",),
+}
+_WHY_NOT = {
+    ("litert", "jax"): "Keras converts to LiteRT through TensorFlow or litert-torch",
+    ("litert", "torch"): "keras_vit supports LiteRT through TensorFlow, the converter its parity is tested with",
+    ("tf_saved_model", "torch"): "Keras exports a PyTorch model to a SavedModel only through torch_xla",
+}
+QUANTIZE_MODES = ("int8",)
+
+
+def default_path(model_path, format):
+    """Where `keras-vit export` writes: beside the model, `vit.keras` -> `vit.onnx`, `vit.tflite`, `vit_saved_model/`."""
+    stem = os.path.basename(os.path.normpath(model_path.removeprefix("hf://")))
+    for ending in (".keras", ".weights.h5", ".safetensors", ".npz", ".bin", ".pth"):
+        stem = stem.removesuffix(ending)
+    folder = os.path.dirname(os.path.normpath(model_path)) if not model_path.startswith("hf://") else "."
+    ending = {"onnx": ".onnx", "litert": ".tflite", "tf_saved_model": "_saved_model"}[format]
+    return os.path.join(folder, stem + ending)
+
+
+def check_format(format, quantize=None):
+    """Refuse a format the running backend cannot write, or whose packages are missing, before any work."""
+    if format not in FORMATS:
+        raise ValueError(f"Unknown export format {format!r}; choose among {list(FORMATS)}.")
+    if quantize not in (None, *QUANTIZE_MODES):
+        raise ValueError(f"Unknown quantization {quantize!r}; choose among {list(QUANTIZE_MODES)} or none.")
+    backend = keras.backend.backend()
+    if backend not in BACKENDS[format]:
+        choices = " or ".join(BACKENDS[format])
+        raise NotImplementedError(
+            f"Export to {format} needs the {choices} backend, not {backend} ({_WHY_NOT[format, backend]}): "
+            f"run it with KERAS_BACKEND={BACKENDS[format][-1] if format != 'onnx' else 'tensorflow'}; a .keras "
+            "file loads on any backend."
+        )
+    missing = [name for name in _PACKAGES[format, backend] if importlib.util.find_spec(name) is None]
+    if missing:
+        raise ImportError(
+            f"Export to {format} on {backend} needs {', '.join(missing)}: "
+            "pip install 'keras-vision-transformer[export]'."
+        )
+
+
+def export_model(model, filepath, format="tf_saved_model", verbose=None, input_signature=None, quantize=None,
+                 native_image_size=None, **kwargs):
+    """Write `model` to `filepath` as `format` ("onnx", "litert" or "tf_saved_model"); returns `filepath`.
+
+    Args:
+        model: a keras_vit model (`VisionTransformer`).
+        filepath: the `.onnx` / `.tflite` file or the SavedModel folder.
+        format: one of `FORMATS`; others go to Keras' exporter unchanged.
+        verbose: print Keras' messages; default False.
+        input_signature: Keras' `input_signature`; default the model's input
+            with a dynamic batch.
+        quantize: "int8" for 8-bit weights: Keras' `quantize("int8")` on a copy
+            for ONNX and SavedModel, LiteRT's own dynamic-range int8 for LiteRT
+            (its converter does not take Keras' int8 matmuls).
+        native_image_size: `(height, width)` a dynamic-resolution model exports
+            at on JAX and PyTorch (`keras_vit.functional.native_image_size`).
+        **kwargs: passed to Keras' exporter (for LiteRT, converter settings).
+    """
+    if format not in FORMATS:
+        return keras.Model.export(model, filepath, format=format, verbose=verbose, input_signature=input_signature,
+                                  **kwargs)
+    check_format(format, quantize)
+    if format == "litert" and _is_quantized(model):
+        raise ValueError(
+            "LiteRT's converter cannot take a model after model.quantize('int8') (its int8 matmuls are not LiteRT "
+            "ops): export the float model with quantize='int8' (keras-vit export --quantize int8), which applies "
+            "LiteRT's own int8."
+        )
+    model = _plain_copy(model, quantize if format != "litert" else None)
+    if format == "litert" and quantize == "int8":
+        import tensorflow as tf
+
+        kwargs.setdefault("optimizations", [tf.lite.Optimize.DEFAULT])
+    if input_signature is None:
+        input_signature = [_default_input_spec(model, native_image_size)]
+    if not model._called:  # Keras' ONNX export asks for it; `predict` on JAX never sets it.
+        model(keras.KerasTensor(input_signature[0].shape, dtype=input_signature[0].dtype))
+    with _written_whole(filepath) as path:
+        if format == "onnx" and keras.backend.backend() == "torch":
+            _export_onnx_torch(model, path, input_signature[0], verbose)
+        else:
+            keras.Model.export(model, path, format=format, verbose=bool(verbose), input_signature=input_signature,
+                               **kwargs)
+    return filepath
+
+
+def _is_quantized(model):
+    return any(getattr(layer, "quantization_mode", None) for layer in model._flatten_layers())
+
+
+def _plain_copy(model, quantize):
+    """`model` with LoRA merged and, with `quantize`, a quantized copy (the caller's model stays as it was)."""
+    has_lora = any(getattr(layer, "lora_rank", None) for layer in model.layers)
+    if has_lora:
+        model = merge_lora(model)
+    if quantize:
+        if _is_quantized(model):
+            raise ValueError(f"{model.name} is already quantized; export it without quantize=.")
+        if not has_lora:
+            copy = model.__class__.from_config(model.get_config())
+            copy.set_weights(model.get_weights())
+            model = copy
+        model.quantize(quantize)
+    return model
+
+
+def _default_input_spec(model, native_image_size):
+    """The model's input with a dynamic batch; on JAX and PyTorch a dynamic-resolution model's native size."""
+    shape = tuple(model.inputs[0].shape)
+    if None in shape[1:3] and keras.backend.backend() != "tensorflow" and native_image_size:
+        shape = (None, *native_image_size, shape[3])
+    return keras.InputSpec(shape=shape, dtype=model.inputs[0].dtype, name=model.inputs[0].name)
+
+
+def _export_onnx_torch(model, path, spec, verbose):
+    """PyTorch's dynamo ONNX exporter with a dynamic batch (Keras' TorchScript path fails on a ViT)."""
+    import torch
+
+    batch = torch.export.Dim("batch", min=1)
+    sample = torch.zeros((2, *spec.shape[1:]), dtype=getattr(torch, spec.dtype))
+    model.eval()
+    # A Keras layer's forward takes *args, so its dynamic shapes are one tuple per positional argument.
+    program = torch.onnx.export(model, (sample,), dynamo=True, input_names=[spec.name or "images"],
+                                dynamic_shapes=(({0: batch},),), verbose=bool(verbose))
+    program.optimize()
+    program.save(path)
+
+
+@contextlib.contextmanager
+def _written_whole(target):
+    """Yield a temporary path beside `target`; move the finished file or folder into place, else remove it."""
+    temporary = files.temporary_name(target)
+    files.remove(temporary)
+    try:
+        yield temporary
+        if not os.path.exists(temporary):
+            raise RuntimeError(f"The exporter wrote nothing to {temporary}.")
+        if os.path.isdir(temporary):
+            previous = files.temporary_name(target + ".old")
+            if os.path.isdir(target):
+                os.replace(target, previous)
+            os.replace(temporary, target)
+            files.remove(previous)
+        else:
+            files.fsync_path(temporary)
+            os.replace(temporary, target)
+    except BaseException:
+        files.remove(temporary)
+        raise
+    files.fsync_path(os.path.dirname(os.path.abspath(target)))
