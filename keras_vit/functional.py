@@ -63,6 +63,25 @@ class VisionTransformer(keras.Model):
     ValueError: Input 0 with name 'images' of layer 'vit' is incompatible with the layer: ...
     """
 
+    def __init__(self, *args, class_names=None, **kwargs):
+        super().__init__(*args, **kwargs)
+        # One name per output, where the checkpoint named its classes (transformers' id2label, timm's labels).
+        self.class_names = list(class_names) if class_names else None
+
+    def get_config(self):
+        config = super().get_config()
+        if self.class_names:
+            config["class_names"] = list(self.class_names)
+        return config
+
+    @classmethod
+    def from_config(cls, config, custom_objects=None):
+        config = dict(config)
+        class_names = config.pop("class_names", None)
+        model = super().from_config(config, custom_objects=custom_objects)
+        model.class_names = class_names
+        return model
+
     def __call__(self, *args, **kwargs):
         if args:
             self._check_images(args[0])

@@ -32,22 +32,34 @@ def imagenet_labels():
         return tuple(tuple(line.rstrip("\n").split("\t")) for line in f)
 
 
-def decode_predictions(preds, top=5):
-    """Decode `(batch, 1000)` ImageNet predictions into `(wnid, name, score)` lists.
+def decode_predictions(preds, top=5, class_names=None):
+    """Decode `(batch, classes)` predictions into `(class_id, name, score)` lists, best first.
+
+    Without `class_names`, ImageNet-1k's `(wnid, name, score)`. With them
+    (a model's own `model.class_names`, read from its checkpoint's labels),
+    the id is the class index as a string.
 
     Example:
     >>> import numpy as np
     >>> scores = np.zeros((1, 1000)); scores[0, 1] = 1.0
     >>> decode_predictions(scores, top=1)
     [[('n01443537', 'goldfish', 1.0)]]
+    >>> decode_predictions(np.array([[0.2, 0.8]]), top=1, class_names=["cat", "dog"])
+    [[('1', 'dog', 0.8)]]
     """
     preds = np.asarray(ops.convert_to_numpy(preds))
-    if preds.ndim != 2 or preds.shape[1] != 1000:
+    if class_names is not None:
+        if preds.ndim != 2 or preds.shape[1] != len(class_names):
+            raise ValueError(f"decode_predictions got predictions of shape {preds.shape} for {len(class_names)} "
+                             f"class names; expected (batch, {len(class_names)}).")
+        labels = [(str(index), name) for index, name in enumerate(class_names)]
+    elif preds.ndim != 2 or preds.shape[1] != 1000:
         raise ValueError(
             "decode_predictions expects ImageNet-1k predictions of shape (batch, 1000), "
-            f"got {preds.shape}."
+            f"got {preds.shape}; pass class_names= (for example model.class_names) for other classes."
         )
-    labels = imagenet_labels()
+    else:
+        labels = imagenet_labels()
     results = []
     for row in preds:
         best = np.argsort(row)[::-1][:top]

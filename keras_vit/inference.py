@@ -106,12 +106,14 @@ def _saved_class_names(model, weights):
 
 
 def class_names(model, weights=None, labels=None):
-    """Names for the model's outputs: the `labels` file, classes.txt beside `weights`, or ImageNet's."""
+    """Names for the model's outputs: the `labels` file, classes.txt beside `weights`, the checkpoint's, or ImageNet's."""
     if labels:
         return _read_names(labels, model)
     saved = _saved_class_names(model, weights)
     if saved is not None:
         return saved
+    if getattr(model, "class_names", None):
+        return list(model.class_names)
     if model.output_shape[-1] == 1000:
         return [name for _, name in imagenet_labels()]
     return [str(i) for i in range(model.output_shape[-1])]

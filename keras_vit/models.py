@@ -201,6 +201,8 @@ def ViT(
     model = _build(options, input_tensor)
     if source is not None:
         checkpoints.load_into(model, source)
+        if include_top and source.class_names and len(source.class_names) == classes == source.classes:
+            model.class_names = list(source.class_names)  # the file's head, so the file's names
     return model
 
 

@@ -31,6 +31,8 @@ def test_timm_hub_folder_loads_with_timms_logits_and_exact_gelu(reference):
     assert model.get_layer("encoderblock_0").num_heads == 3 and model.output_shape == (None, 5)
     assert model.get_layer("encoderblock_0").approximate_gelu is False
     np.testing.assert_allclose(predict(model, images), logits, atol=1e-5, rtol=0)
+    # timm's label ids (label_names) in head order, shown by their label_descriptions.
+    assert model.class_names == [f"digit {i}" for i in range(5)]
 
 
 def test_bare_state_dict_needs_the_head_count_and_then_matches(reference):

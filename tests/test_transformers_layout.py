@@ -3,12 +3,13 @@
 import json
 import shutil
 
+import keras
 import numpy as np
 import pytest
 
 import keras_vit
 from conftest import fixture, predict
-from keras_vit import CheckpointError
+from keras_vit import CheckpointError, cli
 
 pytest.importorskip("safetensors")
 
@@ -38,6 +39,31 @@ def test_from_pretrained_reads_every_size_and_takes_a_new_head(reference):
     model = keras_vit.from_pretrained(FOLDER, classifier_activation=None)
     np.testing.assert_allclose(predict(model, images), logits, atol=1e-5, rtol=0)
     assert keras_vit.from_pretrained(FOLDER, classes=37).output_shape == (None, 37)
+
+
+def test_model_carries_the_files_labels_to_decode_predictions_and_a_keras_file(reference, tmp_path):
+    images, _ = reference
+    model = keras_vit.from_pretrained(FOLDER, classifier_activation=None)
+    assert model.class_names == [f"digit {i}" for i in range(5)]
+    logits = predict(model, images)
+    best = int(logits[0].argmax())
+    top = keras_vit.decode_predictions(logits, top=2, class_names=model.class_names)[0]
+    assert top[0] == (str(best), f"digit {best}", float(logits[0, best]))
+    model.save(tmp_path / "labelled.keras")
+    assert keras.saving.load_model(tmp_path / "labelled.keras").class_names == model.class_names
+    # ... and a model built from that file keeps them; a new head has no names.
+    assert keras_vit.from_pretrained(str(tmp_path / "labelled.keras")).class_names == model.class_names
+    assert keras_vit.from_pretrained(FOLDER, classes=37).class_names is None
+    with pytest.raises(ValueError, match=r"predictions of shape \(2, 5\) for 3 class names; expected \(batch, 3\)"):
+        keras_vit.decode_predictions(logits, class_names=["a", "b", "c"])
+
+
+def test_cli_predict_names_classes_by_the_checkpoints_labels(tmp_path, capsys):
+    keras_vit.from_pretrained(FOLDER).save(tmp_path / "labelled.keras")
+    image = (np.random.default_rng(0).uniform(size=(32, 32, 3)) * 255).astype("uint8")
+    keras.utils.save_img(tmp_path / "x.png", image)
+    (top,) = cli.main(["predict", "--weights", str(tmp_path / "labelled.keras"), str(tmp_path / "x.png")])
+    assert {name for name, _ in top} == {f"digit {i}" for i in range(5)}
 
 
 def test_vit_model_folder_gives_its_pooler_as_pre_logits(tmp_path):

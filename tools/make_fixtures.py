@@ -294,7 +294,7 @@ def write_timm_hub_references():
     """A tiny timm ViT as timm publishes one on the Hub: `config.json` + `model.safetensors`, by timm's own writer.
 
     Built with `timm.create_model` (exact GELU, as every timm ViT), random
-    values in every tensor, saved with `save_for_hf`, read back by
+    values in every tensor, saved with `save_for_hf` (with class labels), read back by
     `timm.models.load_checkpoint(..., strict=True)`; the
     logits of fixed images and timm's state-dict names and shapes are kept.
     """
@@ -309,7 +309,9 @@ def write_timm_hub_references():
     model = timm.create_model("vit_tiny_patch16_224", pretrained=False, **args).eval()
     randomise(model, generator)
     folder = os.path.join(FIXTURES, "timm_hub")
-    save_for_hf(model, folder, safe_serialization=True)
+    # Class labels as timm writes them: ids (label_names) and readable descriptions.
+    labels = dict(label_names=[f"d{i}" for i in range(5)], label_descriptions={f"d{i}": f"digit {i}" for i in range(5)})
+    save_for_hf(model, folder, model_config=labels, safe_serialization=True)
     weights = os.path.join(folder, "model.safetensors")
     for stale in set(os.listdir(folder)) - {"config.json", "model.safetensors"}:
         os.remove(os.path.join(folder, stale))  # pytorch_model.bin: the fixture keeps only the safetensors

@@ -45,7 +45,9 @@ def read_keras(path, budget=None):
         num_heads = saved.get_layer("encoderblock_0").num_heads
     except ValueError:
         pass
-    return source_from_state(path, state_of(saved), grid, num_heads)
+    source = source_from_state(path, state_of(saved), grid, num_heads)
+    source.class_names = getattr(saved, "class_names", None)
+    return source
 
 
 def _check_archive(path, budget=None):

@@ -134,7 +134,7 @@ class WeightsSource:
     layout: dict = None
     approximate_gelu: bool = None  # The GELU the checkpoint was trained with, where its layout says (timm: exact).
     layer_norm_epsilon: float = None  # Its LayerNorm epsilon, where its layout says (transformers: 1e-12).
-    class_names: list = None  # Its classes' names, where its files say (transformers' id2label).
+    class_names: list = None  # Its classes' names, where its files say (id2label, timm's labels, a .keras config).
 
     @property
     def sizes(self):
@@ -214,3 +214,20 @@ def preview(names, count=5):
     """The first `count` sorted names, and "..." if there are more (for error messages)."""
     names = sorted(names)
     return names[:count] + (["..."] if len(names) > count else [])
+
+
+def class_names_in_order(labels, state):
+    """A file's class names (a list, or a dict from class index to name) in head order, or None.
+
+    None unless there is one name for each of the head's outputs
+    (transformers' `id2label`, timm's `label_descriptions` / `label_names`).
+    """
+    head = state.get("head/kernel")
+    if not labels or head is None or len(labels) != head.shape[-1]:
+        return None
+    if isinstance(labels, dict):
+        by_index = {int(index): name for index, name in labels.items()}
+        if sorted(by_index) != list(range(len(labels))):
+            return None
+        return [str(by_index[index]) for index in range(len(labels))]
+    return [str(name) for name in labels]

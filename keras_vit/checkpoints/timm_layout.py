@@ -23,7 +23,13 @@ import struct
 import keras
 import numpy as np
 
-from keras_vit.checkpoints.source import CheckpointError, preview, require_regular_file, source_from_state
+from keras_vit.checkpoints.source import (
+    CheckpointError,
+    class_names_in_order,
+    preview,
+    require_regular_file,
+    source_from_state,
+)
 from keras_vit.files import atomic_path
 
 logger = logging.getLogger("keras_vit")
@@ -273,6 +279,14 @@ def read_timm(path, budget=None, config=None):
             grid = (size[0] // patch, size[1] // patch)
     source = source_from_state(path, state, grid, num_heads)
     source.approximate_gelu = False
+    if config:  # Label ids (synsets) in head order, shown by their descriptions ("tench, Tinca tinca") where given.
+        def field(key):
+            return config.get(key) or (config.get("pretrained_cfg") or {}).get(key)
+
+        names, descriptions = class_names_in_order(field("label_names"), state), field("label_descriptions")
+        if names and isinstance(descriptions, dict):
+            names = [str(descriptions.get(name, name)) for name in names]
+        source.class_names = names
     return source
 
 

@@ -16,7 +16,7 @@ import os
 
 import numpy as np
 
-from keras_vit.checkpoints.source import CheckpointError, preview, source_from_state
+from keras_vit.checkpoints.source import CheckpointError, class_names_in_order, preview, source_from_state
 from keras_vit.checkpoints.timm_layout import read_state_dict, torch_to_keras
 
 # transformers name (after "encoder.layer.{i}.") -> keras_vit name (after "encoderblock_{i}/").
@@ -105,7 +105,5 @@ def read_transformers_folder(folder, config, budget=None):
     source = source_from_state(weights, state, grid, config.get("num_attention_heads"))
     source.approximate_gelu = _GELU[activation]
     source.layer_norm_epsilon = float(config.get("layer_norm_eps", 1e-12))
-    labels = config.get("id2label") or {}
-    if "head/kernel" in state and len(labels) == state["head/kernel"].shape[-1]:
-        source.class_names = [labels[str(i)] if str(i) in labels else labels.get(i) for i in range(len(labels))]
+    source.class_names = class_names_in_order(config.get("id2label"), state)
     return source
