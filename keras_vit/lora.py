@@ -78,7 +78,9 @@ def merge_lora(model):
         layer["config"].pop("lora_rank", None)
         layer["config"].pop("lora_targets", None)
     plain = model.__class__.from_config(config)
-    values = {variable.path: variable for variable in model.weights}
+    # Copies, not the variables: on JAX, assigning one variable to another shares its array, which the
+    # other model's next fit or predict may delete (donate).
+    values = {variable.path: keras.ops.convert_to_numpy(variable) for variable in model.weights}
     for variable in plain.weights:
         variable.assign(merged_kernels.get(variable.path, values[variable.path]))
     return plain

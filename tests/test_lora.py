@@ -66,6 +66,19 @@ def test_merge_gives_a_plain_model_with_equal_outputs(tmp_path):
     np.testing.assert_allclose(predict(plain, IMAGES), predict(model, IMAGES), atol=1e-5, rtol=0)
 
 
+def test_merged_model_of_a_trained_model_and_the_model_both_keep_running():
+    # On JAX the merged model shared the trained model's arrays, and running one deleted the other's.
+    model = adapted()
+    model.compile(optimizer=keras.optimizers.SGD(0.1), loss=keras.losses.SparseCategoricalCrossentropy(True))
+    model.fit(IMAGES, LABELS, epochs=1, batch_size=4, verbose=0)
+    plain = keras_vit.merge_lora(model)
+    expected = model.predict(IMAGES, verbose=0)
+    np.testing.assert_allclose(plain.predict(IMAGES, verbose=0), expected, atol=1e-5, rtol=0)
+    model.fit(IMAGES, LABELS, epochs=1, batch_size=4, verbose=0)
+    np.testing.assert_allclose(plain.predict(IMAGES, verbose=0), expected, atol=1e-5, rtol=0)
+    assert model.predict(IMAGES, verbose=0).shape == (8, 3)
+
+
 def test_bad_lora_arguments_are_refused_with_the_choices():
     model = keras_vit.ViT(image_size=32, **SMALL, classes=3)
     with pytest.raises(ValueError, match=r"Unknown LoRA targets \['query'\]; choose among \['qkv', "):
