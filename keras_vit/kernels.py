@@ -13,6 +13,8 @@ float32 rounding), so switching paths changes no result:
 - `layer_norm` is `LayerNorm`'s function under JAX and TensorFlow: its
   means are matrix products and, where `use_custom_gradients`, its gradient
   is written out.
+- `gelu` is the MLP's activation; on TensorFlow its exact form is written
+  with `erf`, which the ONNX and LiteRT converters know.
 - `set_custom_gradients(False)` turns the written-out gradients off, for
   forward-mode differentiation, which they do not support.
 
@@ -160,6 +162,25 @@ def softmax_attention(query, key, value):
         return ops.transpose(output, heads_first), grad
 
     return attend(query, key, value)
+
+
+def gelu(x, approximate):
+    """GELU, tanh-approximated or exact; `keras.ops.gelu` except for the exact form on TensorFlow.
+
+    TensorFlow computes exact GELU as `0.5 x erfc(-x / sqrt(2))`, and ONNX
+    has no `Erfc` operator, so tf2onnx could not export a model with exact
+    GELU (every timm and transformers checkpoint). There it is written as
+    `0.5 x (1 + erf(x / sqrt(2)))`, the same function (equal to float32
+    rounding), which both converters map.
+
+    Example:
+    >>> import numpy as np
+    >>> np.round(np.asarray(gelu(np.array([-1.0, 0.0, 1.0], "float32"), approximate=False)), 4).tolist()
+    [-0.1587, 0.0, 0.8413]
+    """
+    if approximate or keras.backend.backend() != "tensorflow":
+        return ops.gelu(x, approximate=approximate)
+    return 0.5 * x * (1.0 + ops.erf(x * (1.0 / math.sqrt(2.0))))
 
 
 def layer_norm(x, gamma, beta, epsilon):

@@ -389,7 +389,7 @@ class TransformerBlock(keras.layers.Layer):
 
     def _mlp(self, x, training):
         """MLP(x): two dense layers with a GELU between them, each followed by dropout."""
-        hidden = ops.gelu(self.mlp_hidden(x), approximate=self.approximate_gelu)
+        hidden = kernels.gelu(self.mlp_hidden(x), approximate=self.approximate_gelu)
         hidden = self.mlp_hidden_dropout(hidden, training=training)
         return self.mlp_output_dropout(self.mlp_output(hidden), training=training)
 

@@ -225,3 +225,15 @@ def test_layer_norm_gradients_equal_keras_layer_normalization(options, custom, c
     assert len(names) == 3 - len(options)
     for name, got, want in zip(names, gradients(ours), gradients(reference)):
         np.testing.assert_allclose(got, want, atol=1e-4, rtol=1e-5, err_msg=name)
+
+
+@pytest.mark.parametrize("approximate", [True, False])
+def test_gelu_equals_the_exact_and_tanh_formulas(approximate):
+    from scipy.special import erf
+
+    x = np.linspace(-6, 6, 1001).astype("float32")
+    if approximate:
+        expected = 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x.astype("float64") ** 3)))
+    else:
+        expected = 0.5 * x * (1 + erf(x.astype("float64") / np.sqrt(2)))
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(kernels.gelu(x, approximate)), expected, atol=1e-6, rtol=0)
