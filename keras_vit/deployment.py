@@ -28,6 +28,7 @@ Example:
 import contextlib
 import importlib.util
 import os
+import warnings
 
 import keras
 
@@ -147,7 +148,9 @@ def _plain_copy(model, quantize):
             copy = model.__class__.from_config(model.get_config())
             copy.set_weights(model.get_weights())
             model = copy
-        model.quantize(quantize)
+        with warnings.catch_warnings():  # Keras names every layer that has nothing to quantize
+            warnings.filterwarnings("ignore", message=".*does not have a `quantize` method.*")
+            model.quantize(quantize)
     return model
 
 

@@ -21,7 +21,7 @@ def test_readme_lists_exactly_the_guides_that_exist():
 
     listed = re.findall(r"\]\((guides/\d\d_\w+\.md)\)", open(os.path.join(ROOT, "README.md")).read())
     assert listed == [os.path.relpath(g, ROOT) for g in GUIDES]
-    assert len(GUIDES) == 8
+    assert len(GUIDES) == 9
 
 
 # Every (guide, backend) pair a guide's **Backends:** line names. CI runs pytest once per backend
