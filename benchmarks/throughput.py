@@ -1,7 +1,7 @@
 """keras_vit against keras-hub's ViTBackbone and timm: throughput, compile time, memory.
 
     KERAS_BACKEND=jax python benchmarks/throughput.py --models S16,B16 --tasks infer,train \\
-        [--timm-python /path/to/venv-with-timm/bin/python] [--dtype bfloat16]
+        [--timm-python /path/to/venv-with-timm/bin/python] [--dtype float32,bfloat16,int8]
 
 Every measurement runs in a fresh process (so peak memory and first-call
 compile time are each contender's own); the contenders are interleaved round
@@ -9,6 +9,10 @@ by round and the median of the rounds is reported, with ratios against
 keras_vit and the achieved FLOP/s as a fraction of this machine's measured
 dense-matmul peak (the roofline). keras-hub is used when importable; timm
 runs in the interpreter given by --timm-python (it needs torchvision).
+Each --dtype is measured in the same run: bfloat16 is Keras' mixed_bfloat16
+policy (timm: torch.autocast), int8 is Keras' `quantize("int8")` after the
+model is built (inference only; timm has no Keras-quantize counterpart and
+sits it out). Ratios are against keras_vit in float32.
 """
 
 import argparse
@@ -98,9 +102,15 @@ def keras_model(contender, model, task, dtype):
 
 
 def run_keras(contender, model, task, batch, iterations, dtype):
+    import warnings
+
     import keras
 
     net = keras_model(contender, model, task, dtype)
+    if dtype == "int8":
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            net.quantize("int8")
     rng = np.random.default_rng(0)
     images = rng.uniform(-1, 1, (batch, 224, 224, 3)).astype("float32")
     labels = rng.integers(0, 1000, batch)
@@ -205,7 +215,7 @@ def main():
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--iterations", type=int, default=5, help="timed steps per process (median)")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds (median)")
-    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    parser.add_argument("--dtype", default="float32", help="float32, bfloat16, int8, or several: float32,int8")
     parser.add_argument("--timm-python", help="a Python that has timm, to include it")
     parser.add_argument("--peak-tflops", type=float,
                         help="the accelerator's peak (e.g. 989 for an H200 in bf16) instead of the measured CPU matmul peak")
@@ -221,39 +231,44 @@ def main():
     backend = keras.backend.backend()
     peak = args.peak_tflops * 1e12 if args.peak_tflops else matmul_peak()
     print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores; backend {backend}; "
-          f"dtype {args.dtype}; batch {args.batch}; roofline peak {peak / 1e9:.1f} GFLOP/s "
+          f"dtypes {args.dtype}; batch {args.batch}; roofline peak {peak / 1e9:.1f} GFLOP/s "
           f"({'given' if args.peak_tflops else 'measured float32 matmul'})")
     contenders = available_contenders(args.timm_python)
+    dtypes = args.dtype.split(",")
+    unknown = set(dtypes) - {"float32", "bfloat16", "int8"}
+    if unknown:
+        raise SystemExit(f"unknown --dtype {sorted(unknown)}; choose among float32, bfloat16, int8")
     rows = []
     for model in args.models.split(","):
         for task in args.tasks.split(","):
-            results = {c: [] for c in contenders}
+            runs = [(c, d) for d in dtypes for c in contenders if not (d == "int8" and (c == "timm" or task == "train"))]
+            results = {run: [] for run in runs}
             for _ in range(args.rounds):
-                for contender in contenders:  # interleaved, so drift hits every contender alike
+                for contender, dtype in runs:  # interleaved, so drift hits every contender alike
                     python = args.timm_python if contender == "timm" else sys.executable
-                    results[contender].append(measure_in_process(
-                        python, contender, model, task, args.batch, args.iterations, args.dtype,
+                    results[contender, dtype].append(measure_in_process(
+                        python, contender, model, task, args.batch, args.iterations, dtype,
                         None if contender == "timm" else backend))
             flops = forward_flops(model) * (3 if task == "train" else 1) * args.batch
             base = None
-            for contender in contenders:
-                errors = [r for r in results[contender] if "error" in r]
+            for contender, dtype in runs:
+                errors = [r for r in results[contender, dtype] if "error" in r]
                 if errors:
-                    print(f"{model} {task} {contender}: failed: {errors[0]['error']}")
+                    print(f"{model} {task} {contender} {dtype}: failed: {errors[0]['error']}")
                     continue
-                good = results[contender]
+                good = results[contender, dtype]
                 step = statistics.median(r["step_s"] for r in good)
-                row = dict(model=model, task=task, contender=contender, images_per_s=args.batch / step,
+                row = dict(model=model, task=task, contender=contender, dtype=dtype, images_per_s=args.batch / step,
                            first_call_s=statistics.median(r["first_call_s"] for r in good),
                            peak_rss_mb=statistics.median(r["peak_rss_mb"] for r in good),
                            roofline=flops / step / peak)
                 base = base or row
                 row["speed_vs_keras_vit"] = row["images_per_s"] / base["images_per_s"]
                 rows.append(row)
-    print(f"{'model':6s} {'task':6s} {'contender':10s} {'img/s':>8s} {'x keras_vit':>11s} {'1st call s':>10s} "
-          f"{'peak MB':>8s} {'roofline':>8s}")
+    print(f"{'model':6s} {'task':6s} {'contender':10s} {'dtype':8s} {'img/s':>8s} {'x keras_vit':>11s} "
+          f"{'1st call s':>10s} {'peak MB':>8s} {'roofline':>8s}")
     for r in rows:
-        print(f"{r['model']:6s} {r['task']:6s} {r['contender']:10s} {r['images_per_s']:8.2f} "
+        print(f"{r['model']:6s} {r['task']:6s} {r['contender']:10s} {r['dtype']:8s} {r['images_per_s']:8.2f} "
               f"{r['speed_vs_keras_vit']:11.2f} {r['first_call_s']:10.1f} {r['peak_rss_mb']:8.0f} {r['roofline']:8.1%}")
 
 
