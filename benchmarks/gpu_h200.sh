@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# ViT-B/16 bf16 training and inference throughput and model-FLOP utilisation on one
+# ViT-B/16 bf16 training and inference throughput (keras_vit and keras-hub through their dtype=:
+# bfloat16 for inference, mixed_bfloat16 for training; timm under torch.autocast) and model-FLOP utilisation on one
 # NVIDIA H100/H200-class GPU: keras_vit on the jax and torch backends against timm.
 # Prepared to finish in under 8 minutes including compilation; not yet run (no GPU
 # was lent to the session that wrote it). Usage, on the GPU machine, from the repo root:

@@ -12,7 +12,8 @@ runs in the interpreter given by --timm-python (it needs torchvision).
 Each --dtype is measured in the same run: bfloat16 is Keras' mixed_bfloat16
 policy (timm: torch.autocast), int8 is Keras' `quantize("int8")` after the
 model is built (inference only; timm has no Keras-quantize counterpart and
-sits it out). Ratios are against keras_vit in float32.
+sits it out). Ratios are against keras_vit in float32; each roofline is against the
+measured matmul peak of its own dtype on the backend.
 """
 
 import argparse
@@ -48,27 +49,37 @@ def forward_flops(model, image_size=224, classes=1000):
     return embed + layers * per_layer + 2 * hidden * classes
 
 
-def matmul_peak(size=2048, repeats=5):
-    """Dense float32 matmul FLOP/s of this machine (the roofline): the best of numpy and the Keras backend."""
+def matmul_peak(dtype="float32", size=2048, repeats=5):
+    """Dense matmul operations per second of this machine in `dtype` (the roofline): the best of numpy
+    (float32 only) and the Keras backend. int8 multiplies int8 matrices into int32, as quantized Dense does."""
     import keras
 
     a = np.random.default_rng(0).standard_normal((size, size)).astype("float32")
-    tensor = keras.ops.convert_to_tensor(a)
-    candidates = {"numpy": lambda: a @ a, keras.backend.backend(): lambda: keras.ops.matmul(tensor, tensor)}
+    if dtype == "int8":
+        a = np.clip(np.round(a * 30), -127, 127).astype("int8")
+    tensor = keras.ops.convert_to_tensor(a, dtype)
+    candidates = {keras.backend.backend(): lambda: keras.ops.matmul(tensor, tensor)}
+    if dtype == "float32":
+        candidates["numpy"] = lambda: a @ a
     if keras.backend.backend() == "jax":
         import jax
+        import jax.numpy as jnp
 
-        product = jax.jit(lambda x: x @ x)
+        accumulate = jnp.int32 if dtype == "int8" else None
+        product = jax.jit(lambda x: jnp.matmul(x, x, preferred_element_type=accumulate))
         candidates["jax"] = lambda: product(tensor).block_until_ready()
     best = 0.0
     for run in candidates.values():
-        run()
+        try:
+            run()
+        except Exception:  # a backend without this dtype's matmul on CPU
+            continue
         times = []
         for _ in range(repeats):
             start = time.perf_counter()
             result = run()
             if hasattr(result, "numpy") and not isinstance(result, np.ndarray):
-                result.numpy() if hasattr(result, "numpy") else None
+                result.numpy()
             times.append(time.perf_counter() - start)
         best = max(best, 2 * size**3 / min(times))
     return best
@@ -80,21 +91,23 @@ def matmul_peak(size=2048, repeats=5):
 def keras_model(contender, model, task, dtype):
     import keras
 
+    # bfloat16 through each model's own dtype=: bfloat16 weights for inference, float32 ones for training.
+    policy = None
     if dtype == "bfloat16":
-        keras.config.set_dtype_policy("mixed_bfloat16")
+        policy = "bfloat16" if task == "infer" else "mixed_bfloat16"
     hidden, layers, heads, mlp, patch = SIZES[model]
     if contender == "keras_vit":
         import keras_vit
 
         if task == "infer":
             return keras_vit.ViT(image_size=224, patch_size=patch, hidden_size=hidden, num_layers=layers,
-                                 num_heads=heads, mlp_dim=mlp, include_top=False)
+                                 num_heads=heads, mlp_dim=mlp, include_top=False, dtype=policy)
         return keras_vit.ViT(image_size=224, patch_size=patch, hidden_size=hidden, num_layers=layers,
-                             num_heads=heads, mlp_dim=mlp, classes=1000, classifier_activation=None)
+                             num_heads=heads, mlp_dim=mlp, classes=1000, classifier_activation=None, dtype=policy)
     import keras_hub
 
     backbone = keras_hub.models.ViTBackbone(image_shape=(224, 224, 3), patch_size=patch, num_layers=layers,
-                                            num_heads=heads, hidden_dim=hidden, mlp_dim=mlp)
+                                            num_heads=heads, hidden_dim=hidden, mlp_dim=mlp, dtype=policy)
     if task == "infer":
         return backbone
     logits = keras.layers.Dense(1000, dtype="float32")(backbone.output[:, 0])
@@ -229,15 +242,16 @@ def main():
     import keras
 
     backend = keras.backend.backend()
-    peak = args.peak_tflops * 1e12 if args.peak_tflops else matmul_peak()
-    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores; backend {backend}; "
-          f"dtypes {args.dtype}; batch {args.batch}; roofline peak {peak / 1e9:.1f} GFLOP/s "
-          f"({'given' if args.peak_tflops else 'measured float32 matmul'})")
     contenders = available_contenders(args.timm_python)
     dtypes = args.dtype.split(",")
     unknown = set(dtypes) - {"float32", "bfloat16", "int8"}
     if unknown:
         raise SystemExit(f"unknown --dtype {sorted(unknown)}; choose among float32, bfloat16, int8")
+    # Each dtype's roofline: its own measured matmul peak on this backend (or the accelerator's given peak).
+    peaks = {d: args.peak_tflops * 1e12 if args.peak_tflops else matmul_peak(d) for d in dtypes}
+    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores; backend {backend}; "
+          f"batch {args.batch}; roofline peaks " + ", ".join(f"{d} {p / 1e9:.1f}" for d, p in peaks.items())
+          + f" G(FL)OP/s ({'given' if args.peak_tflops else 'measured matmul'})")
     rows = []
     for model in args.models.split(","):
         for task in args.tasks.split(","):
@@ -261,7 +275,7 @@ def main():
                 row = dict(model=model, task=task, contender=contender, dtype=dtype, images_per_s=args.batch / step,
                            first_call_s=statistics.median(r["first_call_s"] for r in good),
                            peak_rss_mb=statistics.median(r["peak_rss_mb"] for r in good),
-                           roofline=flops / step / peak)
+                           roofline=flops / step / peaks[dtype] if peaks[dtype] else float("nan"))
                 base = base or row
                 row["speed_vs_keras_vit"] = row["images_per_s"] / base["images_per_s"]
                 rows.append(row)

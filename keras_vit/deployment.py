@@ -13,6 +13,8 @@ what a ViT needs around it:
 - a dynamic-resolution model exports on JAX and PyTorch at the size its
   position table was trained at (TensorFlow keeps height and width open);
 - LoRA adapters are merged into the kernels first (equal outputs, plain ops);
+- a SavedModel keeps the model's precision (`dtype=`); ONNX and LiteRT take
+  float32 models (their CPU runtimes have no bfloat16 convolution);
 - the file or folder appears whole or not at all.
 
 The formats need the `export` extra (onnx, onnxruntime, onnxscript, tf2onnx,
@@ -113,6 +115,14 @@ def export_model(model, filepath, format="tf_saved_model", verbose=None, input_s
             "LiteRT's converter cannot take a model after model.quantize('int8') (its int8 matmuls are not LiteRT "
             "ops): export the float model with quantize='int8' (keras-vit export --quantize int8), which applies "
             "LiteRT's own int8."
+        )
+    precision = model.get_layer("embedding").compute_dtype
+    if format != "tf_saved_model" and precision != "float32":
+        runtime = "ONNX Runtime" if format == "onnx" else "LiteRT"
+        raise ValueError(
+            f"{model.name} computes in {precision}, which {runtime} cannot run on CPUs (no {precision} "
+            f"convolution): export a float32 build of it (keras_vit.from_pretrained(..., dtype='float32')), with "
+            f"quantize='int8' for a smaller file, or use format='tf_saved_model', which keeps {precision}."
         )
     model = _plain_copy(model, quantize if format != "litert" else None)
     if format == "litert" and quantize == "int8":

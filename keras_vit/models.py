@@ -75,6 +75,7 @@ def ViT(
     layer_norm_epsilon=None,
     position_embedding_interpolation="bicubic",
     position_embedding_antialias=False,
+    dtype=None,
     name=None,
 ):
     """Build a Vision Transformer (Dosovitskiy et al., 2020).
@@ -123,7 +124,12 @@ def ViT(
             with dynamic resolution, to each input's grid.
         position_embedding_antialias: resize with torch's anti-aliased kernels
             (with `"bicubic"`, timm's `dynamic_img_size`).
-        name: model name.
+        dtype: the precision the model runs in: `"float32"`, `"bfloat16"`,
+            `"mixed_bfloat16"` (float32 weights, bfloat16 computation),
+            `"float16"`, `"mixed_float16"` or a `keras.DTypePolicy`; default
+            the global policy. A float32 checkpoint loads into it. LayerNorm,
+            the attention softmax and the logits stay in float32. Kept in the
+            `.keras` file.
 
     Returns:
         A `keras.Model` mapping `(batch, height, width, 3)` images in [-1, 1]
@@ -136,6 +142,7 @@ def ViT(
     (None, 10)
     """
     image_size = _image_size(image_size, input_tensor)
+    policy = _dtype_policy(dtype)
     if pooling not in (None, "token", "gap"):
         raise ValueError(f"Unknown pooling {pooling!r}; expected None, 'token' or 'gap'.")
     if classifier not in (None, "token", "gap"):
@@ -198,12 +205,29 @@ def ViT(
         position_embedding_antialias=bool(position_embedding_antialias),
         name=name or variant_name(sizes) or "vit",
     )
-    model = _build(options, input_tensor)
+    previous = keras.config.dtype_policy()
+    keras.config.set_dtype_policy(policy or previous)  # every layer takes the model's precision
+    try:
+        model = _build(options, input_tensor)
+    finally:
+        keras.config.set_dtype_policy(previous)
     if source is not None:
         checkpoints.load_into(model, source)
         if include_top and source.class_names and len(source.class_names) == classes == source.classes:
             model.class_names = list(source.class_names)  # the file's head, so the file's names
     return model
+
+
+_PRECISIONS = ("float32", "bfloat16", "mixed_bfloat16", "float16", "mixed_float16")
+
+
+def _dtype_policy(dtype):
+    """`dtype` as a `keras.DTypePolicy` (None stays None: the global policy), or a clear error."""
+    if dtype is None or isinstance(dtype, keras.DTypePolicy):
+        return dtype
+    if dtype not in _PRECISIONS:
+        raise ValueError(f"Unknown dtype {dtype!r}; choose among {list(_PRECISIONS)} or pass a keras.DTypePolicy.")
+    return keras.DTypePolicy(dtype)
 
 
 def _position_grid(image_size, sizes, source):

@@ -1,0 +1,79 @@
+"""`dtype=` on ViT and from_pretrained: a float32 checkpoint run in bfloat16, kept through predict and .keras."""
+
+import keras
+import numpy as np
+import pytest
+
+import keras_vit
+from conftest import SMALL, fixture, predict, reference
+
+# bfloat16 keeps 8 bits of mantissa: logits move by a few hundredths, the classes do not.
+TOLERANCE = 0.05
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "mixed_bfloat16"])
+def test_float32_checkpoint_runs_in_bfloat16_close_to_the_reference(dtype):
+    images, logits = reference("vit_token")  # timm's logits for the same file
+    model = keras_vit.from_pretrained(fixture("vit_token.npz"), dtype=dtype, classifier_activation=None)
+    block = model.get_layer("encoderblock_0")
+    assert block.qkv.compute_dtype == "bfloat16"
+    assert block.qkv.kernel.dtype == ("bfloat16" if dtype == "bfloat16" else "float32")
+    assert model.get_layer("predictions").compute_dtype == "float32"
+    for output in (predict(model, images), np.asarray(model.predict(images, verbose=0))):
+        assert output.dtype == np.float32
+        assert np.abs(output - logits).max() < TOLERANCE * np.abs(logits).max()
+        assert (output.argmax(-1) == logits.argmax(-1)).all()
+
+
+def test_layer_norm_and_attention_softmax_compute_in_float32():
+    model = keras_vit.ViT(image_size=32, **SMALL, classes=3, dtype="bfloat16")
+    block = model.get_layer("encoderblock_0")
+    x = keras.ops.convert_to_tensor(np.random.default_rng(0).normal(size=(1, 17, 48)), "bfloat16")
+    assert keras.backend.standardize_dtype(block.attention_norm(x).dtype) == "bfloat16"  # handed on in bfloat16
+    _, weights = block(x, return_attention_weights=True)
+    assert keras.backend.standardize_dtype(weights.dtype) == "float32"
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "mixed_bfloat16", keras.DTypePolicy("mixed_bfloat16")])
+def test_dtype_survives_a_keras_round_trip(dtype, tmp_path):
+    model = keras_vit.ViT(image_size=32, **SMALL, classes=3, dtype=dtype)
+    images = np.random.default_rng(1).uniform(-1, 1, (2, 32, 32, 3)).astype("float32")
+    model.save(tmp_path / "vit.keras")
+    reloaded = keras.saving.load_model(tmp_path / "vit.keras")
+    name = dtype if isinstance(dtype, str) else dtype.name
+    assert {layer.dtype_policy.name for layer in reloaded.layers if layer.name.startswith("encoderblock")} == {name}
+    np.testing.assert_array_equal(predict(reloaded, images), predict(model, images))
+
+
+def test_the_global_policy_is_left_as_it_was():
+    keras.config.set_dtype_policy("float32")
+    keras_vit.ViT(image_size=32, **SMALL, classes=3, dtype="bfloat16")
+    assert keras.config.dtype_policy().name == "float32"
+    keras_vit.from_pretrained(fixture("vit_gap.npz"), dtype="mixed_bfloat16")
+    assert keras.config.dtype_policy().name == "float32"
+    assert keras_vit.ViT(image_size=32, **SMALL, classes=3).get_layer("head").dtype_policy.name == "float32"
+
+
+def test_unknown_dtype_names_the_choices():
+    with pytest.raises(ValueError, match=r"^Unknown dtype 'bf16'; choose among \['float32', 'bfloat16', "
+                                         r"'mixed_bfloat16', 'float16', 'mixed_float16'\] or pass a keras.DTypePolicy\.$"):
+        keras_vit.ViT(image_size=32, **SMALL, classes=3, dtype="bf16")
+
+
+@pytest.mark.skipif(keras.backend.backend() == "torch", reason="a SavedModel is written on tensorflow and jax")
+def test_saved_model_keeps_bfloat16(tmp_path):
+    pytest.importorskip("onnxruntime")  # the export extra
+    from test_export import run_saved_model
+
+    model = keras_vit.ViT(image_size=32, **SMALL, classes=3, dtype="bfloat16", classifier_activation=None)
+    images = np.random.default_rng(1).uniform(-1, 1, (3, 32, 32, 3)).astype("float32")
+    model.export(str(tmp_path / "served"), format="tf_saved_model", verbose=False)
+    (served,) = run_saved_model(str(tmp_path / "served"), [images])
+    np.testing.assert_allclose(served, predict(model, images), atol=1e-6, rtol=0)
+
+
+def test_onnx_of_a_bfloat16_model_is_refused_with_the_way_out(tmp_path):
+    model = keras_vit.ViT(image_size=32, **SMALL, classes=3, dtype="mixed_bfloat16")
+    with pytest.raises(ValueError, match=r"computes in bfloat16, which ONNX Runtime cannot run on CPUs .* "
+                                         r"dtype='float32'"):
+        model.export(str(tmp_path / "vit.onnx"), format="onnx")
