@@ -377,21 +377,30 @@ class TransformerBlock(keras.layers.Layer):
         else:
             context, weights = kernels.attention(query, key, value), None
         context = ops.reshape(context, (batch, tokens, self.num_heads * self.head_dim))
-        return self.output_dropout(self.attention_output(context), training=training), weights
+        return self._dropout(self.output_dropout, self.attention_output(context), training), weights
 
     def _attention_with_weights(self, query, key, value, training):
         """Attention as explicit einsums, returning its float32 weights (before dropout)."""
         scale = 1.0 / math.sqrt(self.head_dim)
         logits = ops.einsum("bqhd,bkhd->bhqk", query * ops.cast(scale, query.dtype), key)
         weights = ops.softmax(ops.cast(logits, "float32"), axis=-1)
-        dropped = self.attention_dropout(weights, training=training)
+        dropped = self._dropout(self.attention_dropout, weights, training)
         return ops.einsum("bhqk,bkhd->bqhd", ops.cast(dropped, value.dtype), value), weights
 
     def _mlp(self, x, training):
         """MLP(x): two dense layers with a GELU between them, each followed by dropout."""
         hidden = kernels.gelu(self.mlp_hidden(x), approximate=self.approximate_gelu)
-        hidden = self.mlp_hidden_dropout(hidden, training=training)
-        return self.mlp_output_dropout(self.mlp_output(hidden), training=training)
+        hidden = self._dropout(self.mlp_hidden_dropout, hidden, training)
+        return self._dropout(self.mlp_output_dropout, self.mlp_output(hidden), training)
+
+    @staticmethod
+    def _dropout(layer, x, training):
+        """`layer(x)`, skipped where it is the identity (inference, or rate 0).
+
+        The same result as calling it; on PyTorch, where Keras runs eagerly,
+        each skipped call saves a `Layer.__call__` (a third of a block's).
+        """
+        return layer(x, training=training) if training and layer.rate else x
 
     def _drop_path(self, residual, training):
         """Stochastic depth: drop the whole branch for random samples."""
