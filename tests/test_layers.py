@@ -149,6 +149,17 @@ def test_dropout_and_stochastic_depth_act_only_in_training():
     assert np.abs(trained - inference).max() > 1e-3
 
 
+def test_dropout_alone_acts_in_training_and_rate_zero_trains_as_inference():
+    x = np.random.default_rng(4).normal(size=(8, 5, 8)).astype("float32")
+    for rates, changes in (({"dropout_rate": 0.3}, True), ({"attention_dropout_rate": 0.3}, True), ({}, False)):
+        block = TransformerBlock(2, 16, seed=1, **rates)
+        block.build(x.shape)
+        randomise(block)
+        inference = keras.ops.convert_to_numpy(block(x, training=False))
+        trained = keras.ops.convert_to_numpy(block(x, training=True))
+        assert (np.abs(trained - inference).max() > 1e-3) == changes, rates
+
+
 def test_stochastic_depth_drops_whole_samples():
     block = TransformerBlock(2, 16, stochastic_depth_rate=0.9, seed=3)
     x = np.random.default_rng(5).normal(size=(64, 5, 8)).astype("float32")
