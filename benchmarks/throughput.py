@@ -13,7 +13,10 @@ Each --dtype is measured in the same run: bfloat16 is Keras' mixed_bfloat16
 policy (timm: torch.autocast), int8 is Keras' `quantize("int8")` after the
 model is built (inference only; timm has no Keras-quantize counterpart and
 sits it out). Ratios are against keras_vit in float32; each roofline is against the
-measured matmul peak of its own dtype on the backend.
+measured matmul peak of its own dtype on the backend. --jit-compile adds
+keras_vit compiled with `model.compile(jit_compile=True)` as a contender
+(`keras_vit_jit`): on the PyTorch backend that is torch.compile, which Keras
+does not use by default; on JAX and TensorFlow it is the same XLA path.
 """
 
 import argparse
@@ -96,7 +99,7 @@ def keras_model(contender, model, task, dtype):
     if dtype == "bfloat16":
         policy = "bfloat16" if task == "infer" else "mixed_bfloat16"
     hidden, layers, heads, mlp, patch = SIZES[model]
-    if contender == "keras_vit":
+    if contender in ("keras_vit", "keras_vit_jit"):
         import keras_vit
 
         if task == "infer":
@@ -127,10 +130,13 @@ def run_keras(contender, model, task, batch, iterations, dtype):
     rng = np.random.default_rng(0)
     images = rng.uniform(-1, 1, (batch, 224, 224, 3)).astype("float32")
     labels = rng.integers(0, 1000, batch)
+    jit_compile = True if contender == "keras_vit_jit" else "auto"
     if task == "infer":
+        if contender == "keras_vit_jit":
+            net.compile(jit_compile=True)
         step = lambda: net.predict_on_batch(images)  # noqa: E731
     else:
-        net.compile(optimizer=keras.optimizers.SGD(1e-3, momentum=0.9),
+        net.compile(optimizer=keras.optimizers.SGD(1e-3, momentum=0.9), jit_compile=jit_compile,
                     loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
         step = lambda: net.train_on_batch(images, labels)  # noqa: E731
     return measure(step, iterations)
@@ -208,8 +214,8 @@ def measure_in_process(python, contender, model, task, batch, iterations, dtype,
     return json.loads(done.stdout.split("RESULT ", 1)[1].splitlines()[0])
 
 
-def available_contenders(timm_python):
-    found = ["keras_vit"]
+def available_contenders(timm_python, jit_compile=False):
+    found = ["keras_vit", "keras_vit_jit"] if jit_compile else ["keras_vit"]
     try:
         import keras_hub  # noqa: F401
 
@@ -230,6 +236,8 @@ def main():
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds (median)")
     parser.add_argument("--dtype", default="float32", help="float32, bfloat16, int8, or several: float32,int8")
     parser.add_argument("--timm-python", help="a Python that has timm, to include it")
+    parser.add_argument("--jit-compile", action="store_true",
+                        help="also keras_vit under model.compile(jit_compile=True) (torch.compile on PyTorch)")
     parser.add_argument("--peak-tflops", type=float,
                         help="the accelerator's peak (e.g. 989 for an H200 in bf16) instead of the measured CPU matmul peak")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
@@ -242,7 +250,7 @@ def main():
     import keras
 
     backend = keras.backend.backend()
-    contenders = available_contenders(args.timm_python)
+    contenders = available_contenders(args.timm_python, args.jit_compile)
     dtypes = args.dtype.split(",")
     unknown = set(dtypes) - {"float32", "bfloat16", "int8"}
     if unknown:
@@ -279,10 +287,10 @@ def main():
                 base = base or row
                 row["speed_vs_keras_vit"] = row["images_per_s"] / base["images_per_s"]
                 rows.append(row)
-    print(f"{'model':6s} {'task':6s} {'contender':10s} {'dtype':8s} {'img/s':>8s} {'x keras_vit':>11s} "
+    print(f"{'model':6s} {'task':6s} {'contender':13s} {'dtype':8s} {'img/s':>8s} {'x keras_vit':>11s} "
           f"{'1st call s':>10s} {'peak MB':>8s} {'roofline':>8s}")
     for r in rows:
-        print(f"{r['model']:6s} {r['task']:6s} {r['contender']:10s} {r['dtype']:8s} {r['images_per_s']:8.2f} "
+        print(f"{r['model']:6s} {r['task']:6s} {r['contender']:13s} {r['dtype']:8s} {r['images_per_s']:8.2f} "
               f"{r['speed_vs_keras_vit']:11.2f} {r['first_call_s']:10.1f} {r['peak_rss_mb']:8.0f} {r['roofline']:8.1%}")
 
 
