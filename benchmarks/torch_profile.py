@@ -100,7 +100,11 @@ def main():
     args = parser.parse_args()
     if keras.backend.backend() != "torch":
         raise SystemExit("run with KERAS_BACKEND=torch")
-    import timm
+    try:
+        import timm
+    except ImportError:
+        raise SystemExit("torch_profile.py needs timm beside keras_vit on one torch build: "
+                         "run it with the timm venv's Python (see the docstring)") from None
 
     model = keras_vit.ViT(image_size=224, patch_size=16, hidden_size=768, num_layers=12, num_heads=12, mlp_dim=3072,
                           include_top=False)
