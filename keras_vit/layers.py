@@ -397,10 +397,14 @@ class TransformerBlock(keras.layers.Layer):
     def _dropout(layer, x, training):
         """`layer(x)`, skipped where it is the identity (inference, or rate 0).
 
-        The same result as calling it; on PyTorch, where Keras runs eagerly,
-        each skipped call saves a `Layer.__call__` (a third of a block's).
+        The same result as calling it, cast to the layer's compute dtype as
+        its call would (on PyTorch a symbolic `Dense` under mixed precision
+        gives float32); there, where Keras runs eagerly, each skipped call
+        saves a `Layer.__call__` (a third of a block's).
         """
-        return layer(x, training=training) if training and layer.rate else x
+        if training and layer.rate:
+            return layer(x, training=training)
+        return ops.cast(x, layer.compute_dtype)
 
     def _drop_path(self, residual, training):
         """Stochastic depth: drop the whole branch for random samples."""
