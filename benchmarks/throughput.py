@@ -15,8 +15,8 @@ model is built (inference only; timm has no Keras-quantize counterpart and
 sits it out). Ratios are against keras_vit in float32; each roofline is against the
 measured matmul peak of its own dtype on the backend. --jit-compile adds
 keras_vit compiled with `model.compile(jit_compile=True)` as a contender
-(`keras_vit_jit`): on the PyTorch backend that is torch.compile, which Keras
-does not use by default; on JAX and TensorFlow it is the same XLA path.
+(`keras_vit_jit`): on PyTorch that is torch.compile and on TensorFlow XLA,
+neither of which Keras uses by default on a CPU; on JAX it is the default.
 """
 
 import argparse
@@ -132,7 +132,7 @@ def run_keras(contender, model, task, batch, iterations, dtype):
     labels = rng.integers(0, 1000, batch)
     jit_compile = True if contender == "keras_vit_jit" else "auto"
     if task == "infer":
-        if contender == "keras_vit_jit":
+        if jit_compile is True:
             net.compile(jit_compile=True)
         step = lambda: net.predict_on_batch(images)  # noqa: E731
     else:
