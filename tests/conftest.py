@@ -1,4 +1,13 @@
-"""Shared helpers. The backend is chosen by KERAS_BACKEND before pytest starts."""
+"""Shared helpers, and where each test runs.
+
+The backend is chosen by KERAS_BACKEND before pytest starts, and CI runs the
+suite once per backend. A test whose result cannot depend on the backend
+(download and cache logic, file-header checks, flag parsing, data-folder
+labelling, README and registry consistency) carries
+`@pytest.mark.backend_independent` and runs in the `BACKEND_INDEPENDENT_PASS`
+only; every other test runs on every backend. Set
+KERAS_VIT_TEST_EVERY_BACKEND=1 to run the marked tests in any pass.
+"""
 
 import logging
 import os
@@ -18,6 +27,34 @@ FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures")
 SMALL = dict(patch_size=8, hidden_size=48, num_layers=2, num_heads=3, mlp_dim=96)
 # ... and of the small hybrids: a two-stage ResNet (8 pixels per feature) cut into 1x1 patches.
 SMALL_HYBRID = dict(SMALL, patch_size=1, resnet_layers=(1, 2), resnet_width=32)
+
+
+# The pass that runs the backend-independent tests: Keras' default backend, where a new user starts.
+BACKEND_INDEPENDENT_PASS = "tensorflow"
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "backend_independent: the result cannot depend on the Keras backend; the "
+                                       f"test runs in the {BACKEND_INDEPENDENT_PASS} pass only")
+
+
+def runs_backend_independent_tests():
+    return keras.backend.backend() == BACKEND_INDEPENDENT_PASS or os.environ.get("KERAS_VIT_TEST_EVERY_BACKEND") == "1"
+
+
+def pytest_collection_modifyitems(config, items):
+    if runs_backend_independent_tests():
+        return
+    left = [item for item in items if item.get_closest_marker("backend_independent")]
+    if left:
+        config.hook.pytest_deselected(items=left)
+        items[:] = [item for item in items if not item.get_closest_marker("backend_independent")]
+
+
+def pytest_report_header(config):
+    if runs_backend_independent_tests():
+        return f"backend-independent tests: run in this ({keras.backend.backend()}) pass"
+    return f"backend-independent tests: deselected here, they run in the {BACKEND_INDEPENDENT_PASS} pass"
 
 
 def fixture(name):

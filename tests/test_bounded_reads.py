@@ -9,6 +9,9 @@ import pytest
 
 from keras_vit import CheckpointError, checkpoints
 
+# File-header and size checks that refuse a file before any of it reaches a model.
+pytestmark = pytest.mark.backend_independent
+
 SUFFIXES = (".npz", ".keras", ".weights.h5")
 
 

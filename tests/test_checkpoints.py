@@ -179,6 +179,7 @@ def test_rejects_classifier_that_does_not_match_checkpoint():
         load("vit_gap", classifier="token")
 
 
+@pytest.mark.backend_independent
 def test_rejects_corrupt_and_truncated_files(tmp_path):
     garbage = tmp_path / "garbage.npz"
     garbage.write_bytes(os.urandom(1000))
@@ -191,6 +192,7 @@ def test_rejects_corrupt_and_truncated_files(tmp_path):
         keras_vit.ViT(image_size=32, **SMALL, weights=str(truncated))
 
 
+@pytest.mark.backend_independent
 def test_rejects_files_that_are_not_npz_archives_before_reading_arrays(tmp_path):
     single = tmp_path / "single.npz"
     with open(single, "wb") as f:
@@ -290,6 +292,7 @@ def test_rejects_checkpoint_with_non_finite_values(tmp_path):
         keras_vit.ViT(image_size=32, **SMALL, weights=write_npz(tmp_path, arrays))
 
 
+@pytest.mark.backend_independent
 def test_rejects_missing_file_and_unknown_kinds(tmp_path):
     with pytest.raises(CheckpointError, match="Weights file not found: .*nowhere.npz"):
         keras_vit.ViT(image_size=32, **SMALL, weights=str(tmp_path / "nowhere.npz"))
@@ -304,6 +307,7 @@ def test_rejects_missing_file_and_unknown_kinds(tmp_path):
         keras_vit.ViT_B16(weights="model.ckpt")
 
 
+@pytest.mark.backend_independent
 def test_rejects_unknown_checkpoint_name():
     with pytest.raises(CheckpointError, match=r"Unknown weights 'imagenet' for ViT_B16; valid names: \['augreg-imagenet2012'"):
         keras_vit.ViT_B16(weights="imagenet")

@@ -17,6 +17,7 @@ SMALL_RUN = ["--verbose", "0", "--hidden-size", "32", "--num-layers", "1", "--nu
              "--epochs", "1", "--warmup-steps", "1", "--eval-batch-size", "360"]
 
 
+@pytest.mark.backend_independent
 def test_a_user_error_is_one_line_and_exit_status_2(capsys, tmp_path):
     status = cli.console_main(["pretrain", "--batch-size", "0", "--output-dir", str(tmp_path)])
     err = capsys.readouterr().err
@@ -28,6 +29,7 @@ def test_a_user_error_is_one_line_and_exit_status_2(capsys, tmp_path):
         cli.console_main(["--debug", "pretrain", "--batch-size", "0"])
 
 
+@pytest.mark.backend_independent
 def test_help_shows_every_default():
     parser = cli.build_parser()
     commands = next(a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction").choices
@@ -38,6 +40,7 @@ def test_help_shows_every_default():
                 assert "default" in (action.help or ""), f"{name} {action.option_strings}"
 
 
+@pytest.mark.backend_independent
 def test_an_unknown_model_is_named_with_the_closest_names(capsys):
     # The default --weights (runs/pretrain/model.keras) does not exist here: the model name is the error.
     assert cli.console_main(["finetune", "--model", "ViT_B_16"]) == 2
@@ -62,6 +65,7 @@ def test_an_unknown_model_is_named_with_the_closest_names(capsys):
     (["--weights", fixture("vit_token.npz"), "--num-heads", "4"],
      "--num-heads 4 disagrees with --weights .*vit_token.npz, whose num_heads is 3"),
 ])
+@pytest.mark.backend_independent
 def test_numeric_and_size_flags_are_checked_before_training(flags, message, tmp_path):
     with pytest.raises(ValueError, match=message):
         cli.main(["pretrain", "--verbose", "0", "--output-dir", str(tmp_path), *flags])
@@ -76,6 +80,7 @@ def test_image_size_takes_height_and_width(tmp_path):
     assert 0.0 <= results["top1"] <= 1.0
 
 
+@pytest.mark.backend_independent
 def test_a_tfds_name_without_tensorflow_datasets_says_what_to_install(monkeypatch, tmp_path):
     monkeypatch.setitem(sys.modules, "tensorflow_datasets", None)
     with pytest.raises(ValueError, match=r"'mnist' comes from tensorflow-datasets, which is not installed .*: "
@@ -83,10 +88,16 @@ def test_a_tfds_name_without_tensorflow_datasets_says_what_to_install(monkeypatc
         cli.main(["pretrain", *SMALL_RUN, "--dataset", "mnist", "--output-dir", str(tmp_path)])
 
 
-def test_tensorflow_datasets_has_what_it_imports():
-    # tensorflow-datasets imports importlib_resources but declares it only for Python < 3.9.
-    pytest.importorskip("tensorflow_datasets")
-    import importlib_resources  # noqa: F401
+@pytest.mark.backend_independent
+def test_every_extra_with_tensorflow_datasets_installs_what_it_imports():
+    # tensorflow-datasets imports importlib_resources but declares it only for Python < 3.9, so our extras must.
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    with open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "pyproject.toml"), "rb") as f:
+        extras = tomllib.load(f)["project"]["optional-dependencies"]
+    with_tfds = {name: deps for name, deps in extras.items() if any(d.startswith("tensorflow-datasets") for d in deps)}
+    assert with_tfds, "no extra installs tensorflow-datasets"
+    for name, deps in with_tfds.items():
+        assert any(d.startswith("importlib_resources") for d in deps), name
 
 
 @pytest.mark.skipif(BACKEND != "jax", reason="multi-host runs on the JAX backend")

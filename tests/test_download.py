@@ -22,6 +22,10 @@ from conftest import SMALL, fixture, predict, reference
 from keras_vit import Checkpoint, CheckpointError, checkpoints
 from keras_vit.checkpoints import download, source
 
+# Download, verification and cache logic: the file a reader gets cannot depend on the backend (the
+# loaded model's logits are checked on every backend in test_checkpoints.py).
+pytestmark = pytest.mark.backend_independent
+
 VARIANT = "ViT_TestS8"
 
 

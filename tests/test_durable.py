@@ -120,6 +120,7 @@ def test_full_disk_at_the_final_save_keeps_the_previous_model_and_the_backup(uni
     assert_same_weights(uninterrupted, run)
 
 
+@pytest.mark.backend_independent
 def test_no_usable_backup_names_the_folder_and_how_to_start_over(tmp_path):
     backup = tmp_path / "backup" / "epoch-1"
     os.makedirs(backup)
@@ -185,6 +186,7 @@ def test_finetune_refuses_to_replace_its_own_weights_without_overwrite(uninterru
     assert after.name == "vit_finetune" and before.name == "vit_pretrain"
 
 
+@pytest.mark.backend_independent
 def test_atomic_writes_leave_the_old_file_whole_when_writing_fails(tmp_path, monkeypatch):
     target = tmp_path / "vit.npz"
     model = training.ViT(image_size=16, patch_size=8, hidden_size=8, num_layers=1, num_heads=1, mlp_dim=16,
@@ -206,6 +208,7 @@ def test_atomic_writes_leave_the_old_file_whole_when_writing_fails(tmp_path, mon
     assert target.read_bytes() == good and sorted(os.listdir(tmp_path)) == ["vit.npz"]
 
 
+@pytest.mark.backend_independent
 def test_figures_and_converted_models_are_replaced_whole_or_not_at_all(tmp_path, monkeypatch):
     pytest.importorskip("matplotlib")
     from keras_vit import analysis, inference

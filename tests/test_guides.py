@@ -16,23 +16,37 @@ import run_guides  # noqa: E402
 GUIDES = sorted(glob.glob(os.path.join(ROOT, "guides", "*.md")))
 
 
+@pytest.mark.backend_independent
 def test_readme_lists_exactly_the_guides_that_exist():
     import re
 
     listed = re.findall(r"\]\((guides/\d\d_\w+\.md)\)", open(os.path.join(ROOT, "README.md")).read())
     assert listed == [os.path.relpath(g, ROOT) for g in GUIDES]
-    assert len(GUIDES) == 9
 
 
-# Every (guide, backend) pair a guide's **Backends:** line names. CI runs pytest once per backend
+# Every (guide, backend) pair CI runs: the backends a guide's **Backends:** line names, or the one its
+# **CI runs it on:** line names where its code is the same on each. CI runs pytest once per backend
 # (KERAS_BACKEND), so each pair runs in exactly one pass and is skipped in the others.
-GUIDE_BACKENDS = [(guide, backend) for guide in GUIDES for backend in run_guides.backends(open(guide).read())]
+GUIDE_BACKENDS = [(guide, backend) for guide in GUIDES for backend in run_guides.ci_backends(open(guide).read())]
 
 
+@pytest.mark.backend_independent
 def test_every_guide_names_its_backends():
     for guide in GUIDES:
         named = run_guides.backends(open(guide).read())
         assert named and set(named) <= set(run_guides.BACKENDS), f"{guide}: {named}"
+
+
+@pytest.mark.backend_independent
+def test_a_guide_runs_on_fewer_backends_only_where_its_code_is_the_same_on_each():
+    for guide in GUIDES:
+        text = open(guide).read()
+        named, checked = run_guides.backends(text), run_guides.ci_backends(text)
+        assert checked and set(checked) <= set(named), f"{guide}: CI runs it on {checked}, it names {named}"
+        if run_guides.branches_on_backend(text):
+            assert checked == named, f"{guide} does different things per backend: CI must run it on each"
+    branching = "**Backends:** jax, torch\n**CI runs it on:** jax\n```python\nif keras.backend.backend() == 'jax':\n    pass\n```\n"
+    assert run_guides.branches_on_backend(branching) and run_guides.ci_backends(branching) == ["jax"]
 
 
 @pytest.mark.parametrize("guide, backend", GUIDE_BACKENDS,
@@ -51,6 +65,7 @@ def test_guide_runs_as_a_pip_user_would(guide, backend, tmp_path):
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
 
 
+@pytest.mark.backend_independent
 def test_needs_block_without_stand_in_is_an_error():
     text = "**Backends:** jax\n**Hardware:** CPU\n```python needs=download\nx = 1\n```\n"
     with pytest.raises(SystemExit, match="needs a following 'stand-in' block"):

@@ -12,6 +12,7 @@ def small(**kwargs):
     return keras_vit.ViT(**{"image_size": 32, **SMALL, "classes": 10, **kwargs})
 
 
+@pytest.mark.backend_independent
 def test_variant_table_holds_the_paper_sizes():
     assert keras_vit.VARIANTS["ViT_B16"] == keras_vit.Variant(16, 768, 12, 12, 3072)
     assert keras_vit.VARIANTS["ViT_L32"] == keras_vit.Variant(32, 1024, 24, 16, 4096)
@@ -22,6 +23,7 @@ def test_variant_table_holds_the_paper_sizes():
         keras_vit.decode_variant("X/16")
 
 
+@pytest.mark.backend_independent
 @pytest.mark.parametrize("name", sorted(keras_vit.VARIANTS))
 def test_parameter_counts_equal_timm(name):
     with open(fixture("parameter_counts.json")) as f:

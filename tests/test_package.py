@@ -3,7 +3,12 @@
 import ast
 import os
 
+import pytest
+
 import keras_vit
+
+# The package's source files read as text.
+pytestmark = pytest.mark.backend_independent
 
 PACKAGE = os.path.dirname(keras_vit.__file__)
 

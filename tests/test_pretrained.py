@@ -62,6 +62,7 @@ def test_hf_handle_loads_from_the_cache_with_no_network(tmp_path):
     assert float(done.stdout.split("GAP")[-1]) < 1e-5
 
 
+@pytest.mark.backend_independent
 def test_offline_miss_names_the_handle_and_the_way_out(tmp_path):
     pytest.importorskip("huggingface_hub")
     code = "import keras_vit\nkeras_vit.from_pretrained('hf://google/not-cached')\n"
@@ -71,6 +72,7 @@ def test_offline_miss_names_the_handle_and_the_way_out(tmp_path):
             and "download it once with network access, or pass a local path" in done.stderr), done.stderr[-2000:]
 
 
+@pytest.mark.backend_independent
 def test_bad_handles_and_missing_huggingface_hub_are_clear(monkeypatch):
     with pytest.raises(CheckpointError, match=r"hf://timm is not an hf://org/name handle"):
         keras_vit.from_pretrained("hf://timm")

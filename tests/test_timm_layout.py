@@ -54,6 +54,7 @@ def test_pytorch_pickle_is_read_through_torch_weights_only(reference, tmp_path):
     np.testing.assert_allclose(predict(model, images), logits, atol=1e-5, rtol=0)
 
 
+@pytest.mark.backend_independent
 def test_pytorch_pickle_without_torch_says_how_to_read_it(tmp_path, monkeypatch):
     path = tmp_path / "pytorch_model.bin"
     path.write_bytes(b"not read")
@@ -120,6 +121,7 @@ def test_wrong_size_state_dict_names_the_weight_and_both_shapes():
         keras_vit.ViT(**dict(TIMM, hidden_size=48), num_heads=3, weights=WEIGHTS)
 
 
+@pytest.mark.backend_independent
 def test_truncated_or_oversized_safetensors_are_refused_before_reading(tmp_path):
     data = open(WEIGHTS, "rb").read()
     cut = tmp_path / "cut.safetensors"

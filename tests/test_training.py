@@ -75,6 +75,7 @@ def test_library_fine_tunes_and_evaluates_with_plain_arguments(pretrained, tmp_p
     assert inference.class_names(model, str(tmp_path / "model.keras")) == [str(i) for i in range(10)]
 
 
+@pytest.mark.backend_independent
 def test_model_sizes_prefer_the_named_variant_then_the_checkpoint():
     assert training.model_sizes() == SMALL_VIT
     assert training.model_sizes("ViT_B16") == VARIANTS["ViT_B16"]
@@ -85,6 +86,7 @@ def test_model_sizes_prefer_the_named_variant_then_the_checkpoint():
         training.model_sizes("ViT_X99")
 
 
+@pytest.mark.backend_independent
 def test_training_batches_resume_mid_run_with_the_same_augmentations():
     train_source, eval_source = training.load_sources("digits", 16)
     crop, flip = training.augmentation_defaults("digits")
@@ -215,6 +217,7 @@ def test_trained_model_loads_in_a_fresh_process(pretrained):
     assert done.stdout.strip().endswith("AdamW")
 
 
+@pytest.mark.backend_independent
 def test_console_entry_point_runs():
     script = os.path.join(os.path.dirname(sys.executable), "keras-vit")
     assert os.path.exists(script), "pip install -e . creates the keras-vit command"

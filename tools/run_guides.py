@@ -61,6 +61,22 @@ def backends(text):
     return [b.strip() for b in match.group(1).split(",")] if match else []
 
 
+def ci_backends(text):
+    """The backends CI runs a guide on: its `**CI runs it on:**` line, else every backend it names.
+
+    A guide whose code is the same on every backend is run on one: the unit
+    tests run each call it makes on all three, so the other passes would
+    repeat what that one checks. A guide that branches on the backend runs on each.
+    """
+    match = re.search(r"^\*\*CI runs it on:\*\*\s*([^(\n]+)", text, re.MULTILINE)
+    return [b.strip() for b in match.group(1).split(",")] if match else backends(text)
+
+
+def branches_on_backend(text):
+    """Whether any code block of a guide reads the backend (and so may do different things on each)."""
+    return any("keras.backend.backend()" in code or "KERAS_BACKEND" in code for _, code, _ in plan(text, "guide"))
+
+
 def main(path):
     text = open(path).read()
     if not backends(text) or "**Hardware:**" not in text:
