@@ -72,6 +72,8 @@ def build_parser():
     convert.add_argument("--image-size", type=int, nargs="+", metavar=("SIZE", "WIDTH"),
                          help="SIZE or HEIGHT WIDTH; default: the checkpoint's own resolution")
     convert.add_argument("--classes", type=int, help="default: the checkpoint's head")
+    convert.add_argument("--num-heads", type=int, help="for a file that does not store its head count "
+                         "(default: the file's, or --model's)")
     export = commands.add_parser("export", help="export a model to ONNX, LiteRT or a TensorFlow SavedModel")
     export.add_argument("source", metavar="MODEL",
                         help="a .keras file, an original .npz, a timm or transformers file or folder, or hf://org/name")
@@ -80,6 +82,8 @@ def build_parser():
                         "tf_saved_model: tensorflow or jax")
     export.add_argument("--quantize", choices=deployment.QUANTIZE_MODES,
                         help="8-bit weights (default: none, float32)")
+    export.add_argument("--num-heads", type=int, help="for a file that does not store its head count (default: the "
+                        "file's, or its width's named variant's)")
     export.set_defaults(**_defaults(inference.export))
     for command in commands.choices.values():
         command.add_argument("--debug", action="store_true", help="show the full traceback of an error")
@@ -93,7 +97,7 @@ def main(argv=None):
     if args.command == "finetune":
         return training.train(flags.config_from_flags(training.FinetuneConfig, args))
     if args.command == "export":
-        return inference.export(args.source, args.output, args.format, args.quantize)
+        return inference.export(args.source, args.output, args.format, args.quantize, args.num_heads)
     function = getattr(inference, args.command)
     parameters = inspect.signature(function).parameters
     kwargs = {name: getattr(args, name) for name in parameters if name != "sizes"}

@@ -75,15 +75,26 @@ def feature_extractor(model, blocks, spatial=True, norm=False, name=None):
     >>> [tuple(o.shape) for o in feature_extractor(vit, (1, 3)).outputs]
     [(None, 4, 4, 32), (None, 4, 4, 32)]
     """
-    depth = sum(1 for layer in model.layers if layer.name.startswith("encoderblock_"))
-    if isinstance(blocks, numbers.Integral):
+    depth = sum(1 for layer in getattr(model, "layers", ()) if layer.name.startswith("encoderblock_"))
+    if not depth:
+        raise ValueError(f"{getattr(model, 'name', model)!r} has no encoder blocks (encoderblock_0, ...); "
+                         "feature_extractor takes a keras_vit model.")
+    example = "pass block indices, e.g. (3, 5, 7, 11) or -1 for the last block"
+    if isinstance(blocks, numbers.Integral) and not isinstance(blocks, bool):
         blocks = (blocks,)
-    blocks = tuple(blocks)
+    try:
+        if isinstance(blocks, (str, bytes)):
+            raise TypeError
+        blocks = tuple(blocks)
+    except TypeError:
+        raise ValueError(f"blocks is {blocks!r}; {example}.") from None
     if not blocks:
         raise ValueError("blocks is empty; pass the indices of the blocks whose outputs you want, e.g. (3, 5, 7, 11).")
     chosen = []
     for index in blocks:
-        if not isinstance(index, numbers.Integral) or isinstance(index, bool) or not -depth <= index < depth:
+        if not isinstance(index, numbers.Integral) or isinstance(index, bool):
+            raise ValueError(f"Block index {index!r} is a {type(index).__name__}, not an int; {example}.")
+        if not -depth <= index < depth:
             raise ValueError(
                 f"Block index {index!r} is out of range for a model with {depth} encoder blocks; "
                 f"use 0 to {depth - 1} (or -{depth} to -1 from the end)."

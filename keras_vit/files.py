@@ -30,16 +30,26 @@ def fsync_path(path):
         os.close(fd)
 
 
+def user_file_mode():
+    """The mode a new file gets under the process's umask (0o644 under umask 022)."""
+    umask = os.umask(0)  # Python can only read the umask by setting it; restored at once.
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
 @contextlib.contextmanager
 def atomic_path(target):
     """Yield a temporary path beside `target`; once the block has written it, flush it and rename it to `target`.
 
     If the block raises (a full disk, say), `target` keeps its old contents
-    and the temporary file is removed.
+    and the temporary file is removed. A file gets the user's umask mode,
+    whatever mode the writer gave it (safetensors writes 0o600).
     """
     temporary = temporary_name(target)
     try:
         yield temporary
+        if os.path.isfile(temporary):
+            os.chmod(temporary, user_file_mode())
         fsync_path(temporary)
         os.replace(temporary, target)
     except BaseException:

@@ -165,17 +165,23 @@ def inspect(image, weights="runs/finetune/model.keras", output_dir="runs/inspect
     return written
 
 
-def convert(weights, output, model=None, image_size=None, classes=None):
-    """Convert a checkpoint (original `.npz`, `.weights.h5`, or a name with `model`) to a `.keras` file.
+def convert(weights, output, model=None, image_size=None, classes=None, num_heads=None):
+    """Convert a checkpoint (original `.npz`, `.weights.h5`, a timm file, or a name with `model`) to a `.keras` file.
 
-    `image_size` and `classes` default to the checkpoint's own; returns the model.
+    `image_size` and `classes` default to the checkpoint's own, `num_heads`
+    to the file's (for a file that does not store it); returns the model.
     """
     source = read_checkpoint(weights, model, as_pair(image_size or 224, "image_size"))
+    if num_heads and source.num_heads and num_heads != source.num_heads:
+        raise ValueError(f"--num-heads {num_heads} disagrees with {weights}, whose num_heads is {source.num_heads}; "
+                         "leave it out to use the file's.")
+    if num_heads and not model:
+        source = dataclasses.replace(source, num_heads=num_heads)
     sizes = model_sizes(model, source, None)
     if sizes is None:
         raise ValueError(
-            f"{weights} does not store all its sizes (a .weights.h5 file has no head count); name its variant "
-            "with `model` (--model), e.g. ViT_B16."
+            f"{weights} does not store all its sizes (a .weights.h5 file or a bare state dict has no head count); "
+            "name its variant with `model` (--model), e.g. ViT_B16, or pass `num_heads` (--num-heads)."
         )
     image_size = image_size or source.image_size or 224
     network = ViT(image_size=image_size, **sizes.__dict__, weights=source, classes=classes)
@@ -185,12 +191,13 @@ def convert(weights, output, model=None, image_size=None, classes=None):
     return network
 
 
-def export(source, output=None, format="onnx", quantize=None):
+def export(source, output=None, format="onnx", quantize=None, num_heads=None):
     """Export a model for serving; returns the path written.
 
     `source` is a `.keras` file or anything `keras_vit.from_pretrained` reads
     (an original `.npz`, a timm or transformers file or folder, an `hf://`
-    handle); `output` defaults to the source's name with the format's ending
+    handle; `num_heads` for a file that does not store its head count);
+    `output` defaults to the source's name with the format's ending
     (`vit.onnx`, `vit.tflite`, `vit_saved_model/`). See `keras_vit.deployment`.
     """
     deployment.check_format(format, quantize)  # A wrong backend or a missing package, before loading anything.
@@ -199,7 +206,7 @@ def export(source, output=None, format="onnx", quantize=None):
     else:
         from keras_vit.pretrained import from_pretrained
 
-        network = from_pretrained(source)
+        network = from_pretrained(source, **({"num_heads": num_heads} if num_heads else {}))
     output = output or deployment.default_path(source, format)
     network.export(output, format=format, quantize=quantize)
     what = f"{format}, int8" if quantize else format

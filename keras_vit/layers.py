@@ -20,6 +20,8 @@ from keras_vit import kernels
 from keras_vit.position_embedding import AddPositionEmbedding, as_pair  # noqa: F401 (re-exported: a ViT layer)
 
 LAYER_NORM_EPSILON = 1e-6
+# The precisions a ViT runs in (`dtype=`): float32, half precision, or mixed (float32 weights).
+PRECISIONS = ("float32", "bfloat16", "mixed_bfloat16", "float16", "mixed_float16")
 
 
 @keras.saving.register_keras_serializable(package="keras_vit")

@@ -16,9 +16,12 @@ Example:
 ['bias', 'kernel', 'lora_kernel_a', 'lora_kernel_b']
 """
 
+import numbers
+
 import keras
 
 from keras_vit.layers import TransformerBlock
+
 
 LORA_TARGETS = ("qkv", "attention_output", "mlp_hidden", "mlp_output")
 # Layers that stay trainable: the task's new head.
@@ -50,18 +53,34 @@ def enable_lora(model, rank, targets=("qkv",), alpha=None):
     unknown = [name for name in targets if name not in LORA_TARGETS]
     if unknown or not targets:
         raise ValueError(f"Unknown LoRA targets {unknown or list(targets)}; choose among {list(LORA_TARGETS)}.")
-    if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
+    repeated = sorted({name for name in targets if targets.count(name) > 1})
+    if repeated:
+        raise ValueError(f"LoRA targets {list(targets)} name {repeated} more than once; name each dense layer once.")
+    if isinstance(rank, bool) or not isinstance(rank, numbers.Integral) or rank < 1:
         raise ValueError(f"rank must be a positive int, got {rank!r}.")
+    if alpha is not None and (isinstance(alpha, bool) or not isinstance(alpha, numbers.Real) or not alpha > 0):
+        raise ValueError(f"alpha must be a positive number (or None for rank), got {alpha!r}.")
+    rank, alpha = int(rank), None if alpha is None else float(alpha)
     blocks = _blocks(model)
-    if any(block.lora_rank for block in blocks):
-        raise ValueError(f"{model.name} already has LoRA adapters; call merge_lora first to add new ones.")
-    for layer in model.layers:
-        layer.trainable = layer.name in _HEAD or isinstance(layer, TransformerBlock)
-    for block in blocks:
-        for name in targets:
-            getattr(block, name).enable_lora(rank, lora_alpha=alpha)
-        block.lora_rank, block.lora_targets = rank, targets
-        block.freeze_all_but_lora()
+    # Everything is checked before anything changes: a refused call leaves the model as it was.
+    adapted = [f"{block.name}/{name}" for block in blocks for name in LORA_TARGETS
+               if getattr(getattr(block, name), "lora_enabled", False)]
+    if any(block.lora_rank for block in blocks) or adapted:
+        where = ", ".join(adapted[:3]) + (", ..." if len(adapted) > 3 else "")
+        raise ValueError(f"{model.name} already has LoRA adapters ({where}); call merge_lora first to add new ones.")
+    trainable = {id(layer): layer.trainable for layer in model.layers}
+    try:
+        for layer in model.layers:
+            layer.trainable = layer.name in _HEAD or isinstance(layer, TransformerBlock)
+        for block in blocks:
+            for name in targets:
+                getattr(block, name).enable_lora(rank, lora_alpha=alpha)
+            block.lora_rank, block.lora_targets = rank, targets
+            block.freeze_all_but_lora()
+    except BaseException:
+        for layer in model.layers:  # Keras cannot remove adapters, but the training flags go back.
+            layer.trainable = trainable[id(layer)]
+        raise
     return model
 
 

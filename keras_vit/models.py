@@ -14,6 +14,7 @@ from keras_vit import checkpoints
 from keras_vit.functional import DYNAMIC, VisionTransformer, sizes_of
 from keras_vit.layers import (
     LAYER_NORM_EPSILON,
+    PRECISIONS,
     AddPositionEmbedding,
     ClassToken,
     LayerNorm,
@@ -218,15 +219,19 @@ def ViT(
     return model
 
 
-_PRECISIONS = ("float32", "bfloat16", "mixed_bfloat16", "float16", "mixed_float16")
-
-
 def _dtype_policy(dtype):
     """`dtype` as a `keras.DTypePolicy` (None stays None: the global policy), or a clear error."""
-    if dtype is None or isinstance(dtype, keras.DTypePolicy):
+    if dtype is None:
+        return None
+    if isinstance(dtype, keras.DTypePolicy):
+        floating = ("float16", "bfloat16", "float32", "float64")
+        if isinstance(dtype, keras.dtype_policies.QuantizedDTypePolicy) or dtype.compute_dtype not in floating \
+                or dtype.variable_dtype not in floating:
+            raise ValueError(f"dtype policy {dtype.name!r} is not a floating-point precision; build the model in "
+                             f"one of {list(PRECISIONS)}, then call model.quantize('int8') for 8-bit weights.")
         return dtype
-    if dtype not in _PRECISIONS:
-        raise ValueError(f"Unknown dtype {dtype!r}; choose among {list(_PRECISIONS)} or pass a keras.DTypePolicy.")
+    if dtype not in PRECISIONS:
+        raise ValueError(f"Unknown dtype {dtype!r}; choose among {list(PRECISIONS)} or pass a keras.DTypePolicy.")
     return keras.DTypePolicy(dtype)
 
 

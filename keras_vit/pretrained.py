@@ -66,7 +66,9 @@ def from_pretrained(source, **overrides):
 
     The patch size, width, depth, MLP size, head count, image size (its
     position grid), classifier, pre-logits, class count and GELU form are
-    read from the files.
+    read from the files, and a `.keras` model's precision (`dtype`) and head
+    activation. A
+    `.keras` model with LoRA adapters loads with them merged into its kernels.
 
     Example:
     >>> from keras_vit import checkpoints
@@ -75,6 +77,9 @@ def from_pretrained(source, **overrides):
     >>> from_pretrained("/tmp/small.npz", classes=10).output_shape
     (None, 10)
     """
+    if not isinstance(source, (str, os.PathLike)):
+        raise CheckpointError(f"from_pretrained takes a path or an hf://org/name handle, got {type(source).__name__} "
+                              f"{source!r}.")
     path = os.fspath(source)
     if path.startswith(HF_PREFIX):
         path = resolve_handle(path)
@@ -87,9 +92,13 @@ def from_pretrained(source, **overrides):
     num_heads = overrides.pop("num_heads", None) or checkpoint.num_heads or _HEADS_BY_WIDTH.get(hidden)
     if num_heads is None:
         raise CheckpointError(f"{path} does not store its head count and its width {hidden} is no named "
-                              "variant's; pass num_heads=.")
+                              "variant's; pass num_heads= (keras-vit: --num-heads).")
     sizes = checkpoint.sizes or Variant(int(kernel.shape[0]), hidden, checkpoint.num_layers, num_heads,
                                         int(mlp.shape[-1]))
     options = dict(dataclasses.asdict(sizes), num_heads=num_heads, image_size=checkpoint.image_size or 224)
+    if checkpoint.dtype_policy:  # A .keras model keeps its precision and its head's activation unless told.
+        options["dtype"] = checkpoint.dtype_policy
+    if checkpoint.classifier_activation:
+        options["classifier_activation"] = checkpoint.classifier_activation
     options.update(overrides)
     return ViT(weights=checkpoint, **options)

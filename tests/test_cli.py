@@ -116,8 +116,9 @@ def test_convert_of_a_weights_h5_file_asks_for_the_variant(tmp_path):
     model.get_layer("head").kernel.assign(np.ones((192, 10), "float32"))
     path = str(tmp_path / "ti.weights.h5")
     model.save_weights(path)
-    with pytest.raises(ValueError, match=r"ti.weights.h5 does not store all its sizes \(a .weights.h5 file has no "
-                       r"head count\); name its variant with `model` \(--model\)"):
+    with pytest.raises(ValueError, match=r"ti.weights.h5 does not store all its sizes \(a .weights.h5 file or a bare "
+                       r"state dict has no head count\); name its variant with `model` \(--model\), e.g. ViT_B16, or "
+                       r"pass `num_heads` \(--num-heads\)\."):
         cli.main(["convert", path, str(tmp_path / "ti.keras")])
     cli.main(["convert", path, str(tmp_path / "ti.keras"), "--model", "ViT_Ti16"])
     converted = keras.saving.load_model(tmp_path / "ti.keras")

@@ -77,3 +77,27 @@ def test_onnx_of_a_bfloat16_model_is_refused_with_the_way_out(tmp_path):
     with pytest.raises(ValueError, match=r"computes in bfloat16, which ONNX Runtime cannot run on CPUs .* "
                                          r"dtype='float32'"):
         model.export(str(tmp_path / "vit.onnx"), format="onnx")
+
+
+def test_a_bfloat16_keras_file_keeps_its_precision_through_from_pretrained(tmp_path):
+    model = keras_vit.ViT(image_size=32, **SMALL, classes=10, dtype="bfloat16", classifier_activation=None)
+    rng = np.random.default_rng(0)
+    for variable in model.weights:  # a non-zero head, so that the outputs tell the precisions apart
+        variable.assign(rng.normal(scale=0.2, size=variable.shape).astype(variable.dtype))
+    path = str(tmp_path / "b.keras")
+    model.save(path)
+    images, _ = reference("vit_token")
+    loaded = keras_vit.from_pretrained(path)
+    assert loaded.get_layer("encoderblock_0").qkv.kernel.dtype == "bfloat16"
+    np.testing.assert_allclose(predict(loaded, images), predict(model, images), atol=1e-6)
+    widened = keras_vit.from_pretrained(path, dtype="float32")
+    assert widened.get_layer("encoderblock_0").qkv.kernel.dtype == "float32"
+    assert np.abs(predict(widened, images) - predict(model, images)).max() > 1e-4  # float32 computes otherwise
+
+
+@pytest.mark.parametrize("policy", ["int8", "int8_from_float32"])
+def test_a_non_float_dtype_policy_is_refused_with_the_way_to_int8(policy):
+    dtype = keras.DTypePolicy(policy) if policy == "int8" else keras.dtype_policies.get(policy)
+    with pytest.raises(ValueError, match=rf"^dtype policy '{policy}' is not a floating-point precision; build the "
+                                         r"model in one of \['float32', .*\], then call model.quantize\('int8'\)"):
+        keras_vit.ViT(image_size=32, **SMALL, dtype=dtype)

@@ -1,5 +1,7 @@
 """feature_extractor: chosen blocks' patch tokens as maps, equal to timm's forward_intermediates."""
 
+import re
+
 import keras
 import numpy as np
 import pytest
@@ -73,9 +75,21 @@ def test_extractor_shares_weights_and_round_trips_as_keras(tmp_path, timm_featur
 
 def test_bad_block_indices_name_the_valid_range():
     model = keras_vit.ViT(image_size=32, **SMALL)
-    for blocks in ((0, 2), (-3,), (True,), ("1",)):
+    for blocks in ((0, 2), (-3,)):
         with pytest.raises(ValueError, match=r"is out of range for a model with 2 encoder blocks; use 0 to 1 "
                                              r"\(or -2 to -1 from the end\)"):
             keras_vit.feature_extractor(model, blocks)
+    for blocks, kind in (((True,), "bool"), (("1",), "str"), ((1.0,), "float")):
+        with pytest.raises(ValueError, match=rf"^Block index {blocks[0]!r} is a {kind}, not an int; pass block "
+                                             r"indices, e.g. \(3, 5, 7, 11\) or -1 for the last block\.$"):
+            keras_vit.feature_extractor(model, blocks)
+    for blocks in (None, "12", 2.5):
+        with pytest.raises(ValueError, match=rf"^blocks is {re.escape(repr(blocks))}; pass block indices"):
+            keras_vit.feature_extractor(model, blocks)
+    other = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)], name="mlp")
+    with pytest.raises(ValueError, match=r"^'mlp' has no encoder blocks \(encoderblock_0, \.\.\.\); "
+                                         "feature_extractor takes a keras_vit model\.$"):
+        keras_vit.feature_extractor(other, (0,))
+    assert len(keras_vit.feature_extractor(model, np.array([0, 1])).outputs) == 2
     with pytest.raises(ValueError, match="blocks is empty"):
         keras_vit.feature_extractor(model, ())

@@ -86,7 +86,38 @@ def test_bad_lora_arguments_are_refused_with_the_choices():
     with pytest.raises(ValueError, match="rank must be a positive int, got 0"):
         keras_vit.enable_lora(model, 0)
     keras_vit.enable_lora(model, 4)
-    with pytest.raises(ValueError, match="already has LoRA adapters; call merge_lora first"):
+    with pytest.raises(ValueError, match=r"already has LoRA adapters \(encoderblock_0/qkv, encoderblock_1/qkv\); "
+                                         "call merge_lora first"):
         keras_vit.enable_lora(model, 4)
     with pytest.raises(ValueError, match="has no TransformerBlock layers to adapt"):
         keras_vit.enable_lora(keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)]), 4)
+
+
+def test_a_refused_call_leaves_the_model_as_it_was_and_the_retry_works():
+    model = keras_vit.ViT(image_size=32, **SMALL, classes=3)
+    before = {layer.name: layer.trainable for layer in model.layers}
+    with pytest.raises(ValueError, match=r"^LoRA targets \['qkv', 'qkv'\] name \['qkv'\] more than once; name each "
+                                         r"dense layer once\.$"):
+        keras_vit.enable_lora(model, 4, targets=("qkv", "qkv"))
+    with pytest.raises(ValueError, match=r"^alpha must be a positive number \(or None for rank\), got -1\.$"):
+        keras_vit.enable_lora(model, 4, alpha=-1)
+    assert {layer.name: layer.trainable for layer in model.layers} == before
+    assert not any("lora" in v.path for v in model.weights)
+    keras_vit.enable_lora(model, np.int64(4))  # numpy integers are ints too
+    assert model.get_layer("encoderblock_1").qkv.lora_rank == 4
+
+
+def test_a_lora_keras_file_loads_through_keras_vit_with_its_adapters_merged(tmp_path, keras_vit_log):
+    model = adapted()
+    model.compile(optimizer=keras.optimizers.SGD(0.5),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    model.fit(IMAGES, LABELS, epochs=1, batch_size=4, verbose=0)  # adapters away from zero
+    assert np.abs(keras.ops.convert_to_numpy(model.get_layer("encoderblock_0").qkv.lora_kernel_b)).max() > 0
+    path = str(tmp_path / "lora.keras")
+    model.save(path)
+    expected = predict(model, IMAGES)
+    for loaded in (keras_vit.from_pretrained(path), keras_vit.ViT(image_size=32, **SMALL, classes=3, weights=path,
+                                                                   classifier_activation=None)):
+        assert not any("lora" in v.path for v in loaded.weights)
+        np.testing.assert_allclose(predict(loaded, IMAGES), expected, atol=1e-5)
+    assert f"{path} holds LoRA adapters on 4 dense layers; they were merged into the kernels" in keras_vit_log.text

@@ -8,6 +8,7 @@ read from the saved layers. A `.weights.h5` file carries none: its layout
 
 import itertools
 import json
+import logging
 import math
 import zipfile
 
@@ -18,12 +19,16 @@ from keras_vit.checkpoints.source import (
     WeightsSource,
     check_declared_size,
     preview,
+    refuse_non_float,
     require_regular_file,
     source_from_state,
     state_of,
     weight_budget,
 )
+from keras_vit.layers import PRECISIONS
 from keras_vit.variants import Variant
+
+logger = logging.getLogger("keras_vit")
 
 # A saved keras_vit model's config.json is tens of kilobytes; far more is no model of ours.
 _MAX_CONFIG_BYTES = 16 << 20
@@ -39,15 +44,41 @@ def read_keras(path, budget=None):
         saved = keras.saving.load_model(path, compile=False)
     except Exception as error:  # Keras raises many types for a bad archive.
         raise CheckpointError(f"{path} is not a loadable .keras model: {error}") from error
-    grid = num_heads = None
+    grid = num_heads = precision = None
     try:
         grid = tuple(saved.get_layer("position_embedding").grid_size)
-        num_heads = saved.get_layer("encoderblock_0").num_heads
+        block = saved.get_layer("encoderblock_0")
+        num_heads, precision = block.num_heads, block.dtype_policy.name
     except ValueError:
         pass
-    source = source_from_state(path, state_of(saved), grid, num_heads)
+    source = source_from_state(path, _merged_lora_state(saved, path), grid, num_heads)
     source.class_names = getattr(saved, "class_names", None)
+    source.dtype_policy = precision if precision in PRECISIONS else None  # An int8 model's is its own
+    try:
+        activation = keras.activations.serialize(saved.get_layer("predictions").activation)
+        source.classifier_activation = activation if isinstance(activation, str) else None
+    except ValueError:  # No classifier.
+        pass
     return source
+
+
+def _merged_lora_state(saved, path):
+    """The saved model's weights, with any LoRA adapters folded into their kernels (and none left).
+
+    Keras saves an adapted Dense layer's kernel merged and restarts its
+    adapters at zero on load, so the merged kernel is the trained one.
+    """
+    state = state_of(saved)
+    adapted = [layer for layer in saved._flatten_layers() if getattr(layer, "lora_enabled", False)]
+    if not adapted:
+        return state
+    for layer in adapted:
+        state[layer._kernel.path] = keras.ops.convert_to_numpy(layer.kernel)  # `kernel` adds the adapters
+        for variable in (layer.lora_kernel_a, layer.lora_kernel_b):
+            del state[variable.path]
+    logger.warning("%s holds LoRA adapters on %d dense layers; they were merged into the kernels, so the model "
+                   "has none (keras_vit.enable_lora adds new ones to go on training adapters).", path, len(adapted))
+    return state
 
 
 def _check_archive(path, budget=None):
@@ -69,6 +100,11 @@ def _check_archive(path, budget=None):
             if budget is not None:
                 budget.check(path, declared, "entries")
             broken = archive.testzip()
+            if broken is None and "model.weights.h5" in names:
+                import h5py  # A Keras dependency.
+
+                with archive.open("model.weights.h5") as entry, h5py.File(entry, "r") as weights:
+                    refuse_integer_datasets(weights, path)
     except (zipfile.BadZipFile, OSError, EOFError) as error:
         raise CheckpointError(f"{path} is not a .keras archive (a zip file), or it is truncated: {error}") from error
     if broken is not None:
@@ -95,6 +131,17 @@ def _claimed_budget(path, archive):
     return weight_budget(sizes, classes)
 
 
+def refuse_integer_datasets(archive, path):
+    """Refuse an h5 weights archive holding integer arrays, which Keras' loader casts into a float model silently."""
+    import h5py  # A Keras dependency.
+
+    found = []  # An optimizer's step counter is an integer: only the layers' arrays are weights.
+    archive.visititems(lambda name, item: found.append((name, item.dtype))
+                       if isinstance(item, h5py.Dataset) and item.dtype.kind in "iub"
+                       and not name.startswith("optimizer/") else None)
+    refuse_non_float(path, found)
+
+
 def read_weights_h5(path, budget=None):
     """Read the layout of a `.weights.h5` file saved from a keras_vit model.
 
@@ -115,6 +162,7 @@ def read_weights_h5(path, budget=None):
             declared = []  # Shapes are metadata: nothing is decompressed to sum them.
             archive.visititems(lambda _, item: declared.append(item.size * item.dtype.itemsize)
                                if isinstance(item, h5py.Dataset) else None)
+            refuse_integer_datasets(archive, path)
             check_declared_size(path, sum(declared), file_size, "arrays")
             if budget is not None:
                 budget.check(path, sum(declared), "arrays")

@@ -26,6 +26,7 @@ from keras_vit.checkpoints.source import (
     CheckpointError,
     WeightsSource,
     preview,
+    refuse_non_float,
     require_regular_file,
     resnet_layers_of,
     weight_budget,
@@ -88,6 +89,9 @@ def read_folder(folder, budget=None):
     except (CheckpointError, OSError, ValueError) as error:
         raise CheckpointError(f"{folder} is a folder without a readable config.json (timm's or transformers'): "
                               f"{error}") from error
+    if not isinstance(config, dict):
+        raise CheckpointError(f"{config_path} is a JSON {type(config).__name__}; timm's and transformers' "
+                              "config.json is an object ({\"architecture\": ...} or {\"model_type\": \"vit\", ...}).")
     if "architecture" in config:
         return read_timm_folder(folder, config, budget)
     if config.get("model_type") == "vit":
@@ -115,6 +119,7 @@ def load_into(model, source):
     variables = {v.path: v for v in model.weights}
     state = dict(source.state)
     name = source.description
+    _refuse_non_float(state, name)
     model_depth = len({m.group(1) for m in map(BLOCK.match, variables) if m})
     if source.num_layers != model_depth:
         raise CheckpointError(
@@ -175,6 +180,16 @@ def load_into(model, source):
         variables[key].assign(value)
     for note in notes:
         logger.warning(note)
+
+
+def _is_floating(array):
+    # ml_dtypes' bfloat16 and float8 types are floats too, but not numpy's np.floating.
+    return array.dtype.kind == "f" or array.dtype.name.startswith(("bfloat16", "float8"))
+
+
+def _refuse_non_float(state, name):
+    refuse_non_float(name, [(key, np.asarray(value).dtype) for key, value in state.items()
+                            if not _is_floating(np.asarray(value))])
 
 
 def _apparent_size(state):

@@ -135,6 +135,8 @@ class WeightsSource:
     approximate_gelu: bool = None  # The GELU the checkpoint was trained with, where its layout says (timm: exact).
     layer_norm_epsilon: float = None  # Its LayerNorm epsilon, where its layout says (transformers: 1e-12).
     class_names: list = None  # Its classes' names, where its files say (id2label, timm's labels, a .keras config).
+    dtype_policy: str = None  # The precision it was saved in, where its file keeps one (a .keras model's).
+    classifier_activation: str = None  # Its head's activation, where its file keeps one (a .keras model's).
 
     @property
     def sizes(self):
@@ -210,6 +212,32 @@ def state_of(model):
     return {v.path: keras.ops.convert_to_numpy(v) for v in model.weights}
 
 
+def positive_int_field(fields, key, where, prefix=""):
+    """`fields[key]` of a parsed config file as a positive int (None if absent), else a `CheckpointError`.
+
+    The error names the file (`where`) and the field (`prefix + key`).
+    """
+    value = fields.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise CheckpointError(f"{where}: {prefix}{key} is {value!r}; expected a positive int.")
+    return value
+
+
+def refuse_non_float(description, found):
+    """Raise for weights that are not floating point, `found` as `[(name, dtype)]`; every reader ends here.
+
+    An integer or boolean array cast into a float model is silent garbage
+    (the bytes of 1.0f read as I32 become 1065353216).
+    """
+    if found:
+        listed = ", ".join(f"'{name}' is {dtype}" for name, dtype in sorted(found)[:3])
+        more = f" (and {len(found) - 3} more)" if len(found) > 3 else ""
+        raise CheckpointError(f"{description}: weights must be floating point, but {listed}{more}; the file is "
+                              "corrupt, quantized or not a checkpoint of weights. Nothing was loaded.")
+
+
 def preview(names, count=5):
     """The first `count` sorted names, and "..." if there are more (for error messages)."""
     names = sorted(names)
@@ -223,10 +251,13 @@ def class_names_in_order(labels, state):
     (transformers' `id2label`, timm's `label_descriptions` / `label_names`).
     """
     head = state.get("head/kernel")
-    if not labels or head is None or len(labels) != head.shape[-1]:
+    if not isinstance(labels, (list, dict)) or head is None or len(labels) != head.shape[-1]:
         return None
     if isinstance(labels, dict):
-        by_index = {int(index): name for index, name in labels.items()}
+        try:
+            by_index = {int(index): name for index, name in labels.items()}
+        except (TypeError, ValueError):  # Not class indices: no names rather than wrong ones.
+            return None
         if sorted(by_index) != list(range(len(labels))):
             return None
         return [str(by_index[index]) for index in range(len(labels))]

@@ -26,6 +26,7 @@ import numpy as np
 from keras_vit.checkpoints.source import (
     CheckpointError,
     class_names_in_order,
+    positive_int_field,
     preview,
     require_regular_file,
     source_from_state,
@@ -208,12 +209,17 @@ def safetensors_header(path, budget=None):
     except (struct.error, ValueError, UnicodeDecodeError) as error:
         raise CheckpointError(f"{path} is not a readable .safetensors file (truncated or another format): {error}") \
             from error
+    if not isinstance(header, dict):
+        raise CheckpointError(f"{path} is not a readable .safetensors file: its header is a JSON "
+                              f"{type(header).__name__}, not an object of tensors.")
     header.pop("__metadata__", None)
-    declared = {}
+    declared, spans = {}, []
     total = 0
     for name, entry in header.items():
         try:
             dtype, shape, (start, stop) = entry["dtype"], tuple(entry["shape"]), entry["data_offsets"]
+            if not all(isinstance(n, int) and n >= 0 for n in (*shape, start, stop)):
+                raise ValueError(f"shape {list(shape)} and data_offsets {[start, stop]} must be whole numbers >= 0")
             nbytes = math.prod(shape) * _SAFETENSORS_DTYPES[dtype]
         except (KeyError, TypeError, ValueError) as error:
             raise CheckpointError(f"{path}: tensor {name!r} has an unreadable header entry: {error}") from error
@@ -221,7 +227,13 @@ def safetensors_header(path, budget=None):
             raise CheckpointError(f"{path}: tensor {name!r} declares {nbytes:,} bytes that the file does not hold; "
                                   "the file is truncated or corrupt.")
         declared[name] = (dtype, shape)
+        spans.append((start, stop, name))
         total += nbytes
+    spans.sort()
+    for (_, stop, first), (start, _, second) in zip(spans, spans[1:]):
+        if start < stop:
+            raise CheckpointError(f"{path}: tensors {first!r} and {second!r} overlap in the file (data_offsets); "
+                                  "the file is corrupt.")
     if budget is not None:
         budget.check(path, total, "tensors")
     return declared
@@ -231,8 +243,13 @@ def read_state_dict(path, budget=None):
     """A timm state dict file as `{name: numpy array}`: `.safetensors`, or `.bin`/`.pth` through torch."""
     if str(path).endswith(".safetensors"):
         safetensors_header(path, budget)
-        with _safetensors_open(path) as f:
-            return {name: f.get_tensor(name) for name in f.keys()}
+        try:
+            with _safetensors_open(path) as f:
+                return {name: f.get_tensor(name) for name in f.keys()}
+        except CheckpointError:
+            raise
+        except Exception as error:  # safetensors' own SafetensorError, for what the header check let through.
+            raise CheckpointError(f"{path} is not a readable .safetensors file: {error}") from error
     size = require_regular_file(path).st_size
     if budget is not None:
         budget.check(path, size, "data")
@@ -263,25 +280,40 @@ def _safetensors_open(path):
     return safe_open(path, framework="numpy")
 
 
-def read_timm(path, budget=None, config=None):
-    """Read a timm ViT state dict file into a `WeightsSource` (exact GELU; heads from `config` when given)."""
+def read_timm(path, budget=None, config=None, config_path=None):
+    """Read a timm ViT state dict file into a `WeightsSource` (exact GELU; heads from `config` when given).
+
+    `config` is the parsed `config.json` of a Hub folder, read from `config_path` (named in errors).
+    """
     state = from_timm(read_state_dict(path, budget), description=path)
     positions = state["position_embedding/pos_embedding"].shape[1] - int("class_token/cls" in state)
     side = math.isqrt(positions)
     grid = (side, side) if side * side == positions else None
     num_heads = None
     if config:
-        args = config.get("model_args", {})
-        num_heads = args.get("num_heads")
+        where = config_path or path
+        args = config.get("model_args") or {}
+        if not isinstance(args, dict):
+            raise CheckpointError(f"{where}: model_args is a JSON {type(args).__name__}; timm writes an object of "
+                                  "VisionTransformer arguments ({\"num_heads\": 12, ...}).")
+        num_heads = positive_int_field(args, "num_heads", where, "model_args.")
+        patch = positive_int_field(args, "patch_size", where, "model_args.")
+        patch = patch or int(state["embedding/kernel"].shape[0])
         size = args.get("img_size")
-        patch = args.get("patch_size", state["embedding/kernel"].shape[0])
-        if isinstance(size, (list, tuple)) and len(size) == 2 and isinstance(patch, int):
+        if isinstance(size, int) and not isinstance(size, bool):
+            size = (size, size)
+        if size is not None:
+            if not (isinstance(size, (list, tuple)) and len(size) == 2
+                    and all(isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in size)):
+                raise CheckpointError(f"{where}: model_args.img_size is {size!r}; expected a positive int or "
+                                      "[height, width].")
             grid = (size[0] // patch, size[1] // patch)
     source = source_from_state(path, state, grid, num_heads)
     source.approximate_gelu = False
     if config:  # Label ids (synsets) in head order, shown by their descriptions ("tench, Tinca tinca") where given.
         def field(key):
-            return config.get(key) or (config.get("pretrained_cfg") or {}).get(key)
+            pretrained = config.get("pretrained_cfg")
+            return config.get(key) or (pretrained.get(key) if isinstance(pretrained, dict) else None)
 
         names, descriptions = class_names_in_order(field("label_names"), state), field("label_descriptions")
         if names and isinstance(descriptions, dict):
@@ -292,7 +324,10 @@ def read_timm(path, budget=None, config=None):
 
 def read_timm_folder(folder, config, budget=None):
     """A timm Hub folder (its parsed `config.json`, beside `model.safetensors`) as a `WeightsSource`."""
-    architecture = config.get("architecture", "")
+    architecture = config.get("architecture")
+    if not isinstance(architecture, str):
+        raise CheckpointError(f"{os.path.join(folder, 'config.json')}: architecture is {architecture!r}; expected "
+                              "timm's model name (a string such as 'vit_base_patch16_224').")
     if not architecture.startswith("vit_") or "hybrid" in architecture or "resnet" in architecture:
         raise CheckpointError(f"{folder} holds timm's {architecture or 'unnamed'!r}, not a plain timm ViT "
                               "(architecture vit_*).")
@@ -300,4 +335,4 @@ def read_timm_folder(folder, config, budget=None):
                     if os.path.exists(os.path.join(folder, name))), None)
     if weights is None:
         raise CheckpointError(f"{folder} has a timm config.json but no model.safetensors or pytorch_model.bin.")
-    return read_timm(weights, budget, config)
+    return read_timm(weights, budget, config, os.path.join(folder, "config.json"))

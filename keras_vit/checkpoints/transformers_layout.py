@@ -16,7 +16,13 @@ import os
 
 import numpy as np
 
-from keras_vit.checkpoints.source import CheckpointError, class_names_in_order, preview, source_from_state
+from keras_vit.checkpoints.source import (
+    CheckpointError,
+    class_names_in_order,
+    positive_int_field,
+    preview,
+    source_from_state,
+)
 from keras_vit.checkpoints.timm_layout import read_state_dict, torch_to_keras
 
 # transformers name (after "encoder.layer.{i}.") -> keras_vit name (after "encoderblock_{i}/").
@@ -91,19 +97,27 @@ def read_transformers_folder(folder, config, budget=None):
                     if os.path.exists(os.path.join(folder, name))), None)
     if weights is None:
         raise CheckpointError(f"{folder} has a transformers config.json but no model.safetensors or pytorch_model.bin.")
+    where = os.path.join(folder, "config.json")
     activation = config.get("hidden_act", "gelu")
-    if activation not in _GELU:
+    if not isinstance(activation, str) or activation not in _GELU:
         raise CheckpointError(f"{folder}: hidden_act {activation!r} is not a GELU; keras_vit's blocks compute GELU.")
-    state = from_transformers(read_state_dict(weights, budget), description=weights)
-    size, patch = config.get("image_size", 224), config.get("patch_size", 16)
+    patch = positive_int_field(config, "patch_size", where) or 16
+    num_heads = positive_int_field(config, "num_attention_heads", where)
+    size = config.get("image_size", 224)
     sides = tuple(size) if isinstance(size, (list, tuple)) else (size, size)
+    if len(sides) != 2 or not all(isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in sides):
+        raise CheckpointError(f"{where}: image_size is {size!r}; expected a positive int or [height, width].")
+    epsilon = config.get("layer_norm_eps", 1e-12)
+    if isinstance(epsilon, bool) or not isinstance(epsilon, (int, float)) or not 0 < epsilon < 1:
+        raise CheckpointError(f"{where}: layer_norm_eps is {epsilon!r}; expected a small positive number.")
+    state = from_transformers(read_state_dict(weights, budget), description=weights)
     grid = (sides[0] // patch, sides[1] // patch)
     positions = state["position_embedding/pos_embedding"].shape[1] - 1
     if grid[0] * grid[1] != positions:
         side = math.isqrt(positions)
         grid = (side, side) if side * side == positions else None
-    source = source_from_state(weights, state, grid, config.get("num_attention_heads"))
+    source = source_from_state(weights, state, grid, num_heads)
     source.approximate_gelu = _GELU[activation]
-    source.layer_norm_epsilon = float(config.get("layer_norm_eps", 1e-12))
+    source.layer_norm_epsilon = float(epsilon)
     source.class_names = class_names_in_order(config.get("id2label"), state)
     return source

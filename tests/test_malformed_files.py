@@ -1,0 +1,266 @@
+"""Files that are wrong in their types or structure get one clear CheckpointError naming the file and the field,
+in Python and as the CLI's one-line error; none loads as a silently wrong model."""
+
+import json
+import os
+import shutil
+import struct
+import zipfile
+
+import numpy as np
+import pytest
+
+import keras_vit
+from conftest import SMALL, fixture
+from keras_vit import CheckpointError, checkpoints, cli
+
+pytest.importorskip("safetensors")
+
+TIMM_FOLDER = fixture("timm_hub")
+TIMM = dict(image_size=32, patch_size=8, hidden_size=24, num_layers=2, mlp_dim=48)
+FLOAT_ONLY = r"weights must be floating point, but '{name}' is {dtype}; the file is corrupt, quantized or not a " \
+             r"checkpoint of weights\. Nothing was loaded\."
+
+
+def safetensors_parts(path):
+    data = open(path, "rb").read()
+    (length,) = struct.unpack("<Q", data[:8])
+    return json.loads(data[8:8 + length]), data[8 + length:]
+
+
+def write_safetensors(path, header, body):
+    encoded = json.dumps(header).encode()
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(encoded)) + encoded + body)
+    return str(path)
+
+
+def retyped(source, target, tensor, dtype="I32"):
+    """`source` with one tensor's header dtype rewritten (same byte size): its float bytes now read as integers."""
+    header, body = safetensors_parts(source)
+    header[tensor]["dtype"] = dtype
+    return write_safetensors(target, header, body)
+
+
+def h5_with_an_integer_weight(path):
+    """Rewrite the first weight array of a Keras `.weights.h5` file as int32."""
+    import h5py
+
+    with h5py.File(path, "r+") as archive:
+        names = []
+        archive.visititems(lambda name, item: names.append(name) if isinstance(item, h5py.Dataset) else None)
+        name = sorted(names)[0]
+        values = archive[name][()]
+        del archive[name]
+        archive[name] = values.astype("int32")
+    return name
+
+
+# --- Integer weights: refused by the one loading step every reader shares ------------------------------------
+
+
+def integer_npz(tmp_path):
+    with np.load(fixture("vit_token.npz")) as data:
+        arrays = dict(data)
+    arrays["Transformer/encoder_norm/scale"] = arrays["Transformer/encoder_norm/scale"].view("int32")
+    np.savez(tmp_path / "int.npz", **arrays)
+    return str(tmp_path / "int.npz"), dict(SMALL, image_size=32), "encoder_norm/gamma"
+
+
+def integer_timm(tmp_path):
+    path = retyped(os.path.join(TIMM_FOLDER, "model.safetensors"), tmp_path / "int.safetensors", "blocks.0.norm1.weight")
+    return path, dict(TIMM, num_heads=3), "encoderblock_0/attention_norm/gamma"
+
+
+def integer_transformers(tmp_path):
+    folder = tmp_path / "hf"
+    shutil.copytree(fixture("transformers_vit"), folder)
+    retyped(folder / "model.safetensors", folder / "model.safetensors", "vit.layernorm.weight")
+    return str(folder), dict(TIMM), "encoder_norm/gamma"
+
+
+def integer_keras(tmp_path):
+    model = keras_vit.ViT(image_size=32, **SMALL, classes=10)
+    model.save(tmp_path / "whole.keras")
+    with zipfile.ZipFile(tmp_path / "whole.keras") as archive:
+        archive.extractall(tmp_path / "unpacked")
+    name = h5_with_an_integer_weight(tmp_path / "unpacked" / "model.weights.h5")
+    with zipfile.ZipFile(tmp_path / "int.keras", "w") as archive:
+        for entry in sorted(os.listdir(tmp_path / "unpacked")):
+            archive.write(tmp_path / "unpacked" / entry, entry)
+    return str(tmp_path / "int.keras"), dict(SMALL, image_size=32, classes=10), name
+
+
+def integer_weights_h5(tmp_path):
+    model = keras_vit.ViT(image_size=32, **SMALL, classes=10)
+    model.save_weights(tmp_path / "int.weights.h5")
+    name = h5_with_an_integer_weight(tmp_path / "int.weights.h5")
+    return str(tmp_path / "int.weights.h5"), dict(SMALL, image_size=32, classes=10), name
+
+
+@pytest.mark.parametrize("write", [integer_npz, integer_timm, integer_transformers, integer_keras, integer_weights_h5],
+                         ids=["npz", "timm", "transformers", "keras", "weights_h5"])
+def test_every_reader_refuses_integer_weights_naming_the_tensor(write, tmp_path):
+    path, sizes, name = write(tmp_path)
+    message = FLOAT_ONLY.format(name=name, dtype="int32")
+    with pytest.raises(CheckpointError, match=message):
+        keras_vit.ViT(**sizes, weights=path)
+    with pytest.raises(CheckpointError, match=message):
+        keras_vit.from_pretrained(path, **({"num_heads": sizes["num_heads"]} if "num_heads" in sizes else {}))
+
+
+def test_a_file_of_int8_tensors_is_refused():
+    arrays = {name: np.ones(shape, "int8") for name, shape in
+              ((name, value.shape) for name, value in checkpoints.read_timm(
+                  os.path.join(TIMM_FOLDER, "model.safetensors")).state.items())}
+    source = checkpoints.WeightsSource("int8 file", arrays)
+    with pytest.raises(CheckpointError, match=r"^int8 file: weights must be floating point, but '[^']+' is int8, "
+                                              r"'[^']+' is int8, '[^']+' is int8 \(and \d+ more\)"):
+        keras_vit.ViT(**TIMM, num_heads=3, weights=source)
+
+
+# --- Malformed Hub files: one CheckpointError naming the file and the field, and the CLI's one line ------------
+
+
+def edited_folder(tmp_path, edit):
+    folder = tmp_path / "hub"
+    shutil.copytree(TIMM_FOLDER, folder)
+    config = json.loads((folder / "config.json").read_text())
+    config = edit(config)
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+def set_field(**changes):
+    def edit(config):
+        for key, value in changes.items():
+            if key in ("num_heads", "patch_size", "img_size"):
+                config["model_args"][key] = value
+            else:
+                config[key] = value
+        return config
+    return edit
+
+
+MALFORMED_CONFIGS = [
+    ("list", lambda c: [c], r"{folder}/config.json is a JSON list; timm's and transformers' config.json is an object"),
+    ("architecture_null", set_field(architecture=None),
+     r"{folder}/config.json: architecture is None; expected timm's model name \(a string such as"),
+    ("model_args_list", set_field(model_args=[1]),
+     r"{folder}/config.json: model_args is a JSON list; timm writes an object of VisionTransformer arguments"),
+    ("num_heads_text", set_field(num_heads="three"), r"{folder}/config.json: model_args.num_heads is 'three'; "
+     r"expected a positive int\."),
+    ("patch_size_zero", set_field(patch_size=0), r"{folder}/config.json: model_args.patch_size is 0; expected a "
+     r"positive int\."),
+    ("img_size_text", set_field(img_size="big"), r"{folder}/config.json: model_args.img_size is 'big'; expected a "
+     r"positive int or \[height, width\]\."),
+]
+
+
+@pytest.mark.backend_independent
+@pytest.mark.parametrize("edit, message", [case[1:] for case in MALFORMED_CONFIGS],
+                         ids=[case[0] for case in MALFORMED_CONFIGS])
+def test_a_malformed_timm_config_names_the_file_and_the_field(edit, message, tmp_path, capsys):
+    folder = edited_folder(tmp_path, edit)
+    message = message.format(folder=folder)
+    with pytest.raises(CheckpointError, match=f"^{message}"):
+        keras_vit.from_pretrained(str(folder))
+    assert cli.console_main(["export", str(folder), "--output", str(tmp_path / "out.onnx")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("keras-vit: error: ")
+    assert not os.path.exists(tmp_path / "out.onnx")
+
+
+def malformed_header(tmp_path, edit):
+    header, body = safetensors_parts(os.path.join(TIMM_FOLDER, "model.safetensors"))
+    return write_safetensors(tmp_path / "bad.safetensors", edit(header), body)
+
+
+def overlap(header):
+    names = sorted((n for n in header if n != "__metadata__"), key=lambda n: header[n]["data_offsets"][0])
+    first, second = names[0], names[1]
+    start = header[first]["data_offsets"][0]
+    size = header[second]["data_offsets"][1] - header[second]["data_offsets"][0]
+    header[second]["data_offsets"] = [start, start + size]  # inside the first tensor's bytes
+    return header
+
+
+def overlapping_names():
+    header, _ = safetensors_parts(os.path.join(TIMM_FOLDER, "model.safetensors"))
+    return sorted((n for n in header if n != "__metadata__"), key=lambda n: header[n]["data_offsets"][0])[:2]
+
+
+@pytest.mark.backend_independent
+@pytest.mark.parametrize("edit, message", [
+    (lambda header: [header], r"is not a readable .safetensors file: its header is a JSON list, not an object of "
+                              r"tensors\."),
+    (overlap, "tensors '{}' and '{}' overlap in the file \\(data_offsets\\); the file is corrupt\\.".format(
+        *overlapping_names())),
+    (lambda header: {**header, "x": {"dtype": "F32", "shape": [-1], "data_offsets": [0, 4]}},
+     r"tensor 'x' has an unreadable header entry: shape \[-1\] and data_offsets \[0, 4\] must be whole numbers"),
+], ids=["list", "overlapping", "negative_shape"])
+def test_a_malformed_safetensors_header_is_one_clear_error(edit, message, tmp_path, capsys):
+    path = malformed_header(tmp_path, edit)
+    with pytest.raises(CheckpointError, match=f"^{path}.*{message}"):
+        keras_vit.from_pretrained(path, num_heads=3)
+    assert cli.console_main(["export", path, "--num-heads", "3"]) == 2
+    assert capsys.readouterr().err.count("\n") == 1
+
+
+@pytest.mark.backend_independent
+def test_from_pretrained_of_something_that_is_no_path_says_what_it_takes():
+    with pytest.raises(CheckpointError, match=r"^from_pretrained takes a path or an hf://org/name handle, got int 3\.$"):
+        keras_vit.from_pretrained(3)
+
+
+@pytest.mark.backend_independent
+def test_every_checkpoint_error_is_a_one_line_cli_error(tmp_path, capsys, monkeypatch):
+    def broken(*args, **kwargs):
+        raise CheckpointError("x.safetensors: something is wrong\nwith a second line")
+
+    import keras_vit.pretrained
+
+    monkeypatch.setattr(keras_vit.pretrained, "from_pretrained", broken)  # what `export` reads a checkpoint with
+    assert cli.console_main(["export", "x.safetensors"]) == 2
+    assert capsys.readouterr().err == "keras-vit: error: x.safetensors: something is wrong\n"
+
+
+# --- The CLI takes the overrides its errors suggest ----------------------------------------------------------
+
+
+def headless_state_dict(tmp_path):
+    """A bare timm state dict (no config.json) of width 24: no named variant's, so no head count."""
+    shutil.copy(os.path.join(TIMM_FOLDER, "model.safetensors"), tmp_path / "vit.safetensors")
+    return str(tmp_path / "vit.safetensors")
+
+
+@pytest.mark.backend_independent
+def test_export_and_convert_take_the_head_count_their_errors_ask_for(tmp_path, capsys):
+    path = headless_state_dict(tmp_path)
+    assert cli.console_main(["export", path]) == 2
+    assert "does not store its head count and its width 24 is no named variant's; pass num_heads= (keras-vit: " \
+           "--num-heads)." in capsys.readouterr().err
+    assert cli.console_main(["convert", path, str(tmp_path / "vit.keras")]) == 2
+    assert "or pass `num_heads` (--num-heads)" in capsys.readouterr().err
+    assert cli.console_main(["convert", path, str(tmp_path / "vit.keras"), "--num-heads", "3"]) == 0
+    converted = keras_vit.from_pretrained(str(tmp_path / "vit.keras"))
+    assert converted.get_layer("encoderblock_0").num_heads == 3
+
+
+# --- File modes ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.backend_independent
+def test_written_checkpoints_follow_the_users_umask(tmp_path):
+    model = keras_vit.ViT(image_size=32, **SMALL, classes=10)
+    previous = os.umask(0o022)
+    try:
+        checkpoints.save_timm(model, tmp_path / "a.safetensors")
+        checkpoints.save_npz(model, str(tmp_path / "a.npz"))
+        os.umask(0o077)
+        checkpoints.save_timm(model, tmp_path / "private.safetensors")
+    finally:
+        os.umask(previous)
+    assert os.stat(tmp_path / "a.safetensors").st_mode & 0o777 == 0o644
+    assert os.stat(tmp_path / "a.npz").st_mode & 0o777 == 0o644
+    assert os.stat(tmp_path / "private.safetensors").st_mode & 0o777 == 0o600
