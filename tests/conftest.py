@@ -16,6 +16,11 @@ import tempfile
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 # Downloads in tests land in a throw-away Keras cache, never the user's ~/.keras.
 os.environ["KERAS_HOME"] = tempfile.mkdtemp(prefix="keras_vit_tests_")
+if os.environ.get("KERAS_BACKEND") == "jax":
+    # One XLA compilation cache for the run, shared by the workers and the processes tests start: many tests
+    # compile the same small models, and the cache hands back the executable XLA built for the same program.
+    os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", tempfile.mkdtemp(prefix="keras_vit_tests_xla_"))
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
