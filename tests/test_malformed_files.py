@@ -264,3 +264,20 @@ def test_written_checkpoints_follow_the_users_umask(tmp_path):
     assert os.stat(tmp_path / "a.safetensors").st_mode & 0o777 == 0o644
     assert os.stat(tmp_path / "a.npz").st_mode & 0o777 == 0o644
     assert os.stat(tmp_path / "private.safetensors").st_mode & 0o777 == 0o600
+
+
+@pytest.mark.backend_independent
+@pytest.mark.parametrize("field, value, message", [
+    ("num_attention_heads", "three", r"num_attention_heads is 'three'; expected a positive int\."),
+    ("patch_size", 0, r"patch_size is 0; expected a positive int\."),
+    ("image_size", [32], r"image_size is \[32\]; expected a positive int or \[height, width\]\."),
+    ("layer_norm_eps", "small", r"layer_norm_eps is 'small'; expected a small positive number\."),
+    ("hidden_act", ["gelu"], r"hidden_act \['gelu'\] is not a GELU"),
+])
+def test_a_malformed_transformers_config_names_the_file_and_the_field(field, value, message, tmp_path):
+    folder = tmp_path / "hf"
+    shutil.copytree(fixture("transformers_vit"), folder)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps(dict(config, **{field: value})))
+    with pytest.raises(CheckpointError, match=f"^{folder}.*{message}"):
+        keras_vit.from_pretrained(str(folder))
