@@ -9,8 +9,11 @@ only; every other test runs on every backend. Set
 KERAS_VIT_TEST_EVERY_BACKEND=1 to run the marked tests in any pass.
 """
 
+import fcntl
+import json
 import logging
 import os
+import shutil
 import tempfile
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -64,6 +67,25 @@ def pytest_report_header(config):
 
 def fixture(name):
     return os.path.join(FIXTURES, name)
+
+
+def shared_run(tmp_path_factory, name, run):
+    """The folder `run(folder)` fills, made once per pytest run and shared by every xdist worker.
+
+    A module fixture is built again in each worker that runs the module's tests; a training run made once
+    and read by all saves that time. Returns `(folder, run's JSON-able result)`.
+    """
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # the run's folder, above each worker's own
+    folder, done = root / name, root / f"{name}.done"
+    with open(root / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # the other workers wait here for the first one's run
+        if not done.exists():
+            shutil.rmtree(folder, ignore_errors=True)
+            folder.mkdir()
+            done.write_text(json.dumps(run(folder)))
+    return folder, json.loads(done.read_text())
 
 
 def reference(case):

@@ -16,6 +16,7 @@ import pytest
 
 tf = pytest.importorskip("tensorflow")
 
+from conftest import shared_run  # noqa: E402
 from keras_vit import cli, data, files, training  # noqa: E402
 from keras_vit.checkpoints import save_npz  # noqa: E402
 
@@ -28,8 +29,8 @@ QUICK = [*SIZES, "--epochs", "2", "--warmup-steps", "2"]
 
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory):
-    out = tmp_path_factory.mktemp("uninterrupted")
-    cli.main(["pretrain", *QUICK, "--output-dir", str(out)])
+    out, _ = shared_run(tmp_path_factory, "uninterrupted", lambda out: cli.main(
+        ["pretrain", *QUICK, "--output-dir", str(out)]))
     return out
 
 
