@@ -29,6 +29,7 @@ from keras_vit.models import (
 )
 from keras_vit.position_embedding import resize_patch_embedding, resize_position_embeddings
 from keras_vit.pretrained import from_pretrained
+from keras_vit.architecture import Architecture
 from keras_vit.variants import VARIANTS, Variant, decode_variant
 
 __version__ = "0.1.0"
@@ -38,6 +39,7 @@ __all__ = [
     "CheckpointError",
     "MaskedPatchPretrainer",
     "PatchCorruption",
+    "Architecture",
     "VARIANTS",
     "ViT",
     "Variant",

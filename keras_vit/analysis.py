@@ -19,6 +19,7 @@ import keras
 import numpy as np
 
 from keras_vit import files
+from keras_vit.checkpoints.source import architecture_of
 from keras_vit.functional import native_image_size
 
 
@@ -28,7 +29,7 @@ def _numpy(x):
 
 def _grid_and_prefix(model):
     layer = model.get_layer("position_embedding")
-    return tuple(layer.grid_size), layer.num_prefix_tokens
+    return tuple(layer.grid_size), architecture_of(model).num_prefix_tokens
 
 
 def _is_hybrid(model):
@@ -48,11 +49,8 @@ def attention_weights(model, images):
     """
     x = keras.ops.convert_to_tensor(np.asarray(images, "float32"))
     names = {layer.name for layer in model.layers}
-    # Everything up to the position embeddings: a hybrid's ResNet, the patches, the class token.
-    for layer in model.layers[1:]:
-        x = layer(x)
-        if layer.name == "position_embedding":
-            break
+    # The model's own tokens as the first block receives them (prefix tokens, position embeddings, norm_pre).
+    x = keras.Model(model.inputs, model.get_layer("encoderblock_0").input)(x, training=False)
     attentions = []
     index = 0
     while f"encoderblock_{index}" in names:

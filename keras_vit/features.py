@@ -12,6 +12,8 @@ import numbers
 import keras
 from keras import ops
 
+from keras_vit.checkpoints.source import architecture_of
+
 
 @keras.saving.register_keras_serializable(package="keras_vit")
 class PatchTokens(keras.layers.Layer):
@@ -103,12 +105,12 @@ def feature_extractor(model, blocks, spatial=True, norm=False, name=None):
     position = model.get_layer("position_embedding")
     embedding = model.get_layer("embedding")
     dynamic = len(embedding.output.shape) == 4  # The dynamic model's patch grid, read on every call.
-    tokens = PatchTokens(position.num_prefix_tokens, None if dynamic else position.grid_size, spatial,
+    tokens = PatchTokens(architecture_of(model).num_prefix_tokens, None if dynamic else position.grid_size, spatial,
                          name=f"{model.name}_patch_tokens")
     outputs = []
     for index in chosen:
         features = model.get_layer(f"encoderblock_{index}").output
-        if norm:
+        if norm and any(layer.name == "encoder_norm" for layer in model.layers):  # fc_norm models have none
             features = model.get_layer("encoder_norm")(features)
         outputs.append(tokens(features, patch_grid=embedding.output) if dynamic else tokens(features))
     inputs = model.inputs[0] if len(model.inputs) == 1 else model.inputs

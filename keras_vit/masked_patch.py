@@ -11,6 +11,7 @@ with plain `fit` on images alone; its `encoder` is then fine-tuned as usual.
 import keras
 from keras import ops
 
+from keras_vit.checkpoints.source import architecture_of
 from keras_vit.position_embedding import as_pair
 
 
@@ -208,7 +209,7 @@ class MaskedPatchPretrainer(keras.Model):
         self.seed = seed
 
         position = encoder.get_layer("position_embedding")
-        self.num_prefix_tokens = position.num_prefix_tokens
+        self.num_prefix_tokens = architecture_of(encoder).num_prefix_tokens
         self.grid_size = tuple(position.grid_size)
         height, width = encoder.input_shape[1:3]
         self.patch_size = (height // self.grid_size[0], width // self.grid_size[1])

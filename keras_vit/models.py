@@ -11,14 +11,16 @@ import dataclasses
 import keras
 
 from keras_vit import checkpoints
+from keras_vit.architecture import Architecture
 from keras_vit.functional import DYNAMIC, VisionTransformer, sizes_of
 from keras_vit.layers import (
-    LAYER_NORM_EPSILON,
     PRECISIONS,
     AddPositionEmbedding,
+    AttentionPooling,
     ClassToken,
     LayerNorm,
     PatchEmbedding,
+    RegisterTokens,
     TokenPooling,
     TransformerBlock,
 )
@@ -78,6 +80,17 @@ def ViT(
     position_embedding_antialias=False,
     dtype=None,
     name=None,
+    architecture=None,
+    class_token=None,
+    register_tokens=None,
+    class_token_position_embedding=None,
+    fc_norm=None,
+    norm_pre=None,
+    patch_bias=None,
+    qkv_bias=None,
+    qk_norm=None,
+    layer_scale=None,
+    mlp_activation=None,
 ):
     """Build a Vision Transformer (Dosovitskiy et al., 2020).
 
@@ -104,9 +117,12 @@ def ViT(
             or a path to an original `.npz`, a `.keras` or a `.weights.h5` file.
         input_tensor: optional Keras tensor to use as the image input.
         pooling: with `include_top=False`: `None` returns the token sequence,
-            `"token"` the class token, `"gap"` the mean of the patch tokens.
-        classifier: `"token"` (class token) or `"gap"` (no class token, mean of
-            the final patch tokens); default the checkpoint's, else `"token"`.
+            `"token"` the class token, `"gap"` the mean of the patch tokens,
+            `"map"` attention pooling (followed by `fc_norm` where the model has it).
+        classifier: how the head pools: `"token"` (class token), `"gap"` (mean
+            of the final patch tokens; without a class token unless
+            `class_token=True`) or `"map"` (attention pooling, SigLIP's);
+            default the checkpoint's, else `"token"`.
         representation_size: width of the original pre-logits layer (Dense +
             tanh) before the head; default the checkpoint's; 0 for none.
         dropout_rate: dropout after the position embeddings and every dense
@@ -131,6 +147,19 @@ def ViT(
             the global policy. A float32 checkpoint loads into it. LayerNorm,
             the attention softmax and the logits stay in float32. Kept in the
             `.keras` file.
+        architecture: a `keras_vit.Architecture`, the switches of timm's ViT
+            family at once; default the checkpoint's, else the paper's. The
+            keywords below replace single fields of it (see `Architecture`):
+        class_token: prepend a class token (default: with `classifier="token"`).
+        register_tokens: how many register tokens follow it (DINOv2-reg: 4).
+        class_token_position_embedding: `False` for timm's `no_embed_class`.
+        fc_norm: the final LayerNorm after pooling instead of on the tokens.
+        norm_pre: a LayerNorm before the blocks (CLIP).
+        patch_bias, qkv_bias: biases of the patch embedding and q/k/v.
+        qk_norm: LayerNorm over each head's queries and keys.
+        layer_scale: initial value of layer scale on both residual branches.
+        mlp_activation: `"gelu_tanh"`, `"gelu"`, `"quick_gelu"` or `"swiglu"`
+            (`approximate_gelu` is the older form of the first two).
 
     Returns:
         A `keras.Model` mapping `(batch, height, width, 3)` images in [-1, 1]
@@ -144,10 +173,19 @@ def ViT(
     """
     image_size = _image_size(image_size, input_tensor)
     policy = _dtype_policy(dtype)
-    if pooling not in (None, "token", "gap"):
-        raise ValueError(f"Unknown pooling {pooling!r}; expected None, 'token' or 'gap'.")
-    if classifier not in (None, "token", "gap"):
-        raise ValueError(f"Unknown classifier {classifier!r}; expected 'token' or 'gap'.")
+    if pooling not in (None, "token", "gap", "map"):
+        raise ValueError(f"Unknown pooling {pooling!r}; expected None, 'token', 'gap' or 'map'.")
+    if classifier not in (None, "token", "gap", "map"):
+        raise ValueError(f"Unknown classifier {classifier!r}; expected 'token', 'gap' or 'map'.")
+    if architecture is not None and not isinstance(architecture, Architecture):
+        raise ValueError(f"architecture must be a keras_vit.Architecture, got {type(architecture).__name__}.")
+    switches = dict(class_token=class_token, register_tokens=register_tokens,
+                    class_token_position_embedding=class_token_position_embedding, fc_norm=fc_norm, norm_pre=norm_pre,
+                    patch_bias=patch_bias, qkv_bias=qkv_bias, qk_norm=qk_norm, layer_scale=layer_scale,
+                    mlp_activation=mlp_activation, layer_norm_epsilon=layer_norm_epsilon)
+    if approximate_gelu is not None and mlp_activation is None:
+        switches["mlp_activation"] = "gelu_tanh" if approximate_gelu else "gelu"
+    _resolve_architecture(architecture, None, classifier, switches)  # Bad switches fail before any download.
     if include_top and pooling is not None:
         raise ValueError("pooling applies only with include_top=False.")
     if resnet_layers is not None:
@@ -177,30 +215,23 @@ def ViT(
             )
     if hidden_size % sizes.num_heads:
         raise ValueError(f"hidden_size {hidden_size} is not divisible by num_heads {sizes.num_heads}.")
-    if classifier is None:
-        classifier = source.classifier if source else "token"
+    architecture = _resolve_architecture(architecture, source, classifier, switches)
     if representation_size is None:
         representation_size = source.representation_size if source else 0
     if classes is None:
         classes = source.classes if source and source.classes else 1000
-    if approximate_gelu is None:
-        approximate_gelu = source.approximate_gelu if source and source.approximate_gelu is not None else True
-    if layer_norm_epsilon is None:
-        layer_norm_epsilon = source.layer_norm_epsilon if source and source.layer_norm_epsilon else LAYER_NORM_EPSILON
     options = ModelOptions(
         image_size=image_size,
         sizes=sizes,
         classes=classes,
         include_top=include_top,
         pooling=pooling,
-        classifier=classifier,
+        architecture=architecture,
         representation_size=representation_size or 0,
         dropout_rate=dropout_rate,
         attention_dropout_rate=attention_dropout_rate,
         stochastic_depth_rate=stochastic_depth_rate,
         classifier_activation=classifier_activation,
-        approximate_gelu=approximate_gelu,
-        layer_norm_epsilon=float(layer_norm_epsilon),
         position_grid=_position_grid(image_size, sizes, source),
         position_embedding_interpolation=position_embedding_interpolation,
         position_embedding_antialias=bool(position_embedding_antialias),
@@ -217,6 +248,25 @@ def ViT(
         if include_top and source.class_names and len(source.class_names) == classes == source.classes:
             model.class_names = list(source.class_names)  # the file's head, so the file's names
     return model
+
+
+def _resolve_architecture(architecture, source, classifier, switches):
+    """The `Architecture` to build: `architecture`, else the checkpoint's, else the paper's, with the keywords set.
+
+    A classifier given alone decides the class token as before: `"token"`
+    has one, `"gap"` and `"map"` none (`class_token=True` keeps one).
+    """
+    base = architecture or (source.architecture if source is not None and source.architecture else None)
+    switches = dict(switches)
+    if classifier is not None and switches["class_token"] is None:
+        switches["class_token"] = classifier == "token"
+    base = base or Architecture()
+    changes = {key: value for key, value in switches.items() if value is not None}
+    if classifier is not None:
+        changes["classifier"] = classifier
+    elif changes.get("class_token") is False and base.classifier == "token":
+        changes["classifier"] = "gap"
+    return dataclasses.replace(base, **changes)
 
 
 def _dtype_policy(dtype):
@@ -244,9 +294,9 @@ def _position_grid(image_size, sizes, source):
         if source.grid_size is not None:
             return tuple(source.grid_size)
         table = source.state.get("position_embedding/pos_embedding")
-        if table is not None:
-            side = int(round((table.shape[1] - ("class_token/cls" in source.state)) ** 0.5))
-            return (side, side)
+        grid = None if table is None else source.architecture.grid_of(table.shape[1])
+        if grid is not None:
+            return grid
     return (max(224 // step, 1),) * 2
 
 
@@ -270,14 +320,12 @@ class ModelOptions:
     classes: int = 1000
     include_top: bool = True
     pooling: str = None
-    classifier: str = "token"
+    architecture: Architecture = Architecture()
     representation_size: int = 0
     dropout_rate: float = 0.0
     attention_dropout_rate: float = 0.0
     stochastic_depth_rate: float = 0.0
     classifier_activation: str = "softmax"
-    approximate_gelu: bool = True
-    layer_norm_epsilon: float = LAYER_NORM_EPSILON
     position_grid: tuple = None  # Default: the image's grid.
     position_embedding_interpolation: str = "bicubic"
     position_embedding_antialias: bool = False
@@ -311,9 +359,9 @@ def read_checkpoint(weights, variant=None, image_size=(224, 224), sizes=None, cl
 
 
 def _build(options, input_tensor):
-    sizes, image_size = options.sizes, options.image_size
-    if options.pooling == "token" and options.classifier == "gap":
-        raise ValueError("pooling='token' needs a class token, but classifier='gap' has none.")
+    sizes, image_size, architecture = options.sizes, options.image_size, options.architecture
+    if options.pooling == "token" and not architecture.class_token:
+        raise ValueError(f"pooling='token' needs a class token, but classifier={architecture.classifier!r} has none.")
     shape = (*image_size, 3)
     if input_tensor is None:
         images = keras.Input(shape=shape, name="images")
@@ -322,26 +370,35 @@ def _build(options, input_tensor):
     else:
         images = input_tensor
     grid_size = options.position_grid or _position_grid(image_size, sizes, None)
-    num_prefix_tokens = 1 if options.classifier == "token" else 0
+    num_prefix_tokens = architecture.num_prefix_tokens
+    epsilon = architecture.layer_norm_epsilon
     dynamic = image_size == DYNAMIC
 
     x = images
     if sizes.resnet_layers is not None:
         x = apply_resnet(x, sizes.resnet_layers, sizes.resnet_width)
-    x = patch_grid = PatchEmbedding(sizes.patch_size, sizes.hidden_size, flatten=not dynamic, name="embedding")(x)
+    x = patch_grid = PatchEmbedding(sizes.patch_size, sizes.hidden_size, flatten=not dynamic,
+                                    use_bias=architecture.patch_bias, name="embedding")(x)
     if dynamic:
         x = keras.layers.Reshape((-1, sizes.hidden_size), name="flatten_patches")(patch_grid)
-    if num_prefix_tokens:
-        x = ClassToken(name="class_token")(x)
     position = AddPositionEmbedding(
         grid_size,
-        num_prefix_tokens,
+        architecture.position_prefix_rows,
         interpolation=options.position_embedding_interpolation,
         antialias=options.position_embedding_antialias,
         name="position_embedding",
     )
-    x = position(x, patch_grid=patch_grid) if dynamic else position(x)
+    if not architecture.class_token_position_embedding:  # timm's no_embed_class: patches only.
+        x = position(x, patch_grid=patch_grid) if dynamic else position(x)
+    if architecture.register_tokens:  # [class, registers..., patches], as timm orders them.
+        x = RegisterTokens(architecture.register_tokens, name="register_tokens")(x)
+    if architecture.class_token:
+        x = ClassToken(name="class_token")(x)
+    if architecture.class_token_position_embedding:
+        x = position(x, patch_grid=patch_grid) if dynamic else position(x)
     x = keras.layers.Dropout(options.dropout_rate, name="embedding_dropout")(x)
+    if architecture.norm_pre:
+        x = LayerNorm(epsilon=epsilon, name="pre_norm")(x)
     for index in range(sizes.num_layers):
         depth_rate = options.stochastic_depth_rate * index / max(sizes.num_layers - 1, 1)
         x = TransformerBlock(
@@ -350,20 +407,30 @@ def _build(options, input_tensor):
             dropout_rate=options.dropout_rate,
             attention_dropout_rate=options.attention_dropout_rate,
             stochastic_depth_rate=depth_rate,
-            approximate_gelu=options.approximate_gelu,
-            layer_norm_epsilon=options.layer_norm_epsilon,
+            activation=architecture.mlp_activation,
+            qkv_bias=architecture.qkv_bias,
+            qk_norm=architecture.qk_norm,
+            layer_scale=architecture.layer_scale,
+            layer_norm_epsilon=epsilon,
             name=f"encoderblock_{index}",
         )(x)
-    x = LayerNorm(epsilon=options.layer_norm_epsilon, name="encoder_norm")(x)
+    if not architecture.fc_norm:
+        x = LayerNorm(epsilon=epsilon, name="encoder_norm")(x)
 
+    pooling = architecture.classifier if options.include_top else options.pooling
+    if pooling == "map":
+        activation = "gelu" if architecture.mlp_activation == "swiglu" else architecture.mlp_activation
+        x = AttentionPooling(sizes.num_heads, sizes.mlp_dim, activation=activation, layer_norm_epsilon=epsilon,
+                             num_prefix_tokens=num_prefix_tokens, name="attention_pool")(x)
+    elif pooling is not None:
+        x = TokenPooling(pooling, num_prefix_tokens, name="pool")(x)
+    if pooling is not None and architecture.fc_norm:
+        x = LayerNorm(epsilon=epsilon, name="fc_norm")(x)
     if options.include_top:
-        x = TokenPooling(options.classifier, num_prefix_tokens, name="pool")(x)
         if options.representation_size:
             x = keras.layers.Dense(options.representation_size, activation="tanh", name="pre_logits")(x)
         x = keras.layers.Dense(options.classes, kernel_initializer="zeros", name="head")(x)
         x = keras.layers.Activation(options.classifier_activation, dtype="float32", name="predictions")(x)
-    elif options.pooling is not None:
-        x = TokenPooling(options.pooling, num_prefix_tokens, name="pool")(x)
 
     inputs = images if input_tensor is None else keras.utils.get_source_inputs(input_tensor)
     return VisionTransformer(inputs, x, name=options.name)

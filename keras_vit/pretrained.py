@@ -65,9 +65,12 @@ def from_pretrained(source, **overrides):
             for example a new `classes` (a fresh head) or `image_size`.
 
     The patch size, width, depth, MLP size, head count, image size (its
-    position grid), classifier, pre-logits, class count and GELU form are
+    position grid), architecture (`keras_vit.Architecture`: prefix tokens,
+    norms, biases, activation, pooling), pre-logits and class count are
     read from the files, and a `.keras` model's precision (`dtype`) and head
-    activation. A
+    activation. A file without a head (DINOv2, CLIP and SigLIP towers) builds
+    the feature model timm's forward gives (`include_top=False`, the file's
+    pooling) unless `classes=` asks for a new head. A
     `.keras` model with LoRA adapters loads with them merged into its kernels.
 
     Example:
@@ -100,5 +103,9 @@ def from_pretrained(source, **overrides):
         options["dtype"] = checkpoint.dtype_policy
     if checkpoint.classifier_activation:
         options["classifier_activation"] = checkpoint.classifier_activation
+    headless = "head/kernel" not in state and not path.endswith(".keras")
+    if headless and "classes" not in overrides and "include_top" not in overrides:
+        # timm's forward of a file without a head (num_classes=0): the pooled features, fc_norm included.
+        options.update(include_top=False, pooling=checkpoint.classifier)
     options.update(overrides)
     return ViT(weights=checkpoint, **options)

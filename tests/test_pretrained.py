@@ -88,6 +88,9 @@ def test_width_without_a_head_count_asks_for_one(tmp_path):
     shutil.copytree(fixture("timm_hub"), folder)
     del config["model_args"]["num_heads"]
     (folder / "config.json").write_text(json.dumps(config))
+    # vit_tiny_*: timm's tiny family has 3 heads.
+    assert keras_vit.from_pretrained(str(folder)).get_layer("encoderblock_0").num_heads == 3
+    (folder / "config.json").write_text(json.dumps(dict(config, architecture="vit_unheard_patch8_32")))
     with pytest.raises(CheckpointError, match="does not store its head count and its width 24 is no named variant's; "
                                               "pass num_heads="):
         keras_vit.from_pretrained(str(folder))

@@ -106,8 +106,9 @@ def rewrite(tmp_path, change):
 
 
 def test_layouts_that_are_not_timm_vits_are_refused_by_name(tmp_path):
-    scaled = rewrite(tmp_path, lambda t: t.update({"blocks.0.ls1.gamma": np.ones(24, "float32")}))
-    with pytest.raises(CheckpointError, match=r"is a timm ViT with layer scale \(\['blocks.0.ls1.gamma'\]\)"):
+    scaled = rewrite(tmp_path, lambda t: t.update({"blocks.0.mlp.norm.weight": np.ones(24, "float32")}))
+    with pytest.raises(CheckpointError, match=r"is a timm ViT with a LayerNorm inside the MLP \(scale_mlp_norm\) "
+                                              r"\(\['blocks.0.mlp.norm.weight'\]\)"):
         keras_vit.ViT(**TIMM, num_heads=3, weights=scaled)
     other = rewrite(tmp_path, lambda t: t.update({"encoder.layer.0.weight": np.ones(3, "float32")}))
     with pytest.raises(CheckpointError, match=r"has 1 tensors that are not in timm's VisionTransformer layout: "

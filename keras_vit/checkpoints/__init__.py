@@ -29,14 +29,15 @@ from keras_vit.checkpoints.registry import (
     find_checkpoint,
     register,
 )
-from keras_vit.checkpoints.source import CheckpointError, WeightsSource, state_of
-from keras_vit.checkpoints.timm_layout import from_timm, read_timm, read_timm_folder, save_timm, to_timm
+from keras_vit.checkpoints.source import CheckpointError, WeightsSource, architecture_of, state_of
+from keras_vit.checkpoints.timm_layout import from_timm, read_timm, read_timm_folder, save_timm, timm_arguments, to_timm
 from keras_vit.checkpoints.transformers_layout import from_transformers, read_transformers_folder
 
 __all__ = [
     "Checkpoint",
     "CheckpointError",
     "WeightsSource",
+    "architecture_of",
     "available_weights",
     "cache_dir",
     "check_finite",
@@ -58,6 +59,7 @@ __all__ = [
     "save_npz",
     "save_timm",
     "state_of",
+    "timm_arguments",
     "to_flax",
     "to_timm",
 ]

@@ -16,6 +16,7 @@ import numpy as np
 from keras_vit.checkpoints.source import (
     UNIT,
     CheckpointError,
+    architecture_from_state,
     check_declared_size,
     preview,
     require_regular_file,
@@ -304,4 +305,6 @@ def read_npz(path, budget=None):
     positions = state["position_embedding/pos_embedding"].shape[1] - ("class_token/cls" in state)
     side = math.isqrt(positions)
     grid = (side, side) if side * side == positions else None
-    return source_from_state(path, state, grid, num_heads)
+    # The original layout gives the class token a position embedding; the table's length cannot say so.
+    return source_from_state(path, state, grid, num_heads,
+                             architecture_from_state(state, grid, class_token_position_embedding=True))

@@ -17,6 +17,7 @@ import keras
 from keras_vit.checkpoints.source import (
     CheckpointError,
     WeightsSource,
+    architecture_of,
     check_declared_size,
     preview,
     refuse_non_float,
@@ -25,6 +26,7 @@ from keras_vit.checkpoints.source import (
     state_of,
     weight_budget,
 )
+from keras_vit.architecture import Architecture
 from keras_vit.layers import PRECISIONS
 from keras_vit.variants import Variant
 
@@ -44,14 +46,15 @@ def read_keras(path, budget=None):
         saved = keras.saving.load_model(path, compile=False)
     except Exception as error:  # Keras raises many types for a bad archive.
         raise CheckpointError(f"{path} is not a loadable .keras model: {error}") from error
-    grid = num_heads = precision = None
+    grid = num_heads = precision = architecture = None
     try:
         grid = tuple(saved.get_layer("position_embedding").grid_size)
         block = saved.get_layer("encoderblock_0")
         num_heads, precision = block.num_heads, block.dtype_policy.name
+        architecture = architecture_of(saved)
     except ValueError:
         pass
-    source = source_from_state(path, _merged_lora_state(saved, path), grid, num_heads)
+    source = source_from_state(path, _merged_lora_state(saved, path), grid, num_heads, architecture)
     source.class_names = getattr(saved, "class_names", None)
     source.dtype_policy = precision if precision in PRECISIONS else None  # An int8 model's is its own
     try:
@@ -206,7 +209,7 @@ def read_weights_h5(path, budget=None):
     layout = dict(
         image_size=(side * sizes.pixels_per_patch,) * 2,
         sizes=sizes,
-        classifier="token" if num_prefix_tokens else "gap",
+        architecture=Architecture(class_token=bool(num_prefix_tokens), classifier="token" if num_prefix_tokens else "gap"),
         include_top=bool(dense),
         classes=int(shapes[dense[-1]][1][0]) if dense else 1000,
         representation_size=int(shapes[dense[0]][1][0]) if len(dense) == 2 else 0,

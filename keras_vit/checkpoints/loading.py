@@ -262,7 +262,11 @@ def _adapt_position_embedding(model, state, source, notes):
 
 
 def _adapt_head(variables, state, name, notes):
-    """Drop the checkpoint's pre-logits and head where the model cannot use them."""
+    """Drop the checkpoint's pooling, pre-logits and head where the model cannot use them."""
+    for pooling in ("attention_pool/", "fc_norm/"):  # A model of the token sequence (include_top=False)
+        if not any(key.startswith(pooling) for key in variables):
+            for key in [key for key in state if key.startswith(pooling)]:
+                del state[key]
     has_pre_logits = "pre_logits/kernel" in variables
     if "pre_logits/kernel" in state and not has_pre_logits:
         del state["pre_logits/kernel"], state["pre_logits/bias"]

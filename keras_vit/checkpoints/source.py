@@ -13,6 +13,7 @@ import stat
 
 import keras
 
+from keras_vit.architecture import Architecture
 from keras_vit.variants import Variant, resnet_stride
 
 
@@ -127,13 +128,13 @@ class WeightsSource:
     description: str
     state: dict
     grid_size: tuple = None
-    classifier: str = "token"
     representation_size: int = 0
     classes: int = None
     num_heads: int = None
     layout: dict = None
-    approximate_gelu: bool = None  # The GELU the checkpoint was trained with, where its layout says (timm: exact).
-    layer_norm_epsilon: float = None  # Its LayerNorm epsilon, where its layout says (transformers: 1e-12).
+    # What the model is made of: what its tensors show, and from its layout or config what they cannot
+    # (activation, epsilon, pooling); None for a .weights.h5 file until it is read.
+    architecture: Architecture = None
     class_names: list = None  # Its classes' names, where its files say (id2label, timm's labels, a .keras config).
     dtype_policy: str = None  # The precision it was saved in, where its file keeps one (a .keras model's).
     classifier_activation: str = None  # Its head's activation, where its file keeps one (a .keras model's).
@@ -152,6 +153,11 @@ class WeightsSource:
             resnet = dict(resnet_layers=self.resnet_layers, resnet_width=int(self.state["conv_root/kernel"].shape[-1]))
         return Variant(int(kernel.shape[0]), int(kernel.shape[-1]), self.num_layers, self.num_heads,
                        int(mlp.shape[1]), **resnet)
+
+    @property
+    def classifier(self):
+        """How the checkpoint's model pools its tokens (`"token"`, `"gap"` or `"map"`)."""
+        return self.architecture.classifier
 
     @property
     def resnet_layers(self):
@@ -173,7 +179,7 @@ class WeightsSource:
 
     def with_state(self, state):
         """This source with `state` read (from a model of its `layout`)."""
-        return source_from_state(self.description, state, self.grid_size, self.num_heads)
+        return source_from_state(self.description, state, self.grid_size, self.num_heads, self.architecture)
 
 
 BLOCK = re.compile(r"encoderblock_(\d+)/")
@@ -192,24 +198,131 @@ def resnet_layers_of(names):
     return tuple(units[stage] for stage in sorted(units))
 
 
-def source_from_state(description, state, grid_size=None, num_heads=None):
-    """A `WeightsSource` whose head, pre-logits and classifier are read from `state` itself."""
+def source_from_state(description, state, grid_size=None, num_heads=None, architecture=None):
+    """A `WeightsSource` whose head, pre-logits and architecture are read from `state` itself.
+
+    `architecture` (default: what `architecture_from_state` reads) says what
+    the tensors cannot; `grid_size` defaults to the square grid of the
+    position table.
+    """
     head = state.get("head/bias")
     pre_logits = state.get("pre_logits/bias")
+    architecture = architecture or architecture_from_state(state, grid_size)
+    table = state.get("position_embedding/pos_embedding")
+    if grid_size is None and table is not None and table.ndim == 3:
+        grid_size = architecture.grid_of(table.shape[1])
     return WeightsSource(
         description=description,
         state=state,
         grid_size=grid_size,
-        classifier="token" if "class_token/cls" in state else "gap",
         representation_size=0 if pre_logits is None else int(pre_logits.shape[-1]),
         classes=None if head is None else int(head.shape[-1]),
         num_heads=num_heads,
+        architecture=architecture,
     )
+
+
+def architecture_from_state(state, grid_size=None, **known):
+    """The `Architecture` that keras_vit-named `state` shows, with `known` fields from the file's layout or config.
+
+    The tensors show the prefix tokens, the norms, the biases, layer scale,
+    query/key normalisation, attention pooling and a gated (SwiGLU) MLP;
+    whether the prefix tokens have position embeddings follows from the
+    table's length (and `grid_size`, where the file states it). The
+    activation of an ungated MLP, the epsilon and, with a class token,
+    whether the head pools it or the patch mean come from `known` (default:
+    the original checkpoints' tanh GELU, 1e-6, the class token).
+
+    Example:
+    >>> import numpy as np
+    >>> architecture_from_state({"position_embedding/pos_embedding": np.zeros((1, 16, 8))}).classifier
+    'gap'
+    """
+    names = set(state)
+    registers = state.get("register_tokens/registers")
+    class_token = "class_token/cls" in names
+    register_tokens = 0 if registers is None else int(registers.shape[1])
+    prefix = int(class_token) + register_tokens
+    table = state.get("position_embedding/pos_embedding")
+    embedded_prefix = True
+    if table is not None and table.ndim == 3 and prefix:
+        rows = int(table.shape[1])
+        if grid_size is not None:
+            embedded_prefix = rows != grid_size[0] * grid_size[1]
+        else:
+            embedded_prefix = not (_is_square(rows) and not _is_square(rows - prefix))
+    hidden, output = state.get("encoderblock_0/mlp_hidden/kernel"), state.get("encoderblock_0/mlp_output/kernel")
+    gated = hidden is not None and output is not None and hidden.shape[-1] == 2 * output.shape[0]
+    fields = dict(
+        class_token=class_token,
+        register_tokens=register_tokens,
+        class_token_position_embedding=embedded_prefix,
+        classifier="map" if "attention_pool/probe" in names else "token" if class_token else "gap",
+        fc_norm="fc_norm/gamma" in names,
+        norm_pre="pre_norm/gamma" in names,
+        patch_bias="embedding/bias" in names or "embedding/kernel" not in names,
+        qkv_bias="encoderblock_0/qkv/bias" in names or "encoderblock_0/qkv/kernel" not in names,
+        qk_norm="encoderblock_0/query_norm/gamma" in names,
+        layer_scale=1e-5 if "encoderblock_0/attention_layer_scale" in names else None,
+    )
+    fields.update({key: value for key, value in known.items() if value is not None})
+    if gated:
+        fields["mlp_activation"] = "swiglu"
+    elif fields.get("mlp_activation") == "swiglu":
+        fields.pop("mlp_activation")
+    return Architecture(**fields)
+
+
+def _is_square(number):
+    side = int(round(max(number, 0) ** 0.5))
+    return side * side == number
 
 
 def state_of(model):
     """A model's weights as `{variable path: numpy array}`, the internal state."""
     return {v.path: keras.ops.convert_to_numpy(v) for v in model.weights}
+
+
+def architecture_of(model):
+    """The `Architecture` of a built keras_vit model, read from its layers (a `.keras` file keeps them).
+
+    Example:
+    >>> import keras_vit
+    >>> model = keras_vit.ViT(image_size=32, patch_size=8, hidden_size=16, num_layers=1, num_heads=2,
+    ...                       mlp_dim=32, register_tokens=2)
+    >>> architecture_of(model).num_prefix_tokens
+    3
+    """
+    layers = {layer.name: layer for layer in model.layers}
+    block, embedding = layers.get("encoderblock_0"), layers.get("embedding")
+    if block is None or embedding is None or not hasattr(block, "activation"):
+        raise ValueError(f"{getattr(model, 'name', model)!r} is not a keras_vit ViT (it has no layers named "
+                         "'embedding' and 'encoderblock_0').")
+    class_token = "class_token" in layers
+    register_tokens = layers["register_tokens"].count if "register_tokens" in layers else 0
+    position = layers.get("position_embedding")
+    prefix = int(class_token) + register_tokens
+    pool = layers.get("pool")
+    if "attention_pool" in layers:
+        classifier = "map"
+    elif pool is not None:
+        classifier = pool.method
+    else:
+        classifier = "token" if class_token else "gap"
+    return Architecture(
+        class_token=class_token,
+        register_tokens=register_tokens,
+        class_token_position_embedding=not prefix or position is None or position.num_prefix_tokens == prefix,
+        classifier=classifier,
+        fc_norm="fc_norm" in layers,
+        norm_pre="pre_norm" in layers,
+        patch_bias=getattr(embedding, "use_bias", True),
+        qkv_bias=block.qkv_bias,
+        qk_norm=block.qk_norm,
+        layer_scale=block.layer_scale,
+        mlp_activation=block.activation,
+        layer_norm_epsilon=block.layer_norm_epsilon,
+    )
 
 
 def positive_int_field(fields, key, where, prefix=""):

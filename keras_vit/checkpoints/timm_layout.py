@@ -5,8 +5,11 @@ timm stores PyTorch tensors under its module names (`blocks.0.attn.qkv.weight`,
 A bare state dict is a `.safetensors` file (or a `.bin`/`.pth` file, read
 only through `torch.load(weights_only=True)`); timm's Hub folders add a
 `config.json` with the model's arguments and preprocessing, which
-`read_timm_folder` reads too. timm's ViTs compute exact GELU, so a source read
-here asks for it.
+`read_timm_folder` reads too. Every switch of timm's plain-ViT family that
+keras_vit's `Architecture` has (registers, `no_embed_class`, layer scale,
+`norm_pre`, `fc_norm`, attention pooling, q/k norms, optional biases, SwiGLU)
+is read from the tensors; what they cannot show comes from `model_args` or
+the architecture's family (`timm_families`).
 
 Example:
 >>> from keras_vit import checkpoints
@@ -25,12 +28,15 @@ import numpy as np
 
 from keras_vit.checkpoints.source import (
     CheckpointError,
+    architecture_from_state,
+    architecture_of,
     class_names_in_order,
     positive_int_field,
     preview,
     require_regular_file,
     source_from_state,
 )
+from keras_vit.checkpoints.timm_families import PREFIXES, timm_family
 from keras_vit.files import atomic_path
 
 logger = logging.getLogger("keras_vit")
@@ -49,6 +55,12 @@ _BLOCK = {
     "mlp.fc1.bias": "mlp_hidden/bias",
     "mlp.fc2.weight": "mlp_output/kernel",
     "mlp.fc2.bias": "mlp_output/bias",
+    "ls1.gamma": "attention_layer_scale",
+    "ls2.gamma": "mlp_layer_scale",
+    "attn.q_norm.weight": "query_norm/gamma",
+    "attn.q_norm.bias": "query_norm/beta",
+    "attn.k_norm.weight": "key_norm/gamma",
+    "attn.k_norm.bias": "key_norm/beta",
 }
 _TOP = {
     "cls_token": "class_token/cls",
@@ -59,16 +71,36 @@ _TOP = {
     "norm.bias": "encoder_norm/beta",
     "head.weight": "head/kernel",
     "head.bias": "head/bias",
+    "reg_token": "register_tokens/registers",
+    "norm_pre.weight": "pre_norm/gamma",
+    "norm_pre.bias": "pre_norm/beta",
+    "fc_norm.weight": "fc_norm/gamma",
+    "fc_norm.bias": "fc_norm/beta",
+    "attn_pool.latent": "attention_pool/probe",
+    "attn_pool.q.weight": "attention_pool/query/kernel",
+    "attn_pool.q.bias": "attention_pool/query/bias",
+    "attn_pool.kv.weight": "attention_pool/key_value/kernel",
+    "attn_pool.kv.bias": "attention_pool/key_value/bias",
+    "attn_pool.proj.weight": "attention_pool/attention_output/kernel",
+    "attn_pool.proj.bias": "attention_pool/attention_output/bias",
+    "attn_pool.norm.weight": "attention_pool/mlp_norm/gamma",
+    "attn_pool.norm.bias": "attention_pool/mlp_norm/beta",
+    "attn_pool.mlp.fc1.weight": "attention_pool/mlp_hidden/kernel",
+    "attn_pool.mlp.fc1.bias": "attention_pool/mlp_hidden/bias",
+    "attn_pool.mlp.fc2.weight": "attention_pool/mlp_output/kernel",
+    "attn_pool.mlp.fc2.bias": "attention_pool/mlp_output/bias",
 }
 # Parts of timm's ViT family that keras_vit's model does not have, and what they are.
 _UNSUPPORTED = {
-    "reg_token": "register tokens",
-    ".ls1.": "layer scale",
-    ".q_norm.": "query/key normalisation",
-    "fc_norm.": "a LayerNorm after pooling (fc_norm)",
-    "attn_pool.": "attention pooling",
     "patch_embed.backbone.": "a hybrid's ResNet (load the original .npz instead)",
     "patch_embed.norm.": "a normalised patch embedding",
+    ".mlp.norm.": "a LayerNorm inside the MLP (scale_mlp_norm)",
+    ".attn.norm.": "a LayerNorm inside attention (scale_attn_norm)",
+    ".mlp.fc1_g.": "an unpacked SwiGLU MLP (fc1_g, fc1_x)",
+    "attn_pool.q_norm.": "query/key normalisation in attention pooling",
+    "attn_pool.pos_embed": "position embeddings in attention pooling",
+    "head_dist.": "a distillation head (DeiT distilled)",
+    "dist_token": "a distillation token (DeiT distilled)",
 }
 _SAFETENSORS_DTYPES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1,
                        "BOOL": 1}
@@ -115,14 +147,6 @@ def from_timm(tensors, description="checkpoint"):
         )
     if "embedding/kernel" not in state or "position_embedding/pos_embedding" not in state:
         raise CheckpointError(f"{description} lacks a patch or position embedding (patch_embed.proj.weight, pos_embed).")
-    table = state["position_embedding/pos_embedding"]
-    prefix = int("class_token/cls" in state)
-    tokens = table.shape[1]
-    if prefix and math.isqrt(tokens) ** 2 == tokens and math.isqrt(tokens - 1) ** 2 != tokens - 1:
-        raise CheckpointError(
-            f"{description} has a class token without a position embedding of its own (timm's no_embed_class); "
-            "keras_vit adds one to every token."
-        )
     return state
 
 
@@ -151,13 +175,38 @@ def to_timm(model):
     return tensors
 
 
+def timm_arguments(model):
+    """The keyword arguments of timm's `VisionTransformer` for the switches of a keras_vit `model`.
+
+    Example:
+    >>> import keras_vit
+    >>> model = keras_vit.ViT(image_size=32, patch_size=8, hidden_size=24, num_layers=1, num_heads=3,
+    ...                       mlp_dim=48, register_tokens=2, class_token_position_embedding=False)
+    >>> timm_arguments(model)["reg_tokens"], timm_arguments(model)["no_embed_class"]
+    (2, True)
+    """
+    architecture = architecture_of(model)
+    pools = {"token": "token", "gap": "avg", "map": "map"}
+    activations = {"gelu": "gelu", "gelu_tanh": "gelu_tanh", "quick_gelu": "quick_gelu", "swiglu": "silu"}
+    arguments = dict(
+        class_token=architecture.class_token, reg_tokens=architecture.register_tokens,
+        no_embed_class=not architecture.class_token_position_embedding, global_pool=pools[architecture.classifier],
+        fc_norm=architecture.fc_norm, pre_norm=architecture.norm_pre, qkv_bias=architecture.qkv_bias,
+        qk_norm=architecture.qk_norm, init_values=architecture.layer_scale,
+        act_layer=activations[architecture.mlp_activation],
+    )
+    if not architecture.patch_bias:
+        arguments["patch_bias"] = False  # timm: not pre_norm; named here so a caller can check it
+    return arguments
+
+
 def save_timm(model, path):
     """Write `model` as a timm `VisionTransformer` state dict (`.safetensors`) that timm loads with `strict=True`.
 
-    Build the timm model with the same sizes, `class_token`/`global_pool`
-    matching the classifier, and `act_layer=partial(nn.GELU, approximate="tanh")`
-    if the model uses the tanh GELU (the original checkpoints' form; a
-    warning says so), then `timm.models.load_checkpoint(model, path, strict=True)`.
+    Build the timm model with the same sizes and the switches of
+    `timm_arguments(model)` (class token, registers, `no_embed_class`,
+    `global_pool`, layer scale, norms, biases, activation), then
+    `timm.models.load_checkpoint(model, path, strict=True)`.
 
     Example:
     >>> import keras_vit
@@ -168,11 +217,10 @@ def save_timm(model, path):
     if not str(path).endswith(".safetensors"):
         raise CheckpointError(f"save_timm writes a .safetensors file; got {path}.")
     tensors = to_timm(model)
-    blocks = [layer for layer in model.layers if layer.name.startswith("encoderblock_")]
-    if blocks and blocks[0].approximate_gelu:
+    if architecture_of(model).approximate_gelu:
         logger.warning(
             "%s computes the tanh-approximated GELU but timm's VisionTransformer computes exact GELU: build the "
-            "timm model with act_layer=functools.partial(torch.nn.GELU, approximate='tanh') for equal logits.",
+            "timm model with act_layer='gelu_tanh' for equal logits.",
             model.name,
         )
     save_file = _safetensors().save_file
@@ -286,10 +334,8 @@ def read_timm(path, budget=None, config=None, config_path=None):
     `config` is the parsed `config.json` of a Hub folder, read from `config_path` (named in errors).
     """
     state = from_timm(read_state_dict(path, budget), description=path)
-    positions = state["position_embedding/pos_embedding"].shape[1] - int("class_token/cls" in state)
-    side = math.isqrt(positions)
-    grid = (side, side) if side * side == positions else None
-    num_heads = None
+    grid = num_heads = None
+    known = dict(mlp_activation="gelu")  # timm's default: exact GELU
     if config:
         where = config_path or path
         args = config.get("model_args") or {}
@@ -308,8 +354,29 @@ def read_timm(path, budget=None, config=None, config_path=None):
                 raise CheckpointError(f"{where}: model_args.img_size is {size!r}; expected a positive int or "
                                       "[height, width].")
             grid = (size[0] // patch, size[1] // patch)
-    source = source_from_state(path, state, grid, num_heads)
-    source.approximate_gelu = False
+        architecture = config.get("architecture")
+        if isinstance(architecture, str):
+            family = timm_family(architecture)
+            num_heads = num_heads or family.pop("num_heads")
+            known.update({key: value for key, value in family.items() if key != "num_heads"})
+        activation = args.get("act_layer")
+        if isinstance(activation, str):
+            if activation not in _TIMM_ACTIVATIONS:
+                raise CheckpointError(f"{where}: model_args.act_layer is {activation!r}; keras_vit computes "
+                                      f"{sorted(_TIMM_ACTIVATIONS)}.")
+            known["mlp_activation"] = _TIMM_ACTIVATIONS[activation]
+        pool = args.get("global_pool", config.get("global_pool"))
+        if pool not in (None, "", "token", "avg", "map"):
+            raise CheckpointError(f"{where}: global_pool is {pool!r}; keras_vit pools by 'token', 'avg' or 'map'.")
+        if pool == "avg":
+            known["classifier"] = "gap"
+        if pool == "" and "class_token/cls" not in state:  # timm's no pooling: the sequence
+            known["classifier"] = "gap"
+    table = state["position_embedding/pos_embedding"]
+    if grid is not None and table.shape[1] not in (grid[0] * grid[1], grid[0] * grid[1] + _prefix(state)):
+        grid = None  # The config's image size is not the table's (a resized file): read the table's own.
+    architecture = architecture_from_state(state, grid, **known)
+    source = source_from_state(path, state, grid, num_heads, architecture)
     if config:  # Label ids (synsets) in head order, shown by their descriptions ("tench, Tinca tinca") where given.
         def field(key):
             pretrained = config.get("pretrained_cfg")
@@ -322,15 +389,24 @@ def read_timm(path, budget=None, config=None, config_path=None):
     return source
 
 
+_TIMM_ACTIVATIONS = {"gelu": "gelu", "gelu_tanh": "gelu_tanh", "quick_gelu": "quick_gelu"}
+
+
+def _prefix(state):
+    registers = state.get("register_tokens/registers")
+    return int("class_token/cls" in state) + (0 if registers is None else int(registers.shape[1]))
+
+
 def read_timm_folder(folder, config, budget=None):
     """A timm Hub folder (its parsed `config.json`, beside `model.safetensors`) as a `WeightsSource`."""
     architecture = config.get("architecture")
     if not isinstance(architecture, str):
         raise CheckpointError(f"{os.path.join(folder, 'config.json')}: architecture is {architecture!r}; expected "
                               "timm's model name (a string such as 'vit_base_patch16_224').")
-    if not architecture.startswith("vit_") or "hybrid" in architecture or "resnet" in architecture:
+    if not architecture.startswith(PREFIXES) or any(word in architecture for word in ("hybrid", "resnet",
+                                                                                       "distilled")):
         raise CheckpointError(f"{folder} holds timm's {architecture or 'unnamed'!r}, not a plain timm ViT "
-                              "(architecture vit_*).")
+                              f"(architecture {', '.join(prefix + '*' for prefix in PREFIXES)}).")
     weights = next((os.path.join(folder, name) for name in ("model.safetensors", "pytorch_model.bin")
                     if os.path.exists(os.path.join(folder, name))), None)
     if weights is None:

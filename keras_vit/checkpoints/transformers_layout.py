@@ -18,6 +18,7 @@ import numpy as np
 
 from keras_vit.checkpoints.source import (
     CheckpointError,
+    architecture_from_state,
     class_names_in_order,
     positive_int_field,
     preview,
@@ -116,8 +117,8 @@ def read_transformers_folder(folder, config, budget=None):
     if grid[0] * grid[1] != positions:
         side = math.isqrt(positions)
         grid = (side, side) if side * side == positions else None
-    source = source_from_state(weights, state, grid, num_heads)
-    source.approximate_gelu = _GELU[activation]
-    source.layer_norm_epsilon = float(epsilon)
+    architecture = architecture_from_state(state, grid, mlp_activation="gelu_tanh" if _GELU[activation] else "gelu",
+                                           layer_norm_epsilon=float(epsilon), class_token_position_embedding=True)
+    source = source_from_state(weights, state, grid, num_heads, architecture)
     source.class_names = class_names_in_order(config.get("id2label"), state)
     return source

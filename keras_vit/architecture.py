@@ -1,0 +1,110 @@
+"""What a ViT is made of besides its sizes: one description, read by the model, the readers and the writers.
+
+The paper's ViT, DeiT, DeiT-III, DINOv2, CLIP's and SigLIP's image towers
+and timm's register models are one Transformer encoder with a few
+switches: which prefix tokens it has (a class token, register tokens) and
+whether they get position embeddings, a LayerNorm before the blocks, the
+MLP's activation, optional biases, layer scale, query/key normalisation,
+how the tokens are pooled for the head and where the final LayerNorm sits.
+`Architecture` holds those switches; `Variant` (in `keras_vit.variants`)
+holds the sizes. This module imports nothing from the rest of the package.
+
+Example:
+>>> dinov2_reg = Architecture(register_tokens=4, class_token_position_embedding=False, layer_scale=1e-5,
+...                           mlp_activation="gelu")
+>>> dinov2_reg.num_prefix_tokens, dinov2_reg.position_prefix_rows
+(5, 0)
+"""
+
+import dataclasses
+
+LAYER_NORM_EPSILON = 1e-6
+# "gelu_tanh": the original Flax checkpoints'; "gelu": exact (timm, DINOv2, OpenCLIP); "quick_gelu":
+# x * sigmoid(1.702 x) (OpenAI's CLIP); "swiglu": silu(a) * b of the two halves of the first MLP layer
+# (DINOv2's giant, timm's SwiGLUPacked).
+ACTIVATIONS = ("gelu_tanh", "gelu", "quick_gelu", "swiglu")
+# "token": the class token; "gap": the mean of the patch tokens (prefix tokens excluded); "map": multi-head
+# attention pooling with a learned probe (SigLIP, timm's AttentionPoolLatent).
+POOLINGS = ("token", "gap", "map")
+
+
+@dataclasses.dataclass(frozen=True)
+class Architecture:
+    """The switches of a plain ViT's encoder; the defaults are the paper's model.
+
+    Attributes:
+        class_token: prepend a learned [class] token.
+        register_tokens: learned register tokens after the class token
+            (Darcet et al., 2023), dropped by every pooling but attention.
+        class_token_position_embedding: the prefix tokens get position
+            embeddings too (the paper's); `False` is timm's
+            `no_embed_class` (DeiT-III, FlexiViT, DINOv2 with registers).
+        classifier: how the tokens are pooled for the head, one of
+            `POOLINGS`.
+        fc_norm: the final LayerNorm normalises the pooled vector instead
+            of the tokens (timm's `fc_norm`, its default for average pooling).
+        norm_pre: a LayerNorm before the first block (CLIP).
+        patch_bias: the patch embedding has a bias (CLIP's has none).
+        qkv_bias: the q/k/v projection has a bias.
+        qk_norm: LayerNorm over each head's queries and keys.
+        layer_scale: the initial value of learned per-channel scales on both
+            residual branches (CaiT, DeiT-III, DINOv2), or `None` for none.
+        mlp_activation: one of `ACTIVATIONS`.
+        layer_norm_epsilon: every LayerNorm's epsilon (1e-6 in the original
+            checkpoints and timm, 1e-5 in CLIP's, 1e-12 in transformers').
+    """
+
+    class_token: bool = True
+    register_tokens: int = 0
+    class_token_position_embedding: bool = True
+    classifier: str = "token"
+    fc_norm: bool = False
+    norm_pre: bool = False
+    patch_bias: bool = True
+    qkv_bias: bool = True
+    qk_norm: bool = False
+    layer_scale: float = None
+    mlp_activation: str = "gelu_tanh"
+    layer_norm_epsilon: float = LAYER_NORM_EPSILON
+
+    def __post_init__(self):
+        if self.classifier not in POOLINGS:
+            raise ValueError(f"Unknown classifier {self.classifier!r}; expected one of {POOLINGS}.")
+        if self.mlp_activation not in ACTIVATIONS:
+            raise ValueError(f"Unknown mlp_activation {self.mlp_activation!r}; expected one of {ACTIVATIONS}.")
+        if isinstance(self.register_tokens, bool) or not isinstance(self.register_tokens, int) \
+                or self.register_tokens < 0:
+            raise ValueError(f"register_tokens must be a whole number >= 0, got {self.register_tokens!r}.")
+        if self.classifier == "token" and not self.class_token:
+            raise ValueError("classifier='token' pools the class token, but class_token=False has none; use "
+                             "classifier='gap' or 'map'.")
+        if self.layer_scale is not None and not float(self.layer_scale) > 0:
+            raise ValueError(f"layer_scale is the initial value of the learned scales, a number > 0 "
+                             f"(1e-5 in DINOv2, 1e-6 in DeiT-III), or None for none; got {self.layer_scale!r}.")
+        if not float(self.layer_norm_epsilon) > 0:
+            raise ValueError(f"layer_norm_epsilon must be > 0, got {self.layer_norm_epsilon!r}.")
+
+    @property
+    def num_prefix_tokens(self):
+        """The tokens before the patch tokens in the sequence the blocks see: class token, then registers."""
+        return int(self.class_token) + self.register_tokens
+
+    @property
+    def position_prefix_rows(self):
+        """The rows of the position table that belong to prefix tokens (0 with `no_embed_class`)."""
+        return self.num_prefix_tokens if self.class_token_position_embedding else 0
+
+    @property
+    def approximate_gelu(self):
+        """Whether the MLP computes the tanh-approximated GELU."""
+        return self.mlp_activation == "gelu_tanh"
+
+    def replace(self, **changes):
+        """This architecture with `changes` (keywords that are `None` are left as they are)."""
+        return dataclasses.replace(self, **{key: value for key, value in changes.items() if value is not None})
+
+    def grid_of(self, table_rows):
+        """The square `(side, side)` patch grid of a position table with `table_rows` rows, or None if not square."""
+        patches = int(table_rows) - self.position_prefix_rows
+        side = int(round(max(patches, 0) ** 0.5))
+        return (side, side) if side * side == patches and side else None

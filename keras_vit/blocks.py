@@ -1,0 +1,399 @@
+"""The Transformer encoder block and the attention-pooling head, the two layers of a ViT that attend.
+
+`TransformerBlock` is one pre-LayerNorm encoder block (paper Eq. 2-3) with
+the switches of timm's ViT family (layer scale, query/key normalisation,
+an optional qkv bias, GELU, QuickGELU or SwiGLU); `AttentionPooling` is the
+multi-head attention pooling (MAP) head of SigLIP, timm's
+`AttentionPoolLatent`. Both use `keras.ops` only; how attention and
+LayerNorm are differentiated on each platform is `keras_vit.kernels`'.
+"""
+
+import math
+
+import keras
+from keras import ops
+
+from keras_vit import kernels
+from keras_vit.architecture import ACTIVATIONS, LAYER_NORM_EPSILON
+from keras_vit.layer_norm import LayerNorm
+
+
+def mlp_activation(x, activation):
+    """The MLP's nonlinearity `activation` (one of `keras_vit.architecture.ACTIVATIONS`) applied to `x`.
+
+    `"swiglu"` halves the last axis: `silu(first half) * second half`, as
+    timm's `SwiGLUPacked`.
+
+    Example:
+    >>> import numpy as np
+    >>> np.round(np.asarray(mlp_activation(np.array([1.0], "float32"), "quick_gelu")), 4).tolist()
+    [0.8458]
+    """
+    if activation == "gelu_tanh":
+        return kernels.gelu(x, approximate=True)
+    if activation == "gelu":
+        return kernels.gelu(x, approximate=False)
+    if activation == "quick_gelu":
+        return x * ops.sigmoid(1.702 * x)
+    if activation == "swiglu":
+        gate, value = ops.split(x, 2, axis=-1)
+        return ops.silu(gate) * value
+    raise ValueError(f"Unknown activation {activation!r}; expected one of {ACTIVATIONS}.")
+
+
+@keras.saving.register_keras_serializable(package="keras_vit")
+class TransformerBlock(keras.layers.Layer):
+    """One pre-LayerNorm Transformer encoder block (paper Eq. 2-3).
+
+    `x + MSA(LN(x))` then `x + MLP(LN(x))`, with LayerNorm epsilon 1e-6, a
+    GELU MLP (tanh approximation by default, as the original Flax models),
+    dropout after every dense layer except q/k/v, optional dropout on the
+    attention probabilities and optional stochastic depth on both residual
+    branches. q, k and v are one fused projection (`qkv_bias=False`: without
+    bias). `activation` is one of `keras_vit.architecture.ACTIVATIONS`
+    (`"swiglu"` halves the first MLP layer's `mlp_dim` outputs);
+    `qk_norm=True` normalises each head's queries and keys; `layer_scale`
+    (an initial value) scales both residual branches by learned
+    per-channel factors. Attention is
+    `keras_vit.kernels.attention`, except when its weights are asked for
+    (`return_attention_weights=True`) or attention dropout is active: then
+    it is computed as explicit einsums, which expose the weights.
+
+    Example:
+    >>> import numpy as np
+    >>> block = TransformerBlock(num_heads=4, mlp_dim=128)
+    >>> out, weights = block(np.zeros((2, 17, 64)), return_attention_weights=True)
+    >>> out.shape, weights.shape
+    ((2, 17, 64), (2, 4, 17, 17))
+    """
+
+    def __init__(
+        self,
+        num_heads,
+        mlp_dim,
+        dropout_rate=0.0,
+        attention_dropout_rate=0.0,
+        stochastic_depth_rate=0.0,
+        approximate_gelu=None,
+        seed=None,
+        lora_rank=None,
+        lora_targets=(),
+        layer_norm_epsilon=LAYER_NORM_EPSILON,
+        activation=None,
+        qkv_bias=True,
+        qk_norm=False,
+        layer_scale=None,
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        # === Config ===
+        self.num_heads = int(num_heads)
+        self.layer_norm_epsilon = float(layer_norm_epsilon)  # 1e-12 in transformers' google/vit-* files
+        self.lora_rank = lora_rank  # LoRA adapters on the dense layers named in lora_targets (keras_vit.enable_lora)
+        self.lora_targets = tuple(lora_targets)
+        self.mlp_dim = int(mlp_dim)
+        self.dropout_rate = float(dropout_rate)
+        self.attention_dropout_rate = float(attention_dropout_rate)
+        self.stochastic_depth_rate = float(stochastic_depth_rate)
+        if activation is None:  # approximate_gelu: the option of keras_vit 0.x, kept for its .keras files.
+            activation = "gelu" if approximate_gelu is False else "gelu_tanh"
+        if activation not in ACTIVATIONS:
+            raise ValueError(f"Unknown activation {activation!r}; expected one of {ACTIVATIONS}.")
+        if activation == "swiglu" and self.mlp_dim % 2:
+            raise ValueError(f"A SwiGLU MLP halves its mlp_dim, which must be even; got {self.mlp_dim}.")
+        self.activation = activation
+        self.qkv_bias = bool(qkv_bias)
+        self.qk_norm = bool(qk_norm)
+        self.layer_scale = None if layer_scale is None else float(layer_scale)
+        self.seed = seed
+        for name in ("dropout_rate", "attention_dropout_rate", "stochastic_depth_rate"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}.")
+
+    @property
+    def approximate_gelu(self):
+        """Whether the MLP computes the tanh-approximated GELU."""
+        return self.activation == "gelu_tanh"
+
+    def build(self, input_shape):
+        hidden_size = input_shape[-1]
+        if hidden_size % self.num_heads:
+            raise ValueError(
+                f"hidden_size {hidden_size} is not divisible by num_heads {self.num_heads}."
+            )
+        self.head_dim = hidden_size // self.num_heads
+        plain = dict(dtype=self._sublayer_policy())  # Norms and dropouts: never quantized.
+        # Glorot over each of q, k and v (fan D -> D), as the original's three
+        # separate projections, although they are stored as one (D, 3D) kernel.
+        qkv_init = keras.initializers.VarianceScaling(2.0, "fan_avg", "uniform", seed=self._seed(0))
+        self.attention_norm = LayerNorm(
+            epsilon=self.layer_norm_epsilon, name="attention_norm", **plain
+        )
+        self.qkv = keras.layers.Dense(
+            3 * hidden_size, kernel_initializer=qkv_init, use_bias=self.qkv_bias, name="qkv",
+            dtype=self._sublayer_policy("qkv"), lora_rank=self._lora("qkv"),
+        )
+        if self.qk_norm:
+            self.query_norm = LayerNorm(epsilon=self.layer_norm_epsilon, name="query_norm", **plain)
+            self.key_norm = LayerNorm(epsilon=self.layer_norm_epsilon, name="key_norm", **plain)
+        self.attention_output = keras.layers.Dense(
+            hidden_size,
+            kernel_initializer=keras.initializers.GlorotUniform(seed=self._seed(1)),
+            name="attention_output",
+            dtype=self._sublayer_policy("attention_output"),
+            lora_rank=self._lora("attention_output"),
+        )
+        self.mlp_norm = LayerNorm(
+            epsilon=self.layer_norm_epsilon, name="mlp_norm", **plain
+        )
+        self.mlp_hidden = self._mlp_dense(self.mlp_dim, "mlp_hidden", seed_offset=2)
+        self.mlp_output = self._mlp_dense(hidden_size, "mlp_output", seed_offset=4)
+        # Attention probabilities stay float32 (softmax precision), whatever the policy.
+        self.attention_dropout = keras.layers.Dropout(
+            self.attention_dropout_rate, seed=self._seed(6), dtype="float32"
+        )
+        self.output_dropout = keras.layers.Dropout(self.dropout_rate, seed=self._seed(7), **plain)
+        self.mlp_hidden_dropout = keras.layers.Dropout(self.dropout_rate, seed=self._seed(8), **plain)
+        self.mlp_output_dropout = keras.layers.Dropout(self.dropout_rate, seed=self._seed(9), **plain)
+        if self.stochastic_depth_rate:
+            self.stochastic_depth_seed = keras.random.SeedGenerator(self._seed(10))
+
+        token_shape = tuple(input_shape)
+        self.attention_norm.build(token_shape)
+        self.qkv.build(token_shape)
+        self.attention_output.build(token_shape)
+        self.mlp_norm.build(token_shape)
+        self.mlp_hidden.build(token_shape)
+        self.mlp_output.build((*token_shape[:-1], self.mlp_dim // 2 if self.activation == "swiglu" else self.mlp_dim))
+        if self.qk_norm:
+            self.query_norm.build((*token_shape[:-1], self.num_heads, self.head_dim))
+            self.key_norm.build((*token_shape[:-1], self.num_heads, self.head_dim))
+        if self.layer_scale is not None:
+            scale = keras.initializers.Constant(self.layer_scale)
+            self.attention_layer_scale = self.add_weight(name="attention_layer_scale", shape=(hidden_size,),
+                                                         initializer=scale)
+            self.mlp_layer_scale = self.add_weight(name="mlp_layer_scale", shape=(hidden_size,), initializer=scale)
+        if self.lora_rank:
+            self.freeze_all_but_lora()
+
+    def _lora(self, name):
+        return self.lora_rank if name in self.lora_targets else None
+
+    def freeze_all_but_lora(self):
+        """Train only the LoRA adapters: every sublayer, and the adapted layers' kernels and biases, frozen."""
+        for layer in self._flatten_layers(include_self=False):
+            layer.trainable = getattr(layer, "lora_enabled", False)  # The setter also resets its variables.
+            if layer.trainable:
+                layer._kernel.trainable = False
+                if layer.bias is not None:
+                    layer.bias.trainable = False
+
+    def _sublayer_policy(self, name=None):
+        """The dtype policy of sublayer `name`: the block's own, or a quantized one its saved config names.
+
+        A block reloaded after `quantize` has a `DTypePolicyMap`; each sublayer
+        gets its own entry as a plain policy, which Keras' Dense saves and
+        reloads correctly (it does not look a map up when it saves).
+        """
+        policy = self.dtype_policy
+        if not isinstance(policy, keras.dtype_policies.DTypePolicyMap):
+            return policy
+        return policy.default_policy if name is None else policy[f"{self.path}/{name}"]
+
+    def _seed(self, offset):
+        """Distinct seeds per random op, so that equal seeds give unequal masks."""
+        return None if self.seed is None else self.seed + offset
+
+    def _mlp_dense(self, units, name, seed_offset):
+        return keras.layers.Dense(
+            units,
+            kernel_initializer=keras.initializers.GlorotUniform(seed=self._seed(seed_offset)),
+            bias_initializer=keras.initializers.RandomNormal(
+                stddev=1e-6, seed=self._seed(seed_offset + 1)
+            ),
+            name=name,
+            dtype=self._sublayer_policy(name),
+            lora_rank=self._lora(name),
+        )
+
+    def _self_attention(self, x, training, return_weights):
+        """MSA(x): multi-head self-attention, its output projection and dropout."""
+        batch, tokens = ops.shape(x)[0], ops.shape(x)[1]
+        # Split the fused projection on its last axis, then reshape each part, rather than
+        # reshaping to (..., 3, heads, dim) and slicing: TensorFlow trains better this way
+        # (see benchmarks/README.md).
+        heads = (batch, tokens, self.num_heads, self.head_dim)
+        query, key, value = (ops.reshape(part, heads) for part in ops.split(self.qkv(x), 3, axis=-1))
+        if self.qk_norm:
+            query, key = self.query_norm(query), self.key_norm(key)
+        if return_weights or (training and self.attention_dropout_rate > 0):
+            context, weights = self._attention_with_weights(query, key, value, training)
+        else:
+            context, weights = kernels.attention(query, key, value), None
+        context = ops.reshape(context, (batch, tokens, self.num_heads * self.head_dim))
+        return self._dropout(self.output_dropout, self.attention_output(context), training), weights
+
+    def _attention_with_weights(self, query, key, value, training):
+        """Attention as explicit einsums, returning its float32 weights (before dropout)."""
+        scale = 1.0 / math.sqrt(self.head_dim)
+        logits = ops.einsum("bqhd,bkhd->bhqk", query * ops.cast(scale, query.dtype), key)
+        weights = ops.softmax(ops.cast(logits, "float32"), axis=-1)
+        dropped = self._dropout(self.attention_dropout, weights, training)
+        return ops.einsum("bhqk,bkhd->bqhd", ops.cast(dropped, value.dtype), value), weights
+
+    def _mlp(self, x, training):
+        """MLP(x): two dense layers with the activation between them, each followed by dropout."""
+        hidden = mlp_activation(self.mlp_hidden(x), self.activation)
+        hidden = self._dropout(self.mlp_hidden_dropout, hidden, training)
+        return self._dropout(self.mlp_output_dropout, self.mlp_output(hidden), training)
+
+    @staticmethod
+    def _dropout(layer, x, training):
+        """`layer(x)`, skipped where it is the identity (inference, or rate 0).
+
+        The same result as calling it, cast to the layer's compute dtype as
+        its call would (on PyTorch a symbolic `Dense` under mixed precision
+        gives float32); there, where Keras runs eagerly, each skipped call
+        saves a `Layer.__call__` (a third of a block's).
+        """
+        if training and layer.rate:
+            return layer(x, training=training)
+        return ops.cast(x, layer.compute_dtype)
+
+    def _drop_path(self, residual, training):
+        """Stochastic depth: drop the whole branch for random samples."""
+        if not (training and self.stochastic_depth_rate):
+            return residual
+        keep = 1.0 - self.stochastic_depth_rate
+        shape = (ops.shape(residual)[0], 1, 1)
+        mask = keras.random.uniform(shape, seed=self.stochastic_depth_seed) < keep
+        return residual * ops.cast(mask, residual.dtype) / ops.cast(keep, residual.dtype)
+
+    def _scaled(self, branch, name):
+        """A residual branch times its layer scale, where the block has one."""
+        if self.layer_scale is None:
+            return branch
+        return branch * ops.cast(getattr(self, name), branch.dtype)
+
+    def call(self, inputs, training=None, return_attention_weights=False):
+        # Eq. 2: z' = MSA(LN(z)) + z
+        attended, weights = self._self_attention(
+            self.attention_norm(inputs), training, return_attention_weights
+        )
+        x = inputs + self._drop_path(self._scaled(attended, "attention_layer_scale"), training)
+        # Eq. 3: z = MLP(LN(z')) + z'
+        mlp = self._scaled(self._mlp(self.mlp_norm(x), training), "mlp_layer_scale")
+        outputs = x + self._drop_path(mlp, training)
+        if return_attention_weights:
+            return outputs, weights
+        return outputs
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            num_heads=self.num_heads,
+            mlp_dim=self.mlp_dim,
+            dropout_rate=self.dropout_rate,
+            attention_dropout_rate=self.attention_dropout_rate,
+            stochastic_depth_rate=self.stochastic_depth_rate,
+            activation=self.activation,
+            seed=self.seed,
+            layer_norm_epsilon=self.layer_norm_epsilon,
+        )
+        # The switches of timm's ViT family, kept out of the paper model's config (older keras_vit reads it).
+        if not self.qkv_bias:
+            config.update(qkv_bias=False)
+        if self.qk_norm:
+            config.update(qk_norm=True)
+        if self.layer_scale is not None:
+            config.update(layer_scale=self.layer_scale)
+        if self.lora_rank:
+            config.update(lora_rank=self.lora_rank, lora_targets=list(self.lora_targets))
+        # A quantized dense layer (after `model.quantize("int8")`) is rebuilt quantized on loading only if
+        # the block's config says so: Keras' DTypePolicyMap, keyed by the sublayers' paths.
+        quantized = {layer.path: layer.dtype_policy for layer in self._flatten_layers(include_self=False)
+                     if layer.quantization_mode is not None}
+        if quantized:
+            own = self.dtype_policy
+            default = own.default_policy if isinstance(own, keras.dtype_policies.DTypePolicyMap) else own
+            policies = keras.dtype_policies.DTypePolicyMap(default_policy=default)
+            for path, policy in quantized.items():
+                policies[path] = policy
+            config["dtype"] = keras.dtype_policies.serialize(policies)
+        return config
+
+
+
+@keras.saving.register_keras_serializable(package="keras_vit")
+class AttentionPooling(keras.layers.Layer):
+    """Multi-head attention pooling (MAP): a learned probe attends over the tokens, then a residual MLP.
+
+    The pooling head of SigLIP (big_vision's `MAPHead`, timm's
+    `AttentionPoolLatent` with one latent): the probe's query attends over
+    the patch tokens (`query`, `key_value` projections, `attention_output`;
+    the first `num_prefix_tokens` are left out, as timm does), and
+    `x + MLP(LN(x))` follows. Input `(batch, tokens, hidden)`, output
+    `(batch, hidden)`.
+
+    Example:
+    >>> import numpy as np
+    >>> AttentionPooling(num_heads=2, mlp_dim=32)(np.zeros((3, 5, 8))).shape
+    (3, 8)
+    """
+
+    def __init__(self, num_heads, mlp_dim, activation="gelu", qkv_bias=True, layer_norm_epsilon=LAYER_NORM_EPSILON,
+                 num_prefix_tokens=0, **kwargs):
+        super().__init__(**kwargs)
+        if activation not in ACTIVATIONS or activation == "swiglu":
+            raise ValueError(f"Unknown attention-pooling activation {activation!r}; expected one of "
+                             f"{[name for name in ACTIVATIONS if name != 'swiglu']}.")
+        # === Config ===
+        self.num_heads = int(num_heads)
+        self.mlp_dim = int(mlp_dim)
+        self.activation = activation
+        self.qkv_bias = bool(qkv_bias)
+        self.layer_norm_epsilon = float(layer_norm_epsilon)
+        self.num_prefix_tokens = int(num_prefix_tokens)
+
+    def build(self, input_shape):
+        hidden_size = input_shape[-1]
+        if hidden_size % self.num_heads:
+            raise ValueError(f"hidden_size {hidden_size} is not divisible by num_heads {self.num_heads}.")
+        self.head_dim = hidden_size // self.num_heads
+        policy = dict(dtype=self.dtype_policy)
+        self.probe = self.add_weight(name="probe", shape=(1, 1, hidden_size),
+                                     initializer=keras.initializers.TruncatedNormal(stddev=hidden_size**-0.5))
+        self.query = keras.layers.Dense(hidden_size, use_bias=self.qkv_bias, name="query", **policy)
+        self.key_value = keras.layers.Dense(2 * hidden_size, use_bias=self.qkv_bias, name="key_value", **policy)
+        self.attention_output = keras.layers.Dense(hidden_size, name="attention_output", **policy)
+        self.mlp_norm = LayerNorm(epsilon=self.layer_norm_epsilon, name="mlp_norm", **policy)
+        self.mlp_hidden = keras.layers.Dense(self.mlp_dim, name="mlp_hidden", **policy)
+        self.mlp_output = keras.layers.Dense(hidden_size, name="mlp_output", **policy)
+        one = (input_shape[0], 1, hidden_size)
+        self.query.build(one)
+        self.key_value.build(tuple(input_shape))
+        for layer in (self.attention_output, self.mlp_norm, self.mlp_hidden):
+            layer.build(one)
+        self.mlp_output.build((input_shape[0], 1, self.mlp_dim))
+
+    def call(self, tokens):
+        tokens = tokens[:, self.num_prefix_tokens:]
+        batch, count = ops.shape(tokens)[0], ops.shape(tokens)[1]
+        probe = ops.broadcast_to(ops.cast(self.probe, tokens.dtype), (batch, 1, ops.shape(self.probe)[-1]))
+        query = ops.reshape(self.query(probe), (batch, 1, self.num_heads, self.head_dim))
+        key, value = (ops.reshape(part, (batch, count, self.num_heads, self.head_dim))
+                      for part in ops.split(self.key_value(tokens), 2, axis=-1))
+        context = ops.reshape(kernels.attention(query, key, value), (batch, 1, self.num_heads * self.head_dim))
+        x = self.attention_output(context)
+        x = x + self.mlp_output(mlp_activation(self.mlp_hidden(self.mlp_norm(x)), self.activation))
+        return x[:, 0]
+
+    def compute_output_shape(self, input_shape):
+        return (input_shape[0], input_shape[-1])
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(num_heads=self.num_heads, mlp_dim=self.mlp_dim, activation=self.activation,
+                      qkv_bias=self.qkv_bias, layer_norm_epsilon=self.layer_norm_epsilon,
+                      num_prefix_tokens=self.num_prefix_tokens)
+        return config

@@ -1,0 +1,119 @@
+"""timm's plain-ViT family (DINOv2, CLIP, SigLIP, DeiT, DeiT-III, register/gap, FlexiViT), read with timm's outputs.
+
+Every folder in `fixtures/timm_family/` was written by timm's own `save_for_hf` from a tiny model with random
+values in every tensor and read back by timm (`tools/make_family_fixtures.py`); the references are timm's.
+"""
+
+import json
+import os
+import shutil
+
+import numpy as np
+import pytest
+
+import keras_vit
+from conftest import fixture, predict
+from keras_vit import CheckpointError, checkpoints
+
+pytest.importorskip("safetensors")
+
+FAMILY = fixture("timm_family")
+CASES = sorted(os.listdir(FAMILY))
+
+
+@pytest.fixture(scope="module")
+def reference():
+    with np.load(fixture("timm_family_reference.npz")) as data:
+        return {key: data[key] for key in data.files}
+
+
+def load(folder, **overrides):
+    return keras_vit.from_pretrained(str(folder), classifier_activation=None, **overrides)
+
+
+def test_every_family_case_has_its_reference(reference):
+    assert len(CASES) >= 16 and all(f"{case}/outputs" in reference for case in CASES)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_timm_family_folder_loads_with_timms_outputs_and_saves_back_in_timms_names(case, reference, tmp_path):
+    images, outputs = reference[f"{case}/images"], reference[f"{case}/outputs"]
+    model = load(os.path.join(FAMILY, case))
+    # Logits where the file has a head; timm's pooled features (num_classes=0) where it has none.
+    np.testing.assert_allclose(predict(model, images), outputs, atol=1e-5, rtol=0)
+    # save_timm writes exactly the names and shapes timm's model of this architecture has (what strict=True
+    # checks), and the file reads back to the same outputs.
+    folder = tmp_path / case
+    shutil.copytree(os.path.join(FAMILY, case), folder)
+    checkpoints.save_timm(model, folder / "model.safetensors")
+    from safetensors.numpy import load_file
+
+    written = {name: list(value.shape) for name, value in load_file(folder / "model.safetensors").items()}
+    assert written == json.loads(str(reference[f"{case}/state_dict_shapes"]))
+    np.testing.assert_allclose(predict(load(folder), images), outputs, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("case", ["dinov2_reg", "clip_laion", "reg_gap", "siglip_map", "deit3"])
+def test_token_sequence_equals_timms_forward_features(case, reference):
+    model = load(os.path.join(FAMILY, case), include_top=False, pooling=None)
+    features = predict(model, reference[f"{case}/images"])
+    np.testing.assert_allclose(features, reference[f"{case}/features"], atol=1e-5, rtol=0)
+
+
+def test_architecture_is_read_from_the_tensors_and_the_family_name():
+    def architecture(case):
+        return checkpoints.architecture_of(load(os.path.join(FAMILY, case)))
+
+    dinov2_reg = architecture("dinov2_reg")
+    assert (dinov2_reg.register_tokens, dinov2_reg.class_token_position_embedding, dinov2_reg.mlp_activation) == \
+        (4, False, "gelu") and dinov2_reg.layer_scale is not None
+    clip = architecture("clip_openai_quickgelu")
+    assert (clip.norm_pre, clip.patch_bias, clip.mlp_activation, clip.layer_norm_epsilon) == \
+        (True, False, "quick_gelu", 1e-5)
+    siglip = architecture("siglip_map")
+    assert (siglip.class_token, siglip.classifier) == (False, "map")
+    reg_gap = architecture("reg_gap")
+    assert (reg_gap.class_token, reg_gap.register_tokens, reg_gap.classifier, reg_gap.fc_norm) == (False, 4, "gap", True)
+    assert architecture("class_token_gap").class_token and architecture("class_token_gap").classifier == "gap"
+    assert architecture("dinov2_giant_swiglu").mlp_activation == "swiglu"
+    assert not architecture("no_qkv_bias").qkv_bias and architecture("qk_norm").qk_norm
+
+
+def test_hub_folder_without_model_args_takes_heads_from_the_family(reference):
+    model = load(os.path.join(FAMILY, "hub_no_model_args"))
+    assert model.get_layer("encoderblock_0").num_heads == 6  # timm's small family
+    assert model.output_shape == (None, 48)  # no head: DINOv2's pooled features
+
+
+def test_headless_file_builds_the_feature_model_unless_classes_are_asked_for():
+    folder = os.path.join(FAMILY, "siglip_map")
+    assert load(folder).output_shape == (None, 24)
+    assert "head" not in [layer.name for layer in load(folder).layers]
+    assert load(folder, classes=5).output_shape == (None, 5)
+
+
+def test_dynamic_resolution_with_registers_equals_timms_dynamic_img_size(reference):
+    model = load(os.path.join(FAMILY, "dinov2_reg"), image_size=(None, None), position_embedding_antialias=True)
+    outputs = predict(model, reference["dinov2_reg/dynamic_images"])
+    np.testing.assert_allclose(outputs, reference["dinov2_reg/dynamic_outputs"], atol=1e-5, rtol=0)
+
+
+def test_feature_extractor_equals_timms_forward_intermediates_on_a_register_model(reference):
+    model = load(os.path.join(FAMILY, "dinov2_reg"), include_top=False, pooling=None)
+    images = reference["dinov2_reg/images"]
+    for norm, key in ((False, "intermediates"), (True, "intermediates_norm")):
+        maps = keras_vit.feature_extractor(model, blocks=(0, 1), norm=norm)(images)
+        expected = reference[f"dinov2_reg/{key}"].transpose(0, 1, 3, 4, 2)  # NCHW -> NHWC
+        for found, want in zip(maps, expected):
+            np.testing.assert_allclose(np.asarray(found), want, atol=1e-5, rtol=0)
+
+
+@pytest.mark.backend_independent
+def test_plain_deit_folders_are_read_and_distilled_ones_named(tmp_path):
+    folder = tmp_path / "distilled"
+    shutil.copytree(os.path.join(FAMILY, "deit"), folder)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps(dict(config, architecture="deit_small_distilled_patch16_224")))
+    with pytest.raises(CheckpointError, match=r"holds timm's 'deit_small_distilled_patch16_224', not a plain timm "
+                                              r"ViT \(architecture vit_\*, deit_\*, deit3_\*, flexivit_\*\)"):
+        keras_vit.from_pretrained(str(folder))
