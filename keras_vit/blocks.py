@@ -41,8 +41,38 @@ def mlp_activation(x, activation):
     raise ValueError(f"Unknown activation {activation!r}; expected one of {ACTIVATIONS}.")
 
 
+class _QuantizableSublayers:
+    """Sublayers that `model.quantize("int8")` changed are rebuilt quantized when a `.keras` file is loaded."""
+
+    def _sublayer_policy(self, name=None):
+        """The dtype policy of sublayer `name`: the block's own, or a quantized one its saved config names.
+
+        A block reloaded after `quantize` has a `DTypePolicyMap`; each sublayer
+        gets its own entry as a plain policy, which Keras' Dense saves and
+        reloads correctly (it does not look a map up when it saves).
+        """
+        policy = self.dtype_policy
+        if not isinstance(policy, keras.dtype_policies.DTypePolicyMap):
+            return policy
+        return policy.default_policy if name is None else policy[f"{self.path}/{name}"]
+
+    def _with_quantized_sublayers(self, config):
+        # A quantized dense layer (after `model.quantize("int8")`) is rebuilt quantized on loading only if
+        # the block's config says so: Keras' DTypePolicyMap, keyed by the sublayers' paths.
+        quantized = {layer.path: layer.dtype_policy for layer in self._flatten_layers(include_self=False)
+                     if layer.quantization_mode is not None}
+        if quantized:
+            own = self.dtype_policy
+            default = own.default_policy if isinstance(own, keras.dtype_policies.DTypePolicyMap) else own
+            policies = keras.dtype_policies.DTypePolicyMap(default_policy=default)
+            for path, policy in quantized.items():
+                policies[path] = policy
+            config["dtype"] = keras.dtype_policies.serialize(policies)
+        return config
+
+
 @keras.saving.register_keras_serializable(package="keras_vit")
-class TransformerBlock(keras.layers.Layer):
+class TransformerBlock(_QuantizableSublayers, keras.layers.Layer):
     """One pre-LayerNorm Transformer encoder block (paper Eq. 2-3).
 
     `x + MSA(LN(x))` then `x + MLP(LN(x))`, with LayerNorm epsilon 1e-6, a
@@ -188,18 +218,6 @@ class TransformerBlock(keras.layers.Layer):
                 if layer.bias is not None:
                     layer.bias.trainable = False
 
-    def _sublayer_policy(self, name=None):
-        """The dtype policy of sublayer `name`: the block's own, or a quantized one its saved config names.
-
-        A block reloaded after `quantize` has a `DTypePolicyMap`; each sublayer
-        gets its own entry as a plain policy, which Keras' Dense saves and
-        reloads correctly (it does not look a map up when it saves).
-        """
-        policy = self.dtype_policy
-        if not isinstance(policy, keras.dtype_policies.DTypePolicyMap):
-            return policy
-        return policy.default_policy if name is None else policy[f"{self.path}/{name}"]
-
     def _seed(self, offset):
         """Distinct seeds per random op, so that equal seeds give unequal masks."""
         return None if self.seed is None else self.seed + offset
@@ -309,23 +327,12 @@ class TransformerBlock(keras.layers.Layer):
             config.update(layer_scale=self.layer_scale)
         if self.lora_rank:
             config.update(lora_rank=self.lora_rank, lora_targets=list(self.lora_targets))
-        # A quantized dense layer (after `model.quantize("int8")`) is rebuilt quantized on loading only if
-        # the block's config says so: Keras' DTypePolicyMap, keyed by the sublayers' paths.
-        quantized = {layer.path: layer.dtype_policy for layer in self._flatten_layers(include_self=False)
-                     if layer.quantization_mode is not None}
-        if quantized:
-            own = self.dtype_policy
-            default = own.default_policy if isinstance(own, keras.dtype_policies.DTypePolicyMap) else own
-            policies = keras.dtype_policies.DTypePolicyMap(default_policy=default)
-            for path, policy in quantized.items():
-                policies[path] = policy
-            config["dtype"] = keras.dtype_policies.serialize(policies)
-        return config
+        return self._with_quantized_sublayers(config)
 
 
 
 @keras.saving.register_keras_serializable(package="keras_vit")
-class AttentionPooling(keras.layers.Layer):
+class AttentionPooling(_QuantizableSublayers, keras.layers.Layer):
     """Multi-head attention pooling (MAP): a learned probe attends over the tokens, then a residual MLP.
 
     The pooling head of SigLIP (big_vision's `MAPHead`, timm's
@@ -360,15 +367,18 @@ class AttentionPooling(keras.layers.Layer):
         if hidden_size % self.num_heads:
             raise ValueError(f"hidden_size {hidden_size} is not divisible by num_heads {self.num_heads}.")
         self.head_dim = hidden_size // self.num_heads
-        policy = dict(dtype=self.dtype_policy)
+        policy = dict(dtype=self._sublayer_policy())
         self.probe = self.add_weight(name="probe", shape=(1, 1, hidden_size),
                                      initializer=keras.initializers.TruncatedNormal(stddev=hidden_size**-0.5))
-        self.query = keras.layers.Dense(hidden_size, use_bias=self.qkv_bias, name="query", **policy)
-        self.key_value = keras.layers.Dense(2 * hidden_size, use_bias=self.qkv_bias, name="key_value", **policy)
-        self.attention_output = keras.layers.Dense(hidden_size, name="attention_output", **policy)
+        def dense(units, name, use_bias=True):
+            return keras.layers.Dense(units, use_bias=use_bias, name=name, dtype=self._sublayer_policy(name))
+
+        self.query = dense(hidden_size, "query", self.qkv_bias)
+        self.key_value = dense(2 * hidden_size, "key_value", self.qkv_bias)
+        self.attention_output = dense(hidden_size, "attention_output")
         self.mlp_norm = LayerNorm(epsilon=self.layer_norm_epsilon, name="mlp_norm", **policy)
-        self.mlp_hidden = keras.layers.Dense(self.mlp_dim, name="mlp_hidden", **policy)
-        self.mlp_output = keras.layers.Dense(hidden_size, name="mlp_output", **policy)
+        self.mlp_hidden = dense(self.mlp_dim, "mlp_hidden")
+        self.mlp_output = dense(hidden_size, "mlp_output")
         one = (input_shape[0], 1, hidden_size)
         self.query.build(one)
         self.key_value.build(tuple(input_shape))
@@ -396,4 +406,4 @@ class AttentionPooling(keras.layers.Layer):
         config.update(num_heads=self.num_heads, mlp_dim=self.mlp_dim, activation=self.activation,
                       qkv_bias=self.qkv_bias, layer_norm_epsilon=self.layer_norm_epsilon,
                       num_prefix_tokens=self.num_prefix_tokens)
-        return config
+        return self._with_quantized_sublayers(config)

@@ -6,6 +6,7 @@ Example:
 """
 
 import dataclasses
+import difflib
 import os
 
 from keras_vit.checkpoints import download
@@ -162,15 +163,18 @@ def find_checkpoint(variant, name, image_size):
     """The registered checkpoint for `weights=name`, preferring `image_size`."""
     choices = [c for (v, n, _), c in _REGISTRY.items() if v == variant and n == name]
     if not choices:
-        known = available_weights(variant)
+        known = sorted(available_weights(variant)) if variant is not None else \
+            sorted({n for names in available_weights().values() for n in names})
+        close = difflib.get_close_matches(name, known, n=3, cutoff=0.6)
+        hint = f" Did you mean {' or '.join(repr(n) for n in close)}?" if close else ""
         if variant is None:
             raise CheckpointError(
                 f"Named weights {name!r} exist only for the named variants "
-                f"{sorted(available_weights())}; this model's sizes match none of them. "
-                "Pass a file path instead."
+                f"{sorted(available_weights())}; this model's sizes match none of them.{hint} "
+                "Pass a file path instead (or build a named variant, e.g. keras_vit.ViT_B16)."
             )
         raise CheckpointError(
-            f"Unknown weights {name!r} for {variant}; valid names: {sorted(known) or 'none'}, "
+            f"Unknown weights {name!r} for {variant};{hint} valid names: {known or 'none'}, "
             "or a path to a .npz, .keras or .weights.h5 file."
         )
     exact = [c for c in choices if c.image_size in (image_size[0], image_size[1])]

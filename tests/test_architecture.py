@@ -1,0 +1,120 @@
+"""The switches of keras_vit.Architecture on models you build and train yourself: kept, saved, and refused when wrong."""
+
+import os
+
+import keras
+import numpy as np
+import pytest
+
+import keras_vit
+from conftest import fixture, predict
+from keras_vit import Architecture, CheckpointError, checkpoints
+
+SMALL = dict(image_size=32, patch_size=8, hidden_size=24, num_layers=2, num_heads=3, mlp_dim=48, classes=5,
+             classifier_activation=None)
+DINOV2_REG = dict(register_tokens=4, layer_scale=1e-5, class_token_position_embedding=False, mlp_activation="gelu")
+FAMILY = fixture("timm_family")
+
+
+def randomised(model, seed=0):
+    """Random values in every weight, so that no mapping error can hide behind zeros or ones."""
+    rng = np.random.default_rng(seed)
+    for variable in model.weights:
+        variable.assign(rng.normal(size=variable.shape).astype("float32") * 0.3 + ("gamma" in variable.path))
+    return model
+
+
+@pytest.mark.parametrize("switches", [
+    DINOV2_REG,
+    dict(norm_pre=True, patch_bias=False, mlp_activation="quick_gelu", layer_norm_epsilon=1e-5),
+    dict(classifier="map", qkv_bias=False, qk_norm=True),
+    dict(classifier="gap", register_tokens=2, fc_norm=True),
+    dict(class_token=True, classifier="gap", fc_norm=True, mlp_activation="swiglu"),
+], ids=["dinov2_reg", "clip", "siglip_qk_norm", "reg_gap", "class_token_gap_swiglu"])
+def test_switches_survive_keras_file_and_timm_round_trips(switches, tmp_path):
+    model = randomised(keras_vit.ViT(**SMALL, **switches))
+    images = np.random.default_rng(1).uniform(-1, 1, (2, 32, 32, 3)).astype("float32")
+    expected = predict(model, images)
+    path = str(tmp_path / "model.keras")
+    model.save(path)
+    reloaded = keras_vit.from_pretrained(path)
+    assert checkpoints.architecture_of(reloaded) == checkpoints.architecture_of(model)
+    np.testing.assert_allclose(predict(reloaded, images), expected, atol=1e-5, rtol=0)
+    checkpoints.save_timm(model, tmp_path / "model.safetensors")
+    architecture = checkpoints.architecture_of(model)
+    again = keras_vit.ViT(**SMALL, architecture=architecture, weights=str(tmp_path / "model.safetensors"))
+    np.testing.assert_allclose(predict(again, images), expected, atol=1e-5, rtol=0)
+
+
+def test_registers_sit_between_the_class_token_and_the_patches():
+    model = keras_vit.ViT(**SMALL, **DINOV2_REG)
+    tokens = keras.Model(model.input, model.get_layer("encoderblock_0").input)
+    assert tokens.output_shape == (None, 1 + 4 + 16, 24)
+    assert model.get_layer("position_embedding").pos_embedding.shape == (1, 16, 24)  # no_embed_class
+    assert checkpoints.architecture_of(model).num_prefix_tokens == 5
+    assert tuple(keras_vit.feature_extractor(model, blocks=-1).output_shape) == (None, 4, 4, 24)
+
+
+def test_lora_quantize_and_dtype_work_with_the_switches(tmp_path):
+    model = keras_vit.from_pretrained(os.path.join(FAMILY, "dinov2_reg"), classes=3)
+    keras_vit.enable_lora(model, rank=2)
+    assert any("lora" in variable.path for variable in model.trainable_weights)
+    quantized = keras_vit.from_pretrained(os.path.join(FAMILY, "siglip_map"))
+    images = np.random.default_rng(0).uniform(-1, 1, (2, 32, 32, 3)).astype("float32")
+    expected = predict(quantized, images)
+    quantized.quantize("int8")
+    path = str(tmp_path / "int8.keras")
+    quantized.save(path)
+    np.testing.assert_allclose(predict(keras.saving.load_model(path), images), predict(quantized, images), atol=1e-6)
+    assert np.max(np.abs(predict(quantized, images) - expected)) < 0.1 * np.max(np.abs(expected))
+    full = keras_vit.from_pretrained(os.path.join(FAMILY, "clip_laion"))
+    half = keras_vit.from_pretrained(os.path.join(FAMILY, "clip_laion"), dtype="mixed_bfloat16")
+    assert half.get_layer("pre_norm").variable_dtype == "float32"
+    assert half.get_layer("encoderblock_0").compute_dtype == "bfloat16"
+    reference = predict(full, images)
+    assert np.max(np.abs(predict(half, images).astype("float32") - reference)) < 0.05 * np.max(np.abs(reference))
+
+
+@pytest.mark.backend_independent
+def test_bad_switches_name_the_problem():
+    with pytest.raises(ValueError, match=r"register_tokens must be a whole number >= 0, got -1"):
+        keras_vit.ViT(**SMALL, register_tokens=-1)
+    with pytest.raises(ValueError, match=r"classifier='token' pools the class token, but class_token=False has none"):
+        keras_vit.ViT(**SMALL, class_token=False, classifier="token")
+    with pytest.raises(ValueError, match=r"Unknown mlp_activation 'relu'; expected one of \('gelu_tanh', 'gelu', "
+                                         r"'quick_gelu', 'swiglu'\)"):
+        keras_vit.ViT(**SMALL, mlp_activation="relu")
+    with pytest.raises(ValueError, match=r"layer_scale is the initial value of the learned scales, a number > 0"):
+        keras_vit.ViT(**SMALL, layer_scale=0)
+    with pytest.raises(ValueError, match="architecture must be a keras_vit.Architecture, got dict"):
+        keras_vit.ViT(**SMALL, architecture={"register_tokens": 4})
+    with pytest.raises(ValueError, match="A SwiGLU MLP halves its mlp_dim, which must be even; got 47"):
+        keras_vit.ViT(**dict(SMALL, mlp_dim=47), mlp_activation="swiglu")
+    assert Architecture(class_token=False, classifier="gap").num_prefix_tokens == 0
+
+
+@pytest.mark.backend_independent
+def test_a_classifier_given_alone_decides_the_class_token_as_before():
+    assert "class_token" not in [layer.name for layer in keras_vit.ViT(**SMALL, classifier="gap").layers]
+    names = [layer.name for layer in keras_vit.ViT(**SMALL, classifier="gap", class_token=True).layers]
+    assert "class_token" in names and "pool" in names
+
+
+@pytest.mark.backend_independent
+def test_a_typo_in_named_weights_suggests_the_closest_names():
+    with pytest.raises(CheckpointError, match=r"Unknown weights 'imagenet22k' for ViT_B16; Did you mean "
+                                              r"'imagenet21k'"):
+        keras_vit.ViT_B16(weights="imagenet22k")
+    with pytest.raises(CheckpointError, match=r"this model's sizes match none of them. Did you mean 'imagenet21k'"):
+        keras_vit.ViT(**SMALL, weights="imagenet22k")
+
+
+@pytest.mark.backend_independent
+def test_a_state_dict_with_a_switch_keras_vit_lacks_names_it(tmp_path):
+    from safetensors.numpy import load_file, save_file
+
+    tensors = load_file(os.path.join(FAMILY, "deit", "model.safetensors"))
+    tensors["blocks.0.attn.norm.weight"] = np.ones(24, "float32")
+    save_file(tensors, tmp_path / "scaled.safetensors")
+    with pytest.raises(CheckpointError, match=r"is a timm ViT with a LayerNorm inside attention \(scale_attn_norm\)"):
+        keras_vit.ViT(**SMALL, weights=str(tmp_path / "scaled.safetensors"))
