@@ -159,8 +159,9 @@ def position_embedding_similarity(model):
     Returns `(rows, cols, rows, cols)`: entry `[i, j]` is the similarity map of
     patch `(i, j)` against the grid, the grid of grids of Figure 7 (centre).
     """
-    grid_size, prefix = _grid_and_prefix(model)
-    table = _numpy(model.get_layer("position_embedding").pos_embedding)[0, prefix:].astype("float64")
+    position = model.get_layer("position_embedding")
+    grid_size, prefix = tuple(position.grid_size), position.num_prefix_tokens  # The table's rows, not the sequence's
+    table = _numpy(position.pos_embedding)[0, prefix:].astype("float64")
     unit = table / np.maximum(np.linalg.norm(table, axis=-1, keepdims=True), 1e-12)
     return (unit @ unit.T).reshape(*grid_size, *grid_size)
 
@@ -221,10 +222,11 @@ def feature_model(model):
         if name in names:
             return keras.Model(model.input, model.get_layer(name).output)
     if len(model.output_shape) == 3:
-        _, prefix = _grid_and_prefix(model)
+        architecture = architecture_of(model)
         from keras_vit.layers import TokenPooling
 
-        return keras.Model(model.input, TokenPooling("token" if prefix else "gap", prefix)(model.output))
+        pooling = "token" if architecture.class_token else "gap"
+        return keras.Model(model.input, TokenPooling(pooling, architecture.num_prefix_tokens)(model.output))
     return model
 
 
@@ -331,7 +333,7 @@ def inspect(model, image, output_dir):
     grid_size, prefix = _grid_and_prefix(model)
     patch_size = native_image_size(model)[0] // grid_size[0]  # In pixels, also for a hybrid.
     written = {}
-    if prefix:
+    if architecture_of(model).class_token:  # Rollout follows the class token's row.
         heat = rollout_map(attention_rollout(attentions), grid_size, prefix)[0]
         written["attention_rollout"] = os.path.join(output_dir, "attention_rollout.png")
         plot_attention_overlay(image, heat, written["attention_rollout"])

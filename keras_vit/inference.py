@@ -25,12 +25,12 @@ def _given(sizes):
     return dataclasses.asdict(sizes) if isinstance(sizes, Variant) else dict(sizes or {})
 
 
-def load_for_inference(weights, model=None, image_size=32, sizes=None):
+def load_for_inference(weights, model=None, image_size=None, sizes=None, needs_head=True):
     """A model from `weights` (a `.keras` file, an `.npz` or a named checkpoint), refused if any weight is NaN.
 
     `sizes` (a `Variant`, or a dict of some of its fields) build a model for
     a file that does not say its own; where the file or `model` says them,
-    they must agree.
+    they must agree. `image_size` defaults to the checkpoint's own (else 32).
     """
     given = _given(sizes)
     if weights.endswith(".keras") and os.path.exists(weights):
@@ -38,8 +38,12 @@ def load_for_inference(weights, model=None, image_size=32, sizes=None):
         checkpoints.check_finite(network, weights)
         check_sizes_agree(sizes_of(network), f"--weights {weights}", given)
         return network
-    image_size = as_pair(image_size, "image_size")
-    source = read_checkpoint(weights, model, image_size)
+    source = read_checkpoint(weights, model, as_pair(image_size or 32, "image_size"))
+    image_size = as_pair(image_size, "image_size") if image_size else (source.image_size or (32, 32))
+    if needs_head and source.state is not None and "head/kernel" not in source.state:
+        raise ValueError(f"{weights} has no classifier head: it is a feature model (as DINOv2's, CLIP's and SigLIP's "
+                         "towers); take its features with keras_vit.from_pretrained and keras_vit.feature_extractor, "
+                         "or fine-tune a head: keras-vit finetune --weights ...")
     default = dataclasses.replace(SMALL_VIT, **given)
     sizes = model_sizes(model, source, default, given)
     return ViT(image_size=image_size, **sizes.__dict__, weights=source, classifier_activation=None)
@@ -64,7 +68,7 @@ def outputs_logits(model):
 
 
 def evaluate(weights="runs/finetune/model.keras", dataset="digits", eval_split="test", data_dir=None,
-             eval_batch_size=256, verbose=1, model=None, image_size=32, sizes=None):
+             eval_batch_size=256, verbose=1, model=None, image_size=None, sizes=None):
     """Top-1 and top-5 of a saved model on a data-set split; prints both and returns Keras' results dict."""
     network = load_for_inference(weights, model, image_size, sizes)
     _check_has_classifier(network, weights)
@@ -120,7 +124,7 @@ def class_names(model, weights=None, labels=None):
 
 
 def predict(images, weights="runs/finetune/model.keras", labels=None, crop_fraction=None, model=None,
-            image_size=32, sizes=None):
+            image_size=None, sizes=None):
     """Print the top-5 classes of each image file; returns `[(name, probability)] * 5` per image."""
     import tensorflow as tf
 
@@ -147,14 +151,14 @@ def predict(images, weights="runs/finetune/model.keras", labels=None, crop_fract
     return results
 
 
-def inspect(image, weights="runs/finetune/model.keras", output_dir="runs/inspect", model=None, image_size=32,
+def inspect(image, weights="runs/finetune/model.keras", output_dir="runs/inspect", model=None, image_size=None,
             sizes=None):
     """Write attention rollout, mean attention distance, position-embedding and filter plots of one image file."""
     import tensorflow as tf
 
     from keras_vit import analysis
 
-    network = load_for_inference(weights, model, image_size, sizes)
+    network = load_for_inference(weights, model, image_size, sizes, needs_head=False)
     if not os.path.exists(image):
         raise FileNotFoundError(f"Image not found: {image}")
     pixels = tf.io.decode_image(tf.io.read_file(image), channels=3, expand_animations=False)

@@ -118,3 +118,25 @@ def test_plain_deit_folders_are_read_and_distilled_ones_named(tmp_path):
     with pytest.raises(CheckpointError, match=r"holds timm's 'deit_small_distilled_patch16_224', not a plain timm "
                                               r"ViT \(architecture vit_\*, deit_\*, deit3_\*, flexivit_\*\)"):
         keras_vit.from_pretrained(str(folder))
+
+
+def test_attention_maps_and_inspect_read_the_model_with_registers(reference, tmp_path):
+    model = load(os.path.join(FAMILY, "dinov2_reg"))
+    attentions = keras_vit.analysis.attention_weights(model, reference["dinov2_reg/images"])
+    assert [a.shape for a in attentions] == [(2, 3, 21, 21)] * 2  # class token, 4 registers, 4x4 patches
+    np.testing.assert_allclose(attentions[0].sum(-1), 1.0, atol=1e-5)
+    pixels = ((reference["dinov2_reg/images"][0] + 1) * 127.5).astype("uint8")
+    written = keras_vit.analysis.inspect(model, pixels, str(tmp_path))
+    assert {"attention_rollout", "mean_attention_distance", "position_embedding_similarity"} <= set(written)
+
+
+@pytest.mark.parametrize("case", ["siglip_map", "dinov2_reg"])
+def test_onnx_export_of_family_models_keeps_timms_outputs(case, reference, tmp_path):
+    ort = pytest.importorskip("onnxruntime")
+    pytest.importorskip("tf2onnx" if keras.backend.backend() in ("tensorflow", "jax") else "onnx")
+    path = str(tmp_path / f"{case}.onnx")
+    load(os.path.join(FAMILY, case)).export(path, format="onnx", verbose=False)
+    session = ort.InferenceSession(path)
+    images = reference[f"{case}/images"]
+    found = session.run(None, {session.get_inputs()[0].name: images})[0]
+    np.testing.assert_allclose(found, reference[f"{case}/outputs"], atol=1e-5, rtol=0)

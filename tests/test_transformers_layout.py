@@ -100,8 +100,19 @@ def test_configs_keras_vit_cannot_compute_are_refused_by_name(tmp_path):
         keras_vit.ViT(**SIZES, weights=relu)
     shutil.rmtree(relu)
     bert = edited(tmp_path, lambda c: c.update(model_type="bert"))
-    with pytest.raises(CheckpointError, match=r"neither timm's \(architecture\) nor a transformers ViT's "
-                                              r"\(model_type 'vit'; this one is 'bert'\)"):
+    with pytest.raises(CheckpointError, match=r"neither timm's \(architecture\) nor a transformers ViT's or "
+                                              r"DINOv2's \(model_type 'vit', 'dinov2' or 'dinov2_with_registers'; "
+                                              r"this one is 'bert'\)"):
         keras_vit.ViT(**SIZES, weights=bert)
     with pytest.raises(CheckpointError, match="is a folder without a readable config.json"):
         keras_vit.ViT(**SIZES, weights=str(tmp_path))
+
+
+@pytest.mark.parametrize("case", ["transformers_dinov2", "transformers_dinov2_registers"])
+def test_dinov2_folders_load_with_transformers_pooled_output_and_tokens(case):
+    with np.load(fixture("transformers_dinov2_reference.npz")) as data:
+        images, pooled, tokens = (data[f"{case}/{key}"] for key in ("images", "pooler_output", "last_hidden_state"))
+    model = keras_vit.from_pretrained(fixture(case))  # headless: the normed class token, as pooler_output
+    np.testing.assert_allclose(predict(model, images), pooled, atol=1e-5, rtol=0)
+    sequence = keras_vit.from_pretrained(fixture(case), include_top=False, pooling=None)
+    np.testing.assert_allclose(predict(sequence, images), tokens, atol=1e-5, rtol=0)

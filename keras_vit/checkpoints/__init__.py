@@ -5,7 +5,9 @@
 - `flax_npz`: the original Flax `.npz` layout (vision_transformer, big_vision), read and written;
 - `keras_files`: Keras' `.keras` and `.weights.h5` files;
 - `timm_layout`: timm's ViT state dicts (`.safetensors`, `.bin`/`.pth`) and Hub folders, read and written;
+- `timm_families`: what a timm architecture name says that its tensors cannot (heads, activation, epsilon);
 - `transformers_layout`: Hugging Face transformers' `ViTForImageClassification` / `ViTModel` folders;
+- `dinov2_layout`: transformers' `Dinov2Model` / `Dinov2WithRegistersModel` folders;
 - `loading`: `read_weights` for any name or path, and `load_into`, which adapts
   heads and position embeddings and assigns all or nothing.
 
@@ -29,6 +31,7 @@ from keras_vit.checkpoints.registry import (
     find_checkpoint,
     register,
 )
+from keras_vit.checkpoints.dinov2_layout import from_dinov2, read_dinov2_folder
 from keras_vit.checkpoints.source import CheckpointError, WeightsSource, architecture_of, state_of
 from keras_vit.checkpoints.timm_layout import from_timm, read_timm, read_timm_folder, save_timm, timm_arguments, to_timm
 from keras_vit.checkpoints.transformers_layout import from_transformers, read_transformers_folder
@@ -43,6 +46,7 @@ __all__ = [
     "check_finite",
     "fetch",
     "find_checkpoint",
+    "from_dinov2",
     "from_flax",
     "from_timm",
     "from_transformers",
@@ -50,6 +54,7 @@ __all__ = [
     "read_keras",
     "read_npz",
     "read_timm",
+    "read_dinov2_folder",
     "read_folder",
     "read_timm_folder",
     "read_transformers_folder",

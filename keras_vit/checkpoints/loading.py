@@ -16,6 +16,8 @@ import os
 import keras
 import numpy as np
 
+from keras_vit.checkpoints.dinov2_layout import MODEL_TYPES as DINOV2_TYPES
+from keras_vit.checkpoints.dinov2_layout import read_dinov2_folder
 from keras_vit.checkpoints.flax_npz import read_npz
 from keras_vit.checkpoints.keras_files import read_keras, read_weights_h5
 from keras_vit.checkpoints.registry import fetch, find_checkpoint
@@ -80,7 +82,7 @@ def read_weights(weights, variant, image_size, sizes=None, classes=None):
 
 
 def read_folder(folder, budget=None):
-    """A Hub-style folder: timm's (`config.json` with `architecture`) or transformers' (`model_type: "vit"`)."""
+    """A Hub-style folder: timm's (`config.json` with `architecture`) or transformers' (ViT or DINOv2)."""
     config_path = os.path.join(folder, "config.json")
     try:
         require_regular_file(config_path)
@@ -96,8 +98,11 @@ def read_folder(folder, budget=None):
         return read_timm_folder(folder, config, budget)
     if config.get("model_type") == "vit":
         return read_transformers_folder(folder, config, budget)
+    if config.get("model_type") in DINOV2_TYPES:
+        return read_dinov2_folder(folder, config, budget)
     raise CheckpointError(f"{folder}: its config.json is neither timm's (architecture) nor a transformers ViT's "
-                          f"(model_type 'vit'; this one is {config.get('model_type')!r}).")
+                          f"or DINOv2's (model_type 'vit', 'dinov2' or 'dinov2_with_registers'; this one is "
+                          f"{config.get('model_type')!r}).")
 
 
 def _looks_like_path(weights):

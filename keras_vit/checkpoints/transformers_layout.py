@@ -56,6 +56,44 @@ _TOP = {
 _GELU = {"gelu": False, "gelu_new": True, "gelu_pytorch_tanh": True, "gelu_python": False}
 
 
+def fuse_qkv(qkv, state, description, zero_bias=True):
+    """Put the `{block: {(query|key|value, weight|bias): array}}` projections into `state` as fused `qkv`.
+
+    Missing biases are zeros with `zero_bias` (equal outputs), else the block has none.
+    """
+    for index, parts in qkv.items():
+        missing = [f"{kind}.weight" for kind in _QKV if (kind, "weight") not in parts]
+        if missing:
+            raise CheckpointError(f"{description}: encoder.layer.{index} lacks attention {missing}.")
+        kernel = np.concatenate([parts[(kind, "weight")] for kind in _QKV], axis=-1)
+        state[f"encoderblock_{index}/qkv/kernel"] = kernel
+        if zero_bias or all((kind, "bias") in parts for kind in _QKV):
+            state[f"encoderblock_{index}/qkv/bias"] = np.concatenate(
+                [parts.get((kind, "bias"), np.zeros(kernel.shape[0], kernel.dtype)) for kind in _QKV])
+
+
+def transformers_fields(folder, config):
+    """`(weights path, patch size, heads, (height, width), epsilon, activation)` of a transformers config, checked."""
+    weights = next((os.path.join(folder, name) for name in ("model.safetensors", "pytorch_model.bin")
+                    if os.path.exists(os.path.join(folder, name))), None)
+    if weights is None:
+        raise CheckpointError(f"{folder} has a transformers config.json but no model.safetensors or pytorch_model.bin.")
+    where = os.path.join(folder, "config.json")
+    activation = config.get("hidden_act", "gelu")
+    if not isinstance(activation, str) or activation not in _GELU:
+        raise CheckpointError(f"{folder}: hidden_act {activation!r} is not a GELU; keras_vit's blocks compute GELU.")
+    patch = positive_int_field(config, "patch_size", where) or 16
+    num_heads = positive_int_field(config, "num_attention_heads", where)
+    size = config.get("image_size", 224)
+    sides = tuple(size) if isinstance(size, (list, tuple)) else (size, size)
+    if len(sides) != 2 or not all(isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in sides):
+        raise CheckpointError(f"{where}: image_size is {size!r}; expected a positive int or [height, width].")
+    epsilon = config.get("layer_norm_eps", 1e-12)
+    if isinstance(epsilon, bool) or not isinstance(epsilon, (int, float)) or not 0 < epsilon < 1:
+        raise CheckpointError(f"{where}: layer_norm_eps is {epsilon!r}; expected a small positive number.")
+    return weights, patch, num_heads, sides, float(epsilon), "gelu_tanh" if _GELU[activation] else "gelu"
+
+
 def from_transformers(tensors, description="checkpoint"):
     """keras_vit's state from a transformers ViT state dict (`vit.` prefix or none) of numpy arrays."""
     tensors = {name.removeprefix("vit."): np.asarray(value) for name, value in tensors.items()}
@@ -79,14 +117,7 @@ def from_transformers(tensors, description="checkpoint"):
     if unknown:
         raise CheckpointError(f"{description} has {len(unknown)} tensors that are not in transformers' ViT layout: "
                               f"{preview(unknown, 5)}.")
-    for index, parts in qkv.items():
-        missing = [f"{kind}.weight" for kind in _QKV if (kind, "weight") not in parts]
-        if missing:
-            raise CheckpointError(f"{description}: encoder.layer.{index} lacks attention {missing}.")
-        kernel = np.concatenate([parts[(kind, "weight")] for kind in _QKV], axis=-1)
-        state[f"encoderblock_{index}/qkv/kernel"] = kernel
-        state[f"encoderblock_{index}/qkv/bias"] = np.concatenate(  # qkv_bias=False: zero biases, equal outputs
-            [parts.get((kind, "bias"), np.zeros(kernel.shape[0], kernel.dtype)) for kind in _QKV])
+    fuse_qkv(qkv, state, description)
     if "pre_logits/kernel" in state and "head/kernel" in state:
         raise CheckpointError(f"{description} has both a pooler and a classifier, which no transformers ViT has.")
     return state
@@ -94,31 +125,15 @@ def from_transformers(tensors, description="checkpoint"):
 
 def read_transformers_folder(folder, config, budget=None):
     """A transformers ViT folder (its parsed `config`) as a `WeightsSource`."""
-    weights = next((os.path.join(folder, name) for name in ("model.safetensors", "pytorch_model.bin")
-                    if os.path.exists(os.path.join(folder, name))), None)
-    if weights is None:
-        raise CheckpointError(f"{folder} has a transformers config.json but no model.safetensors or pytorch_model.bin.")
-    where = os.path.join(folder, "config.json")
-    activation = config.get("hidden_act", "gelu")
-    if not isinstance(activation, str) or activation not in _GELU:
-        raise CheckpointError(f"{folder}: hidden_act {activation!r} is not a GELU; keras_vit's blocks compute GELU.")
-    patch = positive_int_field(config, "patch_size", where) or 16
-    num_heads = positive_int_field(config, "num_attention_heads", where)
-    size = config.get("image_size", 224)
-    sides = tuple(size) if isinstance(size, (list, tuple)) else (size, size)
-    if len(sides) != 2 or not all(isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in sides):
-        raise CheckpointError(f"{where}: image_size is {size!r}; expected a positive int or [height, width].")
-    epsilon = config.get("layer_norm_eps", 1e-12)
-    if isinstance(epsilon, bool) or not isinstance(epsilon, (int, float)) or not 0 < epsilon < 1:
-        raise CheckpointError(f"{where}: layer_norm_eps is {epsilon!r}; expected a small positive number.")
+    weights, patch, num_heads, sides, epsilon, activation = transformers_fields(folder, config)
     state = from_transformers(read_state_dict(weights, budget), description=weights)
     grid = (sides[0] // patch, sides[1] // patch)
     positions = state["position_embedding/pos_embedding"].shape[1] - 1
     if grid[0] * grid[1] != positions:
         side = math.isqrt(positions)
         grid = (side, side) if side * side == positions else None
-    architecture = architecture_from_state(state, grid, mlp_activation="gelu_tanh" if _GELU[activation] else "gelu",
-                                           layer_norm_epsilon=float(epsilon), class_token_position_embedding=True)
+    architecture = architecture_from_state(state, grid, mlp_activation=activation, layer_norm_epsilon=epsilon,
+                                           class_token_position_embedding=True)
     source = source_from_state(weights, state, grid, num_heads, architecture)
     source.class_names = class_names_in_order(config.get("id2label"), state)
     return source
