@@ -140,3 +140,22 @@ def test_onnx_export_of_family_models_keeps_timms_outputs(case, reference, tmp_p
     images = reference[f"{case}/images"]
     found = session.run(None, {session.get_inputs()[0].name: images})[0]
     np.testing.assert_allclose(found, reference[f"{case}/outputs"], atol=1e-5, rtol=0)
+
+
+@pytest.mark.backend_independent
+def test_family_table_gives_what_the_tensors_cannot(tmp_path):
+    from keras_vit.checkpoints.timm_families import timm_family
+
+    assert timm_family("vit_giant_patch14_reg4_dinov2")["num_heads"] == 24
+    assert timm_family("vit_giant_patch14_reg1_tipsv2")["num_heads"] == 24
+    assert timm_family("vit_giant_patch14_clip_224") == dict(num_heads=16, mlp_activation="gelu",
+                                                             layer_norm_epsilon=1e-5)
+    assert timm_family("vit_so400m_patch16_siglip_256")["mlp_activation"] == "gelu_tanh"  # SigLIP 2
+    assert timm_family("vit_so400m_patch14_siglip_224")["mlp_activation"] == "gelu"
+    # Same tensor names, other blocks: refused by name rather than loaded wrong.
+    folder = tmp_path / "rpn"
+    shutil.copytree(os.path.join(FAMILY, "deit"), folder)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps(dict(config, architecture="vit_base_patch16_rpn_224")))
+    with pytest.raises(CheckpointError, match=r"a ViT with post-norm residual blocks \(timm's ResPostBlock\)"):
+        keras_vit.from_pretrained(str(folder))

@@ -22,7 +22,9 @@ _HEADS = {"tiny": 3, "xsmall": 4, "wee": 4, "dwee": 4, "pwee": 4, "dpwee": 4, "l
           "small": 6, "medium": 8, "mediumd": 8, "betwixt": 10, "base": 12, "so150m": 14, "so150m2": 13,
           "large": 16, "huge": 16, "giant": 16, "gigantic": 16, "giantopt": 16, "so400m": 16, "intern300m": 16}
 # Names whose head count differs from their size word's.
-_HEAD_EXCEPTIONS = ((r"^vit_giant_patch14_(reg\d+_)?dinov2", 24), (r"^vit_base_patch16_gap_224", 16),
+# Plain-ViT names whose blocks differ from keras_vit's although their tensors have the same names: refused by name.
+NOT_PLAIN_BLOCKS = {"_rpn_": "post-norm residual blocks (timm's ResPostBlock)"}
+_HEAD_EXCEPTIONS = ((r"^vit_giant_patch14_(reg\d+_)?(dinov2|tipsv2)", 24), (r"^vit_base_patch16_gap_224", 16),
                     (r"^vit_base_patch16_plus", 14))
 # timm's SigLIP 2 towers compute the tanh GELU (act_layer='gelu_tanh'); every other plain ViT in timm
 # computes exact GELU, except the OpenAI CLIP towers' QuickGELU (and SwiGLU, which the tensors show).

@@ -36,7 +36,7 @@ from keras_vit.checkpoints.source import (
     require_regular_file,
     source_from_state,
 )
-from keras_vit.checkpoints.timm_families import PREFIXES, timm_family
+from keras_vit.checkpoints.timm_families import NOT_PLAIN_BLOCKS, PREFIXES, timm_family
 from keras_vit.files import atomic_path
 
 logger = logging.getLogger("keras_vit")
@@ -407,6 +407,10 @@ def read_timm_folder(folder, config, budget=None):
                                                                                        "distilled")):
         raise CheckpointError(f"{folder} holds timm's {architecture or 'unnamed'!r}, not a plain timm ViT "
                               f"(architecture {', '.join(prefix + '*' for prefix in PREFIXES)}).")
+    for marker, what in NOT_PLAIN_BLOCKS.items():
+        if marker in architecture:
+            raise CheckpointError(f"{folder} holds timm's {architecture!r}, a ViT with {what}, which keras_vit's "
+                                  "pre-norm blocks do not compute.")
     weights = next((os.path.join(folder, name) for name in ("model.safetensors", "pytorch_model.bin")
                     if os.path.exists(os.path.join(folder, name))), None)
     if weights is None:
