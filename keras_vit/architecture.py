@@ -43,6 +43,8 @@ class Architecture:
             `POOLINGS`.
         fc_norm: the final LayerNorm normalises the pooled vector instead
             of the tokens (timm's `fc_norm`, its default for average pooling).
+        final_norm: there is a final LayerNorm at all (timm's `final_norm`;
+            RADIO's and InternViT's have none).
         norm_pre: a LayerNorm before the first block (CLIP).
         patch_bias: the patch embedding has a bias (CLIP's has none).
         qkv_bias: the q/k/v projection has a bias.
@@ -59,6 +61,7 @@ class Architecture:
     class_token_position_embedding: bool = True
     classifier: str = "token"
     fc_norm: bool = False
+    final_norm: bool = True
     norm_pre: bool = False
     patch_bias: bool = True
     qkv_bias: bool = True
@@ -81,6 +84,8 @@ class Architecture:
         if self.layer_scale is not None and not float(self.layer_scale) > 0:
             raise ValueError(f"layer_scale is the initial value of the learned scales, a number > 0 "
                              f"(1e-5 in DINOv2, 1e-6 in DeiT-III), or None for none; got {self.layer_scale!r}.")
+        if self.fc_norm and not self.final_norm:
+            raise ValueError("fc_norm=True places the final LayerNorm after pooling, but final_norm=False has none.")
         if not float(self.layer_norm_epsilon) > 0:
             raise ValueError(f"layer_norm_epsilon must be > 0, got {self.layer_norm_epsilon!r}.")
 

@@ -85,6 +85,7 @@ def ViT(
     register_tokens=None,
     class_token_position_embedding=None,
     fc_norm=None,
+    final_norm=None,
     norm_pre=None,
     patch_bias=None,
     qkv_bias=None,
@@ -154,6 +155,7 @@ def ViT(
         register_tokens: how many register tokens follow it (DINOv2-reg: 4).
         class_token_position_embedding: `False` for timm's `no_embed_class`.
         fc_norm: the final LayerNorm after pooling instead of on the tokens.
+        final_norm: `False` for no final LayerNorm at all (RADIO).
         norm_pre: a LayerNorm before the blocks (CLIP).
         patch_bias, qkv_bias: biases of the patch embedding and q/k/v.
         qk_norm: LayerNorm over each head's queries and keys.
@@ -180,7 +182,8 @@ def ViT(
     if architecture is not None and not isinstance(architecture, Architecture):
         raise ValueError(f"architecture must be a keras_vit.Architecture, got {type(architecture).__name__}.")
     switches = dict(class_token=class_token, register_tokens=register_tokens,
-                    class_token_position_embedding=class_token_position_embedding, fc_norm=fc_norm, norm_pre=norm_pre,
+                    class_token_position_embedding=class_token_position_embedding, fc_norm=fc_norm,
+                    final_norm=final_norm, norm_pre=norm_pre,
                     patch_bias=patch_bias, qkv_bias=qkv_bias, qk_norm=qk_norm, layer_scale=layer_scale,
                     mlp_activation=mlp_activation, layer_norm_epsilon=layer_norm_epsilon)
     if approximate_gelu is not None and mlp_activation is None:
@@ -414,7 +417,7 @@ def _build(options, input_tensor):
             layer_norm_epsilon=epsilon,
             name=f"encoderblock_{index}",
         )(x)
-    if not architecture.fc_norm:
+    if architecture.final_norm and not architecture.fc_norm:
         x = LayerNorm(epsilon=epsilon, name="encoder_norm")(x)
 
     pooling = architecture.classifier if options.include_top else options.pooling

@@ -30,7 +30,8 @@ def randomised(model, seed=0):
     dict(classifier="map", qkv_bias=False, qk_norm=True),
     dict(classifier="gap", register_tokens=2, fc_norm=True),
     dict(class_token=True, classifier="gap", fc_norm=True, mlp_activation="swiglu"),
-], ids=["dinov2_reg", "clip", "siglip_qk_norm", "reg_gap", "class_token_gap_swiglu"])
+    dict(register_tokens=1, final_norm=False),
+], ids=["dinov2_reg", "clip", "siglip_qk_norm", "reg_gap", "class_token_gap_swiglu", "radio_no_final_norm"])
 def test_switches_survive_keras_file_and_timm_round_trips(switches, tmp_path):
     model = randomised(keras_vit.ViT(**SMALL, **switches))
     images = np.random.default_rng(1).uniform(-1, 1, (2, 32, 32, 3)).astype("float32")
@@ -90,6 +91,8 @@ def test_bad_switches_name_the_problem():
         keras_vit.ViT(**SMALL, architecture={"register_tokens": 4})
     with pytest.raises(ValueError, match="A SwiGLU MLP halves its mlp_dim, which must be even; got 47"):
         keras_vit.ViT(**dict(SMALL, mlp_dim=47), mlp_activation="swiglu")
+    with pytest.raises(ValueError, match="fc_norm=True places the final LayerNorm after pooling, but final_norm=False"):
+        keras_vit.ViT(**SMALL, classifier="gap", fc_norm=True, final_norm=False)
     assert Architecture(class_token=False, classifier="gap").num_prefix_tokens == 0
 
 

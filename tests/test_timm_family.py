@@ -148,6 +148,7 @@ def test_family_table_gives_what_the_tensors_cannot(tmp_path):
 
     assert timm_family("vit_giant_patch14_reg4_dinov2")["num_heads"] == 24
     assert timm_family("vit_giant_patch14_reg1_tipsv2")["num_heads"] == 24
+    assert timm_family("vit_giant_patch16_radio_v3")["num_heads"] == 24
     assert timm_family("vit_giant_patch14_clip_224") == dict(num_heads=16, mlp_activation="gelu",
                                                              layer_norm_epsilon=1e-5)
     assert timm_family("vit_so400m_patch16_siglip_256")["mlp_activation"] == "gelu_tanh"  # SigLIP 2

@@ -24,7 +24,7 @@ _HEADS = {"tiny": 3, "xsmall": 4, "wee": 4, "dwee": 4, "pwee": 4, "dpwee": 4, "l
 # Names whose head count differs from their size word's.
 # Plain-ViT names whose blocks differ from keras_vit's although their tensors have the same names: refused by name.
 NOT_PLAIN_BLOCKS = {"_rpn_": "post-norm residual blocks (timm's ResPostBlock)"}
-_HEAD_EXCEPTIONS = ((r"^vit_giant_patch14_(reg\d+_)?(dinov2|tipsv2)", 24), (r"^vit_base_patch16_gap_224", 16),
+_HEAD_EXCEPTIONS = ((r"^vit_giant_patch14_(reg\d+_)?(dinov2|tipsv2)", 24), (r"^vit_giant_patch16_radio", 24), (r"^vit_base_patch16_gap_224", 16),
                     (r"^vit_base_patch16_plus", 14))
 # timm's SigLIP 2 towers compute the tanh GELU (act_layer='gelu_tanh'); every other plain ViT in timm
 # computes exact GELU, except the OpenAI CLIP towers' QuickGELU (and SwiGLU, which the tensors show).

@@ -191,7 +191,7 @@ def timm_arguments(model):
     arguments = dict(
         class_token=architecture.class_token, reg_tokens=architecture.register_tokens,
         no_embed_class=not architecture.class_token_position_embedding, global_pool=pools[architecture.classifier],
-        fc_norm=architecture.fc_norm, pre_norm=architecture.norm_pre, qkv_bias=architecture.qkv_bias,
+        fc_norm=architecture.fc_norm, final_norm=architecture.final_norm, pre_norm=architecture.norm_pre, qkv_bias=architecture.qkv_bias,
         qk_norm=architecture.qk_norm, init_values=architecture.layer_scale,
         act_layer=activations[architecture.mlp_activation],
     )
