@@ -113,3 +113,23 @@ class Architecture:
         patches = int(table_rows) - self.position_prefix_rows
         side = int(round(max(patches, 0) ** 0.5))
         return (side, side) if side * side == patches and side else None
+
+
+def resolve_architecture(base, classifier, switches):
+    """The `Architecture` to build: `base` (a checkpoint's, or None for the paper's) with the `switches` that are set.
+
+    A classifier given alone decides the class token as before: `"token"`
+    has one, `"gap"` and `"map"` none (`class_token=True` keeps one).
+
+    Example:
+    >>> resolve_architecture(None, "gap", {"register_tokens": 2}).num_prefix_tokens
+    2
+    """
+    changes = {key: value for key, value in switches.items() if value is not None}
+    if classifier is not None:
+        changes.setdefault("class_token", classifier == "token")
+        changes["classifier"] = classifier
+    base = base or Architecture()
+    if classifier is None and changes.get("class_token") is False and base.classifier == "token":
+        changes["classifier"] = "gap"
+    return dataclasses.replace(base, **changes)

@@ -11,7 +11,7 @@ import dataclasses
 import keras
 
 from keras_vit import checkpoints
-from keras_vit.architecture import Architecture
+from keras_vit.architecture import Architecture, resolve_architecture
 from keras_vit.functional import DYNAMIC, VisionTransformer, sizes_of
 from keras_vit.layers import (
     PRECISIONS,
@@ -188,7 +188,7 @@ def ViT(
                     mlp_activation=mlp_activation, layer_norm_epsilon=layer_norm_epsilon)
     if approximate_gelu is not None and mlp_activation is None:
         switches["mlp_activation"] = "gelu_tanh" if approximate_gelu else "gelu"
-    _resolve_architecture(architecture, None, classifier, switches)  # Bad switches fail before any download.
+    resolve_architecture(architecture, classifier, switches)  # Bad switches fail before any download.
     if include_top and pooling is not None:
         raise ValueError("pooling applies only with include_top=False.")
     if resnet_layers is not None:
@@ -218,7 +218,8 @@ def ViT(
             )
     if hidden_size % sizes.num_heads:
         raise ValueError(f"hidden_size {hidden_size} is not divisible by num_heads {sizes.num_heads}.")
-    architecture = _resolve_architecture(architecture, source, classifier, switches)
+    architecture = resolve_architecture(architecture or (source.architecture if source else None), classifier,
+                                        switches)
     if representation_size is None:
         representation_size = source.representation_size if source else 0
     if classes is None:
@@ -251,25 +252,6 @@ def ViT(
         if include_top and source.class_names and len(source.class_names) == classes == source.classes:
             model.class_names = list(source.class_names)  # the file's head, so the file's names
     return model
-
-
-def _resolve_architecture(architecture, source, classifier, switches):
-    """The `Architecture` to build: `architecture`, else the checkpoint's, else the paper's, with the keywords set.
-
-    A classifier given alone decides the class token as before: `"token"`
-    has one, `"gap"` and `"map"` none (`class_token=True` keeps one).
-    """
-    base = architecture or (source.architecture if source is not None and source.architecture else None)
-    switches = dict(switches)
-    if classifier is not None and switches["class_token"] is None:
-        switches["class_token"] = classifier == "token"
-    base = base or Architecture()
-    changes = {key: value for key, value in switches.items() if value is not None}
-    if classifier is not None:
-        changes["classifier"] = classifier
-    elif changes.get("class_token") is False and base.classifier == "token":
-        changes["classifier"] = "gap"
-    return dataclasses.replace(base, **changes)
 
 
 def _dtype_policy(dtype):
