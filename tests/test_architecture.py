@@ -105,8 +105,8 @@ def test_a_classifier_given_alone_decides_the_class_token_as_before():
 
 @pytest.mark.backend_independent
 def test_a_typo_in_named_weights_suggests_the_closest_names():
-    with pytest.raises(CheckpointError, match=r"Unknown weights 'imagenet22k' for ViT_B16; Did you mean "
-                                              r"'imagenet21k'"):
+    with pytest.raises(CheckpointError, match=r"Unknown weights 'imagenet22k' for ViT_B16; valid names: .* "
+                                              r"Did you mean 'imagenet21k'"):
         keras_vit.ViT_B16(weights="imagenet22k")
     with pytest.raises(CheckpointError, match=r"this model's sizes match none of them. Did you mean 'imagenet21k'"):
         keras_vit.ViT(**SMALL, weights="imagenet22k")

@@ -174,8 +174,8 @@ def find_checkpoint(variant, name, image_size):
                 "Pass a file path instead (or build a named variant, e.g. keras_vit.ViT_B16)."
             )
         raise CheckpointError(
-            f"Unknown weights {name!r} for {variant};{hint} valid names: {known or 'none'}, "
-            "or a path to a .npz, .keras or .weights.h5 file."
+            f"Unknown weights {name!r} for {variant}; valid names: {known or 'none'}, "
+            f"or a path to a .npz, .keras or .weights.h5 file.{hint}"
         )
     exact = [c for c in choices if c.image_size in (image_size[0], image_size[1])]
     if exact and image_size[0] == image_size[1]:
