@@ -13,7 +13,6 @@ Example:
 
 import re
 
-from keras_vit.checkpoints.source import CheckpointError
 
 # The prefixes of timm's plain-ViT architecture names (VisionTransformer and DeiT's plain models).
 PREFIXES = ("vit_", "deit_", "deit3_", "flexivit_")
