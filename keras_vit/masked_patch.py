@@ -148,7 +148,7 @@ class MaskedPatchPretrainer(keras.Model):
     """Masked patch prediction around a keras_vit encoder.
 
     `encoder` is a keras_vit ViT that outputs its token sequence
-    (`include_top=False`, `pooling=None`). Its layers run in order, with a
+    (`include_top=False`, `pooling=None`). Its graph runs as it is, with a
     `PatchCorruption` right after the patch embedding (the layer named
     `"embedding"`, so corrupted tokens get position embeddings too), then a
     Dense `colour_head` gives `2**(3 * bits)` logits per patch token. The
@@ -214,6 +214,12 @@ class MaskedPatchPretrainer(keras.Model):
         height, width = encoder.input_shape[1:3]
         self.patch_size = (height // self.grid_size[0], width // self.grid_size[1])
 
+        # The encoder's own graph, cut at the patch embedding: the corruption goes between the two halves, and
+        # whatever the encoder does after it (registers, norm_pre, ...) runs exactly as in the encoder.
+        # Held outside Keras' tracking: the halves share the encoder's weights, which it already saves.
+        embedding = encoder.get_layer("embedding").output
+        halves = (keras.Model(encoder.input, embedding), keras.Model(embedding, encoder.output))
+        object.__setattr__(self, "_encoder_halves", halves)
         self.corruption = PatchCorruption(
             corruption_rate, mask_rate, random_rate, seed=seed, dtype=self.dtype_policy, name="patch_corruption"
         )
@@ -231,15 +237,16 @@ class MaskedPatchPretrainer(keras.Model):
 
     def call(self, images, training=None):
         # `training` is in the signature so that Keras hands it on to the encoder's dropout.
-        tokens, corrupted_mask = images, None
-        for layer in self.encoder.layers:
-            if isinstance(layer, keras.layers.InputLayer):
-                continue
-            tokens = layer(tokens)
-            if layer.name == "embedding":
-                tokens, corrupted_mask = self.corruption(tokens)
+        patch_tokens, corrupted_mask = self.corruption(self._embed_patches(images))
+        tokens = self._encode_patch_tokens(patch_tokens)
         logits = self.colour_head(tokens[:, self.num_prefix_tokens :])
         return {"logits": logits, "corrupted_mask": corrupted_mask}
+
+    def _embed_patches(self, images):
+        return self._encoder_halves[0](images)
+
+    def _encode_patch_tokens(self, patch_tokens):
+        return self._encoder_halves[1](patch_tokens)
 
     def colour_targets(self, images):
         """The `mean_colour_bins` classes of the images' patches."""

@@ -250,6 +250,23 @@ def test_gap_encoder_predicts_every_token_and_hybrid_encoder_uses_the_grid_for_p
     assert np.isfinite(float(numpy(loss)))
 
 
+def test_the_corruption_sits_inside_the_encoders_own_graph_whatever_its_switches():
+    # Registers, an unembedded class token, norm_pre and layer scale all come after the patch embedding:
+    # the pretrainer must run them as the encoder does, and predict only from the patch tokens.
+    encoder = keras_vit.ViT(image_size=16, patch_size=4, hidden_size=16, num_layers=1, num_heads=2, mlp_dim=32,
+                            include_top=False, register_tokens=3, class_token_position_embedding=False,
+                            norm_pre=True, layer_scale=0.5)
+    pretrainer = MaskedPatchPretrainer(encoder, bits=1)
+    images = np.random.default_rng(0).uniform(-1, 1, (2, 16, 16, 3)).astype("float32")
+    uncorrupted = pretrainer._encode_patch_tokens(pretrainer._embed_patches(images))
+    np.testing.assert_array_equal(numpy(uncorrupted), numpy(encoder(images)))
+    assert pretrainer.num_prefix_tokens == 4
+    assert pretrainer(images)["logits"].shape == (2, 16, 8)
+    pretrainer.compile(optimizer="adam")
+    history = pretrainer.fit(images, epochs=1, batch_size=2, verbose=0)
+    assert np.isfinite(history.history["loss"][0])
+
+
 QUICK = ["--verbose", "0", "--hidden-size", "32", "--num-layers", "1", "--num-heads", "2", "--mlp-dim", "64",
          "--batch-size", "128", "--eval-batch-size", "360", "--epochs", "1", "--warmup-steps", "2"]
 
