@@ -26,6 +26,9 @@ ACTIVATIONS = ("gelu_tanh", "gelu", "quick_gelu", "swiglu")
 # "token": the class token; "gap": the mean of the patch tokens (prefix tokens excluded); "map": multi-head
 # attention pooling with a learned probe (SigLIP, timm's AttentionPoolLatent).
 POOLINGS = ("token", "gap", "map")
+# The pixel statistics of the paper's checkpoints (images scaled to [-1, 1]), and ImageNet's (DeiT, DINOv2).
+PAPER_PIXEL_STATISTICS = (0.5, 0.5, 0.5)
+IMAGENET_PIXEL_STATISTICS = {"input_mean": (0.485, 0.456, 0.406), "input_std": (0.229, 0.224, 0.225)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,6 +57,14 @@ class Architecture:
         mlp_activation: one of `ACTIVATIONS`.
         layer_norm_epsilon: every LayerNorm's epsilon (1e-6 in the original
             checkpoints and timm, 1e-5 in CLIP's, 1e-12 in transformers').
+        input_mean, input_std: the per-channel pixel normalisation the
+            weights were trained with, on the [0, 1] scale (timm's
+            `pretrained_cfg` `mean`/`std`). Every keras_vit model takes
+            images in [-1, 1] (`preprocess_input`); other values than the
+            paper's 0.5 add an `InputNormalization` layer that turns those
+            into `(x - input_mean) / input_std`, so the same images suit
+            every checkpoint (ImageNet's statistics for DeiT and DINOv2,
+            OpenAI's for CLIP).
     """
 
     class_token: bool = True
@@ -69,8 +80,21 @@ class Architecture:
     layer_scale: float = None
     mlp_activation: str = "gelu_tanh"
     layer_norm_epsilon: float = LAYER_NORM_EPSILON
+    input_mean: tuple = PAPER_PIXEL_STATISTICS
+    input_std: tuple = PAPER_PIXEL_STATISTICS
 
     def __post_init__(self):
+        for field in ("input_mean", "input_std"):
+            value = getattr(self, field)
+            try:
+                value = tuple(float(channel) for channel in value)
+            except (TypeError, ValueError):
+                value = ()
+            if len(value) != 3 or (field == "input_std" and min(value) <= 0):
+                raise ValueError(f"{field} must be three per-channel numbers on the [0, 1] pixel scale"
+                                 f"{' (each > 0)' if field == 'input_std' else ''}, such as ImageNet's "
+                                 f"{IMAGENET_PIXEL_STATISTICS[field]}; got {getattr(self, field)!r}.")
+            object.__setattr__(self, field, value)  # a tuple of floats, as a JSON config gives back a list
         if self.classifier not in POOLINGS:
             raise ValueError(f"Unknown classifier {self.classifier!r}; expected one of {POOLINGS}.")
         if self.mlp_activation not in ACTIVATIONS:
@@ -98,6 +122,11 @@ class Architecture:
     def position_prefix_rows(self):
         """The rows of the position table that belong to prefix tokens (0 with `no_embed_class`)."""
         return self.num_prefix_tokens if self.class_token_position_embedding else 0
+
+    @property
+    def normalizes_input(self):
+        """Whether the model maps its [-1, 1] input to other pixel statistics than the paper's."""
+        return (self.input_mean, self.input_std) != (PAPER_PIXEL_STATISTICS, PAPER_PIXEL_STATISTICS)
 
     @property
     def approximate_gelu(self):

@@ -1,6 +1,7 @@
 """The layers a Vision Transformer is made of.
 
-`PatchEmbedding` cuts an image into patches and projects them, `ClassToken`
+`InputNormalization` maps the [-1, 1] input to a checkpoint's own pixel
+statistics, `PatchEmbedding` cuts an image into patches and projects them, `ClassToken`
 prepends the learned [class] token and `RegisterTokens` the register
 tokens, `AddPositionEmbedding` adds learned position embeddings (resizing
 them when the grid changes), `TransformerBlock` is one pre-LayerNorm
@@ -22,6 +23,45 @@ from keras_vit.position_embedding import AddPositionEmbedding, as_pair  # noqa: 
 
 # The precisions a ViT runs in (`dtype=`): float32, half precision, or mixed (float32 weights).
 PRECISIONS = ("float32", "bfloat16", "mixed_bfloat16", "float16", "mixed_float16")
+
+
+@keras.saving.register_keras_serializable(package="keras_vit")
+class InputNormalization(keras.layers.Layer):
+    """Map images in [-1, 1] to the per-channel statistics a checkpoint was trained with.
+
+    keras_vit models all take `preprocess_input`'s [-1, 1] images; weights
+    trained on `(pixel / 255 - mean) / std` (ImageNet's statistics for DeiT
+    and DINOv2, OpenAI's for CLIP) get this layer first, computing
+    `((x + 1) / 2 - mean) / std`, so that every caller (the CLI, the data
+    pipelines, an export) feeds them the same images. No weights.
+
+    Example:
+    >>> import numpy as np
+    >>> layer = InputNormalization(mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225))
+    >>> np.round(np.asarray(layer(np.full((1, 1, 1, 3), 1.0))), 3)  # white
+    array([[[[2.249, 2.429, 2.64 ]]]], dtype=float32)
+    """
+
+    def __init__(self, mean, std, **kwargs):
+        super().__init__(**kwargs)
+        # === Config ===
+        self.mean = tuple(float(value) for value in mean)
+        self.std = tuple(float(value) for value in std)
+
+    def call(self, images):
+        images = ops.cast(images, self.compute_dtype)
+        scale = ops.convert_to_tensor([0.5 / value for value in self.std], dtype=self.compute_dtype)
+        shift = ops.convert_to_tensor([(0.5 - mean) / std for mean, std in zip(self.mean, self.std)],
+                                      dtype=self.compute_dtype)
+        return images * scale + shift  # ((x + 1) / 2 - mean) / std, in one multiply-add
+
+    def compute_output_shape(self, input_shape):
+        return input_shape
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(mean=list(self.mean), std=list(self.std))
+        return config
 
 
 @keras.saving.register_keras_serializable(package="keras_vit")

@@ -18,6 +18,7 @@ from keras_vit.layers import (
     AddPositionEmbedding,
     AttentionPooling,
     ClassToken,
+    InputNormalization,
     LayerNorm,
     PatchEmbedding,
     RegisterTokens,
@@ -360,6 +361,8 @@ def _build(options, input_tensor):
     dynamic = image_size == DYNAMIC
 
     x = images
+    if architecture.normalizes_input:
+        x = InputNormalization(architecture.input_mean, architecture.input_std, name="input_normalization")(x)
     if sizes.resnet_layers is not None:
         x = apply_resnet(x, sizes.resnet_layers, sizes.resnet_width)
     x = patch_grid = PatchEmbedding(sizes.patch_size, sizes.hidden_size, flatten=not dynamic,

@@ -47,6 +47,36 @@ def test_switches_survive_keras_file_and_timm_round_trips(switches, tmp_path):
     np.testing.assert_allclose(predict(again, images), expected, atol=1e-5, rtol=0)
 
 
+def test_pixel_statistics_turn_the_minus_one_to_one_input_into_the_weights_own(tmp_path, keras_vit_log):
+    imagenet = Architecture(input_mean=(0.485, 0.456, 0.406), input_std=(0.229, 0.224, 0.225))
+    model = randomised(keras_vit.ViT(**SMALL, architecture=imagenet))
+    plain = keras_vit.ViT(**SMALL)
+    plain.set_weights(model.get_weights())
+    images = np.random.default_rng(1).uniform(-1, 1, (2, 32, 32, 3)).astype("float32")
+    normalised = ((images + 1) / 2 - np.array(imagenet.input_mean)) / np.array(imagenet.input_std)
+    np.testing.assert_allclose(predict(model, images), predict(plain, normalised.astype("float32")), atol=1e-5)
+    assert model.layers[1].name == "input_normalization" and plain.layers[1].name == "embedding"
+
+    model.save(tmp_path / "model.keras")
+    reloaded = keras_vit.from_pretrained(str(tmp_path / "model.keras"))
+    assert checkpoints.architecture_of(reloaded) == imagenet
+    np.testing.assert_allclose(predict(reloaded, images), predict(model, images), atol=1e-6)
+    # A bare state dict cannot keep them: the writers say where they go instead.
+    checkpoints.save_timm(model, tmp_path / "model.safetensors")
+    checkpoints.save_npz(model, tmp_path / "model.npz")
+    assert [record.getMessage().split(", which")[0] for record in keras_vit_log.records if "pixel" in
+            record.getMessage()] == [
+        f"{model.name} normalises its [-1, 1] input to pixel mean [0.485, 0.456, 0.406] and std "
+        "[0.229, 0.224, 0.225]"] * 2
+    assert "config.json (pretrained_cfg mean and std)" in keras_vit_log.text
+
+    with pytest.raises(ValueError, match=r"input_std must be three per-channel numbers on the \[0, 1\] pixel scale "
+                                         r"\(each > 0\), such as ImageNet's \(0.229, 0.224, 0.225\); got \(0.2, 0, 0.2\)"):
+        Architecture(input_std=(0.2, 0, 0.2))
+    with pytest.raises(ValueError, match=r"input_mean must be three .* got 'imagenet'"):
+        Architecture(input_mean="imagenet")
+
+
 def test_registers_sit_between_the_class_token_and_the_patches():
     model = keras_vit.ViT(**SMALL, **DINOV2_REG)
     tokens = keras.Model(model.input, model.get_layer("encoderblock_0").input)

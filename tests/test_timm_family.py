@@ -24,8 +24,19 @@ CASES = sorted(os.listdir(FAMILY))
 
 @pytest.fixture(scope="module")
 def reference():
+    """timm's outputs, with its input images as keras_vit takes them: in [-1, 1].
+
+    timm was given `(pixel - mean) / std` with each folder's own `pretrained_cfg` statistics (ImageNet's for
+    DINOv2 and DeiT, OpenAI's for CLIP); keras_vit's `InputNormalization` must turn these back into exactly that.
+    """
     with np.load(fixture("timm_family_reference.npz")) as data:
-        return {key: data[key] for key in data.files}
+        found = {key: data[key] for key in data.files}
+    for key in [key for key in found if key.endswith("images")]:
+        with open(os.path.join(FAMILY, key.split("/")[0], "config.json")) as f:
+            statistics = json.load(f)["pretrained_cfg"]
+        mean, std = np.array(statistics["mean"]), np.array(statistics["std"])
+        found[key] = ((found[key] * std + mean) * 2 - 1).astype("float32")
+    return found
 
 
 def load(folder, **overrides):
@@ -78,6 +89,20 @@ def test_architecture_is_read_from_the_tensors_and_the_family_name():
     assert architecture("class_token_gap").class_token and architecture("class_token_gap").classifier == "gap"
     assert architecture("dinov2_giant_swiglu").mlp_activation == "swiglu"
     assert not architecture("no_qkv_bias").qkv_bias and architecture("qk_norm").qk_norm
+    # The pixel statistics come from pretrained_cfg: ImageNet's for DINOv2, OpenAI's for CLIP, none for SigLIP.
+    assert (dinov2_reg.input_mean, dinov2_reg.input_std) == ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
+    assert clip.input_mean == (0.48145466, 0.4578275, 0.40821073) and not siglip.normalizes_input
+
+
+def test_bad_pixel_statistics_in_the_config_name_the_file_and_the_field(tmp_path):
+    folder = tmp_path / "deit"
+    shutil.copytree(os.path.join(FAMILY, "deit"), folder)
+    config = json.loads((folder / "config.json").read_text())
+    config["pretrained_cfg"]["std"] = [0.229, 0.0, 0.225]
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(CheckpointError, match=r"config.json \(pretrained_cfg mean and std\): input_std must be "
+                                              r"three per-channel numbers on the \[0, 1\] pixel scale \(each > 0\)"):
+        load(folder)
 
 
 def test_hub_folder_without_model_args_takes_heads_from_the_family(reference):

@@ -116,3 +116,24 @@ def test_dinov2_folders_load_with_transformers_pooled_output_and_tokens(case):
     np.testing.assert_allclose(predict(model, images), pooled, atol=1e-5, rtol=0)
     sequence = keras_vit.from_pretrained(fixture(case), include_top=False, pooling=None)
     np.testing.assert_allclose(predict(sequence, images), tokens, atol=1e-5, rtol=0)
+
+
+def test_a_folders_preprocessor_statistics_are_applied_to_the_minus_one_to_one_input(tmp_path):
+    # transformers keeps the normalisation beside config.json; DINOv2's is ImageNet's. keras_vit takes
+    # preprocess_input's [-1, 1] images and must hand the encoder exactly (pixel - mean) / std.
+    with np.load(fixture("transformers_dinov2_reference.npz")) as data:
+        normalised, pooled = data["transformers_dinov2/images"], data["transformers_dinov2/pooler_output"]
+    folder = tmp_path / "dinov2"
+    shutil.copytree(fixture("transformers_dinov2"), folder)
+    mean, std = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
+    (folder / "preprocessor_config.json").write_text(json.dumps(
+        {"image_processor_type": "BitImageProcessor", "image_mean": mean, "image_std": std}))
+    model = keras_vit.from_pretrained(str(folder))
+    images = ((normalised * np.array(std) + np.array(mean)) * 2 - 1).astype("float32")
+    np.testing.assert_allclose(predict(model, images), pooled, atol=1e-5, rtol=0)
+    assert keras_vit.checkpoints.architecture_of(model).input_std == tuple(std)
+
+    (folder / "preprocessor_config.json").write_text(json.dumps({"image_mean": [0.5, 0.5], "image_std": std}))
+    with pytest.raises(CheckpointError, match=r"preprocessor_config.json \(image_mean and image_std\): input_mean "
+                                              r"must be three per-channel numbers on the \[0, 1\] pixel scale"):
+        keras_vit.from_pretrained(str(folder))

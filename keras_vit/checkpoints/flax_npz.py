@@ -22,6 +22,7 @@ from keras_vit.checkpoints.source import (
     require_regular_file,
     source_from_state,
     state_of,
+    warn_unkept_pixel_statistics,
 )
 from keras_vit.files import atomic_path
 
@@ -209,6 +210,8 @@ def save_npz(model, path):
     >>> save_npz(keras_vit.ViT_Ti16(image_size=32, classes=10), "/tmp/ti16.npz")
     """
     arrays = to_flax(model)
+    warn_unkept_pixel_statistics(model, "the original layout takes [-1, 1] images; read the file back with "
+                                        "architecture=keras_vit.checkpoints.architecture_of(model)")
     with atomic_path(path) as temporary, open(temporary, "wb") as f:  # whole, or the old file untouched
         np.savez(f, **arrays)
     return path

@@ -8,6 +8,7 @@ embeddings are resized to the model's grid, patch kernels to its patch size
 (FlexiViT), and heads adapted here.
 """
 
+import dataclasses
 import json
 import logging
 import math
@@ -27,6 +28,7 @@ from keras_vit.checkpoints.source import (
     BLOCK,
     CheckpointError,
     WeightsSource,
+    pixel_statistics,
     preview,
     refuse_non_float,
     require_regular_file,
@@ -97,12 +99,36 @@ def read_folder(folder, budget=None):
     if "architecture" in config:
         return read_timm_folder(folder, config, budget)
     if config.get("model_type") == "vit":
-        return read_transformers_folder(folder, config, budget)
+        return _with_preprocessor_statistics(read_transformers_folder(folder, config, budget), folder)
     if config.get("model_type") in DINOV2_TYPES:
-        return read_dinov2_folder(folder, config, budget)
+        return _with_preprocessor_statistics(read_dinov2_folder(folder, config, budget), folder)
     raise CheckpointError(f"{folder}: its config.json is neither timm's (architecture) nor a transformers ViT's "
                           f"or DINOv2's (model_type 'vit', 'dinov2' or 'dinov2_with_registers'; this one is "
                           f"{config.get('model_type')!r}).")
+
+
+def _with_preprocessor_statistics(source, folder):
+    """`source` with the pixel mean and std of the folder's `preprocessor_config.json`, where it has one.
+
+    transformers keeps the normalisation there, not in `config.json` (DINOv2's is ImageNet's, google/vit-*'s
+    the paper's 0.5).
+    """
+    path = os.path.join(folder, "preprocessor_config.json")
+    if not os.path.exists(path):
+        return source
+    try:
+        require_regular_file(path)
+        with open(path) as f:
+            config = json.load(f)
+    except (CheckpointError, OSError, ValueError) as error:
+        raise CheckpointError(f"{path} is not a readable JSON file: {error}") from error
+    if not isinstance(config, dict):
+        raise CheckpointError(f"{path} is a JSON {type(config).__name__}; transformers writes an object "
+                              "({\"image_mean\": [...], \"image_std\": [...], ...}).")
+    statistics = pixel_statistics(config.get("image_mean"), config.get("image_std"),
+                                  f"{path} (image_mean and image_std)")
+    source.architecture = dataclasses.replace(source.architecture, **statistics)
+    return source
 
 
 def _looks_like_path(weights):

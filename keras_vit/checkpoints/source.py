@@ -7,13 +7,14 @@ and back; `loading.load_into` puts one into a model.
 """
 
 import dataclasses
+import logging
 import os
 import re
 import stat
 
 import keras
 
-from keras_vit.architecture import Architecture
+from keras_vit.architecture import PAPER_PIXEL_STATISTICS, Architecture
 from keras_vit.variants import Variant, resnet_stride
 
 
@@ -324,7 +325,37 @@ def architecture_of(model):
         layer_scale=block.layer_scale,
         mlp_activation=block.activation,
         layer_norm_epsilon=block.layer_norm_epsilon,
+        **_pixel_statistics(layers.get("input_normalization")),
     )
+
+
+def _pixel_statistics(normalization):
+    return {} if normalization is None else dict(input_mean=normalization.mean, input_std=normalization.std)
+
+
+def warn_unkept_pixel_statistics(model, where_they_go):
+    """Log that `model`'s pixel statistics (not the paper's) are not in the tensors a writer writes."""
+    architecture = architecture_of(model)
+    if architecture.normalizes_input:
+        logging.getLogger("keras_vit").warning(
+            "%s normalises its [-1, 1] input to pixel mean %s and std %s, which the written tensors do not keep: "
+            "%s.", model.name, list(architecture.input_mean), list(architecture.input_std), where_they_go)
+
+
+def pixel_statistics(mean, std, where):
+    """`{"input_mean": ..., "input_std": ...}` of a config's normalisation (empty where it names none).
+
+    `where` names the file and its fields in the error for values that are not three numbers.
+    """
+    if mean is None and std is None:
+        return {}
+    try:
+        Architecture(input_mean=PAPER_PIXEL_STATISTICS if mean is None else mean,
+                     input_std=PAPER_PIXEL_STATISTICS if std is None else std)
+    except ValueError as error:
+        raise CheckpointError(f"{where}: {error}") from None
+    return {key: tuple(float(v) for v in value) for key, value in (("input_mean", mean), ("input_std", std))
+            if value is not None}
 
 
 def positive_int_field(fields, key, where, prefix=""):

@@ -31,10 +31,12 @@ from keras_vit.checkpoints.source import (
     architecture_from_state,
     architecture_of,
     class_names_in_order,
+    pixel_statistics,
     positive_int_field,
     preview,
     require_regular_file,
     source_from_state,
+    warn_unkept_pixel_statistics,
 )
 from keras_vit.checkpoints.timm_families import NOT_PLAIN_BLOCKS, PREFIXES, timm_family
 from keras_vit.files import atomic_path
@@ -223,6 +225,8 @@ def save_timm(model, path):
             "timm model with act_layer='gelu_tanh' for equal logits.",
             model.name,
         )
+    warn_unkept_pixel_statistics(model, "timm reads them from the folder's config.json (pretrained_cfg mean and "
+                                        "std), and so does keras_vit.from_pretrained")
     save_file = _safetensors().save_file
     with atomic_path(os.fspath(path)) as temporary:
         save_file(tensors, temporary, metadata={"format": "pt"})
@@ -365,6 +369,9 @@ def read_timm(path, budget=None, config=None, config_path=None):
                 raise CheckpointError(f"{where}: model_args.act_layer is {activation!r}; keras_vit computes "
                                       f"{sorted(_TIMM_ACTIVATIONS)}.")
             known["mlp_activation"] = _TIMM_ACTIVATIONS[activation]
+        pretrained = config.get("pretrained_cfg") if isinstance(config.get("pretrained_cfg"), dict) else {}
+        known.update(pixel_statistics(pretrained.get("mean", config.get("mean")), pretrained.get("std", config.get("std")),
+                                      f"{where} (pretrained_cfg mean and std)"))
         pool = args.get("global_pool", config.get("global_pool"))
         if pool not in (None, "", "token", "avg", "map"):
             raise CheckpointError(f"{where}: global_pool is {pool!r}; keras_vit pools by 'token', 'avg' or 'map'.")
