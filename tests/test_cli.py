@@ -72,6 +72,8 @@ def test_numeric_and_size_flags_are_checked_before_training(flags, message, tmp_
     assert not (tmp_path / "log.csv").exists()
 
 
+# Flag parsing; non-square models are checked on every backend by test_position_embedding and test_models.
+@pytest.mark.backend_independent
 def test_image_size_takes_height_and_width(tmp_path):
     cli.main(["pretrain", *SMALL_RUN, "--image-size", "16", "24", "--output-dir", str(tmp_path)])
     model = keras.saving.load_model(tmp_path / "model.keras")

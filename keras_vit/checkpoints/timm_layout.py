@@ -94,7 +94,8 @@ _TOP = {
 }
 # Parts of timm's ViT family that keras_vit's model does not have, and what they are.
 _UNSUPPORTED = {
-    "patch_embed.backbone.": "a hybrid's ResNet (load the original .npz instead)",
+    "patch_embed.backbone.": "a convolutional stem before the patches (a hybrid's ResNet, which keras_vit reads "
+                             "from the original .npz, or another backbone such as MobileCLIP's MCI stem)",
     "patch_embed.norm.": "a normalised patch embedding",
     ".mlp.norm.": "a LayerNorm inside the MLP (scale_mlp_norm)",
     ".attn.norm.": "a LayerNorm inside attention (scale_attn_norm)",
