@@ -262,9 +262,6 @@ def test_the_corruption_sits_inside_the_encoders_own_graph_whatever_its_switches
     np.testing.assert_array_equal(numpy(uncorrupted), numpy(encoder(images)))
     assert pretrainer.num_prefix_tokens == 4
     assert pretrainer(images)["logits"].shape == (2, 16, 8)
-    pretrainer.compile(optimizer="adam")
-    history = pretrainer.fit(images, epochs=1, batch_size=2, verbose=0)
-    assert np.isfinite(history.history["loss"][0])
 
 
 QUICK = ["--verbose", "0", "--hidden-size", "32", "--num-layers", "1", "--num-heads", "2", "--mlp-dim", "64",
