@@ -20,8 +20,9 @@ from keras_vit.models import ViT, read_checkpoint
 from keras_vit.variants import VARIANTS, Variant
 
 HF_PREFIX = "hf://"
-# The files a ViT repository on the Hub may hold that keras_vit reads.
-_HUB_FILES = ["config.json", "model.safetensors", "pytorch_model.bin", "*.npz"]
+# The files a ViT repository on the Hub may hold that keras_vit reads (transformers keeps the pixel
+# statistics in preprocessor_config.json).
+_HUB_FILES = ["config.json", "preprocessor_config.json", "model.safetensors", "pytorch_model.bin", "*.npz"]
 # timm and the paper name these widths; their head counts, for a file that does not store its own.
 _HEADS_BY_WIDTH = {variant.hidden_size: variant.num_heads for variant in VARIANTS.values()}
 

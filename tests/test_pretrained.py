@@ -63,6 +63,23 @@ def test_hf_handle_loads_from_the_cache_with_no_network(tmp_path):
 
 
 @pytest.mark.backend_independent
+def test_a_handle_downloads_every_file_the_folder_readers_open(monkeypatch):
+    # Offline, snapshot_download hands back the whole cached folder: what it would fetch online is its
+    # allow_patterns, checked here against the files of each kind of Hub folder keras_vit reads.
+    huggingface_hub = pytest.importorskip("huggingface_hub")
+    import fnmatch
+
+    asked = {}
+    monkeypatch.setattr(huggingface_hub, "snapshot_download",
+                        lambda repo, revision=None, allow_patterns=None: asked.setdefault("patterns", allow_patterns))
+    keras_vit.pretrained.resolve_handle("hf://google/siglip-base-patch16-224")
+    for folder in ("transformers_clip_vision", "transformers_siglip", "transformers_vit",
+                   os.path.join("timm_family", "deit")):
+        for name in os.listdir(fixture(folder)):
+            assert any(fnmatch.fnmatch(name, pattern) for pattern in asked["patterns"]), (folder, name)
+
+
+@pytest.mark.backend_independent
 def test_offline_miss_names_the_handle_and_the_way_out(tmp_path):
     pytest.importorskip("huggingface_hub")
     code = "import keras_vit\nkeras_vit.from_pretrained('hf://google/not-cached')\n"

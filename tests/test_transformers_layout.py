@@ -100,8 +100,9 @@ def test_configs_keras_vit_cannot_compute_are_refused_by_name(tmp_path):
         keras_vit.ViT(**SIZES, weights=relu)
     shutil.rmtree(relu)
     bert = edited(tmp_path, lambda c: c.update(model_type="bert"))
-    with pytest.raises(CheckpointError, match=r"neither timm's \(architecture\) nor a transformers ViT's or "
-                                              r"DINOv2's \(model_type 'vit', 'dinov2' or 'dinov2_with_registers'; "
+    with pytest.raises(CheckpointError, match=r"neither timm's \(architecture\) nor a transformers ViT, DINOv2, CLIP "
+                                              r"or SigLIP model's \(model_type 'vit', 'dinov2', 'dinov2_with_registers', "
+                                              r"'clip_vision_model', 'clip', 'siglip_vision_model', 'siglip'; "
                                               r"this one is 'bert'\)"):
         keras_vit.ViT(**SIZES, weights=bert)
     with pytest.raises(CheckpointError, match="is a folder without a readable config.json"):
@@ -136,4 +137,41 @@ def test_a_folders_preprocessor_statistics_are_applied_to_the_minus_one_to_one_i
     (folder / "preprocessor_config.json").write_text(json.dumps({"image_mean": [0.5, 0.5], "image_std": std}))
     with pytest.raises(CheckpointError, match=r"preprocessor_config.json \(image_mean and image_std\): input_mean "
                                               r"must be three per-channel numbers on the \[0, 1\] pixel scale"):
+        keras_vit.from_pretrained(str(folder))
+
+
+@pytest.mark.parametrize("case", ["transformers_clip_vision", "transformers_siglip"])
+def test_clip_and_siglip_vision_towers_load_with_transformers_pooled_output_and_tokens(case):
+    # CLIPVisionModel: class token, pre_layrnorm, no patch bias, QuickGELU, OpenAI's pixel statistics. A whole
+    # SiglipModel (its text tower left aside): no class token, attention pooling, tanh GELU. The images are in
+    # [-1, 1]; transformers got them normalised by each folder's own preprocessor_config.json.
+    with np.load(fixture("transformers_vision_towers_reference.npz")) as data:
+        images, pooled, tokens = (data[f"{case}/{key}"] for key in ("images", "pooler_output", "last_hidden_state"))
+    model = keras_vit.from_pretrained(fixture(case))
+    np.testing.assert_allclose(predict(model, images), pooled, atol=1e-5, rtol=0)
+    architecture = keras_vit.checkpoints.architecture_of(model)
+    if case == "transformers_clip_vision":
+        assert (architecture.norm_pre, architecture.patch_bias, architecture.mlp_activation) == (True, False, "quick_gelu")
+        assert architecture.layer_norm_epsilon == 1e-5 and architecture.normalizes_input
+        # CLIP's last_hidden_state is the blocks' output, before post_layernorm (which only the pooled token gets).
+        sequence = keras_vit.from_pretrained(fixture(case), include_top=False, pooling=None)
+        block_output = keras.Model(sequence.input, sequence.get_layer("encoder_norm").input)
+        np.testing.assert_allclose(predict(block_output, images), tokens, atol=1e-5, rtol=0)
+    else:
+        assert (architecture.class_token, architecture.classifier, architecture.mlp_activation) == \
+            (False, "map", "gelu_tanh") and not architecture.normalizes_input
+        sequence = keras_vit.from_pretrained(fixture(case), include_top=False, pooling=None)
+        np.testing.assert_allclose(predict(sequence, images), tokens, atol=1e-5, rtol=0)  # post_layernorm'd
+
+
+def test_a_vision_tower_folder_with_tensors_of_another_layout_names_them(tmp_path):
+    from safetensors.numpy import load_file, save_file
+
+    folder = tmp_path / "clip"
+    shutil.copytree(fixture("transformers_clip_vision"), folder)
+    tensors = load_file(folder / "model.safetensors")
+    tensors["encoder.layers.0.self_attn.q_norm.weight"] = np.ones(8, "float32")
+    save_file(tensors, folder / "model.safetensors")
+    with pytest.raises(CheckpointError, match=r"has 1 tensors that are not in transformers' CLIP or SigLIP vision "
+                                              r"layout: \['encoder.layers.0.self_attn.q_norm.weight'\]"):
         keras_vit.from_pretrained(str(folder))

@@ -34,6 +34,14 @@ The transformers cases write a tiny `Dinov2Model` and
 `from_pretrained`, and keep `last_hidden_state` and `pooler_output` of images
 of exactly the configured size (so neither model interpolates its position
 table) in `tests/fixtures/transformers_dinov2_reference.npz`.
+
+`--only towers` writes a tiny `CLIPVisionModel` and a whole `SiglipModel`
+(text tower included, as the Hub's SigLIP repositories are) with their
+image processors' `preprocessor_config.json`, to
+`tests/fixtures/transformers_{clip_vision,siglip}/`. The references in
+`transformers_vision_towers_reference.npz` are the vision tower's outputs
+for `images` in [-1, 1] (keras_vit's input) normalised by the processor's
+statistics.
 """
 
 import argparse
@@ -318,6 +326,17 @@ def randomise_transformers(model, generator, scale=0.2):
             parameter.copy_(noise)
 
 
+def keep_outputs(case, images, result, result_again, out):
+    """Keep a transformers model's outputs in `out`, after checking that its files read back to the same."""
+    for field in ("last_hidden_state", "pooler_output"):
+        if not np.array_equal(numpy(getattr(result, field)), numpy(getattr(result_again, field))):
+            raise AssertionError(f"{case}: transformers read its own files back differently ({field})")
+    out[f"{case}/images"] = images
+    out[f"{case}/last_hidden_state"] = numpy(result.last_hidden_state)
+    out[f"{case}/pooler_output"] = numpy(result.pooler_output)
+    return result
+
+
 def write_transformers():
     import transformers
 
@@ -349,13 +368,7 @@ def write_transformers():
         images = rng.uniform(-1, 1, size=(2, 32, 32, 3)).astype(np.float32)  # exactly image_size: no interpolation
         with torch.no_grad():
             batch = batch_of(images)
-            result, result_again = model(pixel_values=batch), again(pixel_values=batch)
-            for field in ("last_hidden_state", "pooler_output"):
-                if not np.array_equal(numpy(getattr(result, field)), numpy(getattr(result_again, field))):
-                    raise AssertionError(f"{case}: transformers read its own files back differently ({field})")
-        out[f"{case}/images"] = images
-        out[f"{case}/last_hidden_state"] = numpy(result.last_hidden_state)
-        out[f"{case}/pooler_output"] = numpy(result.pooler_output)
+            result = keep_outputs(case, images, model(pixel_values=batch), again(pixel_values=batch), out)
         out[f"{case}/state_dict_shapes"] = json.dumps({k: list(v.shape) for k, v in model.state_dict().items()})
         sizes = {name: os.path.getsize(os.path.join(folder, name)) for name in sorted(os.listdir(folder))}
         print(f"{case} ({model_name}): last_hidden_state {result.last_hidden_state.shape}, "
@@ -366,9 +379,54 @@ def write_transformers():
     print(f"transformers dinov2: {len(out)} arrays in {path}")
 
 
+def write_vision_towers():
+    """A `CLIPVisionModel` and a whole `SiglipModel` (text tower too), each with its image processor's file."""
+    import transformers
+
+    vision = dict(image_size=32, patch_size=8, hidden_size=24, intermediate_size=48, num_hidden_layers=2,
+                  num_attention_heads=3)
+    text = dict(vocab_size=50, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                max_position_embeddings=16)
+    cases = {
+        "transformers_clip_vision": (lambda: transformers.CLIPVisionModel(transformers.CLIPVisionConfig(**vision)),
+                                     transformers.CLIPImageProcessor),
+        "transformers_siglip": (lambda: transformers.SiglipModel(transformers.SiglipConfig(
+            text_config=text, vision_config=vision)), transformers.SiglipImageProcessor),
+    }
+    out = {}
+    for seed, (case, (build, processor_class)) in enumerate(cases.items()):
+        generator = torch.Generator().manual_seed(300 + seed)
+        rng = np.random.default_rng(300 + seed)
+        model = build().eval()
+        randomise_transformers(model, generator)
+        folder = os.path.join(FIXTURES, case)
+        shutil.rmtree(folder, ignore_errors=True)
+        model.save_pretrained(folder)
+        processor = processor_class(size={"height": 32, "width": 32} if "siglip" in case else {"shortest_edge": 32},
+                                    crop_size={"height": 32, "width": 32})
+        processor.save_pretrained(folder)
+        for stale in set(os.listdir(folder)) - KEEP - {"preprocessor_config.json"}:
+            os.remove(os.path.join(folder, stale))
+        again = type(model).from_pretrained(folder).eval()
+        # keras_vit's input, [-1, 1], and what the image processor's statistics make of it for transformers.
+        images = rng.uniform(-1, 1, size=(2, 32, 32, 3)).astype(np.float32)
+        mean, std = np.array(processor.image_mean), np.array(processor.image_std)
+        pixels = (((images + 1) / 2 - mean) / std).astype(np.float32)
+        with torch.no_grad():
+            towers = [getattr(m, "vision_model", m) for m in (model, again)]
+            result = keep_outputs(case, images, *(tower(pixel_values=batch_of(pixels)) for tower in towers), out)
+        sizes = {name: os.path.getsize(os.path.join(folder, name)) for name in sorted(os.listdir(folder))}
+        print(f"{case} ({type(model).__name__}): pooler_output {result.pooler_output.shape}, mean {mean}, "
+              f"files {sizes}")
+    out["transformers_version"] = transformers.__version__
+    path = os.path.join(FIXTURES, "transformers_vision_towers_reference.npz")
+    np.savez(path, **out)
+    print(f"transformers vision towers: {len(out)} arrays in {path}")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", choices=["timm", "transformers"], help="write only these fixtures")
+    parser.add_argument("--only", choices=["timm", "transformers", "towers"], help="write only these fixtures")
     parser.add_argument("--case", nargs="+", choices=list(CASES), help="rewrite only these timm cases")
     args = parser.parse_args()
     os.makedirs(TIMM_FOLDER, exist_ok=True)
@@ -377,6 +435,8 @@ def main():
         write_timm(args.case or list(CASES))
     if args.only in (None, "transformers"):
         write_transformers()
+    if args.only in (None, "towers"):
+        write_vision_towers()
 
 
 if __name__ == "__main__":

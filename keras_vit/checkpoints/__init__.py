@@ -8,6 +8,7 @@
 - `timm_families`: what a timm architecture name says that its tensors cannot (heads, activation, epsilon);
 - `transformers_layout`: Hugging Face transformers' `ViTForImageClassification` / `ViTModel` folders;
 - `dinov2_layout`: transformers' `Dinov2Model` / `Dinov2WithRegistersModel` folders;
+- `clip_layout`: the vision towers of transformers' CLIP and SigLIP folders;
 - `loading`: `read_weights` for any name or path, and `load_into`, which adapts
   heads and position embeddings and assigns all or nothing.
 
@@ -31,6 +32,7 @@ from keras_vit.checkpoints.registry import (
     find_checkpoint,
     register,
 )
+from keras_vit.checkpoints.clip_layout import from_vision_tower, read_vision_tower_folder
 from keras_vit.checkpoints.dinov2_layout import from_dinov2, read_dinov2_folder
 from keras_vit.checkpoints.source import CheckpointError, WeightsSource, architecture_of, state_of
 from keras_vit.checkpoints.timm_layout import from_timm, read_timm, read_timm_folder, save_timm, timm_arguments, to_timm
@@ -50,6 +52,7 @@ __all__ = [
     "from_flax",
     "from_timm",
     "from_transformers",
+    "from_vision_tower",
     "load_into",
     "read_keras",
     "read_npz",
@@ -58,6 +61,7 @@ __all__ = [
     "read_folder",
     "read_timm_folder",
     "read_transformers_folder",
+    "read_vision_tower_folder",
     "read_weights",
     "read_weights_h5",
     "register",

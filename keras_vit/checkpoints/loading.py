@@ -17,6 +17,8 @@ import os
 import keras
 import numpy as np
 
+from keras_vit.checkpoints.clip_layout import MODEL_TYPES as VISION_TOWER_TYPES
+from keras_vit.checkpoints.clip_layout import read_vision_tower_folder
 from keras_vit.checkpoints.dinov2_layout import MODEL_TYPES as DINOV2_TYPES
 from keras_vit.checkpoints.dinov2_layout import read_dinov2_folder
 from keras_vit.checkpoints.flax_npz import read_npz
@@ -84,7 +86,7 @@ def read_weights(weights, variant, image_size, sizes=None, classes=None):
 
 
 def read_folder(folder, budget=None):
-    """A Hub-style folder: timm's (`config.json` with `architecture`) or transformers' (ViT or DINOv2)."""
+    """A Hub-style folder: timm's (`config.json` with `architecture`) or transformers' (ViT, DINOv2, CLIP, SigLIP)."""
     config_path = os.path.join(folder, "config.json")
     try:
         require_regular_file(config_path)
@@ -102,8 +104,11 @@ def read_folder(folder, budget=None):
         return _with_preprocessor_statistics(read_transformers_folder(folder, config, budget), folder)
     if config.get("model_type") in DINOV2_TYPES:
         return _with_preprocessor_statistics(read_dinov2_folder(folder, config, budget), folder)
-    raise CheckpointError(f"{folder}: its config.json is neither timm's (architecture) nor a transformers ViT's "
-                          f"or DINOv2's (model_type 'vit', 'dinov2' or 'dinov2_with_registers'; this one is "
+    if config.get("model_type") in VISION_TOWER_TYPES:
+        return _with_preprocessor_statistics(read_vision_tower_folder(folder, config, budget), folder)
+    known = ", ".join(repr(name) for name in ("vit", *DINOV2_TYPES, *VISION_TOWER_TYPES))
+    raise CheckpointError(f"{folder}: its config.json is neither timm's (architecture) nor a transformers ViT, "
+                          f"DINOv2, CLIP or SigLIP model's (model_type {known}; this one is "
                           f"{config.get('model_type')!r}).")
 
 

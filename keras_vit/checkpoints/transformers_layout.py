@@ -53,7 +53,9 @@ _TOP = {
     "classifier.bias": "head/bias",
 }
 # transformers' activation names -> keras_vit's approximate_gelu.
-_GELU = {"gelu": False, "gelu_new": True, "gelu_pytorch_tanh": True, "gelu_python": False}
+# transformers' hidden_act -> keras_vit's mlp_activation.
+_ACTIVATIONS = {"gelu": "gelu", "gelu_python": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh",
+                "quick_gelu": "quick_gelu"}
 
 
 def fuse_qkv(qkv, state, description, zero_bias=True):
@@ -80,8 +82,9 @@ def transformers_fields(folder, config):
         raise CheckpointError(f"{folder} has a transformers config.json but no model.safetensors or pytorch_model.bin.")
     where = os.path.join(folder, "config.json")
     activation = config.get("hidden_act", "gelu")
-    if not isinstance(activation, str) or activation not in _GELU:
-        raise CheckpointError(f"{folder}: hidden_act {activation!r} is not a GELU; keras_vit's blocks compute GELU.")
+    if not isinstance(activation, str) or activation not in _ACTIVATIONS:
+        raise CheckpointError(f"{folder}: hidden_act {activation!r} is not a GELU; keras_vit's blocks compute GELU "
+                              f"({', '.join(_ACTIVATIONS)}).")
     patch = positive_int_field(config, "patch_size", where) or 16
     num_heads = positive_int_field(config, "num_attention_heads", where)
     size = config.get("image_size", 224)
@@ -91,7 +94,7 @@ def transformers_fields(folder, config):
     epsilon = config.get("layer_norm_eps", 1e-12)
     if isinstance(epsilon, bool) or not isinstance(epsilon, (int, float)) or not 0 < epsilon < 1:
         raise CheckpointError(f"{where}: layer_norm_eps is {epsilon!r}; expected a small positive number.")
-    return weights, patch, num_heads, sides, float(epsilon), "gelu_tanh" if _GELU[activation] else "gelu"
+    return weights, patch, num_heads, sides, float(epsilon), _ACTIVATIONS[activation]
 
 
 def from_transformers(tensors, description="checkpoint"):

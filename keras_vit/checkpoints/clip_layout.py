@@ -1,0 +1,126 @@
+"""transformers' CLIP and SigLIP vision towers (SigLIP keeps CLIP's layout), read.
+
+A folder holds `config.json` beside `model.safetensors`: a vision model
+(`model_type` `clip_vision_model` or `siglip_vision_model`), or a whole
+image-text model (`clip`, `siglip`), whose `vision_config` and
+`vision_model.*` tensors are read and whose text tower is left aside, as
+`CLIPVisionModel.from_pretrained` does with such a folder. transformers
+keeps q, k and v apart (fused here). The model is the vision tower's
+`pooler_output`:
+- CLIP: a class token sharing the position table, a LayerNorm before the
+  blocks (`pre_layrnorm`), no patch bias, QuickGELU, epsilon 1e-5; the
+  pooled output is the class token after `post_layernorm`. CLIP's
+  `visual_projection` into the joint image-text space is not part of it.
+- SigLIP: no class token, tanh GELU, epsilon 1e-6, the tokens normed by
+  `post_layernorm`, then attention pooling (`head.*`, whose packed
+  `nn.MultiheadAttention` projection is split into query and key/value).
+The pixel statistics come from the folder's `preprocessor_config.json`.
+
+Example:
+>>> from keras_vit import checkpoints
+>>> source = checkpoints.read_vision_tower_folder("clip-vit-base-patch16", config)  # doctest: +SKIP
+"""
+
+import numpy as np
+
+from keras_vit.checkpoints.source import CheckpointError, architecture_from_state, preview, source_from_state
+from keras_vit.checkpoints.timm_layout import read_state_dict, torch_to_keras
+from keras_vit.checkpoints.transformers_layout import fuse_qkv, transformers_fields
+
+# model_type -> (family, whether the folder is a whole image-text model).
+MODEL_TYPES = {"clip_vision_model": ("clip", False), "clip": ("clip", True),
+               "siglip_vision_model": ("siglip", False), "siglip": ("siglip", True)}
+# What transformers' CLIPVisionConfig and SiglipVisionConfig assume where a config.json leaves a field out.
+_DEFAULTS = {
+    "clip": dict(patch_size=32, image_size=224, hidden_act="quick_gelu", layer_norm_eps=1e-5, num_attention_heads=12),
+    "siglip": dict(patch_size=16, image_size=224, hidden_act="gelu_pytorch_tanh", layer_norm_eps=1e-6,
+                   num_attention_heads=12),
+}
+# transformers name (after "encoder.layers.{i}.") -> keras_vit name (after "encoderblock_{i}/").
+_BLOCK = {
+    "layer_norm1.weight": "attention_norm/gamma",
+    "layer_norm1.bias": "attention_norm/beta",
+    "self_attn.out_proj.weight": "attention_output/kernel",
+    "self_attn.out_proj.bias": "attention_output/bias",
+    "layer_norm2.weight": "mlp_norm/gamma",
+    "layer_norm2.bias": "mlp_norm/beta",
+    "mlp.fc1.weight": "mlp_hidden/kernel",
+    "mlp.fc1.bias": "mlp_hidden/bias",
+    "mlp.fc2.weight": "mlp_output/kernel",
+    "mlp.fc2.bias": "mlp_output/bias",
+}
+_TOP = {
+    "embeddings.patch_embedding.weight": "embedding/kernel",
+    "embeddings.patch_embedding.bias": "embedding/bias",
+    "pre_layrnorm.weight": "pre_norm/gamma",
+    "pre_layrnorm.bias": "pre_norm/beta",
+    "post_layernorm.weight": "encoder_norm/gamma",
+    "post_layernorm.bias": "encoder_norm/beta",
+    "head.probe": "attention_pool/probe",
+    "head.attention.out_proj.weight": "attention_pool/attention_output/kernel",
+    "head.attention.out_proj.bias": "attention_pool/attention_output/bias",
+    "head.layernorm.weight": "attention_pool/mlp_norm/gamma",
+    "head.layernorm.bias": "attention_pool/mlp_norm/beta",
+    "head.mlp.fc1.weight": "attention_pool/mlp_hidden/kernel",
+    "head.mlp.fc1.bias": "attention_pool/mlp_hidden/bias",
+    "head.mlp.fc2.weight": "attention_pool/mlp_output/kernel",
+    "head.mlp.fc2.bias": "attention_pool/mlp_output/bias",
+}
+# Tensors of a whole image-text model that are not its vision tower.
+_OTHER_TOWER = ("text_model.", "text_projection.", "visual_projection.", "logit_scale", "logit_bias")
+
+
+def from_vision_tower(tensors, description="checkpoint"):
+    """keras_vit's state from a transformers CLIP or SigLIP vision tower's state dict (text tower ignored)."""
+    tensors = {name.removeprefix("vision_model."): np.asarray(value) for name, value in tensors.items()
+               if not name.startswith(_OTHER_TOWER)}
+    tensors.pop("embeddings.position_ids", None)  # A buffer of indices that older transformers saved.
+    state, qkv, unknown = {}, {}, []
+    for name, value in tensors.items():
+        parts = name.split(".", 3)
+        if name in _TOP:
+            state[_TOP[name]] = torch_to_keras(name, value)
+        elif name == "embeddings.class_embedding":
+            state["class_token/cls"] = value.reshape(1, 1, -1)
+        elif name == "embeddings.position_embedding.weight":  # an nn.Embedding: (rows, width)
+            state["position_embedding/pos_embedding"] = value[None]
+        elif name in ("head.attention.in_proj_weight", "head.attention.in_proj_bias"):
+            packed = torch_to_keras(name.replace("in_proj_", ""), value)  # columns: query | key | value
+            width = packed.shape[-1] // 3
+            field = "kernel" if name.endswith("weight") else "bias"
+            state[f"attention_pool/query/{field}"] = packed[..., :width]
+            state[f"attention_pool/key_value/{field}"] = packed[..., width:]
+        elif name.startswith("encoder.layers.") and len(parts) == 4 and parts[2].isdigit() and parts[3] in _BLOCK:
+            state[f"encoderblock_{int(parts[2])}/{_BLOCK[parts[3]]}"] = torch_to_keras(parts[3], value)
+        elif name.startswith("encoder.layers.") and len(parts) == 4 and parts[2].isdigit() \
+                and parts[3].startswith("self_attn.") and parts[3].split(".")[1] in ("q_proj", "k_proj", "v_proj"):
+            _, projection, field = parts[3].split(".")
+            kind = {"q_proj": "query", "k_proj": "key", "v_proj": "value"}[projection]
+            qkv.setdefault(int(parts[2]), {})[(kind, field)] = torch_to_keras(parts[3], value)
+        else:
+            unknown.append(name)
+    if unknown:
+        raise CheckpointError(f"{description} has {len(unknown)} tensors that are not in transformers' CLIP or "
+                              f"SigLIP vision layout: {preview(unknown, 5)}.")
+    if "embedding/kernel" not in state or "position_embedding/pos_embedding" not in state:
+        raise CheckpointError(f"{description} holds no vision tower (no vision_model patch or position embedding).")
+    fuse_qkv(qkv, state, description, zero_bias=False)
+    return state
+
+
+def read_vision_tower_folder(folder, config, budget=None):
+    """A transformers CLIP or SigLIP folder (its parsed `config`) as the `WeightsSource` of its vision tower."""
+    family, whole = MODEL_TYPES[config.get("model_type")]
+    vision = config.get("vision_config", {}) if whole else config
+    if not isinstance(vision, dict):
+        raise CheckpointError(f"{folder}: vision_config is a JSON {type(vision).__name__}; transformers writes an "
+                              "object of the vision tower's settings.")
+    weights, patch, num_heads, sides, epsilon, activation = transformers_fields(folder, {**_DEFAULTS[family], **vision})
+    state = from_vision_tower(read_state_dict(weights, budget), description=weights)
+    grid = (sides[0] // patch, sides[1] // patch)
+    table = state["position_embedding/pos_embedding"]
+    if table.shape[1] - ("class_token/cls" in state) != grid[0] * grid[1]:
+        grid = None  # A table of another grid: its own square one.
+    architecture = architecture_from_state(state, grid, mlp_activation=activation, layer_norm_epsilon=epsilon,
+                                           class_token_position_embedding=True)
+    return source_from_state(weights, state, grid, num_heads, architecture)
