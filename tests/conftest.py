@@ -50,25 +50,7 @@ def runs_backend_independent_tests():
     return keras.backend.backend() == BACKEND_INDEPENDENT_PASS or os.environ.get("KERAS_VIT_TEST_EVERY_BACKEND") == "1"
 
 
-# The tests of a minute or more (the digits example, whole guides, runs in other processes) start first: xdist's
-# workers then share out the short tests while they run, instead of one worker finishing a long one alone at the
-# end of the pass. Longest first; the order is the same in every worker, as xdist requires.
-LONG_TESTS_FIRST = (
-    "test_examples.py::test_digits_example",
-    "test_guides.py::test_guide_runs_as_a_pip_user_would",
-    "test_examples.py::",
-    "test_distribute.py::",
-    "test_durable.py::",
-)
-
-
-def _start_rank(item):
-    return next((rank for rank, pattern in enumerate(LONG_TESTS_FIRST) if pattern in item.nodeid),
-                len(LONG_TESTS_FIRST))
-
-
 def pytest_collection_modifyitems(config, items):
-    items.sort(key=_start_rank)  # stable: the rest keep their order
     if runs_backend_independent_tests():
         return
     left = [item for item in items if item.get_closest_marker("backend_independent")]

@@ -296,6 +296,10 @@ def check_architecture(arch, work):
         with torch.no_grad():
             reference = to_numpy(model(images))
         images_nhwc = images.permute(0, 2, 3, 1).contiguous().numpy()
+        # keras_vit takes [-1, 1] images and a folder's pretrained_cfg statistics normalise them inside the model:
+        # the images that become timm's input exactly. (A bare state dict has no statistics: timm's input as is.)
+        mean, std = (np.array(data[key], dtype=np.float64) for key in ("mean", "std"))
+        keras_images = ((images_nhwc * std + mean) * 2 - 1).astype(np.float32)
         folder = os.path.join(work, "with_model_args")
         save_for_hf(model, folder, safe_serialization=True)
         with open(os.path.join(folder, "config.json")) as f:
@@ -307,7 +311,7 @@ def check_architecture(arch, work):
         result["without_model_args"] = dict(passed=False, stage="timm", error=result["setup_error"])
         return result
 
-    check, kmodel = keras_check(folder, images_nhwc, reference)
+    check, kmodel = keras_check(folder, keras_images, reference)
     if check.get("stage") == "from_pretrained" and "not a plain timm ViT" in check.get("error", ""):
         check["bare_file"] = bare_file_check(folder, images_nhwc, reference, info)
         keras.backend.clear_session()
@@ -323,7 +327,7 @@ def check_architecture(arch, work):
     config.pop("model_args", None)
     with open(os.path.join(bare, "config.json"), "w") as f:
         json.dump(config, f, indent=2)
-    check2, kmodel2 = keras_check(bare, images_nhwc, reference)
+    check2, kmodel2 = keras_check(bare, keras_images, reference)
     if not check2["passed"] and check2.get("stage") != "from_pretrained":
         check2["reasons"] = explain(info, keras_switches(kmodel2) if kmodel2 is not None else None)
     result["without_model_args"] = check2
