@@ -171,7 +171,9 @@ def test_a_vision_tower_folder_with_tensors_of_another_layout_names_them(tmp_pat
     shutil.copytree(fixture("transformers_clip_vision"), folder)
     tensors = load_file(folder / "model.safetensors")
     tensors["encoder.layers.0.self_attn.q_norm.weight"] = np.ones(8, "float32")
+    tensors["encoder.layers.0.self_attn.q_proj.lora_A.weight"] = np.ones((2, 24), "float32")  # a PEFT adapter
     save_file(tensors, folder / "model.safetensors")
-    with pytest.raises(CheckpointError, match=r"has 1 tensors that are not in transformers' CLIP or SigLIP vision "
-                                              r"layout: \['encoder.layers.0.self_attn.q_norm.weight'\]"):
+    with pytest.raises(CheckpointError, match=r"has 2 tensors that are not in transformers' CLIP or SigLIP vision "
+                                              r"layout: \['encoder.layers.0.self_attn.q_norm.weight', "
+                                              r"'encoder.layers.0.self_attn.q_proj.lora_A.weight'\]"):
         keras_vit.from_pretrained(str(folder))

@@ -21,6 +21,8 @@ Example:
 >>> source = checkpoints.read_vision_tower_folder("clip-vit-base-patch16", config)  # doctest: +SKIP
 """
 
+import re
+
 import numpy as np
 
 from keras_vit.checkpoints.source import CheckpointError, architecture_from_state, preview, source_from_state
@@ -66,6 +68,7 @@ _TOP = {
     "head.mlp.fc2.weight": "attention_pool/mlp_output/kernel",
     "head.mlp.fc2.bias": "attention_pool/mlp_output/bias",
 }
+_QKV_PROJECTION = re.compile(r"self_attn\.([qkv])_proj\.(weight|bias)")
 # Tensors of a whole image-text model that are not its vision tower.
 _OTHER_TOWER = ("text_model.", "text_projection.", "visual_projection.", "logit_scale", "logit_bias")
 
@@ -93,9 +96,9 @@ def from_vision_tower(tensors, description="checkpoint"):
         elif name.startswith("encoder.layers.") and len(parts) == 4 and parts[2].isdigit() and parts[3] in _BLOCK:
             state[f"encoderblock_{int(parts[2])}/{_BLOCK[parts[3]]}"] = torch_to_keras(parts[3], value)
         elif name.startswith("encoder.layers.") and len(parts) == 4 and parts[2].isdigit() \
-                and parts[3].startswith("self_attn.") and parts[3].split(".")[1] in ("q_proj", "k_proj", "v_proj"):
-            _, projection, field = parts[3].split(".")
-            kind = {"q_proj": "query", "k_proj": "key", "v_proj": "value"}[projection]
+                and _QKV_PROJECTION.fullmatch(parts[3]):
+            projection, field = _QKV_PROJECTION.fullmatch(parts[3]).groups()
+            kind = {"q": "query", "k": "key", "v": "value"}[projection]
             qkv.setdefault(int(parts[2]), {})[(kind, field)] = torch_to_keras(parts[3], value)
         else:
             unknown.append(name)
