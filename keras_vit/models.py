@@ -77,8 +77,8 @@ def ViT(
     classifier_activation="softmax",
     approximate_gelu=None,
     layer_norm_epsilon=None,
-    position_embedding_interpolation="bicubic",
-    position_embedding_antialias=False,
+    position_embedding_interpolation=None,
+    position_embedding_antialias=None,
     dtype=None,
     name=None,
     architecture=None,
@@ -140,9 +140,10 @@ def ViT(
             checkpoint's (1e-12 in transformers' files), else 1e-6.
         position_embedding_interpolation: `"bicubic"` or `"bilinear"`: how the
             position embeddings are resized, to a checkpoint's new grid and,
-            with dynamic resolution, to each input's grid.
+            with dynamic resolution, to each input's grid. Default: what the
+            checkpoint's library does at load (README), else `"bicubic"`.
         position_embedding_antialias: resize with torch's anti-aliased kernels
-            (with `"bicubic"`, timm's `dynamic_img_size`).
+            (with `"bicubic"`, timm's `dynamic_img_size`); default as above.
         dtype: the precision the model runs in: `"float32"`, `"bfloat16"`,
             `"mixed_bfloat16"` (float32 weights, bfloat16 computation),
             `"float16"`, `"mixed_float16"` or a `keras.DTypePolicy`; default
@@ -201,7 +202,7 @@ def ViT(
             )
     sizes = Variant(patch_size, hidden_size, num_layers, num_heads or 12, mlp_dim, resnet_layers, resnet_width)
     check_image_size(image_size, sizes)
-    if position_embedding_interpolation not in ("bicubic", "bilinear"):
+    if position_embedding_interpolation not in (None, "bicubic", "bilinear"):
         raise ValueError(f"Unknown position_embedding_interpolation {position_embedding_interpolation!r}; "
                          "expected 'bicubic' or 'bilinear'.")
     if num_heads is not None and hidden_size % num_heads:
@@ -221,6 +222,10 @@ def ViT(
         raise ValueError(f"hidden_size {hidden_size} is not divisible by num_heads {sizes.num_heads}.")
     architecture = resolve_architecture(architecture or (source.architecture if source else None), classifier,
                                         switches)
+    # The resize the file's own library applies when it loads the file at another size, unless told.
+    resize = source.position_resize if source and source.position_resize else ("bicubic", False)
+    interpolation = position_embedding_interpolation or resize[0]
+    antialias = bool(resize[1] if position_embedding_antialias is None else position_embedding_antialias)
     if representation_size is None:
         representation_size = source.representation_size if source else 0
     if classes is None:
@@ -238,8 +243,8 @@ def ViT(
         stochastic_depth_rate=stochastic_depth_rate,
         classifier_activation=classifier_activation,
         position_grid=_position_grid(image_size, sizes, source),
-        position_embedding_interpolation=position_embedding_interpolation,
-        position_embedding_antialias=bool(position_embedding_antialias),
+        position_embedding_interpolation=interpolation,
+        position_embedding_antialias=antialias,
         name=name or variant_name(sizes) or "vit",
     )
     previous = keras.config.dtype_policy()
@@ -421,7 +426,7 @@ def _build(options, input_tensor):
         x = keras.layers.Activation(options.classifier_activation, dtype="float32", name="predictions")(x)
 
     inputs = images if input_tensor is None else keras.utils.get_source_inputs(input_tensor)
-    return VisionTransformer(inputs, x, name=options.name)
+    return VisionTransformer(inputs, x, name=options.name, classifier=architecture.classifier)
 
 
 def _named(name, weights, image_size, kwargs):

@@ -41,7 +41,10 @@ def test_switches_survive_keras_file_and_timm_round_trips(switches, tmp_path):
     reloaded = keras_vit.from_pretrained(path)
     assert checkpoints.architecture_of(reloaded) == checkpoints.architecture_of(model)
     np.testing.assert_allclose(predict(reloaded, images), expected, atol=1e-5, rtol=0)
-    checkpoints.save_timm(model, tmp_path / "model.safetensors")
+    # An epsilon or SwiGLU that only a timm model function sets is written under that function's name.
+    named = {"layer_norm_epsilon": "vit_base_patch16_clip_224", "mlp_activation": "vit_giant_patch14_dinov2"}
+    name = next((named[key] for key in named if key in switches and switches[key] in (1e-5, "swiglu")), None)
+    checkpoints.save_timm(model, tmp_path / "model.safetensors", architecture=name)
     architecture = checkpoints.architecture_of(model)
     again = keras_vit.ViT(**SMALL, architecture=architecture, weights=str(tmp_path / "model.safetensors"))
     np.testing.assert_allclose(predict(again, images), expected, atol=1e-5, rtol=0)

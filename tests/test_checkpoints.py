@@ -173,10 +173,16 @@ def test_rejects_checkpoint_of_another_architecture(tmp_path):
 
 
 def test_rejects_classifier_that_does_not_match_checkpoint():
-    with pytest.raises(CheckpointError, match="has a class token but the model's classifier is gap; pass classifier='token'"):
+    # The hint keeps what the caller asked for: a class-token file (DINOv2 too) pooled by average is class_token=True.
+    with pytest.raises(CheckpointError, match=r"has a class token but the model has none \(a classifier of 'gap' or "
+                                              r"'map' given alone builds none\); pass class_token=True to keep it \(with "
+                                              r"classifier='gap' for average pooling\), or leave classifier unset for "
+                                              r"the file's 'token'.$"):
         load("vit_token", classifier="gap")
-    with pytest.raises(CheckpointError, match="has no class token but the model's classifier is token; pass classifier='gap'"):
+    with pytest.raises(CheckpointError, match=r"has no class token but the model has one; pass classifier='gap' \(the "
+                                              r"file's pooling\), or class_token=False.$"):
         load("vit_gap", classifier="token")
+    assert checkpoints.architecture_of(load("vit_token", classifier="gap", class_token=True)).classifier == "gap"
 
 
 @pytest.mark.backend_independent

@@ -57,7 +57,8 @@ def test_timm_family_folder_loads_with_timms_outputs_and_saves_back_in_timms_nam
     # checks), and the file reads back to the same outputs.
     folder = tmp_path / case
     shutil.copytree(os.path.join(FAMILY, case), folder)
-    checkpoints.save_timm(model, folder / "model.safetensors")
+    architecture = json.loads((folder / "config.json").read_text())["architecture"]
+    checkpoints.save_timm(model, folder / "model.safetensors", architecture=architecture)
     from safetensors.numpy import load_file
 
     written = {name: list(value.shape) for name, value in load_file(folder / "model.safetensors").items()}
@@ -100,15 +101,18 @@ def test_bad_pixel_statistics_in_the_config_name_the_file_and_the_field(tmp_path
     config = json.loads((folder / "config.json").read_text())
     config["pretrained_cfg"]["std"] = [0.229, 0.0, 0.225]
     (folder / "config.json").write_text(json.dumps(config))
-    with pytest.raises(CheckpointError, match=r"config.json \(pretrained_cfg mean and std\): input_std must be "
-                                              r"three per-channel numbers on the \[0, 1\] pixel scale \(each > 0\)"):
+    with pytest.raises(CheckpointError, match=r"deit/config.json: pretrained_cfg.std is \[0.229, 0.0, 0.225\]; a std "
+                                              r"on the \[0, 1\] pixel scale is > 0.$"):
         load(folder)
 
 
-def test_hub_folder_without_model_args_takes_heads_from_the_family(reference):
-    model = load(os.path.join(FAMILY, "hub_no_model_args"))
-    assert model.get_layer("encoderblock_0").num_heads == 6  # timm's small family
-    assert model.output_shape == (None, 48)  # no head: DINOv2's pooled features
+def test_hub_folder_without_model_args_takes_its_settings_from_the_family_table(reference):
+    model = load(os.path.join(FAMILY, "hub_no_model_args"))  # timm's test_vit2, as the Hub writes it
+    architecture = checkpoints.architecture_of(model)
+    assert model.get_layer("encoderblock_0").num_heads == 2 and len(model.get_layer("encoderblock_0").weights)
+    assert (architecture.class_token, architecture.register_tokens, architecture.classifier, architecture.fc_norm) == \
+        (False, 1, "gap", True)
+    assert model.output_shape == (None, 64)  # no head: the pooled features
 
 
 def test_headless_file_builds_the_feature_model_unless_classes_are_asked_for():
@@ -140,8 +144,8 @@ def test_plain_deit_folders_are_read_and_distilled_ones_named(tmp_path):
     shutil.copytree(os.path.join(FAMILY, "deit"), folder)
     config = json.loads((folder / "config.json").read_text())
     (folder / "config.json").write_text(json.dumps(dict(config, architecture="deit_small_distilled_patch16_224")))
-    with pytest.raises(CheckpointError, match=r"holds timm's 'deit_small_distilled_patch16_224', not a plain timm "
-                                              r"ViT \(architecture vit_\*, deit_\*, deit3_\*, flexivit_\*\)"):
+    with pytest.raises(CheckpointError, match=r"distilled/config.json: timm's 'deit_small_distilled_patch16_224' is a "
+                                              r"ViT with a distillation token and head \(DeiT distilled\).$"):
         keras_vit.from_pretrained(str(folder))
 
 
@@ -169,15 +173,19 @@ def test_onnx_export_of_family_models_keeps_timms_outputs(case, reference, tmp_p
 
 @pytest.mark.backend_independent
 def test_family_table_gives_what_the_tensors_cannot(tmp_path):
-    from keras_vit.checkpoints.timm_families import timm_family
+    from keras_vit.checkpoints.timm_families import timm_architecture, timm_switches_to_architecture
 
-    assert timm_family("vit_giant_patch14_reg4_dinov2")["num_heads"] == 24
-    assert timm_family("vit_giant_patch14_reg1_tipsv2")["num_heads"] == 24
-    assert timm_family("vit_giant_patch16_radio_v3")["num_heads"] == 24
-    assert timm_family("vit_giant_patch14_clip_224") == dict(num_heads=16, mlp_activation="gelu",
-                                                             layer_norm_epsilon=1e-5)
-    assert timm_family("vit_so400m_patch16_siglip_256")["mlp_activation"] == "gelu_tanh"  # SigLIP 2
-    assert timm_family("vit_so400m_patch14_siglip_224")["mlp_activation"] == "gelu"
+    assert timm_architecture("vit_giant_patch14_reg4_dinov2").num_heads == 24
+    assert timm_architecture("vit_giant_patch14_reg1_tipsv2").num_heads == 24
+    assert timm_architecture("vit_giant_patch16_radio_v3").num_heads == 24
+    clip = timm_switches_to_architecture(timm_architecture("vit_giant_patch14_clip_224").switches)
+    assert (clip["mlp_activation"], clip["layer_norm_epsilon"], clip["norm_pre"]) == ("gelu", 1e-5, True)
+
+    def activation(name):
+        return timm_switches_to_architecture(timm_architecture(name).switches)["mlp_activation"]
+
+    assert activation("vit_so400m_patch16_siglip_256") == "gelu_tanh"  # SigLIP 2
+    assert activation("vit_so400m_patch14_siglip_224") == "gelu"
     # Same tensor names, other blocks: refused by name rather than loaded wrong.
     folder = tmp_path / "rpn"
     shutil.copytree(os.path.join(FAMILY, "deit"), folder)

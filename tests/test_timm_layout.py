@@ -81,10 +81,10 @@ def test_save_timm_writes_exactly_timms_names_and_shapes_and_reads_back(referenc
     np.testing.assert_allclose(predict(again, images), logits, atol=1e-5, rtol=0)
 
 
-def test_save_timm_warns_about_tanh_gelu_and_refuses_what_timm_cannot_express(tmp_path, caplog):
+def test_save_timm_refuses_what_timm_cannot_rebuild_and_writes_nothing(tmp_path):
     sizes = dict(image_size=32, patch_size=8, hidden_size=24, num_layers=1, num_heads=3, mlp_dim=48, classes=5)
-    checkpoints.save_timm(keras_vit.ViT(**sizes), tmp_path / "tanh.safetensors")
-    assert "computes the tanh-approximated GELU but timm's VisionTransformer computes exact GELU" in caplog.text
+    checkpoints.save_timm(keras_vit.ViT(**sizes), tmp_path / "tanh.safetensors")  # act_layer='gelu_tanh' in timm
+    assert checkpoints.timm_arguments(keras_vit.ViT(**sizes))["act_layer"] == "gelu_tanh"
     with pytest.raises(CheckpointError, match="timm's VisionTransformer has no pre-logits layer"):
         checkpoints.save_timm(keras_vit.ViT(**sizes, representation_size=8), tmp_path / "p.safetensors")
     with pytest.raises(CheckpointError, match="save_timm writes plain ViTs; a hybrid's ResNet"):
@@ -92,7 +92,53 @@ def test_save_timm_warns_about_tanh_gelu_and_refuses_what_timm_cannot_express(tm
                               tmp_path / "h.safetensors")
     with pytest.raises(CheckpointError, match="save_timm writes a .safetensors file; got"):
         checkpoints.save_timm(keras_vit.ViT(**sizes), tmp_path / "vit.pth")
-    assert sorted(os.listdir(tmp_path)) == ["tanh.safetensors"]
+    with pytest.raises(CheckpointError, match=r"^vit has no patch bias but no norm_pre; timm's VisionTransformer has "
+                                              r"a patch bias exactly when it has no pre_norm, so it cannot build this "
+                                              r"model.$"):
+        checkpoints.save_timm(keras_vit.ViT(**sizes, patch_bias=False), tmp_path / "b.safetensors")
+    with pytest.raises(CheckpointError, match=r"^vit has a SwiGLU MLP, which timm's VisionTransformer takes only "
+                                              r"from a model function: pass architecture= a timm name that sets the "
+                                              r"same, such as vit_giant_patch14_dinov2 \(a packed SwiGLU MLP\).$"):
+        checkpoints.save_timm(keras_vit.ViT(**sizes, mlp_activation="swiglu"), tmp_path / "s.safetensors")
+    with pytest.raises(CheckpointError, match=r"^vit has LayerNorm epsilon 1e-05, which timm's VisionTransformer "
+                                              r"takes only from a model function: pass architecture= a timm name "
+                                              r"that sets the same, such as vit_base_patch16_clip_224"):
+        checkpoints.save_timm(keras_vit.ViT(**sizes, layer_norm_epsilon=1e-5), tmp_path / "e.safetensors")
+    with pytest.raises(CheckpointError, match=r"^timm's 'vit_small_patch16_224' sets LayerNorm epsilon 1e-06 and a "
+                                              r"plain MLP, but vit has 1e-05 and a plain MLP.$"):
+        checkpoints.save_timm(keras_vit.ViT(**sizes, layer_norm_epsilon=1e-5), tmp_path / "e.safetensors",
+                              architecture="vit_small_patch16_224")
+    checkpoints.save_timm(keras_vit.ViT(**sizes, layer_norm_epsilon=1e-5), tmp_path / "clip.safetensors",
+                          architecture="vit_base_patch16_clip_224")
+    lora = keras_vit.ViT(**sizes)
+    keras_vit.enable_lora(lora, rank=2)
+    with pytest.raises(CheckpointError, match=r"^vit has LoRA adapters, which timm's VisionTransformer does not "
+                                              r"have: call keras_vit.merge_lora\(model\) first, then save_timm.$"):
+        checkpoints.save_timm(lora, tmp_path / "lora.safetensors")
+    assert sorted(os.listdir(tmp_path)) == ["clip.safetensors", "tanh.safetensors"]
+
+
+def test_timm_arguments_are_keywords_timm_builds_the_same_model_from(tmp_path):
+    timm = pytest.importorskip("timm")  # Skipped where timm is not installed (CI); run in the side venv.
+    import torch
+
+    sizes = dict(image_size=32, patch_size=8, hidden_size=24, num_layers=2, num_heads=3, mlp_dim=48, classes=5)
+    cases = {"vit_base_patch16_224": dict(register_tokens=2, class_token_position_embedding=False, layer_scale=1e-5,
+                                          qk_norm=True, mlp_activation="gelu"),
+             "vit_base_patch16_clip_224": dict(norm_pre=True, patch_bias=False, layer_norm_epsilon=1e-5,
+                                               mlp_activation="quick_gelu"),
+             "vit_giant_patch14_dinov2": dict(mlp_activation="swiglu", layer_scale=1e-5)}
+    images = np.random.default_rng(0).uniform(-1, 1, (2, 32, 32, 3)).astype("float32")
+    for architecture, switches in cases.items():
+        model = keras_vit.ViT(**sizes, **switches, classifier_activation=None)
+        path = tmp_path / f"{architecture}.safetensors"
+        checkpoints.save_timm(model, path, architecture=architecture)
+        name = None if architecture == "vit_base_patch16_224" else architecture
+        built = timm.create_model(architecture, pretrained=False, **checkpoints.timm_arguments(model, name)).eval()
+        timm.models.load_checkpoint(built, str(path), strict=True)
+        with torch.no_grad():
+            expected = built(torch.from_numpy(images).permute(0, 3, 1, 2)).numpy()
+        np.testing.assert_allclose(predict(model, images), expected, atol=1e-5, rtol=0, err_msg=architecture)
 
 
 def rewrite(tmp_path, change):
@@ -139,5 +185,6 @@ def test_folder_that_is_not_a_timm_vit_says_what_it_holds(tmp_path):
     shutil.copytree(FOLDER, folder)
     config = json.loads((folder / "config.json").read_text())
     (folder / "config.json").write_text(json.dumps(dict(config, architecture="resnet50")))
-    with pytest.raises(CheckpointError, match=r"holds timm's 'resnet50', not a plain timm ViT"):
+    with pytest.raises(CheckpointError, match=r"timm's 'resnet50' is not one of the \d+ timm ViT architectures keras_vit "
+                                              r"computes \(keras_vit.checkpoints.timm_families.ARCHITECTURES"):
         keras_vit.ViT(**TIMM, weights=str(folder))

@@ -1,6 +1,7 @@
 """transformers' layout: a ViTForImageClassification folder written by save_pretrained, read with equal logits."""
 
 import json
+import re
 import shutil
 
 import keras
@@ -135,8 +136,8 @@ def test_a_folders_preprocessor_statistics_are_applied_to_the_minus_one_to_one_i
     assert keras_vit.checkpoints.architecture_of(model).input_std == tuple(std)
 
     (folder / "preprocessor_config.json").write_text(json.dumps({"image_mean": [0.5, 0.5], "image_std": std}))
-    with pytest.raises(CheckpointError, match=r"preprocessor_config.json \(image_mean and image_std\): input_mean "
-                                              r"must be three per-channel numbers on the \[0, 1\] pixel scale"):
+    with pytest.raises(CheckpointError, match=r"preprocessor_config.json: image_mean is \[0.5, 0.5\]; expected three "
+                                              r"per-channel numbers on the \[0, 1\] pixel scale"):
         keras_vit.from_pretrained(str(folder))
 
 
@@ -177,3 +178,231 @@ def test_a_vision_tower_folder_with_tensors_of_another_layout_names_them(tmp_pat
                                               r"layout: \['encoder.layers.0.self_attn.q_norm.weight', "
                                               r"'encoder.layers.0.self_attn.q_proj.lora_A.weight'\]"):
         keras_vit.from_pretrained(str(folder))
+
+
+def changed_folder(tmp_path, case, drop=(), add=None, change=None):
+    """A copy of fixture `case` without the tensors `drop` names (a name, or a prefix ending in '.'), with `add`
+    and with `change(config)` applied; returns its path as a string."""
+    from safetensors.numpy import load_file, save_file
+
+    folder = tmp_path / case
+    shutil.copytree(fixture(case), folder)
+    tensors = {name: value for name, value in load_file(folder / "model.safetensors").items()
+               if not any(name == d or (d.endswith(".") and name.startswith(d)) for d in drop)}
+    save_file({**tensors, **(add or {})}, folder / "model.safetensors")
+    config = json.loads((folder / "config.json").read_text())
+    if change:
+        change(config)
+    (folder / "config.json").write_text(json.dumps(config))
+    return str(folder)
+
+
+def refused(folder, message):
+    """from_pretrained(folder) raises a CheckpointError of exactly `message` ({folder} filled in)."""
+    with pytest.raises(CheckpointError, match=f"^{re.escape(message.format(folder=folder))}$"):
+        keras_vit.from_pretrained(folder)
+
+
+def vision(**fields):
+    return lambda config: config["vision_config"].update(fields)
+
+
+SIGLIP_HEAD = ("['head.attention.in_proj_bias', 'head.attention.in_proj_weight', 'head.attention.out_proj.bias', "
+               "'head.attention.out_proj.weight', 'head.layernorm.bias', '...'] (names after 'vision_model.').")
+
+
+@pytest.mark.backend_independent
+@pytest.mark.parametrize("change", [None, lambda config: config["vision_config"].pop("vision_use_head")],
+                         ids=["vision_use_head_true", "vision_use_head_absent_defaults_to_true"])
+def test_siglip_without_its_head_tensors_is_refused_where_its_config_has_a_head(change, tmp_path):
+    folder = changed_folder(tmp_path, "transformers_siglip", drop=["vision_model.head."], change=change)
+    refused(folder, "{folder}/model.safetensors lacks 11 tensors of the model its config.json describes "
+                    '(model_type: "siglip", num_hidden_layers: 2, vision_use_head: true): ' + SIGLIP_HEAD)
+
+
+def test_siglip_with_vision_use_head_false_loads_headless_with_transformers_tokens(tmp_path):
+    # transformers' SiglipVisionTransformer with vision_use_head=False has no head and pooler_output None; its
+    # last_hidden_state (post_layernorm'd tokens) is the same function. keras_vit pools their mean by default.
+    with np.load(fixture("transformers_vision_towers_reference.npz")) as data:
+        images, tokens = data["transformers_siglip/images"], data["transformers_siglip/last_hidden_state"]
+    folder = changed_folder(tmp_path, "transformers_siglip", drop=["vision_model.head."],
+                            change=vision(vision_use_head=False))
+    model = keras_vit.from_pretrained(folder)
+    assert keras_vit.checkpoints.architecture_of(model).classifier == "gap"
+    np.testing.assert_allclose(predict(model, images), tokens.mean(axis=1), atol=1e-5, rtol=0)
+    sequence = keras_vit.from_pretrained(folder, include_top=False, pooling=None)
+    np.testing.assert_allclose(predict(sequence, images), tokens, atol=1e-5, rtol=0)
+    # ... and head tensors beside vision_use_head: false are refused, as transformers would leave them unused.
+    shutil.rmtree(folder)
+    folder = changed_folder(tmp_path, "transformers_siglip", change=vision(vision_use_head=False))
+    refused(folder, "{folder}/model.safetensors has 11 tensors that the model its config.json describes "
+                    '(model_type: "siglip", num_hidden_layers: 2, vision_use_head: false) has not: ' + SIGLIP_HEAD)
+
+
+LAYER = "encoder.layer.{}.attention.attention.{}.bias"
+DINO = 'model_type: "dinov2", num_hidden_layers: 2, qkv_bias: true, use_swiglu_ffn: false'
+
+
+@pytest.mark.backend_independent
+@pytest.mark.parametrize("case, drop, add, message", [
+    ("transformers_clip_vision", ["pre_layrnorm."], None,
+     "lacks 2 tensors of the model its config.json describes (model_type: \"clip_vision_model\", "
+     "num_hidden_layers: 2): ['pre_layrnorm.bias', 'pre_layrnorm.weight']."),
+    ("transformers_clip_vision", [], {"embeddings.patch_embedding.bias": np.zeros(24, "float32")},
+     "has 1 tensors that the model its config.json describes (model_type: \"clip_vision_model\", "
+     "num_hidden_layers: 2) has not: ['embeddings.patch_embedding.bias']."),
+    ("transformers_siglip", ["vision_model.encoder.layers.1.mlp.fc2.bias"], None,
+     "lacks 1 tensors of the model its config.json describes (model_type: \"siglip\", num_hidden_layers: 2, "
+     "vision_use_head: true): ['encoder.layers.1.mlp.fc2.bias'] (names after 'vision_model.')."),
+    ("transformers_vit", ["vit.layernorm.weight"], None,
+     "lacks 1 tensors of the model its config.json describes (num_hidden_layers: 2, qkv_bias: true): "
+     "['layernorm.weight'] (names after 'vit.')."),
+    ("transformers_vit", ["vit." + LAYER.format(1, "key")], None,
+     "lacks 1 tensors of the model its config.json describes (num_hidden_layers: 2, qkv_bias: true): "
+     "['encoder.layer.1.attention.attention.key.bias'] (names after 'vit.')."),
+    ("transformers_dinov2", ["encoder.layer.1.layer_scale2.lambda1", "embeddings.patch_embeddings.projection.bias"],
+     None, f"lacks 2 tensors of the model its config.json describes ({DINO}): "
+           "['embeddings.patch_embeddings.projection.bias', 'encoder.layer.1.layer_scale2.lambda1']."),
+    ("transformers_dinov2_registers", ["embeddings.register_tokens"], None,
+     "lacks 1 tensors of the model its config.json describes (model_type: \"dinov2_with_registers\", "
+     "num_hidden_layers: 2, qkv_bias: true, use_swiglu_ffn: false): ['embeddings.register_tokens']."),
+], ids=["clip_pre_layrnorm", "clip_patch_bias", "siglip_block", "vit_final_norm", "vit_one_bias", "dinov2",
+        "dinov2_registers"])
+def test_each_reader_names_the_tensors_its_configured_model_lacks_or_has_not(case, drop, add, message, tmp_path):
+    refused(changed_folder(tmp_path, case, drop=drop, add=add), "{folder}/model.safetensors " + message)
+
+
+def without_qkv_biases(prefix=""):
+    return [prefix + LAYER.format(block, kind) for block in range(2) for kind in ("query", "key", "value")]
+
+
+@pytest.mark.backend_independent
+@pytest.mark.parametrize("case, change, drop, message", [
+    ("transformers_dinov2_registers", dict(num_register_tokens=2), [],
+     "{folder}/config.json: num_register_tokens is 2, but the file holds 4 register tokens "
+     "(embeddings.register_tokens)."),
+    ("transformers_vit", dict(hidden_size=32), [],
+     "{folder}/config.json: hidden_size is 32, but the file's patch embedding is 24 wide."),
+    ("transformers_vit", dict(intermediate_size=64), [],
+     "{folder}/config.json: intermediate_size is 64 (an MLP of width 64), but the file's MLP is 48 wide."),
+    ("transformers_vit", dict(num_channels=1), [],
+     "{folder}/config.json: num_channels is 1, but the file's patch embedding takes 3 channels."),
+    ("transformers_vit", dict(id2label={"0": "a", "1": "b"}), [],
+     "{folder}/config.json: id2label names 2 classes, but the file's classifier has 5 outputs."),
+    ("transformers_dinov2", dict(mlp_ratio=4), [],
+     "{folder}/config.json: mlp_ratio is 4 (an MLP of width 96), but the file's MLP is 48 wide."),
+    ("transformers_siglip", "vision:patch_size=16", [],
+     "{folder}/config.json (vision_config): patch_size is 16, but the file's patch embedding kernel is 8x8."),
+    ("transformers_clip_vision", dict(num_hidden_layers=3), [],
+     "{folder}/model.safetensors lacks 16 tensors of the model its config.json describes (model_type: "
+     "\"clip_vision_model\", num_hidden_layers: 3): ['encoder.layers.2.layer_norm1.bias', "
+     "'encoder.layers.2.layer_norm1.weight', 'encoder.layers.2.layer_norm2.bias', "
+     "'encoder.layers.2.layer_norm2.weight', 'encoder.layers.2.mlp.fc1.bias', '...']."),
+    ("transformers_dinov2", dict(num_hidden_layers=1), [],
+     "{folder}/model.safetensors has 18 tensors that the model its config.json describes (model_type: \"dinov2\", "
+     "num_hidden_layers: 1, qkv_bias: true, use_swiglu_ffn: false) has not: ["
+     + ", ".join(repr(LAYER.format(1, kind).replace(".bias", f".{field}"))
+                 for kind, field in (("key", "bias"), ("key", "weight"), ("query", "bias"), ("query", "weight"),
+                                     ("value", "bias"))) + ", '...']."),
+    ("transformers_vit", dict(qkv_bias=False), [],
+     "{folder}/model.safetensors has 6 tensors that the model its config.json describes (num_hidden_layers: 2, "
+     "qkv_bias: false) has not: ['encoder.layer.0.attention.attention.key.bias', "
+     "'encoder.layer.0.attention.attention.query.bias', 'encoder.layer.0.attention.attention.value.bias', "
+     "'encoder.layer.1.attention.attention.key.bias', 'encoder.layer.1.attention.attention.query.bias', '...'] "
+     "(names after 'vit.')."),
+    ("transformers_dinov2", {}, without_qkv_biases(),
+     f"{{folder}}/model.safetensors lacks 6 tensors of the model its config.json describes ({DINO}): "
+     "['encoder.layer.0.attention.attention.key.bias', 'encoder.layer.0.attention.attention.query.bias', "
+     "'encoder.layer.0.attention.attention.value.bias', 'encoder.layer.1.attention.attention.key.bias', "
+     "'encoder.layer.1.attention.attention.query.bias', '...']."),
+    ("transformers_dinov2", dict(use_swiglu_ffn=True), [],
+     "{folder}/model.safetensors lacks 8 tensors of the model its config.json describes (model_type: \"dinov2\", "
+     "num_hidden_layers: 2, qkv_bias: true, use_swiglu_ffn: true): ['encoder.layer.0.mlp.weights_in.bias', "
+     "'encoder.layer.0.mlp.weights_in.weight', 'encoder.layer.0.mlp.weights_out.bias', "
+     "'encoder.layer.0.mlp.weights_out.weight', 'encoder.layer.1.mlp.weights_in.bias', '...']."),
+    ("transformers_dinov2_registers", dict(model_type="dinov2"), [],
+     f"{{folder}}/model.safetensors has 1 tensors that the model its config.json describes ({DINO}) has not: "
+     "['embeddings.register_tokens']."),
+], ids=["num_register_tokens", "hidden_size", "intermediate_size", "num_channels", "id2label", "mlp_ratio",
+        "patch_size", "more_layers", "fewer_layers", "qkv_bias_false", "qkv_bias_true", "use_swiglu_ffn",
+        "registers_in_plain_dinov2"])
+def test_config_fields_that_contradict_the_tensors_are_refused_naming_field_and_tensors(case, change, drop, message,
+                                                                                      tmp_path):
+    if isinstance(change, str):  # "vision:key=value": a field of a whole model's vision_config
+        key, value = change.removeprefix("vision:").split("=")
+        edit = vision(**{key: int(value)})
+    else:
+        edit = lambda config: config.update(change)  # noqa: E731
+    refused(changed_folder(tmp_path, case, drop=drop, change=edit), message)
+
+
+@pytest.mark.backend_independent
+def test_dinov2_without_qkv_biases_loads_where_its_config_says_qkv_bias_false(tmp_path):
+    folder = changed_folder(tmp_path, "transformers_dinov2", drop=without_qkv_biases(),
+                            change=lambda config: config.update(qkv_bias=False))
+    assert not keras_vit.checkpoints.read_weights(folder, None, (32, 32)).architecture.qkv_bias
+
+
+@pytest.mark.backend_independent
+@pytest.mark.parametrize("case, edit, where", [
+    ("transformers_vit", lambda c: c.update(num_attention_heads=5), "config.json"),
+    ("transformers_dinov2", lambda c: c.update(num_attention_heads=5), "config.json"),
+    ("transformers_clip_vision", lambda c: c.update(num_attention_heads=5), "config.json"),
+    ("transformers_siglip", vision(num_attention_heads=5), "config.json (vision_config)"),
+], ids=["vit", "dinov2", "clip", "siglip"])
+def test_a_head_count_that_does_not_divide_the_width_names_config_json_and_the_field(case, edit, where, tmp_path):
+    refused(changed_folder(tmp_path, case, change=edit),
+            f"{{folder}}/{where}: num_attention_heads is 5, which does not divide hidden_size 24.")
+
+
+@pytest.mark.backend_independent
+def test_every_transformers_config_field_is_computed_checked_or_irrelevant_at_inference():
+    # tools/make_family_fixtures.py --only fields records each config class's fields and defaults from
+    # transformers' own source; a field the readers neither read nor list as irrelevant is a decision not made.
+    from keras_vit.checkpoints import clip_layout, dinov2_layout, transformers_layout
+
+    with open(fixture("transformers_config_fields.json")) as f:
+        recorded = json.load(f)
+    read = {**transformers_layout.CONFIG_DEFAULTS, **dinov2_layout.CONFIG_DEFAULTS, **clip_layout.CONFIG_DEFAULTS}
+    irrelevant = transformers_layout.INFERENCE_IRRELEVANT
+    assert not set().union(*read.values()) & set(irrelevant)
+    assert set(recorded["PreTrainedConfig"]) - {"id2label"} <= set(irrelevant)
+    assert "id2label" in read["vit"]
+    for model_type in ("vit", "dinov2", "dinov2_with_registers", "clip_vision_model", "clip", "siglip_vision_model",
+                       "siglip"):
+        fields = recorded[model_type]
+        assert set(fields) <= set(read[model_type]) | set(irrelevant), model_type
+        assert {key: fields.get(key) for key in read[model_type]} == \
+            {key: value for key, value in read[model_type].items()}, model_type
+
+
+@pytest.mark.backend_independent
+def test_an_older_clip_config_builds_the_tower_from_vision_config_dict(tmp_path):
+    # CLIPConfig.__post_init__: a vision_config_dict replaces every field of vision_config.
+    from safetensors.numpy import load_file, save_file
+
+    folder = tmp_path / "clip"
+    shutil.copytree(fixture("transformers_clip_vision"), folder)
+    tensors = load_file(folder / "model.safetensors")
+    save_file({f"vision_model.{name}": value for name, value in tensors.items()}, folder / "model.safetensors")
+    tower = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({"model_type": "clip", "vision_config": dict(tower, hidden_size=99),
+                                                    "vision_config_dict": tower}))
+    assert keras_vit.checkpoints.read_weights(str(folder), None, (32, 32)).sizes.hidden_size == 24
+    (folder / "config.json").write_text(json.dumps({"model_type": "clip", "vision_config": tower,
+                                                    "vision_config_dict": dict(tower, hidden_size=99)}))
+    refused(str(folder), "{folder}/config.json (vision_config_dict): hidden_size is 99, but the file's patch "
+                         "embedding is 24 wide.")
+
+
+@pytest.mark.parametrize("case", ["transformers_vit", "transformers_dinov2", "transformers_dinov2_registers",
+                                  "transformers_clip_vision", "transformers_siglip"])
+def test_resize_at_load_matches_transformers_interpolate_pos_encoding(case):
+    # tools/make_family_fixtures.py --only resize: transformers' outputs at other sizes than the folder's 32,
+    # interpolating the 4x4 position grid itself (bicubic; with antialias for Dinov2WithRegisters only).
+    with np.load(fixture("transformers_resize_reference.npz")) as data:
+        for size in ("64x64", "24x24", "48x24"):
+            height, width = map(int, size.split("x"))
+            model = keras_vit.from_pretrained(fixture(case), image_size=(height, width), classifier_activation=None)
+            np.testing.assert_allclose(predict(model, data[f"images/{size}"]), data[f"{case}/{size}"], atol=1e-5,
+                                       rtol=0, err_msg=f"{case} at {size}")

@@ -5,7 +5,8 @@ which is large), with transformers and safetensors added:
 
     python -m venv /tmp/timm-venv
     /tmp/timm-venv/bin/pip install torch==2.14.1 torchvision==0.29.1 timm transformers safetensors scipy
-    /tmp/timm-venv/bin/python tools/make_family_fixtures.py [--only timm|transformers] [--case NAME ...]
+    /tmp/timm-venv/bin/python tools/make_family_fixtures.py [--only timm|transformers|towers|resize|fields] \
+        [--case NAME ...]
 
 Nothing is downloaded: every model is built with `pretrained=False`.
 
@@ -42,6 +43,20 @@ image processors' `preprocessor_config.json`, to
 `transformers_vision_towers_reference.npz` are the vision tower's outputs
 for `images` in [-1, 1] (keras_vit's input) normalised by the processor's
 statistics.
+
+`--only resize` builds nothing: it reads the five transformers fixture
+folders above with `from_pretrained` and keeps, in
+`transformers_resize_reference.npz`, their outputs at other image sizes
+than the configured 32 (`RESIZE_SIZES`), where transformers interpolates
+the position table itself (`interpolate_pos_encoding=True`; DINOv2 always
+does): `images/<height>x<width>` (one image in keras_vit's [-1, 1], shared
+by the cases) and `<case>/<height>x<width>` (ViT's logits, the others'
+`pooler_output`).
+
+`--only fields` writes `transformers_config_fields.json`: the fields (and
+defaults) of each config class the folder readers read, from the
+installed transformers, so a test checks that the readers decide on every
+one of them.
 """
 
 import argparse
@@ -79,9 +94,9 @@ CASES = {
     "qk_norm": ("vit_small_patch16_224", dict(SMALL, num_classes=10, qk_norm=True)),
     "flexivit": ("flexivit_small", dict(SMALL, num_classes=10)),
     "class_token_gap": ("vit_small_patch16_224", dict(SMALL, num_classes=6, global_pool="avg")),
-    # The Hub's own configs have no model_args: this one's are removed after writing (see write_timm_case).
-    "hub_no_model_args": ("vit_small_patch14_reg4_dinov2",
-                          dict(img_size=28, embed_dim=48, num_heads=6, depth=1, num_classes=0)),
+    # The Hub's own configs have no model_args: timm's own tiny test_vit2 (1 register, no class token, avg pool,
+    # layer scale) at its own sizes, with no model_args written (see write_timm_case).
+    "hub_no_model_args": ("test_vit2", dict(num_classes=0)),
 }
 DYNAMIC_SIZE = (42, 28)  # dinov2_reg's dynamic_img_size images (height, width), a 6x4 grid from a 4x4 table.
 
@@ -222,7 +237,7 @@ def write_timm_case(case, arch, model_args, seed, out):
         with open(config_path) as f:
             config = json.load(f)
         config.pop("model_args", None)  # as the Hub's own timm configs: no model_args, the input size stated
-        config["pretrained_cfg"]["input_size"] = [3, model_args["img_size"], model_args["img_size"]]
+        config["pretrained_cfg"]["input_size"] = list(model.pretrained_cfg["input_size"])
         with open(config_path, "w") as f:
             json.dump(config, f, indent=2)
     weights = os.path.join(folder, "model.safetensors")
@@ -424,9 +439,80 @@ def write_vision_towers():
     print(f"transformers vision towers: {len(out)} arrays in {path}")
 
 
+# (height, width) of the resize references: twice the fixtures' 4x4 grid, a smaller grid (where antialias
+# matters) and a non-square one.
+RESIZE_SIZES = ((64, 64), (24, 24), (48, 24))
+RESIZE_CASES = {  # case -> (model class, whether the folder is a whole image-text model)
+    "transformers_vit": ("ViTForImageClassification", False),
+    "transformers_dinov2": ("Dinov2Model", False),
+    "transformers_dinov2_registers": ("Dinov2WithRegistersModel", False),
+    "transformers_clip_vision": ("CLIPVisionModel", False),
+    "transformers_siglip": ("SiglipModel", True),
+}
+
+
+def write_resize_references():
+    """The fixture folders' outputs at other sizes, with transformers' own position interpolation."""
+    import transformers
+
+    print(f"transformers {transformers.__version__}")
+    out, rng = {}, np.random.default_rng(400)  # one image per size, shared by the cases
+    for case, (model_name, whole) in RESIZE_CASES.items():
+        folder = os.path.join(FIXTURES, case)
+        model = getattr(transformers, model_name).from_pretrained(folder).eval()
+        tower = model.vision_model if whole else model
+        processor = os.path.join(folder, "preprocessor_config.json")
+        mean, std = 0.5, 0.5  # keras_vit's [-1, 1] input is transformers' pixels where a folder names no statistics
+        if os.path.exists(processor):
+            with open(processor) as f:
+                statistics = json.load(f)
+            mean, std = np.array(statistics["image_mean"]), np.array(statistics["image_std"])
+        for height, width in RESIZE_SIZES:
+            images = out.setdefault(f"images/{height}x{width}",
+                                    rng.uniform(-1, 1, size=(1, height, width, 3)).astype(np.float32))
+            pixels = batch_of((((images + 1) / 2 - mean) / std).astype(np.float32))
+            # DINOv2 always interpolates; the others only when asked.
+            kwargs = {} if "dinov2" in case else dict(interpolate_pos_encoding=True)
+            with torch.no_grad():
+                result = tower(pixel_values=pixels, **kwargs)
+            outputs = result.logits if model_name.endswith("ForImageClassification") else result.pooler_output
+            out[f"{case}/{height}x{width}"] = numpy(outputs)
+            print(f"{case} at {height}x{width}: outputs {tuple(outputs.shape)}")
+    out["transformers_version"] = transformers.__version__
+    path = os.path.join(FIXTURES, "transformers_resize_reference.npz")
+    np.savez(path, **out)
+    print(f"transformers resize: {len(out)} arrays in {path}")
+
+
+def write_config_fields():
+    """Each config class's own fields with their defaults, and PreTrainedConfig's shared ones."""
+    import dataclasses
+
+    import transformers
+
+    def plain(value):
+        return value if isinstance(value, (bool, int, float, str, type(None), list)) else repr(value)
+
+    names = ("ViTConfig", "Dinov2Config", "Dinov2WithRegistersConfig", "CLIPVisionConfig", "CLIPConfig",
+             "SiglipVisionConfig", "SiglipConfig")
+    classes = {name: getattr(transformers, name) for name in names}
+    out = {
+        "transformers_version": transformers.__version__,
+        "PreTrainedConfig": [field.name for field in dataclasses.fields(transformers.PreTrainedConfig)],
+        **{cls.model_type: {name.lstrip("_"): plain(getattr(cls, name, None)) for name in cls.__annotations__}
+           for cls in classes.values()},
+    }
+    path = os.path.join(FIXTURES, "transformers_config_fields.json")
+    with open(path, "w") as f:
+        json.dump(out, f, indent=1, sort_keys=True)
+        f.write("\n")
+    print(f"transformers config fields: {', '.join(cls.model_type for cls in classes.values())} in {path}")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", choices=["timm", "transformers", "towers"], help="write only these fixtures")
+    parser.add_argument("--only", choices=["timm", "transformers", "towers", "resize", "fields"],
+                        help="write only these fixtures")
     parser.add_argument("--case", nargs="+", choices=list(CASES), help="rewrite only these timm cases")
     args = parser.parse_args()
     os.makedirs(TIMM_FOLDER, exist_ok=True)
@@ -437,6 +523,10 @@ def main():
         write_transformers()
     if args.only in (None, "towers"):
         write_vision_towers()
+    if args.only in (None, "resize"):
+        write_resize_references()
+    if args.only in (None, "fields"):
+        write_config_fields()
 
 
 if __name__ == "__main__":

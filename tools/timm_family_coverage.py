@@ -26,7 +26,7 @@ random image of the model's default input size:
 
   1. `keras_vit.from_pretrained(folder, classifier_activation=None)` gives
      timm's `model(x)` (logits, or pooled features without a head) to 1e-4;
-  2. the same with `model_args` removed from `config.json`, as in the Hub's
+  2. the same with `model_args` removed from `config.json` but for `depth`, as in the Hub's
      own timm configs (the architecture name and `pretrained_cfg` remain);
   3. for an architecture that passes 1, a round trip: `checkpoints.save_timm`
      of the Keras model, read by a fresh `timm.create_model(arch,
@@ -324,7 +324,11 @@ def check_architecture(arch, work):
 
     bare = os.path.join(work, "without_model_args")
     shutil.copytree(folder, bare)
-    config.pop("model_args", None)
+    # As the Hub's own configs, but for the one size this tool shrinks: keras_vit refuses tensors that disagree
+    # with the name's sizes.
+    depth = (config.pop("model_args", None) or {}).get("depth")
+    if depth is not None:
+        config["model_args"] = {"depth": depth}
     with open(os.path.join(bare, "config.json"), "w") as f:
         json.dump(config, f, indent=2)
     check2, kmodel2 = keras_check(bare, keras_images, reference)
@@ -336,7 +340,7 @@ def check_architecture(arch, work):
     if check["passed"]:
         path = os.path.join(work, "round_trip.safetensors")
         try:
-            keras_vit.checkpoints.save_timm(kmodel, path)
+            keras_vit.checkpoints.save_timm(kmodel, path, architecture=arch)
             m2 = timm.create_model(arch, pretrained=False, depth=1)
             timm.models.load_checkpoint(m2, path, strict=True)
             m2.eval()

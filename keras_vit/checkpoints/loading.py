@@ -130,8 +130,8 @@ def _with_preprocessor_statistics(source, folder):
     if not isinstance(config, dict):
         raise CheckpointError(f"{path} is a JSON {type(config).__name__}; transformers writes an object "
                               "({\"image_mean\": [...], \"image_std\": [...], ...}).")
-    statistics = pixel_statistics(config.get("image_mean"), config.get("image_std"),
-                                  f"{path} (image_mean and image_std)")
+    statistics = pixel_statistics(config.get("image_mean"), config.get("image_std"), path,
+                                  ("image_mean", "image_std"))
     source.architecture = dataclasses.replace(source.architecture, **statistics)
     return source
 
@@ -164,10 +164,15 @@ def load_into(model, source):
         )
     checkpoint_token, model_token = "class_token/cls" in state, "class_token/cls" in variables
     if checkpoint_token != model_token:
+        if checkpoint_token:
+            raise CheckpointError(
+                f"{name} has a class token but the model has none (a classifier of 'gap' or 'map' given alone builds "
+                "none); pass class_token=True to keep it (with classifier='gap' for average pooling), or leave "
+                f"classifier unset for the file's {source.classifier!r}."
+            )
         raise CheckpointError(
-            f"{name} {'has a' if checkpoint_token else 'has no'} class token but the model's "
-            f"classifier is {'token' if model_token else 'gap'}; pass "
-            f"classifier={'token' if checkpoint_token else 'gap'!r}."
+            f"{name} has no class token but the model has one; pass classifier={source.classifier!r} (the file's "
+            "pooling), or class_token=False."
         )
     model_resnet = resnet_layers_of(variables)
     if source.resnet_layers != model_resnet:
@@ -286,13 +291,23 @@ def _adapt_position_embedding(model, state, source, notes):
             num_prefix_tokens=prefix,
             interpolation=layer.interpolation,
             antialias=layer.antialias,
+            # The source library's corner-to-corner resize (RADIO v3 in timm), where its resize is in force.
+            align_corners=bool(source.resize_align_corners)
+            and (layer.interpolation, layer.antialias) == tuple(source.position_resize or ()),
         )
     except ValueError as error:
+        if source.grid_size is None:  # The table is not square and the file names no grid: not the caller's fault.
+            raise CheckpointError(
+                f"{source.description}: its position table has {table.shape[1]} rows, which are no square grid after "
+                f"{prefix} prefix tokens, and the file does not state its grid (timm's model_args.img_size or "
+                "pretrained_cfg.input_size, transformers' image_size): keras_vit cannot tell how to resize it."
+            ) from error
         raise CheckpointError(f"{source.description}: cannot resize position embeddings: {error}") from error
     old = source.grid_size or (math.isqrt(table.shape[1] - prefix),) * 2
     notes.append(
         f"Resized position embeddings of {source.description} from a {old[0]}x{old[1]} to a "
-        f"{layer.grid_size[0]}x{layer.grid_size[1]} patch grid ({layer.interpolation})."
+        f"{layer.grid_size[0]}x{layer.grid_size[1]} patch grid ({layer.interpolation}"
+        f"{', antialiased' if layer.antialias else ''})."
     )
     state[key] = resized
 

@@ -8,13 +8,14 @@ and back; `loading.load_into` puts one into a model.
 
 import dataclasses
 import logging
+import math
 import os
 import re
 import stat
 
 import keras
 
-from keras_vit.architecture import PAPER_PIXEL_STATISTICS, Architecture
+from keras_vit.architecture import IMAGENET_PIXEL_STATISTICS, POOLINGS, Architecture
 from keras_vit.variants import Variant, resnet_stride
 
 
@@ -123,7 +124,9 @@ class WeightsSource:
     `state` maps variable paths to arrays. A `.weights.h5` file holds no
     architecture: it is read as `state=None` with the `layout` (the
     `keras_vit.models.ModelOptions` its shapes imply) until a model of that
-    layout loads it (`keras_vit.models.read_checkpoint`).
+    layout loads it (`keras_vit.models.read_checkpoint`). A `.keras` file's
+    `layout` holds the options its saved layers show and its tensors cannot
+    (`include_top`, `pooling`).
     """
 
     description: str
@@ -139,6 +142,11 @@ class WeightsSource:
     class_names: list = None  # Its classes' names, where its files say (id2label, timm's labels, a .keras config).
     dtype_policy: str = None  # The precision it was saved in, where its file keeps one (a .keras model's).
     classifier_activation: str = None  # Its head's activation, where its file keeps one (a .keras model's).
+    # (interpolation, antialias): how the file's own library resizes its position table when it loads the file
+    # at another size (timm's checkpoint_filter_fn, transformers' interpolate_pos_encoding); None: the paper's
+    # bicubic without antialias.
+    position_resize: tuple = None
+    resize_align_corners: bool = False  # That resize maps corner to corner (RADIO v3's, in timm).
 
     @property
     def sizes(self):
@@ -305,7 +313,9 @@ def architecture_of(model):
     position = layers.get("position_embedding")
     prefix = int(class_token) + register_tokens
     pool = layers.get("pool")
-    if "attention_pool" in layers:
+    if getattr(model, "classifier", None) in POOLINGS:  # Kept by the model: its pooling layers may be absent.
+        classifier = model.classifier
+    elif "attention_pool" in layers:
         classifier = "map"
     elif pool is not None:
         classifier = pool.method
@@ -342,20 +352,39 @@ def warn_unkept_pixel_statistics(model, where_they_go):
             "%s.", model.name, list(architecture.input_mean), list(architecture.input_std), where_they_go)
 
 
-def pixel_statistics(mean, std, where):
+def pixel_statistics(mean, std, where, fields=("mean", "std")):
     """`{"input_mean": ..., "input_std": ...}` of a config's normalisation (empty where it names none).
 
-    `where` names the file and its fields in the error for values that are not three numbers.
+    Each is three finite numbers on the [0, 1] pixel scale (a std above 0):
+    booleans, NaN, infinities and the 0-255 scale (`[123.7, 116.3, 103.5]`)
+    are refused, the error naming the file (`where`) and the field (`fields`).
+
+    Example:
+    >>> pixel_statistics([0.485, 0.456, 0.406], None, "config.json")
+    {'input_mean': (0.485, 0.456, 0.406)}
     """
-    if mean is None and std is None:
-        return {}
-    try:
-        Architecture(input_mean=PAPER_PIXEL_STATISTICS if mean is None else mean,
-                     input_std=PAPER_PIXEL_STATISTICS if std is None else std)
-    except ValueError as error:
-        raise CheckpointError(f"{where}: {error}") from None
-    return {key: tuple(float(v) for v in value) for key, value in (("input_mean", mean), ("input_std", std))
-            if value is not None}
+    found = {}
+    for key, value, field in (("input_mean", mean, fields[0]), ("input_std", std, fields[1])):
+        if value is None:
+            continue
+        channels = value if isinstance(value, (list, tuple)) else None
+        if channels is None or len(channels) != 3 or any(isinstance(c, bool) or not isinstance(c, (int, float))
+                                                         for c in channels):
+            raise CheckpointError(f"{where}: {field} is {value!r}; expected three per-channel numbers on the [0, 1] "
+                                  "pixel scale, such as ImageNet's "
+                                  f"{list(IMAGENET_PIXEL_STATISTICS[key])}.")
+        channels = tuple(float(c) for c in channels)
+        if not all(math.isfinite(c) for c in channels):
+            raise CheckpointError(f"{where}: {field} is {list(value)!r}, which is not finite.")
+        low = 0.0 if key == "input_mean" else None
+        if any(c > 1 for c in channels):
+            raise CheckpointError(f"{where}: {field} is {list(value)!r}, on the 0-255 scale; timm and transformers "
+                                  f"keep pixel statistics on the [0, 1] scale ({[round(c / 255, 4) for c in channels]}).")
+        if (low is not None and any(c < low for c in channels)) or (low is None and any(c <= 0 for c in channels)):
+            raise CheckpointError(f"{where}: {field} is {list(value)!r}; a {'mean' if low is not None else 'std'} "
+                                  f"on the [0, 1] pixel scale is {'>= 0' if low is not None else '> 0'}.")
+        found[key] = channels
+    return found
 
 
 def positive_int_field(fields, key, where, prefix=""):

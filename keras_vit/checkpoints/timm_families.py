@@ -1,52 +1,360 @@
-"""What a timm ViT's state dict cannot show, read from its architecture name: one table of families.
+"""What timm's model functions set for each plain-ViT architecture keras_vit computes: one declared table.
 
 A timm Hub `config.json` names the architecture (`vit_small_patch14_reg4_dinov2`)
-and usually has no `model_args`. The tensors show registers, biases, layer
-scale, norms and heads; the head count, the MLP activation and the LayerNorm
-epsilon are fixed by timm's model function for that name. This table holds
-them by family, following timm's `vision_transformer.py` and `deit.py`.
+and usually has no `model_args`: the model function of that name sets the
+sizes and switches (heads, registers, `no_embed_class`, pooling, norms,
+activation, epsilon). `ARCHITECTURES` holds, for every name keras_vit
+computes, those settings in timm's own keyword names (as `model_args` would
+spell them), with the default pretrained config's image size and the
+position-table resize that timm's `checkpoint_filter_fn` applies. A name the
+table does not hold is refused (`timm_architecture`), with the reason where
+the family is known: a prefix check would let timm's RoPE models (`Eva`),
+whose tensors look plain, load as a plain ViT with wrong outputs.
+`tests/test_timm_registry.py` audits the table against timm's registry.
 
 Example:
->>> timm_family("vit_base_patch16_clip_quickgelu_224")
-{'num_heads': 12, 'mlp_activation': 'quick_gelu', 'layer_norm_epsilon': 1e-05}
+>>> entry = timm_architecture("vit_base_patch32_plus_256")
+>>> entry.num_heads, entry.image_size, entry.switches["init_values"]
+(14, (256, 256), 1e-05)
+>>> timm_switches_to_architecture({"global_pool": "avg", "class_token": False})["fc_norm"]
+True
 """
 
+import dataclasses
 import re
 
+from keras_vit.checkpoints.source import CheckpointError
 
-# The prefixes of timm's plain-ViT architecture names (VisionTransformer and DeiT's plain models).
-PREFIXES = ("vit_", "deit_", "deit3_", "flexivit_")
-# Heads per size word: the word after the prefix (vit_SMALL_patch16_224, flexivit_SMALL, deit3_SMALL_...).
-_HEADS = {"tiny": 3, "xsmall": 4, "wee": 4, "dwee": 4, "pwee": 4, "dpwee": 4, "little": 5, "dlittle": 5,
-          "small": 6, "medium": 8, "mediumd": 8, "betwixt": 10, "base": 12, "so150m": 14, "so150m2": 13,
-          "large": 16, "huge": 16, "giant": 16, "gigantic": 16, "giantopt": 16, "so400m": 16, "intern300m": 16}
-# Names whose head count differs from their size word's.
-# Plain-ViT names whose blocks differ from keras_vit's although their tensors have the same names: refused by name.
-NOT_PLAIN_BLOCKS = {"_rpn_": "post-norm residual blocks (timm's ResPostBlock)"}
-_HEAD_EXCEPTIONS = ((r"^vit_giant_patch14_(reg\d+_)?(dinov2|tipsv2)", 24), (r"^vit_giant_patch16_radio", 24), (r"^vit_base_patch16_gap_224", 16),
-                    (r"^vit_base_patch16_plus", 14))
-# timm's SigLIP 2 towers compute the tanh GELU (act_layer='gelu_tanh'); every other plain ViT in timm
-# computes exact GELU, except the OpenAI CLIP towers' QuickGELU (and SwiGLU, which the tensors show).
-_GELU_TANH = (r"^vit_base_patch32_siglip_(gap_)?256", r"^vit_large_patch16_siglip_(gap_)?512",
-              r"^vit_so400m_patch16_siglip_(gap_)?(256|384|512)", r"^vit_giantopt_patch16_siglip")
+# timm's VisionTransformer keywords that keras_vit computes, as model_args (and this table) spell them:
+# the sizes, the switches of keras_vit.Architecture, and those with no effect on a forward pass at the
+# checkpoint's own size (dropout and initialisation, and dynamic_img_size, which keras_vit's
+# image_size=(None, None) gives on request).
+SIZE_KEYWORDS = ("img_size", "patch_size", "embed_dim", "depth", "num_heads", "mlp_ratio", "num_classes", "in_chans")
+SWITCH_KEYWORDS = ("class_token", "reg_tokens", "no_embed_class", "global_pool", "fc_norm", "pre_norm",
+                   "final_norm", "qkv_bias", "qk_norm", "init_values", "act_layer", "norm_eps", "mlp_layer")
+INFERENCE_NEUTRAL_KEYWORDS = ("drop_rate", "pos_drop_rate", "patch_drop_rate", "proj_drop_rate", "attn_drop_rate",
+                              "drop_path_rate", "weight_init", "fix_init", "dynamic_img_size")
+# Keywords keras_vit computes only at timm's default value (a file that changes them is refused).
+DEFAULT_ONLY_KEYWORDS = {"pool_include_prefix": False, "dynamic_img_pad": False, "pos_embed": "learn",
+                         "proj_bias": True, "scale_attn_norm": False, "scale_mlp_norm": False,
+                         "embed_norm_layer": None, "block_fn": "Block", "attn_layer": "Attention",
+                         "embed_layer": "PatchEmbed", "mlp_layer": "Mlp", "norm_layer": None}
+# act_layer (as timm's get_act_layer takes it) -> keras_vit's mlp_activation; timm's default is exact GELU.
+ACTIVATIONS = {None: "gelu", "gelu": "gelu", "gelu_tanh": "gelu_tanh", "quick_gelu": "quick_gelu"}
+POOLS = {"token": "token", "avg": "gap", "map": "map"}
+# timm's checkpoint_filter_fn resamples a position table bicubic with antialias, except where noted.
+DEFAULT_RESIZE = ("bicubic", True, False)
 
 
-def timm_family(architecture):
-    """`{num_heads, mlp_activation, layer_norm_epsilon}` of a timm plain-ViT architecture name.
+@dataclasses.dataclass(frozen=True)
+class TimmArchitecture:
+    """One timm architecture: its sizes, its switches in timm's keywords, and timm's position-table resize."""
 
-    `num_heads` is None for a size outside the families keras_vit knows
-    (`from_pretrained` then asks for `num_heads=`).
+    patch_size: int
+    image_size: tuple
+    embed_dim: int
+    depth: int
+    num_heads: int
+    mlp_ratio: float
+    switches: dict
+    resize: tuple = DEFAULT_RESIZE  # (interpolation, antialias, align_corners)
+
+    @property
+    def mlp_dim(self):
+        """The width of the MLP's first layer (both halves of a packed SwiGLU), as timm's `int(dim * mlp_ratio)`."""
+        return int(self.embed_dim * self.mlp_ratio)
+
+
+def _timm(patch_size, image_size, embed_dim, depth, num_heads, mlp_ratio=4.0, resize=DEFAULT_RESIZE, **switches):
+    if set(switches) - set(SWITCH_KEYWORDS):
+        raise TypeError(f"Not a switch of the family table: {sorted(set(switches) - set(SWITCH_KEYWORDS))}")
+    sides = tuple(image_size) if isinstance(image_size, tuple) else (image_size, image_size)
+    return TimmArchitecture(patch_size, sides, embed_dim, depth, num_heads, mlp_ratio, switches, tuple(resize))
+
+
+# Why timm architectures outside the table are refused, by name (first match).
+REFUSED = (
+    (r"rope|dinov3|^vit_pe_|^eva02|sapiens2|lingbot", "RoPE ViTs are not supported yet (timm's Eva class: "
+                                                      "rotary position embeddings in every attention layer)"),
+    (r"^eva_giant", "timm's Eva class (EVA-01 giant), which keras_vit does not read yet"),
+    (r"^vit_\w*(_r\d*_s\d+|_r_s\d+|_mci_)|^vitamin_",
+     "a convolutional stem before the patches (a hybrid: keras_vit reads the paper's ResNet hybrids from the "
+     "original .npz, not timm's layout yet)"),
+    (r"^aimv2_", "RMSNorm and an unpacked SwiGLU without biases (AIMv2); RMSNorm is not supported yet"),
+    (r"^beit3_", "LayerNorms inside attention and the MLP (BEiT-3's scale_attn_norm and scale_mlp_norm)"),
+    (r"_rpn_", "post-norm residual blocks (timm's ResPostBlock)"),
+    (r"_xp_|_pwee_|_dpwee_|_18x2_", "parallel blocks (timm's ParallelScalingBlock or ParallelThingsBlock)"),
+    (r"_dwee_|_dlittle_", "differential attention (timm's DiffAttention)"),
+    (r"^test_vit4$", "RMSNorm, which is not supported yet"),
+    (r"^test_vit3$", "pool_include_prefix=True (pooling over the prefix tokens too), which keras_vit does not "
+                     "compute yet"),
+    (r"_patch14_siglip(_gap)?_384$", "a 384-pixel input on 14-pixel patches (timm's convolution drops the last "
+                                     "6 pixel rows and columns), which keras_vit does not compute yet"),
+    (r"distilled", "a distillation token and head (DeiT distilled)"),
+)
+
+ARCHITECTURES = {
+    "deit3_base_patch16_224": _timm(16, 224, 768, 12, 12, init_values=1e-06, no_embed_class=True),
+    "deit3_base_patch16_384": _timm(16, 384, 768, 12, 12, init_values=1e-06, no_embed_class=True),
+    "deit3_huge_patch14_224": _timm(14, 224, 1280, 32, 16, init_values=1e-06, no_embed_class=True),
+    "deit3_large_patch16_224": _timm(16, 224, 1024, 24, 16, init_values=1e-06, no_embed_class=True),
+    "deit3_large_patch16_384": _timm(16, 384, 1024, 24, 16, init_values=1e-06, no_embed_class=True),
+    "deit3_medium_patch16_224": _timm(16, 224, 512, 12, 8, init_values=1e-06, no_embed_class=True),
+    "deit3_small_patch16_224": _timm(16, 224, 384, 12, 6, init_values=1e-06, no_embed_class=True),
+    "deit3_small_patch16_384": _timm(16, 384, 384, 12, 6, init_values=1e-06, no_embed_class=True),
+    "deit_base_patch16_224": _timm(16, 224, 768, 12, 12),
+    "deit_base_patch16_384": _timm(16, 384, 768, 12, 12),
+    "deit_small_patch16_224": _timm(16, 224, 384, 12, 6),
+    "deit_tiny_patch16_224": _timm(16, 224, 192, 12, 3),
+    "eva_large_patch14_196": _timm(14, 196, 1024, 24, 16, global_pool='avg'),
+    "eva_large_patch14_336": _timm(14, 336, 1024, 24, 16, global_pool='avg'),
+    "flexivit_base": _timm(16, 240, 768, 12, 12, no_embed_class=True, resize=('bilinear', False, False)),
+    "flexivit_large": _timm(16, 240, 1024, 24, 16, no_embed_class=True, resize=('bilinear', False, False)),
+    "flexivit_small": _timm(16, 240, 384, 12, 6, no_embed_class=True, resize=('bilinear', False, False)),
+    "test_vit": _timm(16, 160, 64, 6, 2, mlp_ratio=3),
+    "test_vit2": _timm(16, 160, 64, 8, 2, mlp_ratio=3, class_token=False, global_pool='avg', init_values=1e-05,
+                       reg_tokens=1),
+    "vit_base_patch14_dinov2": _timm(14, 518, 768, 12, 12, init_values=1e-05),
+    "vit_base_patch14_reg1_tipsv2": _timm(14, 448, 768, 12, 12, init_values=1.0, no_embed_class=True, reg_tokens=1),
+    "vit_base_patch14_reg4_dinov2": _timm(14, 518, 768, 12, 12, init_values=1e-05, no_embed_class=True, reg_tokens=4),
+    "vit_base_patch16_224": _timm(16, 224, 768, 12, 12),
+    "vit_base_patch16_224_miil": _timm(16, 224, 768, 12, 12, qkv_bias=False),
+    "vit_base_patch16_384": _timm(16, 384, 768, 12, 12),
+    "vit_base_patch16_clip_224": _timm(16, 224, 768, 12, 12, pre_norm=True, norm_eps=1e-05),
+    "vit_base_patch16_clip_384": _timm(16, 384, 768, 12, 12, pre_norm=True, norm_eps=1e-05),
+    "vit_base_patch16_clip_quickgelu_224": _timm(16, 224, 768, 12, 12, act_layer='quick_gelu', pre_norm=True,
+                                                 norm_eps=1e-05),
+    "vit_base_patch16_gap_224": _timm(16, 224, 768, 12, 16, class_token=False, fc_norm=False, global_pool='avg'),
+    "vit_base_patch16_plus_240": _timm(16, 240, 896, 12, 14, init_values=1e-05),
+    "vit_base_patch16_plus_clip_240": _timm(16, 240, 896, 12, 14, pre_norm=True, norm_eps=1e-05),
+    "vit_base_patch16_radio_v3": _timm(16, 512, 768, 12, 12, final_norm=False, init_values=1e-05, no_embed_class=True,
+                                       reg_tokens=7, resize=('bilinear', False, True)),
+    "vit_base_patch16_reg4_gap_256": _timm(16, 256, 768, 12, 12, class_token=False, global_pool='avg',
+                                           no_embed_class=True, reg_tokens=4),
+    "vit_base_patch16_siglip_224": _timm(16, 224, 768, 12, 12, class_token=False, global_pool='map'),
+    "vit_base_patch16_siglip_256": _timm(16, 256, 768, 12, 12, class_token=False, global_pool='map'),
+    "vit_base_patch16_siglip_384": _timm(16, 384, 768, 12, 12, class_token=False, global_pool='map'),
+    "vit_base_patch16_siglip_512": _timm(16, 512, 768, 12, 12, class_token=False, global_pool='map'),
+    "vit_base_patch16_siglip_gap_224": _timm(16, 224, 768, 12, 12, class_token=False, fc_norm=False,
+                                             global_pool='avg'),
+    "vit_base_patch16_siglip_gap_256": _timm(16, 256, 768, 12, 12, class_token=False, fc_norm=False,
+                                             global_pool='avg'),
+    "vit_base_patch16_siglip_gap_384": _timm(16, 384, 768, 12, 12, class_token=False, fc_norm=False,
+                                             global_pool='avg'),
+    "vit_base_patch16_siglip_gap_512": _timm(16, 512, 768, 12, 12, class_token=False, fc_norm=False,
+                                             global_pool='avg'),
+    "vit_base_patch32_224": _timm(32, 224, 768, 12, 12),
+    "vit_base_patch32_384": _timm(32, 384, 768, 12, 12),
+    "vit_base_patch32_clip_224": _timm(32, 224, 768, 12, 12, pre_norm=True, norm_eps=1e-05),
+    "vit_base_patch32_clip_256": _timm(32, 256, 768, 12, 12, pre_norm=True, norm_eps=1e-05),
+    "vit_base_patch32_clip_384": _timm(32, 384, 768, 12, 12, pre_norm=True, norm_eps=1e-05),
+    "vit_base_patch32_clip_448": _timm(32, 448, 768, 12, 12, pre_norm=True, norm_eps=1e-05),
+    "vit_base_patch32_clip_quickgelu_224": _timm(32, 224, 768, 12, 12, act_layer='quick_gelu', pre_norm=True,
+                                                 norm_eps=1e-05),
+    "vit_base_patch32_plus_256": _timm(32, 256, 896, 12, 14, init_values=1e-05),
+    "vit_base_patch32_siglip_256": _timm(32, 256, 768, 12, 12, act_layer='gelu_tanh', class_token=False,
+                                         global_pool='map'),
+    "vit_base_patch32_siglip_gap_256": _timm(32, 256, 768, 12, 12, act_layer='gelu_tanh', class_token=False,
+                                             fc_norm=False, global_pool='avg'),
+    "vit_base_patch8_224": _timm(8, 224, 768, 12, 12),
+    "vit_betwixt_patch16_gap_256": _timm(16, 256, 640, 12, 10, class_token=False, fc_norm=False, global_pool='avg',
+                                         init_values=1e-06, qkv_bias=False),
+    "vit_betwixt_patch16_reg1_gap_256": _timm(16, 256, 640, 12, 10, class_token=False, global_pool='avg',
+                                              init_values=1e-05, no_embed_class=True, reg_tokens=1),
+    "vit_betwixt_patch16_reg4_gap_256": _timm(16, 256, 640, 12, 10, class_token=False, global_pool='avg',
+                                              init_values=1e-05, no_embed_class=True, reg_tokens=4),
+    "vit_betwixt_patch16_reg4_gap_384": _timm(16, 384, 640, 12, 10, class_token=False, global_pool='avg',
+                                              init_values=1e-05, no_embed_class=True, reg_tokens=4),
+    "vit_betwixt_patch32_clip_224": _timm(32, 224, 640, 12, 10, pre_norm=True, norm_eps=1e-05),
+    "vit_giant_patch14_224": _timm(14, 224, 1408, 40, 16, mlp_ratio=4.363636363636363),
+    "vit_giant_patch14_clip_224": _timm(14, 224, 1408, 40, 16, mlp_ratio=4.363636363636363, pre_norm=True,
+                                        norm_eps=1e-05),
+    "vit_giant_patch14_dinov2": _timm(14, 518, 1536, 40, 24, mlp_ratio=5.33334, init_values=1e-05,
+                                      mlp_layer='swiglu_packed'),
+    "vit_giant_patch14_reg1_tipsv2": _timm(14, 448, 1536, 40, 24, mlp_ratio=5.33334, init_values=1.0,
+                                           no_embed_class=True, reg_tokens=1, mlp_layer='swiglu_packed'),
+    "vit_giant_patch14_reg4_dinov2": _timm(14, 518, 1536, 40, 24, mlp_ratio=5.33334, init_values=1e-05,
+                                           no_embed_class=True, reg_tokens=4, mlp_layer='swiglu_packed'),
+    "vit_giant_patch16_gap_224": _timm(16, 224, 1408, 40, 16, mlp_ratio=4.363636363636363, class_token=False,
+                                       fc_norm=False, global_pool='avg'),
+    "vit_giant_patch16_radio_v3": _timm(16, 512, 1536, 40, 24, final_norm=False, no_embed_class=True, reg_tokens=7,
+                                        resize=('bilinear', False, False)),
+    "vit_giantopt_patch16_siglip_256": _timm(16, 256, 1536, 40, 16, act_layer='gelu_tanh', class_token=False,
+                                             global_pool='map'),
+    "vit_giantopt_patch16_siglip_384": _timm(16, 384, 1536, 40, 16, act_layer='gelu_tanh', class_token=False,
+                                             global_pool='map'),
+    "vit_giantopt_patch16_siglip_gap_256": _timm(16, 256, 1536, 40, 16, act_layer='gelu_tanh', class_token=False,
+                                                 fc_norm=False, global_pool='avg'),
+    "vit_giantopt_patch16_siglip_gap_384": _timm(16, 384, 1536, 40, 16, act_layer='gelu_tanh', class_token=False,
+                                                 fc_norm=False, global_pool='avg'),
+    "vit_gigantic_patch14_224": _timm(14, 224, 1664, 48, 16, mlp_ratio=4.923076923076923),
+    "vit_gigantic_patch14_clip_224": _timm(14, 224, 1664, 48, 16, mlp_ratio=4.923076923076923, pre_norm=True,
+                                           norm_eps=1e-05),
+    "vit_gigantic_patch14_clip_378": _timm(14, 378, 1664, 48, 16, mlp_ratio=4.923076923076923, pre_norm=True,
+                                           norm_eps=1e-05),
+    "vit_gigantic_patch14_clip_quickgelu_224": _timm(14, 224, 1664, 48, 16, mlp_ratio=4.923076923076923,
+                                                     act_layer='quick_gelu', pre_norm=True, norm_eps=1e-05),
+    "vit_huge_patch14_224": _timm(14, 224, 1280, 32, 16),
+    "vit_huge_patch14_clip_224": _timm(14, 224, 1280, 32, 16, pre_norm=True, norm_eps=1e-05),
+    "vit_huge_patch14_clip_336": _timm(14, 336, 1280, 32, 16, pre_norm=True, norm_eps=1e-05),
+    "vit_huge_patch14_clip_378": _timm(14, 378, 1280, 32, 16, pre_norm=True, norm_eps=1e-05),
+    "vit_huge_patch14_clip_quickgelu_224": _timm(14, 224, 1280, 32, 16, act_layer='quick_gelu', pre_norm=True,
+                                                 norm_eps=1e-05),
+    "vit_huge_patch14_clip_quickgelu_378": _timm(14, 378, 1280, 32, 16, act_layer='quick_gelu', pre_norm=True,
+                                                 norm_eps=1e-05),
+    "vit_huge_patch14_gap_224": _timm(14, 224, 1280, 32, 16, class_token=False, fc_norm=False, global_pool='avg'),
+    "vit_huge_patch16_gap_448": _timm(16, 448, 1280, 32, 16, class_token=False, fc_norm=False, global_pool='avg'),
+    "vit_huge_patch16_radio_v3": _timm(16, 512, 1280, 32, 16, final_norm=False, no_embed_class=True, reg_tokens=7,
+                                       resize=('bilinear', False, True)),
+    "vit_huge_patch16_radio_v4": _timm(16, 512, 1280, 32, 16, final_norm=False, no_embed_class=True, reg_tokens=9,
+                                       resize=('bilinear', False, False)),
+    "vit_intern300m_patch14_448": _timm(14, 448, 1024, 24, 16, final_norm=False, init_values=0.1),
+    "vit_large_patch14_224": _timm(14, 224, 1024, 24, 16),
+    "vit_large_patch14_clip_224": _timm(14, 224, 1024, 24, 16, pre_norm=True, norm_eps=1e-05),
+    "vit_large_patch14_clip_336": _timm(14, 336, 1024, 24, 16, pre_norm=True, norm_eps=1e-05),
+    "vit_large_patch14_clip_quickgelu_224": _timm(14, 224, 1024, 24, 16, act_layer='quick_gelu', pre_norm=True,
+                                                  norm_eps=1e-05),
+    "vit_large_patch14_clip_quickgelu_336": _timm(14, 336, 1024, 24, 16, act_layer='quick_gelu', pre_norm=True,
+                                                  norm_eps=1e-05),
+    "vit_large_patch14_dinov2": _timm(14, 518, 1024, 24, 16, init_values=1e-05),
+    "vit_large_patch14_reg1_tipsv2": _timm(14, 448, 1024, 24, 16, init_values=1.0, no_embed_class=True, reg_tokens=1),
+    "vit_large_patch14_reg4_dinov2": _timm(14, 518, 1024, 24, 16, init_values=1e-05, no_embed_class=True,
+                                           reg_tokens=4),
+    "vit_large_patch16_224": _timm(16, 224, 1024, 24, 16),
+    "vit_large_patch16_384": _timm(16, 384, 1024, 24, 16),
+    "vit_large_patch16_radio_v3": _timm(16, 512, 1024, 24, 16, final_norm=False, init_values=1e-05,
+                                        no_embed_class=True, reg_tokens=7, resize=('bilinear', False, False)),
+    "vit_large_patch16_siglip_256": _timm(16, 256, 1024, 24, 16, class_token=False, global_pool='map'),
+    "vit_large_patch16_siglip_384": _timm(16, 384, 1024, 24, 16, class_token=False, global_pool='map'),
+    "vit_large_patch16_siglip_512": _timm(16, 512, 1024, 24, 16, act_layer='gelu_tanh', class_token=False,
+                                          global_pool='map'),
+    "vit_large_patch16_siglip_gap_256": _timm(16, 256, 1024, 24, 16, class_token=False, fc_norm=False,
+                                              global_pool='avg'),
+    "vit_large_patch16_siglip_gap_384": _timm(16, 384, 1024, 24, 16, class_token=False, fc_norm=False,
+                                              global_pool='avg'),
+    "vit_large_patch16_siglip_gap_512": _timm(16, 512, 1024, 24, 16, act_layer='gelu_tanh', class_token=False,
+                                              fc_norm=False, global_pool='avg'),
+    "vit_large_patch32_224": _timm(32, 224, 1024, 24, 16),
+    "vit_large_patch32_384": _timm(32, 384, 1024, 24, 16),
+    "vit_little_patch16_reg1_gap_256": _timm(16, 256, 320, 14, 5, mlp_ratio=5.6, class_token=False, global_pool='avg',
+                                             init_values=1e-05, no_embed_class=True, reg_tokens=1),
+    "vit_little_patch16_reg4_gap_256": _timm(16, 256, 320, 14, 5, mlp_ratio=5.6, class_token=False, global_pool='avg',
+                                             init_values=1e-05, no_embed_class=True, reg_tokens=4),
+    "vit_medium_patch16_clip_224": _timm(16, 224, 512, 12, 8, pre_norm=True, norm_eps=1e-05),
+    "vit_medium_patch16_gap_240": _timm(16, 240, 512, 12, 8, class_token=False, fc_norm=False, global_pool='avg',
+                                        init_values=1e-06, qkv_bias=False),
+    "vit_medium_patch16_gap_256": _timm(16, 256, 512, 12, 8, class_token=False, fc_norm=False, global_pool='avg',
+                                        init_values=1e-06, qkv_bias=False),
+    "vit_medium_patch16_gap_384": _timm(16, 384, 512, 12, 8, class_token=False, fc_norm=False, global_pool='avg',
+                                        init_values=1e-06, qkv_bias=False),
+    "vit_medium_patch16_reg1_gap_256": _timm(16, 256, 512, 12, 8, class_token=False, global_pool='avg',
+                                             init_values=1e-05, no_embed_class=True, reg_tokens=1),
+    "vit_medium_patch16_reg4_gap_256": _timm(16, 256, 512, 12, 8, class_token=False, global_pool='avg',
+                                             init_values=1e-05, no_embed_class=True, reg_tokens=4),
+    "vit_medium_patch32_clip_224": _timm(32, 224, 512, 12, 8, pre_norm=True, norm_eps=1e-05),
+    "vit_mediumd_patch16_reg4_gap_256": _timm(16, 256, 512, 20, 8, class_token=False, global_pool='avg',
+                                              init_values=1e-05, no_embed_class=True, reg_tokens=4),
+    "vit_mediumd_patch16_reg4_gap_384": _timm(16, 384, 512, 20, 8, class_token=False, global_pool='avg',
+                                              init_values=1e-05, no_embed_class=True, reg_tokens=4),
+    "vit_small_patch14_dinov2": _timm(14, 518, 384, 12, 6, init_values=1e-05),
+    "vit_small_patch14_reg4_dinov2": _timm(14, 518, 384, 12, 6, init_values=1e-05, no_embed_class=True, reg_tokens=4),
+    "vit_small_patch16_224": _timm(16, 224, 384, 12, 6),
+    "vit_small_patch16_36x1_224": _timm(16, 224, 384, 36, 6, init_values=1e-05),
+    "vit_small_patch16_384": _timm(16, 384, 384, 12, 6),
+    "vit_small_patch32_224": _timm(32, 224, 384, 12, 6),
+    "vit_small_patch32_384": _timm(32, 384, 384, 12, 6),
+    "vit_small_patch8_224": _timm(8, 224, 384, 12, 6),
+    "vit_so150m2_patch16_reg1_gap_256": _timm(16, 256, 832, 21, 13, mlp_ratio=2.6153846153846154, class_token=False,
+                                              global_pool='avg', init_values=1e-05, qkv_bias=False, reg_tokens=1),
+    "vit_so150m2_patch16_reg1_gap_384": _timm(16, 384, 832, 21, 13, mlp_ratio=2.6153846153846154, class_token=False,
+                                              global_pool='avg', init_values=1e-05, qkv_bias=False, reg_tokens=1),
+    "vit_so150m2_patch16_reg1_gap_448": _timm(16, 448, 832, 21, 13, mlp_ratio=2.6153846153846154, class_token=False,
+                                              global_pool='avg', init_values=1e-05, qkv_bias=False, reg_tokens=1),
+    "vit_so150m_patch16_reg4_gap_256": _timm(16, 256, 896, 18, 14, mlp_ratio=2.572, class_token=False, fc_norm=False,
+                                             global_pool='avg', reg_tokens=4),
+    "vit_so150m_patch16_reg4_gap_384": _timm(16, 384, 896, 18, 14, mlp_ratio=2.572, class_token=False, fc_norm=False,
+                                             global_pool='avg', reg_tokens=4),
+    "vit_so150m_patch16_reg4_map_256": _timm(16, 256, 896, 18, 14, mlp_ratio=2.572, class_token=False,
+                                             global_pool='map', reg_tokens=4),
+    "vit_so400m_patch14_reg1_tipsv2": _timm(14, 448, 1152, 27, 16, mlp_ratio=3.736111111111111, init_values=1.0,
+                                            no_embed_class=True, reg_tokens=1),
+    "vit_so400m_patch14_siglip_224": _timm(14, 224, 1152, 27, 16, mlp_ratio=3.7362, class_token=False,
+                                           global_pool='map'),
+    "vit_so400m_patch14_siglip_378": _timm(14, 378, 1152, 27, 16, mlp_ratio=3.7362, class_token=False,
+                                           global_pool='map'),
+    "vit_so400m_patch14_siglip_gap_224": _timm(14, 224, 1152, 27, 16, mlp_ratio=3.7362, class_token=False,
+                                               fc_norm=False, global_pool='avg'),
+    "vit_so400m_patch14_siglip_gap_378": _timm(14, 378, 1152, 27, 16, mlp_ratio=3.7362, class_token=False,
+                                               fc_norm=False, global_pool='avg'),
+    "vit_so400m_patch14_siglip_gap_448": _timm(14, 448, 1152, 27, 16, mlp_ratio=3.7362, class_token=False,
+                                               fc_norm=False, global_pool='avg'),
+    "vit_so400m_patch14_siglip_gap_896": _timm(14, 896, 1152, 27, 16, mlp_ratio=3.7362, class_token=False,
+                                               fc_norm=False, global_pool='avg'),
+    "vit_so400m_patch16_radio_v4": _timm(16, 512, 1152, 27, 16, mlp_ratio=3.736111111111111, final_norm=False,
+                                         no_embed_class=True, reg_tokens=9, resize=('bilinear', False, False)),
+    "vit_so400m_patch16_siglip_256": _timm(16, 256, 1152, 27, 16, mlp_ratio=3.7362, act_layer='gelu_tanh',
+                                           class_token=False, global_pool='map'),
+    "vit_so400m_patch16_siglip_384": _timm(16, 384, 1152, 27, 16, mlp_ratio=3.7362, act_layer='gelu_tanh',
+                                           class_token=False, global_pool='map'),
+    "vit_so400m_patch16_siglip_512": _timm(16, 512, 1152, 27, 16, mlp_ratio=3.7362, act_layer='gelu_tanh',
+                                           class_token=False, global_pool='map'),
+    "vit_so400m_patch16_siglip_gap_256": _timm(16, 256, 1152, 27, 16, mlp_ratio=3.7362, act_layer='gelu_tanh',
+                                               class_token=False, fc_norm=False, global_pool='avg'),
+    "vit_so400m_patch16_siglip_gap_384": _timm(16, 384, 1152, 27, 16, mlp_ratio=3.7362, act_layer='gelu_tanh',
+                                               class_token=False, fc_norm=False, global_pool='avg'),
+    "vit_so400m_patch16_siglip_gap_512": _timm(16, 512, 1152, 27, 16, mlp_ratio=3.7362, act_layer='gelu_tanh',
+                                               class_token=False, fc_norm=False, global_pool='avg'),
+    "vit_tiny_patch16_224": _timm(16, 224, 192, 12, 3),
+    "vit_tiny_patch16_384": _timm(16, 384, 192, 12, 3),
+    "vit_wee_patch16_reg1_gap_256": _timm(16, 256, 256, 14, 4, mlp_ratio=5, class_token=False, global_pool='avg',
+                                          init_values=1e-05, no_embed_class=True, reg_tokens=1),
+    "vit_xsmall_patch16_clip_224": _timm(16, 224, 256, 10, 4, pre_norm=True, norm_eps=1e-05),
+}
+
+
+def timm_architecture(name, where="config.json"):
+    """The `TimmArchitecture` of a timm architecture name, or a `CheckpointError` naming why it is not computed."""
+    entry = ARCHITECTURES.get(name)
+    if entry is not None:
+        return entry
+    reason = next((why for pattern, why in REFUSED if re.search(pattern, name)), None)
+    if reason is None:
+        raise CheckpointError(f"{where}: timm's {name!r} is not one of the {len(ARCHITECTURES)} timm ViT architectures "
+                              "keras_vit computes (keras_vit.checkpoints.timm_families.ARCHITECTURES, timm's plain "
+                              "VisionTransformer family).")
+    raise CheckpointError(f"{where}: timm's {name!r} is a ViT with {reason}." if not reason.startswith(("RoPE", "timm's"))
+                          else f"{where}: timm's {name!r}: {reason}.")
+
+
+def timm_switches_to_architecture(switches):
+    """keras_vit `Architecture` fields for timm `VisionTransformer` switches (keywords as in `SWITCH_KEYWORDS`).
+
+    Follows timm's own defaults: a class token, the class token pooled,
+    `fc_norm` where the pool is the average (unless set), a patch bias
+    unless `pre_norm`, exact GELU, LayerNorm epsilon 1e-6.
     """
-    match = re.match(r"^(vit|deit3|deit|flexivit)_([a-z0-9]+)", architecture)
-    word = match.group(2) if match else None
-    heads = next((count for pattern, count in _HEAD_EXCEPTIONS if re.match(pattern, architecture)),
-                 _HEADS.get(word))
-    if "_clip_quickgelu_" in architecture:
-        activation = "quick_gelu"
-    elif any(re.match(pattern, architecture) for pattern in _GELU_TANH):
-        activation = "gelu_tanh"
-    else:
-        activation = "gelu"
-    return dict(num_heads=heads, mlp_activation=activation,
-                layer_norm_epsilon=1e-5 if "_clip_" in architecture else 1e-6)
-
+    pool = switches.get("global_pool", "token")
+    class_token = switches.get("class_token", True)
+    if pool == "":  # timm's no pooling: the token sequence; keras_vit pools as the tokens allow
+        pool = "token" if class_token else "avg"
+    fc_norm = switches.get("fc_norm")
+    if fc_norm is None:
+        fc_norm = pool == "avg"
+    final_norm = switches.get("final_norm", True)
+    init_values = switches.get("init_values")
+    return dict(
+        class_token=bool(class_token),
+        register_tokens=int(switches.get("reg_tokens", 0)),
+        class_token_position_embedding=not switches.get("no_embed_class", False),
+        classifier=POOLS[pool],
+        fc_norm=bool(fc_norm) and bool(final_norm),
+        final_norm=bool(final_norm),
+        norm_pre=bool(switches.get("pre_norm", False)),
+        patch_bias=not switches.get("pre_norm", False),
+        qkv_bias=bool(switches.get("qkv_bias", True)),
+        qk_norm=bool(switches.get("qk_norm", False)),
+        layer_scale=float(init_values) if init_values else None,
+        mlp_activation="swiglu" if switches.get("mlp_layer") == "swiglu_packed" else
+        ACTIVATIONS[switches.get("act_layer")],
+        layer_norm_epsilon=float(switches.get("norm_eps", 1e-6)),
+    )

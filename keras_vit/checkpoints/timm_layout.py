@@ -32,13 +32,19 @@ from keras_vit.checkpoints.source import (
     architecture_of,
     class_names_in_order,
     pixel_statistics,
-    positive_int_field,
     preview,
     require_regular_file,
     source_from_state,
     warn_unkept_pixel_statistics,
 )
-from keras_vit.checkpoints.timm_families import NOT_PLAIN_BLOCKS, PREFIXES, timm_family
+from keras_vit.architecture import Architecture
+from keras_vit.checkpoints.timm_config import check_head, check_tensors_agree, checked_sizes, grid_of_config, model_args_of
+from keras_vit.checkpoints.timm_families import (
+    DEFAULT_RESIZE,
+    SWITCH_KEYWORDS,
+    timm_architecture,
+    timm_switches_to_architecture,
+)
 from keras_vit.files import atomic_path
 
 logger = logging.getLogger("keras_vit")
@@ -143,6 +149,11 @@ def from_timm(tensors, description="checkpoint"):
             state[f"encoderblock_{int(parts[1])}/{_BLOCK[parts[2]]}"] = torch_to_keras(name, value)
         else:
             unknown.append(name)
+    rms = sorted(name for name in tensors if name.endswith(".weight") and (name in _TOP or name.split(".", 2)[-1]
+                 in _BLOCK) and _mapped(name).endswith("/gamma") and name[:-len("weight")] + "bias" not in tensors)
+    if rms:
+        raise CheckpointError(f"{description} has norms with a weight but no bias ({preview(rms, 3)}): RMSNorm, which "
+                              "is not supported yet (keras_vit's LayerNorm has both).")
     if unknown:
         raise CheckpointError(
             f"{description} has {len(unknown)} tensors that are not in timm's VisionTransformer layout: "
@@ -153,9 +164,17 @@ def from_timm(tensors, description="checkpoint"):
     return state
 
 
+def _mapped(name):
+    """keras_vit's name (after the block prefix) for a timm tensor name of `_TOP` or `_BLOCK`."""
+    return _TOP.get(name) or _BLOCK.get(name.split(".", 2)[-1], "")
+
+
 def to_timm(model):
     """A keras_vit model's weights as a timm ViT state dict of numpy arrays (refuses what timm cannot express)."""
     names = {v.path for v in model.weights}
+    if any("lora_" in name for name in names):
+        raise CheckpointError(f"{model.name} has LoRA adapters, which timm's VisionTransformer does not have: call "
+                              "keras_vit.merge_lora(model) first, then save_timm.")
     if any(name.startswith("conv_root") for name in names):
         raise CheckpointError("save_timm writes plain ViTs; a hybrid's ResNet has no timm VisionTransformer layout "
                               "here (save it with checkpoints.save_npz instead).")
@@ -178,8 +197,23 @@ def to_timm(model):
     return tensors
 
 
-def timm_arguments(model):
-    """The keyword arguments of timm's `VisionTransformer` for the switches of a keras_vit `model`.
+# Where a model needs what only one of timm's model functions sets, one such architecture to name.
+_NAMED_ONLY = {"layer_norm_epsilon": "vit_base_patch16_clip_224 (CLIP's 1e-5)",
+               "swiglu": "vit_giant_patch14_dinov2 (a packed SwiGLU MLP)"}
+
+
+def timm_arguments(model, architecture=None):
+    """The keywords of `timm.create_model(architecture or "vit_base_patch16_224", **kwargs)` that rebuild `model`.
+
+    The sizes (`img_size`, `patch_size`, `embed_dim`, `depth`, `num_heads`,
+    `mlp_ratio`, `num_classes`) and every switch (class and register tokens,
+    `no_embed_class`, `global_pool`, norms, biases, layer scale, activation).
+    A LayerNorm epsilon other than 1e-6 and a SwiGLU MLP are set only by
+    timm's model functions, which take them as classes, not keywords: for
+    those, name an `architecture` of `timm_families.ARCHITECTURES` that sets
+    the same (CLIP's 1e-5, DINOv2 giant's SwiGLU). What timm's
+    `VisionTransformer` cannot build at all (a patch bias beside `pre_norm`,
+    none without it) is a `CheckpointError` that says why.
 
     Example:
     >>> import keras_vit
@@ -188,28 +222,71 @@ def timm_arguments(model):
     >>> timm_arguments(model)["reg_tokens"], timm_arguments(model)["no_embed_class"]
     (2, True)
     """
-    architecture = architecture_of(model)
+    found = architecture_of(model)
+    if found.patch_bias == found.norm_pre:
+        raise CheckpointError(
+            f"{model.name} has {'a' if found.patch_bias else 'no'} patch bias {'and' if found.norm_pre else 'but no'} "
+            "norm_pre; timm's VisionTransformer has a patch bias exactly when it has no pre_norm, so it cannot build "
+            "this model.")
     pools = {"token": "token", "gap": "avg", "map": "map"}
-    activations = {"gelu": "gelu", "gelu_tanh": "gelu_tanh", "quick_gelu": "quick_gelu", "swiglu": "silu"}
+    activations = {"gelu": "gelu", "gelu_tanh": "gelu_tanh", "quick_gelu": "quick_gelu"}
+    block = model.get_layer("encoderblock_0")
+    embed = int(model.get_layer("embedding").kernel.shape[-1])
+    hidden = int(block.mlp_dim)  # the first MLP layer's width: both halves of a SwiGLU, as timm's GluMlp
+    ratio = hidden / embed
+    if int(embed * ratio) != hidden:  # timm's int(dim * mlp_ratio) must give the width back
+        ratio = (hidden + 0.5) / embed
+    patch = tuple(model.get_layer("embedding").kernel.shape[:2])
+    position = model.get_layer("position_embedding") if "position_embedding" in [
+        layer.name for layer in model.layers] else None
+    grid = getattr(position, "grid_size", None)
+    head = [layer for layer in model.layers if layer.name == "head"]
     arguments = dict(
-        class_token=architecture.class_token, reg_tokens=architecture.register_tokens,
-        no_embed_class=not architecture.class_token_position_embedding, global_pool=pools[architecture.classifier],
-        fc_norm=architecture.fc_norm, final_norm=architecture.final_norm, pre_norm=architecture.norm_pre, qkv_bias=architecture.qkv_bias,
-        qk_norm=architecture.qk_norm, init_values=architecture.layer_scale,
-        act_layer=activations[architecture.mlp_activation],
+        img_size=[grid[0] * patch[0], grid[1] * patch[1]] if grid else None,
+        patch_size=patch[0] if patch[0] == patch[1] else list(patch),
+        embed_dim=embed, depth=sum(layer.name.startswith("encoderblock_") for layer in model.layers),
+        num_heads=int(block.num_heads), mlp_ratio=ratio,
+        num_classes=int(head[0].kernel.shape[-1]) if head else 0,
+        class_token=found.class_token, reg_tokens=found.register_tokens,
+        no_embed_class=not found.class_token_position_embedding, global_pool=pools[found.classifier],
+        fc_norm=found.fc_norm, final_norm=found.final_norm, pre_norm=found.norm_pre, qkv_bias=found.qkv_bias,
+        qk_norm=found.qk_norm, init_values=found.layer_scale,
     )
-    if not architecture.patch_bias:
-        arguments["patch_bias"] = False  # timm: not pre_norm; named here so a caller can check it
+    if arguments["img_size"] is None:
+        del arguments["img_size"]
+    needs_name = [key for key, needed in (("layer_norm_epsilon", found.layer_norm_epsilon != 1e-6),
+                                          ("swiglu", found.mlp_activation == "swiglu")) if needed]
+    if architecture is None:
+        if needs_name:
+            raise CheckpointError(
+                f"{model.name} has " + " and ".join(
+                    f"LayerNorm epsilon {found.layer_norm_epsilon:g}" if key == "layer_norm_epsilon" else "a SwiGLU MLP"
+                    for key in needs_name) + ", which timm's VisionTransformer takes only from a model function: "
+                "pass architecture= a timm name that sets the same, such as "
+                + " or ".join(_NAMED_ONLY[key] for key in needs_name) + ".")
+        arguments["act_layer"] = activations[found.mlp_activation]
+        return arguments
+    entry = timm_architecture(architecture, "timm_arguments")
+    named = timm_switches_to_architecture(entry.switches)
+    if named["layer_norm_epsilon"] != found.layer_norm_epsilon or \
+            (named["mlp_activation"] == "swiglu") != (found.mlp_activation == "swiglu"):
+        raise CheckpointError(
+            f"timm's {architecture!r} sets LayerNorm epsilon {named['layer_norm_epsilon']:g} and "
+            f"{'a SwiGLU' if named['mlp_activation'] == 'swiglu' else 'a plain'} MLP, but {model.name} has "
+            f"{found.layer_norm_epsilon:g} and {'a SwiGLU' if found.mlp_activation == 'swiglu' else 'a plain'} MLP.")
+    if found.mlp_activation != "swiglu":
+        arguments["act_layer"] = activations[found.mlp_activation]
     return arguments
 
 
-def save_timm(model, path):
+def save_timm(model, path, architecture=None):
     """Write `model` as a timm `VisionTransformer` state dict (`.safetensors`) that timm loads with `strict=True`.
 
-    Build the timm model with the same sizes and the switches of
-    `timm_arguments(model)` (class token, registers, `no_embed_class`,
-    `global_pool`, layer scale, norms, biases, activation), then
-    `timm.models.load_checkpoint(model, path, strict=True)`.
+    Build the timm model with `timm.create_model(architecture or
+    "vit_base_patch16_224", **timm_arguments(model, architecture))`, then
+    `timm.models.load_checkpoint(model, path, strict=True)`. A model that
+    those keywords cannot rebuild exactly is refused before anything is
+    written, with the reason (`timm_arguments`).
 
     Example:
     >>> import keras_vit
@@ -220,12 +297,7 @@ def save_timm(model, path):
     if not str(path).endswith(".safetensors"):
         raise CheckpointError(f"save_timm writes a .safetensors file; got {path}.")
     tensors = to_timm(model)
-    if architecture_of(model).approximate_gelu:
-        logger.warning(
-            "%s computes the tanh-approximated GELU but timm's VisionTransformer computes exact GELU: build the "
-            "timm model with act_layer='gelu_tanh' for equal logits.",
-            model.name,
-        )
+    timm_arguments(model, architecture)  # Refuses what timm cannot rebuild.
     warn_unkept_pixel_statistics(model, "timm reads them from the folder's config.json (pretrained_cfg mean and "
                                         "std), and so does keras_vit.from_pretrained")
     save_file = _safetensors().save_file
@@ -334,93 +406,67 @@ def _safetensors_open(path):
 
 
 def read_timm(path, budget=None, config=None, config_path=None):
-    """Read a timm ViT state dict file into a `WeightsSource` (exact GELU; heads from `config` when given).
+    """Read a timm ViT state dict file into a `WeightsSource`.
 
-    `config` is the parsed `config.json` of a Hub folder, read from `config_path` (named in errors).
+    A bare state dict shows its switches in its tensors (exact GELU, timm's
+    default, and timm's epsilon). With `config`, the parsed `config.json` of
+    a Hub folder (read from `config_path`, named in errors), the architecture
+    it names must be one of `timm_families.ARCHITECTURES`: that entry, with
+    `model_args` over it, is the model, and the tensors must agree with it.
     """
     state = from_timm(read_state_dict(path, budget), description=path)
-    grid = num_heads = None
-    known = dict(mlp_activation="gelu")  # timm's default: exact GELU
-    if config:
-        where = config_path or path
-        args = config.get("model_args") or {}
-        if not isinstance(args, dict):
-            raise CheckpointError(f"{where}: model_args is a JSON {type(args).__name__}; timm writes an object of "
-                                  "VisionTransformer arguments ({\"num_heads\": 12, ...}).")
-        num_heads = positive_int_field(args, "num_heads", where, "model_args.")
-        patch = positive_int_field(args, "patch_size", where, "model_args.")
-        patch = patch or int(state["embedding/kernel"].shape[0])
-        size = args.get("img_size")
-        if isinstance(size, int) and not isinstance(size, bool):
-            size = (size, size)
-        if size is not None:
-            if not (isinstance(size, (list, tuple)) and len(size) == 2
-                    and all(isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in size)):
-                raise CheckpointError(f"{where}: model_args.img_size is {size!r}; expected a positive int or "
-                                      "[height, width].")
-            grid = (size[0] // patch, size[1] // patch)
-        architecture = config.get("architecture")
-        if isinstance(architecture, str):
-            family = timm_family(architecture)
-            num_heads = num_heads or family.pop("num_heads")
-            known.update({key: value for key, value in family.items() if key != "num_heads"})
-        activation = args.get("act_layer")
-        if isinstance(activation, str):
-            if activation not in _TIMM_ACTIVATIONS:
-                raise CheckpointError(f"{where}: model_args.act_layer is {activation!r}; keras_vit computes "
-                                      f"{sorted(_TIMM_ACTIVATIONS)}.")
-            known["mlp_activation"] = _TIMM_ACTIVATIONS[activation]
-        pretrained = config.get("pretrained_cfg") if isinstance(config.get("pretrained_cfg"), dict) else {}
-        known.update(pixel_statistics(pretrained.get("mean", config.get("mean")), pretrained.get("std", config.get("std")),
-                                      f"{where} (pretrained_cfg mean and std)"))
-        pool = args.get("global_pool", config.get("global_pool"))
-        if pool not in (None, "", "token", "avg", "map"):
-            raise CheckpointError(f"{where}: global_pool is {pool!r}; keras_vit pools by 'token', 'avg' or 'map'.")
-        if pool == "avg":
-            known["classifier"] = "gap"
-        if pool == "" and "class_token/cls" not in state:  # timm's no pooling: the sequence
-            known["classifier"] = "gap"
-    table = state["position_embedding/pos_embedding"]
-    if grid is not None and table.shape[1] not in (grid[0] * grid[1], grid[0] * grid[1] + _prefix(state)):
-        grid = None  # The config's image size is not the table's (a resized file): read the table's own.
-    architecture = architecture_from_state(state, grid, **known)
-    source = source_from_state(path, state, grid, num_heads, architecture)
-    if config:  # Label ids (synsets) in head order, shown by their descriptions ("tench, Tinca tinca") where given.
-        def field(key):
-            pretrained = config.get("pretrained_cfg")
-            return config.get(key) or (pretrained.get(key) if isinstance(pretrained, dict) else None)
+    if not config:
+        architecture = architecture_from_state(state, None, mlp_activation="gelu")
+        source = source_from_state(path, state, None, None, architecture)
+        source.position_resize = DEFAULT_RESIZE[:2]
+        return source
+    where = config_path or path
+    name = config.get("architecture")
+    entry = timm_architecture(name, where)
+    args = model_args_of(config, where)
+    switches = {**entry.switches, **{key: args[key] for key in SWITCH_KEYWORDS if key in args}}
+    pool = args.get("global_pool", config.get("global_pool", switches.get("global_pool", "token")))
+    if pool not in ("", "token", "avg", "map"):
+        raise CheckpointError(f"{where}: global_pool is {pool!r}; keras_vit pools by 'token', 'avg' or 'map'.")
+    switches["global_pool"] = pool
+    try:
+        fields = timm_switches_to_architecture(switches)
+    except KeyError as error:  # an act_layer or pool the checks above let through
+        raise CheckpointError(f"{where}: {error} is not a setting keras_vit computes.") from None
+    pretrained = config.get("pretrained_cfg") if isinstance(config.get("pretrained_cfg"), dict) else {}
+    statistics = [(pretrained.get(key), f"pretrained_cfg.{key}") if key in pretrained else (config.get(key), key)
+                  for key in ("mean", "std")]
+    fields.update(pixel_statistics(statistics[0][0], statistics[1][0], where, (statistics[0][1], statistics[1][1])))
+    architecture = Architecture(**fields)
+    sizes = checked_sizes(state, entry, args, name, path, where)
+    check_tensors_agree(state, architecture, name, path)
+    num_classes = args.get("num_classes", config.get("num_classes"))
+    check_head(state, num_classes, path, where)
+    grid = grid_of_config(state, architecture, entry, args, pretrained, sizes["patch_size"], where)
+    source = source_from_state(path, state, grid, sizes["num_heads"], architecture)
+    source.position_resize = entry.resize[:2]
+    source.resize_align_corners = entry.resize[2]
+    # Label ids (synsets) in head order, shown by their descriptions ("tench, Tinca tinca") where given.
+    def field(key):
+        return config.get(key) or pretrained.get(key)
 
-        names, descriptions = class_names_in_order(field("label_names"), state), field("label_descriptions")
-        if names and isinstance(descriptions, dict):
-            names = [str(descriptions.get(name, name)) for name in names]
-        source.class_names = names
+    names, descriptions = class_names_in_order(field("label_names"), state), field("label_descriptions")
+    if names and isinstance(descriptions, dict):
+        names = [str(descriptions.get(name, name)) for name in names]
+    source.class_names = names
     return source
-
-
-_TIMM_ACTIVATIONS = {"gelu": "gelu", "gelu_tanh": "gelu_tanh", "quick_gelu": "quick_gelu"}
-
-
-def _prefix(state):
-    registers = state.get("register_tokens/registers")
-    return int("class_token/cls" in state) + (0 if registers is None else int(registers.shape[1]))
 
 
 def read_timm_folder(folder, config, budget=None):
     """A timm Hub folder (its parsed `config.json`, beside `model.safetensors`) as a `WeightsSource`."""
+    where = os.path.join(folder, "config.json")
     architecture = config.get("architecture")
     if not isinstance(architecture, str):
-        raise CheckpointError(f"{os.path.join(folder, 'config.json')}: architecture is {architecture!r}; expected "
-                              "timm's model name (a string such as 'vit_base_patch16_224').")
-    if not architecture.startswith(PREFIXES) or any(word in architecture for word in ("hybrid", "resnet",
-                                                                                       "distilled")):
-        raise CheckpointError(f"{folder} holds timm's {architecture or 'unnamed'!r}, not a plain timm ViT "
-                              f"(architecture {', '.join(prefix + '*' for prefix in PREFIXES)}).")
-    for marker, what in NOT_PLAIN_BLOCKS.items():
-        if marker in architecture:
-            raise CheckpointError(f"{folder} holds timm's {architecture!r}, a ViT with {what}, which keras_vit's "
-                                  "pre-norm blocks do not compute.")
+        raise CheckpointError(f"{where}: architecture is {architecture!r}; expected timm's model name (a string "
+                              "such as 'vit_base_patch16_224').")
+    timm_architecture(architecture, where)  # Refused by name before any tensor is read.
     weights = next((os.path.join(folder, name) for name in ("model.safetensors", "pytorch_model.bin")
                     if os.path.exists(os.path.join(folder, name))), None)
     if weights is None:
         raise CheckpointError(f"{folder} has a timm config.json but no model.safetensors or pytorch_model.bin.")
-    return read_timm(weights, budget, config, os.path.join(folder, "config.json"))
+    return read_timm(weights, budget, config, where)

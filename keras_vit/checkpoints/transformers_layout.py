@@ -6,12 +6,24 @@ projections, which keras_vit fuses into one `(in, 3 * out)` kernel; its
 `layer_norm_eps` (1e-12 in `google/vit-*`) and `hidden_act` are honoured, and
 `id2label` names the classes (`WeightsSource.class_names`).
 
+The config and the tensors must agree. Each field of transformers' config
+class is computed (the heads, the activation, the epsilon, the grid),
+checked against the tensors (the sizes, `qkv_bias`, the pooler), or does
+not change what a loaded model computes (`INFERENCE_IRRELEVANT`, with the
+reason); `CONFIG_DEFAULTS` lists the fields read, with transformers'
+defaults. A config field keras_vit cannot compute (`hidden_act: "relu"`, a
+`pooler_act` other than tanh) is refused. The tensors must be exactly the
+configured model's: every block, norm and embedding, and nothing the
+config rules out. Keys that are not fields of the config class are
+ignored, as transformers' model ignores them. Loaded at another size, the position table is resized as transformers'
+`ViTEmbeddings.interpolate_pos_encoding` does: bicubic, no antialias.
+
 Example:
 >>> from keras_vit import checkpoints
 >>> source = checkpoints.read_transformers_folder("vit-base-patch16-224")  # doctest: +SKIP
 """
 
-import math
+import json
 import os
 
 import numpy as np
@@ -39,7 +51,7 @@ _BLOCK = {
     "output.dense.weight": "mlp_output/kernel",
     "output.dense.bias": "mlp_output/bias",
 }
-_QKV = ("query", "key", "value")
+QKV = ("query", "key", "value")
 _TOP = {
     "embeddings.cls_token": "class_token/cls",
     "embeddings.position_embeddings": "position_embedding/pos_embedding",
@@ -52,53 +64,154 @@ _TOP = {
     "classifier.weight": "head/kernel",
     "classifier.bias": "head/bias",
 }
-# transformers' activation names -> keras_vit's approximate_gelu.
 # transformers' hidden_act -> keras_vit's mlp_activation.
 _ACTIVATIONS = {"gelu": "gelu", "gelu_python": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh",
                 "quick_gelu": "quick_gelu"}
+# The fields of transformers' config classes (ViT, DINOv2, CLIP, SigLIP, and PreTrainedConfig's own) that do not
+# change what a loaded model computes, and why.
+INFERENCE_IRRELEVANT = {
+    "hidden_dropout_prob": "dropout, off at inference",
+    "attention_probs_dropout_prob": "dropout, off at inference",
+    "attention_dropout": "dropout, off at inference",
+    "drop_path_rate": "stochastic depth, off at inference",
+    "initializer_range": "initialisation; the file holds the weights",
+    "initializer_factor": "initialisation; the file holds the weights",
+    "layerscale_value": "the initial value of layer scale; the file holds the learned lambda1",
+    "use_mask_token": "the mask token of masked image modelling, not read",
+    "encoder_stride": "the decoder of ViTForMaskedImageModeling, not read",
+    "projection_dim": "CLIP's visual_projection into the image-text space, not read",
+    "logit_scale_init_value": "the image-text logit scale, not read",
+    "text_config": "the text tower, not read",
+    "out_features": "Dinov2Backbone's choice of feature maps",
+    "out_indices": "Dinov2Backbone's choice of feature maps",
+    "stage_names": "Dinov2Backbone's names of feature maps",
+    "apply_layernorm": "Dinov2Backbone's feature maps",
+    "reshape_hidden_states": "Dinov2Backbone's feature maps",
+    "label2id": "the inverse of id2label",
+    "architectures": "the class that saved the file; its tensors show the head",
+    "transformers_version": "the version that saved the file",
+    "dtype": "the precision the tensors were saved in; keras_vit computes in its own dtype",
+    "output_hidden_states": "what transformers' forward returns",
+    "return_dict": "what transformers' forward returns",
+    "chunk_size_feed_forward": "computes the MLP in chunks, to the same result",
+    "is_encoder_decoder": "a flag of text models",
+    "problem_type": "the training loss",
+}
+# The fields of transformers' ViTConfig that the reader computes or checks, with transformers' defaults.
+CONFIG_DEFAULTS = {"vit": dict(
+    hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072, hidden_act="gelu",
+    layer_norm_eps=1e-12, image_size=224, patch_size=16, num_channels=3, qkv_bias=True, pooler_output_size=None,
+    pooler_act="tanh", id2label=None)}
 
 
-def fuse_qkv(qkv, state, description, zero_bias=True):
+def fuse_qkv(qkv, state, description):
     """Put the `{block: {(query|key|value, weight|bias): array}}` projections into `state` as fused `qkv`.
 
-    Missing biases are zeros with `zero_bias` (equal outputs), else the block has none.
+    A block has biases for all three projections or for none.
     """
     for index, parts in qkv.items():
-        missing = [f"{kind}.weight" for kind in _QKV if (kind, "weight") not in parts]
+        biases = [(kind, "bias") in parts for kind in QKV]
+        missing = [f"{kind}.weight" for kind in QKV if (kind, "weight") not in parts]
+        missing += [f"{kind}.bias" for kind, bias in zip(QKV, biases) if any(biases) and not bias]
         if missing:
-            raise CheckpointError(f"{description}: encoder.layer.{index} lacks attention {missing}.")
-        kernel = np.concatenate([parts[(kind, "weight")] for kind in _QKV], axis=-1)
-        state[f"encoderblock_{index}/qkv/kernel"] = kernel
-        if zero_bias or all((kind, "bias") in parts for kind in _QKV):
-            state[f"encoderblock_{index}/qkv/bias"] = np.concatenate(
-                [parts.get((kind, "bias"), np.zeros(kernel.shape[0], kernel.dtype)) for kind in _QKV])
+            raise CheckpointError(f"{description}: block {index} lacks attention {missing}.")
+        state[f"encoderblock_{index}/qkv/kernel"] = np.concatenate([parts[(kind, "weight")] for kind in QKV], -1)
+        if any(biases):
+            state[f"encoderblock_{index}/qkv/bias"] = np.concatenate([parts[(kind, "bias")] for kind in QKV])
 
 
-def transformers_fields(folder, config):
-    """`(weights path, patch size, heads, (height, width), epsilon, activation)` of a transformers config, checked."""
+def transformers_fields(folder, config, defaults, where=None):
+    """`(weights path, fields)` of a transformers folder: its config's `defaults` keys (transformers' default where
+    absent or null), the ones every reader reads checked; errors name `where` (default the folder's config.json).
+
+    `fields["image_size"]` is `(height, width)`, `fields["hidden_act"]` keras_vit's `mlp_activation`.
+    """
     weights = next((os.path.join(folder, name) for name in ("model.safetensors", "pytorch_model.bin")
                     if os.path.exists(os.path.join(folder, name))), None)
     if weights is None:
         raise CheckpointError(f"{folder} has a transformers config.json but no model.safetensors or pytorch_model.bin.")
-    where = os.path.join(folder, "config.json")
-    activation = config.get("hidden_act", "gelu")
+    where = where or os.path.join(folder, "config.json")
+    fields = {key: default if config.get(key) is None else config[key] for key, default in defaults.items()}
+    activation = fields["hidden_act"]
     if not isinstance(activation, str) or activation not in _ACTIVATIONS:
-        raise CheckpointError(f"{folder}: hidden_act {activation!r} is not a GELU; keras_vit's blocks compute GELU "
+        raise CheckpointError(f"{where}: hidden_act {activation!r} is not a GELU; keras_vit's blocks compute GELU "
                               f"({', '.join(_ACTIVATIONS)}).")
-    patch = positive_int_field(config, "patch_size", where) or 16
-    num_heads = positive_int_field(config, "num_attention_heads", where)
-    size = config.get("image_size", 224)
+    fields["hidden_act"] = _ACTIVATIONS[activation]
+    for key in ("hidden_size", "num_hidden_layers", "num_attention_heads", "patch_size", "num_channels"):
+        positive_int_field(fields, key, where)
+    size = fields["image_size"]
     sides = tuple(size) if isinstance(size, (list, tuple)) else (size, size)
     if len(sides) != 2 or not all(isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in sides):
         raise CheckpointError(f"{where}: image_size is {size!r}; expected a positive int or [height, width].")
-    epsilon = config.get("layer_norm_eps", 1e-12)
+    fields["image_size"] = sides
+    epsilon = fields["layer_norm_eps"]
     if isinstance(epsilon, bool) or not isinstance(epsilon, (int, float)) or not 0 < epsilon < 1:
         raise CheckpointError(f"{where}: layer_norm_eps is {epsilon!r}; expected a small positive number.")
-    return weights, patch, num_heads, sides, float(epsilon), _ACTIVATIONS[activation]
+    fields["layer_norm_eps"] = float(epsilon)
+    for key in ("qkv_bias", "use_swiglu_ffn", "vision_use_head"):
+        if key in fields and not isinstance(fields[key], bool):
+            raise CheckpointError(f"{where}: {key} is {fields[key]!r}; expected true or false.")
+    return weights, fields
 
 
-def from_transformers(tensors, description="checkpoint"):
-    """keras_vit's state from a transformers ViT state dict (`vit.` prefix or none) of numpy arrays."""
+def check_tensors(description, names, expected, prefix=""):
+    """Refuse a file whose tensor `names` (a whole model's after `prefix`) are not the configured model's.
+
+    `expected` is `(required, optional, settings)`: the names the model its config.json describes has, groups
+    it may have, each whole or not at all (a classifier, a buffer), and the config fields that decide them, for
+    the errors.
+    """
+    required, optional, settings = expected
+    own = {name.removeprefix(prefix) for name in names}
+    under = f" (names after {prefix!r})" if prefix and any(name.startswith(prefix) for name in names) else ""
+    wanted = set(required).union(*(group for group in optional if own & set(group)))
+    missing = wanted - own
+    if missing:
+        raise CheckpointError(f"{description} lacks {len(missing)} tensors of the model its config.json describes "
+                              f"({settings}): {preview(missing, 5)}{under}.")
+    extra = own - wanted
+    if extra:
+        raise CheckpointError(f"{description} has {len(extra)} tensors that the model its config.json describes "
+                              f"({settings}) has not: {preview(extra, 5)}{under}.")
+
+
+def check_sizes(where, fields, state, mlp=None):
+    """Refuse config.json `fields` that contradict the tensors (keras_vit's `state`), naming the field and the file's.
+
+    `mlp` is `(field, its value, the MLP width it makes)`, default `intermediate_size`.
+    """
+    kernel = state["embedding/kernel"]  # (patch, patch, channels, width)
+    patch, width, channels = fields["patch_size"], int(kernel.shape[-1]), int(kernel.shape[2])
+    if fields["hidden_size"] != width:
+        raise CheckpointError(f"{where}: hidden_size is {fields['hidden_size']}, but the file's patch embedding is "
+                              f"{width} wide.")
+    if fields["num_channels"] != channels:
+        raise CheckpointError(f"{where}: num_channels is {fields['num_channels']}, but the file's patch embedding "
+                              f"takes {channels} channels.")
+    if tuple(kernel.shape[:2]) != (patch, patch):
+        raise CheckpointError(f"{where}: patch_size is {patch}, but the file's patch embedding kernel is "
+                              f"{kernel.shape[0]}x{kernel.shape[1]}.")
+    if width % fields["num_attention_heads"]:
+        raise CheckpointError(f"{where}: num_attention_heads is {fields['num_attention_heads']}, which does not "
+                              f"divide hidden_size {width}.")
+    key, value, expected = mlp or ("intermediate_size", fields["intermediate_size"], fields["intermediate_size"])
+    widths = sorted({int(array.shape[-1]) for name, array in state.items() if name.endswith("mlp_hidden/kernel")})
+    if widths != [expected]:
+        raise CheckpointError(f"{where}: {key} is {value} (an MLP of width {expected}), but the file's MLP "
+                              f"{'layers are' if len(widths) > 1 else 'is'} {' and '.join(map(str, widths))} wide.")
+
+
+def settings(fields, *keys):
+    """`"key: value, ..."` (JSON values): the config fields that decide which tensors a model has, for the errors."""
+    return ", ".join(f"{key}: {json.dumps(fields[key])}" for key in keys)
+
+
+def from_transformers(tensors, description="checkpoint", expected=None):
+    """keras_vit's state from a transformers ViT state dict (`vit.` prefix or none) of numpy arrays.
+
+    `expected`: the configured model's tensors (`check_tensors`), where a config.json describes it.
+    """
+    names = list(tensors)
     tensors = {name.removeprefix("vit."): np.asarray(value) for name, value in tensors.items()}
     tensors.pop("embeddings.mask_token", None)  # Only for masked image modelling; unused in inference.
     state, qkv, unknown = {}, {}, []
@@ -113,30 +226,65 @@ def from_transformers(tensors, description="checkpoint"):
                 state[f"encoderblock_{index}/{_BLOCK[rest]}"] = torch_to_keras(rest, value)
                 continue
             kind, _, field = rest.removeprefix("attention.attention.").rpartition(".")
-            if rest.startswith("attention.attention.") and kind in _QKV and field in ("weight", "bias"):
+            if rest.startswith("attention.attention.") and kind in QKV and field in ("weight", "bias"):
                 qkv.setdefault(index, {})[(kind, field)] = torch_to_keras(rest, value)
                 continue
         unknown.append(name)
     if unknown:
         raise CheckpointError(f"{description} has {len(unknown)} tensors that are not in transformers' ViT layout: "
                               f"{preview(unknown, 5)}.")
+    if expected:
+        check_tensors(description, names, expected, "vit.")
     fuse_qkv(qkv, state, description)
     if "pre_logits/kernel" in state and "head/kernel" in state:
         raise CheckpointError(f"{description} has both a pooler and a classifier, which no transformers ViT has.")
     return state
 
 
+def configured_grid(fields, patches):
+    """The patch grid of the config's `image_size`, or None where the table has another number of `patches`.
+
+    None: the table's own square grid (a folder whose image_size was edited after training).
+    """
+    (height, width), patch = fields["image_size"], fields["patch_size"]
+    grid = (height // patch, width // patch)
+    return grid if grid[0] * grid[1] == patches else None
+
+
+def _vit_tensors(fields):
+    """The tensors of the ViT `fields` describe, as `check_tensors` takes them."""
+    biases = ("weight", "bias") if fields["qkv_bias"] else ("weight",)
+    block = [*_BLOCK, *(f"attention.attention.{kind}.{field}" for kind in QKV for field in biases)]
+    required = [f"encoder.layer.{index}.{name}" for index in range(fields["num_hidden_layers"]) for name in block]
+    required += [name for name in _TOP if not name.startswith(("pooler.", "classifier."))]
+    optional = [("pooler.dense.weight", "pooler.dense.bias"), ("classifier.weight", "classifier.bias"),
+                ("embeddings.mask_token",)]
+    return required, optional, settings(fields, "num_hidden_layers", "qkv_bias")
+
+
 def read_transformers_folder(folder, config, budget=None):
     """A transformers ViT folder (its parsed `config`) as a `WeightsSource`."""
-    weights, patch, num_heads, sides, epsilon, activation = transformers_fields(folder, config)
-    state = from_transformers(read_state_dict(weights, budget), description=weights)
-    grid = (sides[0] // patch, sides[1] // patch)
-    positions = state["position_embedding/pos_embedding"].shape[1] - 1
-    if grid[0] * grid[1] != positions:
-        side = math.isqrt(positions)
-        grid = (side, side) if side * side == positions else None
-    architecture = architecture_from_state(state, grid, mlp_activation=activation, layer_norm_epsilon=epsilon,
+    weights, fields = transformers_fields(folder, config, CONFIG_DEFAULTS["vit"])
+    where = os.path.join(folder, "config.json")
+    state = from_transformers(read_state_dict(weights, budget), weights, _vit_tensors(fields))
+    check_sizes(where, fields, state)
+    if "pre_logits/kernel" in state:
+        pooler = fields["pooler_output_size"] or fields["hidden_size"]
+        if fields["pooler_act"] != "tanh":
+            raise CheckpointError(f"{where}: pooler_act is {fields['pooler_act']!r}; keras_vit's pre-logits layer "
+                                  "computes tanh.")
+        if state["pre_logits/kernel"].shape[-1] != pooler:
+            raise CheckpointError(f"{where}: pooler_output_size is {pooler}, but the file's pooler has "
+                                  f"{state['pre_logits/kernel'].shape[-1]} outputs.")
+    labels = fields["id2label"]
+    if "head/kernel" in state and isinstance(labels, (dict, list)) and len(labels) != state["head/kernel"].shape[-1]:
+        raise CheckpointError(f"{where}: id2label names {len(labels)} classes, but the file's classifier has "
+                              f"{state['head/kernel'].shape[-1]} outputs.")
+    grid = configured_grid(fields, state["position_embedding/pos_embedding"].shape[1] - 1)
+    architecture = architecture_from_state(state, grid, mlp_activation=fields["hidden_act"],
+                                           layer_norm_epsilon=fields["layer_norm_eps"],
                                            class_token_position_embedding=True)
-    source = source_from_state(weights, state, grid, num_heads, architecture)
-    source.class_names = class_names_in_order(config.get("id2label"), state)
+    source = source_from_state(weights, state, grid, fields["num_attention_heads"], architecture)
+    source.class_names = class_names_in_order(labels, state)
+    source.position_resize = ("bicubic", False)  # ViTEmbeddings.interpolate_pos_encoding
     return source

@@ -1,0 +1,170 @@
+"""timm's `config.json` read against its tensors: what a Hub folder says must be what its file holds.
+
+`timm_layout.read_timm` reads the tensors and the family table entry
+(`timm_families`); the checks here refuse every disagreement between the
+name, `model_args`, `pretrained_cfg` and the tensors, each with the file and
+the field or tensors, before a model is built.
+
+Example:
+>>> model_args_of({"model_args": {"num_heads": 6, "drop_path_rate": 0.1}}, "config.json")
+{'num_heads': 6, 'drop_path_rate': 0.1}
+"""
+
+from keras_vit.checkpoints.source import CheckpointError, architecture_from_state, positive_int_field
+from keras_vit.checkpoints.timm_families import (
+    ACTIVATIONS,
+    DEFAULT_ONLY_KEYWORDS,
+    INFERENCE_NEUTRAL_KEYWORDS,
+    SIZE_KEYWORDS,
+    SWITCH_KEYWORDS,
+)
+
+
+def model_args_of(config, where):
+    """`config.json`'s `model_args`, each key one that keras_vit computes (else a `CheckpointError` naming it)."""
+    args = config.get("model_args") or {}
+    if not isinstance(args, dict):
+        raise CheckpointError(f"{where}: model_args is a JSON {type(args).__name__}; timm writes an object of "
+                              "VisionTransformer arguments ({\"num_heads\": 12, ...}).")
+    for key, value in args.items():
+        if key in SIZE_KEYWORDS or key in INFERENCE_NEUTRAL_KEYWORDS:
+            continue
+        if key in DEFAULT_ONLY_KEYWORDS:
+            if value != DEFAULT_ONLY_KEYWORDS[key]:
+                raise CheckpointError(f"{where}: model_args.{key} is {value!r}, which keras_vit does not compute "
+                                      f"(only timm's default {DEFAULT_ONLY_KEYWORDS[key]!r}); nothing was loaded.")
+            continue
+        if key not in SWITCH_KEYWORDS or key in ("norm_eps", "mlp_layer"):
+            raise CheckpointError(f"{where}: model_args.{key} is not a VisionTransformer argument keras_vit "
+                                  "computes; nothing was loaded.")
+        expected = {"reg_tokens": int, "init_values": (int, float), "act_layer": str, "global_pool": str}.get(key, bool)
+        if isinstance(value, bool) != (expected is bool) or not isinstance(value, expected) \
+                and not (key == "init_values" and value is None) and not (key == "fc_norm" and value is None):
+            raise CheckpointError(f"{where}: model_args.{key} is {value!r}; timm takes "
+                                  f"{'true or false' if expected is bool else 'a number' if key == 'init_values' else 'a ' + getattr(expected, '__name__', 'number')}.")
+        if key == "act_layer" and value not in ACTIVATIONS:
+            raise CheckpointError(f"{where}: model_args.act_layer is {value!r}; keras_vit computes "
+                                  f"{sorted(name for name in ACTIVATIONS if name)}.")
+        if key == "reg_tokens" and value < 0:
+            raise CheckpointError(f"{where}: model_args.reg_tokens is {value!r}; expected a whole number >= 0.")
+    if args.get("in_chans", 3) != 3:
+        raise CheckpointError(f"{where}: model_args.in_chans is {args['in_chans']!r}; keras_vit's models take RGB "
+                              "images (3 channels).")
+    return args
+
+
+def checked_sizes(state, entry, args, name, path, where):
+    """The patch size and head count, with the tensors' sizes checked against the name's or `model_args`'."""
+    sizes = {}
+    for key, default in (("patch_size", entry.patch_size), ("embed_dim", entry.embed_dim), ("depth", entry.depth),
+                         ("num_heads", entry.num_heads)):
+        sizes[key] = positive_int_field(args, key, where, "model_args.") or default
+    ratio = args.get("mlp_ratio", entry.mlp_ratio)
+    if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not ratio > 0:
+        raise CheckpointError(f"{where}: model_args.mlp_ratio is {ratio!r}; expected a number > 0.")
+    kernel, mlp = state["embedding/kernel"], state.get("encoderblock_0/mlp_hidden/kernel")
+    found = dict(patch_size=(int(kernel.shape[0]), "patch_embed.proj.weight"),
+                 embed_dim=(int(kernel.shape[-1]), "patch_embed.proj.weight"),
+                 depth=(len({key.split("/")[0] for key in state if key.startswith("encoderblock_")}), "blocks.*"))
+    if mlp is not None:
+        sizes["mlp_dim"] = int(sizes["embed_dim"] * ratio)
+        found["mlp_dim"] = (int(mlp.shape[-1]), "blocks.0.mlp.fc1.weight")
+    for key, (value, tensor) in found.items():
+        if value != sizes[key] and not (key == "patch_size" and kernel.shape[0] != kernel.shape[1]):
+            given = f"model_args.{key}" if key in args else (
+                "model_args.embed_dim and mlp_ratio" if key == "mlp_dim" and ("embed_dim" in args or "mlp_ratio" in args)
+                else f"timm's {name!r}")
+            raise CheckpointError(f"{path}: {tensor} gives {key} {value}, but {given} has {sizes[key]} ({where}); "
+                                  "the name, config and tensors disagree (a config for other sizes lists them in "
+                                  "model_args). Nothing was loaded.")
+    if sizes["embed_dim"] % sizes["num_heads"]:
+        field = "model_args.num_heads" if "num_heads" in args else f"timm's {name!r} num_heads"
+        raise CheckpointError(f"{where}: {field} is {sizes['num_heads']}, which does not divide the width "
+                              f"{sizes['embed_dim']} of {path}.")
+    return sizes
+
+
+# Each tensor-visible switch: its tensor in timm's names, and the setting that decides it (for the errors).
+_SWITCH_TENSORS = {
+    "class_token": ("cls_token", "class_token={}"),
+    "norm_pre": ("norm_pre.weight", "pre_norm={}"),
+    "fc_norm": ("fc_norm.weight", "fc_norm={}"),
+    "patch_bias": ("patch_embed.proj.bias", "pre_norm={}", lambda bias: not bias),
+    "qkv_bias": ("blocks.0.attn.qkv.bias", "qkv_bias={}"),
+    "qk_norm": ("blocks.0.attn.q_norm.weight", "qk_norm={}"),
+    "layer_scale": ("blocks.0.ls1.gamma", "init_values {}", lambda scale: "set" if scale else "None"),
+}
+
+
+def check_tensors_agree(state, architecture, name, path):
+    """Refuse tensors that the architecture does not have, or lack, naming both."""
+    shown = architecture_from_state(state, None)
+    problems = []
+    for field, (tensor, setting, *shown_as) in _SWITCH_TENSORS.items():
+        expected, found = bool(getattr(architecture, field)), bool(getattr(shown, field))
+        if expected != found:
+            problems.append(f"{'lacks' if expected else 'has'} {tensor} "
+                            f"({setting.format((shown_as[0] if shown_as else bool)(expected))})")
+    if architecture.register_tokens != shown.register_tokens:
+        problems.append(f"holds {shown.register_tokens} register tokens (reg_token) where the architecture has "
+                        f"{architecture.register_tokens} (reg_tokens)")
+    if (architecture.classifier == "map") != (shown.classifier == "map"):
+        problems.append(f"{'lacks' if architecture.classifier == 'map' else 'has'} attn_pool.* (attention "
+                        f"pooling; global_pool is {'map' if architecture.classifier == 'map' else 'not map'})")
+    final = architecture.final_norm and not architecture.fc_norm
+    if final != ("encoder_norm/gamma" in state):
+        problems.append(f"{'lacks' if final else 'has'} norm.weight (the final norm; final_norm is "
+                        f"{architecture.final_norm}, fc_norm {architecture.fc_norm})")
+    if (architecture.mlp_activation == "swiglu") != (shown.mlp_activation == "swiglu"):
+        problems.append("has a " + ("plain" if architecture.mlp_activation == "swiglu" else "packed SwiGLU") +
+                        " MLP (blocks.0.mlp.fc1.weight, fc2) where the architecture's is " +
+                        ("a packed SwiGLU" if architecture.mlp_activation == "swiglu" else "plain"))
+    if problems:
+        raise CheckpointError(f"{path} does not hold timm's {name!r} as its config.json sets it: it "
+                              + "; it ".join(problems) + ". Nothing was loaded.")
+
+
+def check_head(state, num_classes, path, where):
+    head = state.get("head/kernel")
+    if num_classes is None:
+        return
+    if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 0:
+        raise CheckpointError(f"{where}: num_classes is {num_classes!r}; expected a whole number >= 0.")
+    if num_classes and head is None:
+        raise CheckpointError(f"{path} lacks head.weight and head.bias, which its config.json's num_classes "
+                              f"{num_classes} needs. Nothing was loaded.")
+    if head is not None and int(head.shape[-1]) != num_classes:
+        raise CheckpointError(f"{path}: head.weight has {head.shape[-1]} classes, but its config.json's "
+                              f"num_classes is {num_classes}. Nothing was loaded.")
+
+
+def grid_of_config(state, architecture, entry, args, pretrained, patch, where):
+    """The position table's grid: `model_args.img_size`, else `pretrained_cfg.input_size`, else the name's size.
+
+    The first of those whose grid the table fits; a table that fits none (a
+    file resized after training) is read as its own square grid.
+    """
+    candidates = []
+    size = args.get("img_size")
+    if size is not None:
+        if isinstance(size, int) and not isinstance(size, bool):
+            size = (size, size)
+        if not (isinstance(size, (list, tuple)) and len(size) == 2
+                and all(isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in size)):
+            raise CheckpointError(f"{where}: model_args.img_size is {size!r}; expected a positive int or "
+                                  "[height, width].")
+        candidates.append(tuple(size))
+    input_size = pretrained.get("input_size")
+    if input_size is not None:
+        if not (isinstance(input_size, (list, tuple)) and len(input_size) == 3
+                and all(isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in input_size)):
+            raise CheckpointError(f"{where}: pretrained_cfg.input_size is {input_size!r}; expected [channels, "
+                                  "height, width].")
+        candidates.append(tuple(input_size[1:]))
+    candidates.append(entry.image_size)
+    rows = state["position_embedding/pos_embedding"].shape[1] - architecture.position_prefix_rows
+    for height, width in candidates:
+        grid = (height // patch, width // patch)
+        if grid[0] * grid[1] == rows:
+            return grid
+    return architecture.grid_of(state["position_embedding/pos_embedding"].shape[1])

@@ -1,0 +1,178 @@
+"""A timm Hub folder whose name, config and tensors disagree is refused, naming the file and what is wrong.
+
+Each case copies a folder that timm's own `save_for_hf` wrote (`fixtures/timm_family/`) and changes one
+thing: a tensor dropped, the architecture renamed, a `model_args` or `pretrained_cfg` field edited. On the
+unchanged folders the same loads give timm's outputs (`test_timm_family.py`).
+"""
+
+import json
+import os
+import shutil
+
+import numpy as np
+import pytest
+
+import keras_vit
+from conftest import fixture
+from keras_vit import CheckpointError, checkpoints
+
+pytest.importorskip("safetensors")
+from safetensors.numpy import load_file, save_file  # noqa: E402
+
+pytestmark = pytest.mark.backend_independent
+FAMILY = fixture("timm_family")
+
+
+def copy(case, tmp_path, config=None, drop=(), architecture=None, model_args=None, pretrained_cfg=None):
+    """A copy of a family folder with tensors dropped and `config.json` fields replaced."""
+    folder = tmp_path / case
+    shutil.copytree(os.path.join(FAMILY, case), folder)
+    tensors = load_file(folder / "model.safetensors")
+    if drop:
+        tensors = {name: value for name, value in tensors.items() if not name.startswith(drop)}
+        save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
+    written = json.loads((folder / "config.json").read_text())
+    if architecture:
+        written["architecture"] = architecture
+    if model_args is not None:
+        written["model_args"] = {**written.get("model_args", {}), **model_args}
+        written["model_args"] = {key: value for key, value in written["model_args"].items() if value is not None}
+    if pretrained_cfg:
+        written["pretrained_cfg"].update(pretrained_cfg)
+    written.update(config or {})
+    (folder / "config.json").write_text(json.dumps(written))
+    return folder
+
+
+def refused(folder, pattern):
+    with pytest.raises(CheckpointError, match=pattern) as error:
+        keras_vit.from_pretrained(str(folder))
+    return str(error.value)
+
+
+def test_siglip_folder_without_attention_pool_is_refused_not_loaded_as_gap(tmp_path):
+    folder = copy("siglip_map", tmp_path, drop=("attn_pool.",))
+    refused(folder, r"siglip_map/model.safetensors does not hold timm's 'vit_base_patch16_siglip_224' as its "
+                    r"config.json sets it: it lacks attn_pool.\* \(attention pooling; global_pool is map\). "
+                    r"Nothing was loaded.$")
+
+
+def test_quickgelu_clip_name_on_deit_tensors_is_refused(tmp_path):
+    folder = copy("deit", tmp_path, architecture="vit_base_patch16_clip_quickgelu_224")
+    refused(folder, r"deit/model.safetensors does not hold timm's 'vit_base_patch16_clip_quickgelu_224' as its "
+                    r"config.json sets it: it lacks norm_pre.weight \(pre_norm=True\); it has "
+                    r"patch_embed.proj.bias \(pre_norm=True\). Nothing was loaded.$")
+
+
+def test_register_name_on_tensors_without_registers_is_refused(tmp_path):
+    folder = copy("dinov2", tmp_path, architecture="vit_small_patch14_reg4_dinov2")
+    refused(folder, r"it holds 0 register tokens \(reg_token\) where the architecture has 4 \(reg_tokens\)")
+
+
+def test_register_count_in_model_args_must_match_the_tensors(tmp_path):
+    folder = copy("dinov2_reg", tmp_path, model_args={"reg_tokens": 8})
+    refused(folder, r"it holds 4 register tokens \(reg_token\) where the architecture has 8 \(reg_tokens\)")
+
+
+@pytest.mark.parametrize("architecture", ["vit_base_patch16_rope_224", "vit_pe_core_base_patch16_224",
+                                          "vit_pe_spatial_tiny_patch16_512", "vit_small_patch16_dinov3",
+                                          "eva02_base_patch14_224"])
+def test_rope_names_are_refused_on_plain_tensors(tmp_path, architecture):
+    folder = copy("deit", tmp_path, architecture=architecture)
+    refused(folder, rf"deit/config.json: timm's '{architecture}': RoPE ViTs are not supported yet \(timm's Eva "
+                    r"class: rotary position embeddings in every attention layer\).$")
+
+
+def test_pool_include_prefix_is_refused(tmp_path):
+    folder = copy("reg_gap", tmp_path, model_args={"pool_include_prefix": True})
+    refused(folder, r"reg_gap/config.json: model_args.pool_include_prefix is True, which keras_vit does not compute "
+                    r"\(only timm's default False\); nothing was loaded.$")
+
+
+def test_a_model_args_key_keras_vit_does_not_compute_is_refused(tmp_path):
+    folder = copy("deit", tmp_path, model_args={"scale_mlp_norm": True})
+    refused(folder, r"model_args.scale_mlp_norm is True, which keras_vit does not compute")
+    folder = copy("deit", tmp_path / "2", model_args={"frobnicate": 3})
+    refused(folder, r"deit/config.json: model_args.frobnicate is not a VisionTransformer argument keras_vit computes")
+
+
+@pytest.mark.parametrize("field, value, pattern", [
+    ("mean", [float("nan"), 0.5, 0.5], r"pretrained_cfg.mean is \[nan, 0.5, 0.5\], which is not finite."),
+    ("std", [float("inf"), 0.5, 0.5], r"pretrained_cfg.std is \[inf, 0.5, 0.5\], which is not finite."),
+    ("mean", [123.7, 116.3, 103.5], r"pretrained_cfg.mean is \[123.7, 116.3, 103.5\], on the 0-255 scale; timm and "
+                                    r"transformers keep pixel statistics on the \[0, 1\] scale \(\[0.4851, 0.4561, "
+                                    r"0.4059\]\)."),
+    ("std", [True, True, True], r"pretrained_cfg.std is \[True, True, True\]; expected three per-channel numbers"),
+])
+def test_pixel_statistics_out_of_range_are_refused_naming_the_file_and_field(tmp_path, field, value, pattern):
+    folder = copy("deit", tmp_path, pretrained_cfg={field: value})
+    refused(folder, r"deit/config.json: " + pattern)
+
+
+def test_head_count_that_does_not_divide_the_width_names_the_file_and_field(tmp_path):
+    folder = copy("deit", tmp_path, model_args={"num_heads": 5})
+    refused(folder, r"deit/config.json: model_args.num_heads is 5, which does not divide the width 24 of "
+                    r".*deit/model.safetensors.$")
+
+
+def test_sizes_that_disagree_with_the_name_are_refused(tmp_path):
+    folder = copy("deit", tmp_path, config={"model_args": {}})  # timm's deit_small: 384 wide, patch 16
+    refused(folder, r"deit/model.safetensors: patch_embed.proj.weight gives patch_size 8, but timm's "
+                    r"'deit_small_patch16_224' has 16 \(.*deit/config.json\); the name, config and tensors disagree")
+
+
+def test_num_classes_must_match_the_head(tmp_path):
+    folder = copy("deit", tmp_path, model_args={"num_classes": 7}, config={"num_classes": 7})
+    refused(folder, r"deit/model.safetensors: head.weight has 10 classes, but its config.json's num_classes is 7.")
+    folder = copy("deit", tmp_path / "2", drop=("head.",))
+    refused(folder, r"deit/model.safetensors lacks head.weight and head.bias, which its config.json's num_classes "
+                    r"10 needs.")
+
+
+def test_register_folder_on_an_ambiguous_grid_reads_the_config_input_size(tmp_path):
+    # A 3x3 grid beside 5 prefix tokens: 9 rows and 9 - 5 = 4 are both squares, so the table alone cannot say
+    # whether the prefix tokens have rows. The name (no_embed_class) and pretrained_cfg.input_size can.
+    folder = copy("dinov2_reg", tmp_path, model_args={"img_size": None}, pretrained_cfg={"input_size": [3, 21, 21]})
+    tensors = load_file(folder / "model.safetensors")
+    tensors["pos_embed"] = np.ascontiguousarray(tensors["pos_embed"][:, :9])
+    save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
+    source = checkpoints.read_folder(str(folder))
+    assert source.grid_size == (3, 3) and not source.architecture.class_token_position_embedding
+    assert keras_vit.from_pretrained(str(folder)).input_shape == (None, 21, 21, 3)
+
+
+def test_resize_default_is_timms_antialiased_bicubic_and_flexivits_bilinear():
+    assert checkpoints.read_folder(os.path.join(FAMILY, "deit")).position_resize == ("bicubic", True)
+    assert checkpoints.read_folder(os.path.join(FAMILY, "flexivit")).position_resize == ("bilinear", False)
+
+
+@pytest.mark.parametrize("case", ["deit", "flexivit"])
+@pytest.mark.parametrize("size", [48, 24])
+def test_loading_at_another_size_gives_timms_own_load_at_that_size(case, size):
+    # timm's checkpoint_filter_fn: bicubic with antialias (deit), bilinear without (FlexiViT).
+    with np.load(fixture("timm_resize_reference.npz")) as data:
+        images, outputs = data[f"{case}/{size}/images"], data[f"{case}/{size}/outputs"]
+    with open(os.path.join(FAMILY, case, "config.json")) as f:
+        statistics = json.load(f)["pretrained_cfg"]
+    images = ((images * np.array(statistics["std"]) + np.array(statistics["mean"])) * 2 - 1).astype("float32")
+    model = keras_vit.from_pretrained(os.path.join(FAMILY, case), image_size=size, classifier_activation=None)
+    np.testing.assert_allclose(np.asarray(model.predict(images, verbose=0)), outputs, atol=1e-5, rtol=0)
+
+
+def test_a_norm_without_bias_is_named_rmsnorm_not_a_missing_beta(tmp_path):
+    tensors = load_file(os.path.join(FAMILY, "deit", "model.safetensors"))
+    del tensors["norm.bias"]
+    save_file(tensors, tmp_path / "rms.safetensors")
+    with pytest.raises(CheckpointError, match=r"rms.safetensors has norms with a weight but no bias \(\['norm.weight'\]\): "
+                                              r"RMSNorm, which is not supported yet"):
+        keras_vit.from_pretrained(str(tmp_path / "rms.safetensors"))
+
+
+def test_a_table_of_no_square_grid_says_the_file_states_no_grid(tmp_path):
+    tensors = load_file(os.path.join(FAMILY, "deit", "model.safetensors"))
+    tensors["pos_embed"] = np.ascontiguousarray(tensors["pos_embed"][:, :15])  # 1 + 14 rows: no square
+    save_file(tensors, tmp_path / "odd.safetensors")
+    with pytest.raises(CheckpointError, match=r"odd.safetensors: its position table has 15 rows, which are no square "
+                                              r"grid after 1 prefix tokens, and the file does not state its grid") as error:
+        keras_vit.from_pretrained(str(tmp_path / "odd.safetensors"), num_heads=3, image_size=32)
+    assert "old_grid_size" not in str(error.value)

@@ -1,0 +1,111 @@
+"""The family table audited against timm's registry: every entry is what timm's model function sets.
+
+`fixtures/timm_registry.json` was written by `tools/make_timm_registry.py` from timm's own model functions
+(timm's `build_model_with_cfg` stubbed out, nothing built). These tests read that file and keras_vit's table
+alone: no model is built.
+"""
+
+import json
+
+import pytest
+
+from conftest import fixture
+from keras_vit import CheckpointError
+from keras_vit.checkpoints import timm_families
+from keras_vit.checkpoints.timm_families import ARCHITECTURES, timm_architecture
+
+pytestmark = pytest.mark.backend_independent
+
+with open(fixture("timm_registry.json")) as f:
+    REGISTRY = json.load(f)
+TIMM = REGISTRY["architectures"]
+SIZES = ("patch_size", "embed_dim", "depth", "num_heads", "mlp_ratio", "img_size")
+# Keywords with no effect on a forward pass at the model's own size, or on loading.
+NEUTRAL = ("dynamic_img_size", "pretrained_strict")
+# timm's SwiGLUPacked: GluMlp with SiLU, the gate in the first half.
+SWIGLU_PACKED = {"act_layer": "SiLU", "gate_last": False, "partial": "GluMlp"}
+
+
+def timm_switches(kwargs):
+    """What a model function sets beyond the sizes, in the table's spelling; None where keras_vit cannot compute it."""
+    switches = {key: value for key, value in kwargs.items() if key not in SIZES + NEUTRAL}
+    norm = switches.pop("norm_layer", None)
+    if norm is not None:
+        if not (isinstance(norm, dict) and norm.get("partial") == "LayerNorm" and set(norm) == {"partial", "eps"}):
+            return None
+        switches["norm_eps"] = norm["eps"]
+    mlp = switches.pop("mlp_layer", None)
+    if mlp is not None:
+        if mlp != SWIGLU_PACKED:
+            return None
+        switches["mlp_layer"] = "swiglu_packed"
+        if switches.get("act_layer") in ("SiLU", "silu"):
+            del switches["act_layer"]
+    if set(switches) - set(timm_families.SWITCH_KEYWORDS):
+        return None
+    return switches
+
+
+def test_every_table_entry_is_what_timms_model_function_sets():
+    wrong = {}
+    for name, entry in ARCHITECTURES.items():
+        timm = TIMM.get(name)
+        if timm is None or timm["class"] != "VisionTransformer":
+            wrong[name] = "not a VisionTransformer architecture in timm's registry"
+            continue
+        kwargs = timm["kwargs"]
+        expected = (kwargs.get("patch_size", 16), tuple(timm["input_size"][1:]), kwargs["embed_dim"],
+                    kwargs["depth"], kwargs["num_heads"], float(kwargs.get("mlp_ratio", 4.0)))
+        found = (entry.patch_size, entry.image_size, entry.embed_dim, entry.depth, entry.num_heads,
+                 float(entry.mlp_ratio))
+        if found != expected:
+            wrong[name] = f"sizes {found}, timm {expected}"
+        if entry.switches != timm_switches(kwargs):
+            wrong[name] = f"switches {entry.switches}, timm {timm_switches(kwargs)}"
+        resize = timm["resize"]
+        if entry.resize != (resize["interpolation"], resize["antialias"], bool(resize.get("align_corners"))):
+            wrong[name] = f"resize {entry.resize}, timm {resize}"
+    assert not wrong
+
+
+def test_the_table_holds_every_architecture_keras_vit_can_compute():
+    computable = {name for name, timm in TIMM.items() if timm["class"] == "VisionTransformer"
+                  and timm_switches(timm["kwargs"]) is not None
+                  and not timm["input_size"][1] % timm["kwargs"].get("patch_size", 16)}
+    assert computable == set(ARCHITECTURES)
+    assert len(ARCHITECTURES) >= 145
+    assert sum(len(TIMM[name]["tags"]) for name in ARCHITECTURES) >= 297
+
+
+def test_base_patch32_plus_has_timms_14_heads():
+    assert timm_architecture("vit_base_patch32_plus_256").num_heads == 14
+
+
+@pytest.mark.parametrize("timm_class", ["VisionTransformer", "Eva"])
+def test_every_other_timm_name_is_refused_with_a_reason(timm_class):
+    refused = [name for name, timm in TIMM.items() if timm["class"] == timm_class and name not in ARCHITECTURES]
+    assert refused
+    for name in refused:
+        with pytest.raises(CheckpointError) as error:
+            timm_architecture(name, where="x/config.json")
+        message = str(error.value)
+        assert message.startswith(f"x/config.json: timm's {name!r}")
+        rope = TIMM[name]["kwargs"].get("use_rot_pos_emb") or TIMM[name]["kwargs"].get("attn_type") == "rope"
+        if rope or name.startswith("vit_pe_"):
+            assert "RoPE ViTs are not supported yet" in message, name
+        # A named reason, not the catch-all, for every architecture of timm's own ViT classes.
+        assert "is not one of the" not in message, message
+
+
+def test_perception_encoder_names_are_refused_as_rope():
+    names = [name for name in TIMM if name.startswith(("vit_pe_core_", "vit_pe_spatial_"))]
+    assert len(names) >= 8
+    for name in names:
+        with pytest.raises(CheckpointError, match="RoPE ViTs are not supported yet"):
+            timm_architecture(name)
+
+
+def test_a_name_timm_does_not_have_is_refused_by_the_catch_all():
+    with pytest.raises(CheckpointError, match=r"^c.json: timm's 'vit_made_up_patch16_224' is not one of the 145 timm "
+                                              r"ViT architectures keras_vit computes"):
+        timm_architecture("vit_made_up_patch16_224", where="c.json")
