@@ -21,6 +21,7 @@ import numpy as np
 from keras_vit import files
 from keras_vit.checkpoints.source import architecture_of
 from keras_vit.functional import native_image_size
+from keras_vit.layers import TokenPooling
 
 
 def _numpy(x):
@@ -216,17 +217,25 @@ def few_shot_linear_eval(train_features, train_labels, test_features, test_label
 
 
 def feature_model(model):
-    """A model giving the representation the paper probes: pre-logits, else the pooled token."""
+    """A model giving the representation the paper probes: what the head reads.
+
+    That is the input of the `head` layer: the pre-logits, else the pooled
+    vector (class token, patch mean or attention pooling, then `fc_norm`
+    where the model has it). A model without its top gives its pooled
+    output as it is; one that returns the token sequence is pooled the way
+    its head pools, which for attention pooling needs the pooling layer:
+    build such a model with `include_top=False, pooling="map"`.
+    """
     names = {layer.name for layer in model.layers}
-    for name in ("pre_logits", "pool"):
-        if name in names:
-            return keras.Model(model.input, model.get_layer(name).output)
+    if "head" in names:
+        return keras.Model(model.input, model.get_layer("head").input)
     if len(model.output_shape) == 3:
         architecture = architecture_of(model)
-        from keras_vit.layers import TokenPooling
-
-        pooling = "token" if architecture.class_token else "gap"
-        return keras.Model(model.input, TokenPooling(pooling, architecture.num_prefix_tokens)(model.output))
+        if architecture.classifier == "map":
+            raise ValueError(f"{model.name!r} returns its token sequence, without the attention pooling (MAP) its "
+                             "head pools with; build it with include_top=False, pooling='map' for its features.")
+        pooled = TokenPooling(architecture.classifier, architecture.num_prefix_tokens)(model.output)
+        return keras.Model(model.input, pooled)
     return model
 
 

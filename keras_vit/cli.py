@@ -66,11 +66,11 @@ def build_parser():
     inspect_.set_defaults(**_defaults(inference.inspect))
 
     convert = commands.add_parser("convert", help="convert an original .npz checkpoint to .keras")
-    convert.add_argument("weights", help="a .npz or .weights.h5 file, or a named checkpoint with --model")
+    convert.add_argument("weights", help="a .npz / .weights.h5 / .safetensors file, a timm or transformers folder, "
+                         "hf://org/name, or a named checkpoint with --model")
     convert.add_argument("output", help="the .keras file to write")
     convert.add_argument("--model", help="the variant, for named checkpoints (default: read from the file)")
-    convert.add_argument("--image-size", type=int, nargs="+", metavar=("SIZE", "WIDTH"),
-                         help="SIZE or HEIGHT WIDTH; default: the checkpoint's own resolution")
+    flags.add_image_size_flag(convert, "default: the checkpoint's own resolution")
     convert.add_argument("--classes", type=int, help="default: the checkpoint's head")
     convert.add_argument("--num-heads", type=int, help="for a file that does not store its head count "
                          "(default: the file's, or --model's)")

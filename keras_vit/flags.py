@@ -22,9 +22,9 @@ def add_model_flags(parser):
     group = parser.add_argument_group("model")
     group.add_argument("--model", help="a named variant, e.g. ViT_B16 (default: the size flags below, "
                        "or the sizes saved in --weights)")
-    group.add_argument("--weights", help="a named checkpoint, or a .npz / .keras / .weights.h5 file")
-    group.add_argument("--image-size", type=int, nargs="+", metavar=("SIZE", "WIDTH"),
-                       help="input resolution in pixels: SIZE, or HEIGHT WIDTH")
+    group.add_argument("--weights", help="a named checkpoint, a .npz / .keras / .weights.h5 / .safetensors file, "
+                       "a timm or transformers folder, or hf://org/name")
+    add_image_size_flag(group)
     digits = "default: the digits ViT's {}, or the sizes of --model / --weights"
     group.add_argument("--patch-size", type=int, help=digits.format(SMALL_VIT.patch_size))
     group.add_argument("--hidden-size", type=int, help=digits.format(SMALL_VIT.hidden_size))
@@ -107,13 +107,25 @@ def config_from_flags(config_class, args):
     return config_class(**values)
 
 
-def image_size_flag(values):
-    """`--image-size 32` -> 32; `--image-size 24 40` -> (24, 40); more values are an error."""
-    if not isinstance(values, list):
-        return values
-    if len(values) not in (1, 2):
-        raise ValueError(f"--image-size takes SIZE or HEIGHT WIDTH, got {len(values)} values: {values}.")
-    return values[0] if len(values) == 1 else tuple(values)
+def add_image_size_flag(parser, default=None):
+    """`--image-size`, one argument (`96`, `96x128` or `96,128`), so that it never takes a command's file names."""
+    help = "input resolution in pixels: SIZE, or HEIGHTxWIDTH (e.g. 224 or 224x320)"
+    parser.add_argument("--image-size", metavar="SIZE", help=f"{help}; {default}" if default else help)
+
+
+def image_size_flag(value):
+    """`--image-size 32` -> 32; `--image-size 24x40` (or `24,40`) -> (24, 40); anything else is an error.
+
+    A value that is not a string (a config's default) is returned as it is.
+    """
+    if not isinstance(value, str):
+        return value
+    sides = value.lower().replace(",", "x").split("x")
+    if len(sides) not in (1, 2) or not all(side.strip().isdigit() for side in sides):
+        raise ValueError(f"--image-size takes SIZE or HEIGHTxWIDTH in pixels, one argument such as 224 or 224x320; "
+                         f"got {value!r}.")
+    sides = [int(side) for side in sides]
+    return sides[0] if len(sides) == 1 else tuple(sides)
 
 
 def parse_config(config_class, argv=None, description=None):

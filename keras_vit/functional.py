@@ -63,23 +63,29 @@ class VisionTransformer(keras.Model):
     ValueError: Input 0 with name 'images' of layer 'vit' is incompatible with the layer: ...
     """
 
-    def __init__(self, *args, class_names=None, **kwargs):
+    def __init__(self, *args, class_names=None, classifier=None, **kwargs):
         super().__init__(*args, **kwargs)
         # One name per output, where the checkpoint named its classes (transformers' id2label, timm's labels).
         self.class_names = list(class_names) if class_names else None
+        # How its head pools ("token", "gap" or "map"): no layer shows it in a model without its top that returns
+        # the token sequence (include_top=False, pooling=None), nor in one pooled otherwise than its head.
+        self.classifier = classifier
 
     def get_config(self):
         config = super().get_config()
         if self.class_names:
             config["class_names"] = list(self.class_names)
+        if self.classifier:
+            config["classifier"] = self.classifier
         return config
 
     @classmethod
     def from_config(cls, config, custom_objects=None):
         config = dict(config)
         class_names = config.pop("class_names", None)
+        classifier = config.pop("classifier", None)
         model = super().from_config(config, custom_objects=custom_objects)
-        model.class_names = class_names
+        model.class_names, model.classifier = class_names, classifier
         return model
 
     def __call__(self, *args, **kwargs):

@@ -1,8 +1,10 @@
 """Using a trained model: evaluate, predict, inspect, convert, export; each takes plain arguments.
 
-`weights` is a `.keras` file, an original `.npz`, a `.weights.h5` file or a
-named checkpoint; for the last three `model` (a variant name), else the
-checkpoint's own sizes, else `sizes` say what to build.
+`weights` is a `.keras` file, or anything else `keras_vit.from_pretrained`
+reads (an original `.npz`, a `.weights.h5` file, a timm or transformers
+file or folder, an `hf://org/name` handle), or a named checkpoint; for all
+but `.keras` `model` (a variant name), else the checkpoint's own sizes,
+else `sizes` say what to build.
 """
 
 import dataclasses
@@ -11,10 +13,10 @@ import os
 import keras
 import numpy as np
 
-from keras_vit import checkpoints, data, deployment, files
+from keras_vit import checkpoints, data, deployment, files, pretrained
 from keras_vit.functional import native_image_size
 from keras_vit.imagenet import imagenet_labels
-from keras_vit.models import ViT, read_checkpoint, sizes_of
+from keras_vit.models import ViT, sizes_of
 from keras_vit.position_embedding import as_pair
 from keras_vit.training import accuracy_metrics, check_sizes_agree, model_sizes
 from keras_vit.variants import SMALL_VIT, Variant
@@ -26,11 +28,13 @@ def _given(sizes):
 
 
 def load_for_inference(weights, model=None, image_size=None, sizes=None, needs_head=True):
-    """A model from `weights` (a `.keras` file, an `.npz` or a named checkpoint), refused if any weight is NaN.
+    """A model from `weights` (what `keras_vit.from_pretrained` reads, or a named checkpoint), refused if any is NaN.
 
     `sizes` (a `Variant`, or a dict of some of its fields) build a model for
     a file that does not say its own; where the file or `model` says them,
     they must agree. `image_size` defaults to the checkpoint's own (else 32).
+    With `needs_head=False`, a file without a head builds a model without
+    one (its token sequence), for tools that read attention, not classes.
     """
     given = _given(sizes)
     if weights.endswith(".keras") and os.path.exists(weights):
@@ -38,15 +42,17 @@ def load_for_inference(weights, model=None, image_size=None, sizes=None, needs_h
         checkpoints.check_finite(network, weights)
         check_sizes_agree(sizes_of(network), f"--weights {weights}", given)
         return network
-    source = read_checkpoint(weights, model, as_pair(image_size or 32, "image_size"))
+    source = pretrained.read_pretrained(weights, model, as_pair(image_size or 32, "image_size"), given.get("num_heads"))
     image_size = as_pair(image_size, "image_size") if image_size else (source.image_size or (32, 32))
-    if needs_head and source.state is not None and "head/kernel" not in source.state:
+    headless = "head/kernel" not in source.state
+    if needs_head and headless:
         raise ValueError(f"{weights} has no classifier head: it is a feature model (as DINOv2's, CLIP's and SigLIP's "
                          "towers); take its features with keras_vit.from_pretrained and keras_vit.feature_extractor, "
                          "or fine-tune a head: keras-vit finetune --weights ...")
     default = dataclasses.replace(SMALL_VIT, **given)
     sizes = model_sizes(model, source, default, given)
-    return ViT(image_size=image_size, **sizes.__dict__, weights=source, classifier_activation=None)
+    return ViT(image_size=image_size, **sizes.__dict__, weights=source, classifier_activation=None,
+               include_top=not headless)
 
 
 def _check_has_classifier(model, weights):
@@ -170,12 +176,12 @@ def inspect(image, weights="runs/finetune/model.keras", output_dir="runs/inspect
 
 
 def convert(weights, output, model=None, image_size=None, classes=None, num_heads=None):
-    """Convert a checkpoint (original `.npz`, `.weights.h5`, a timm file, or a name with `model`) to a `.keras` file.
+    """Convert a checkpoint (what `from_pretrained` reads, or a name with `model`) to a `.keras` file.
 
     `image_size` and `classes` default to the checkpoint's own, `num_heads`
     to the file's (for a file that does not store it); returns the model.
     """
-    source = read_checkpoint(weights, model, as_pair(image_size or 224, "image_size"))
+    source = pretrained.read_pretrained(weights, model, as_pair(image_size or 224, "image_size"), num_heads)
     if num_heads and source.num_heads and num_heads != source.num_heads:
         raise ValueError(f"--num-heads {num_heads} disagrees with {weights}, whose num_heads is {source.num_heads}; "
                          "leave it out to use the file's.")

@@ -15,7 +15,9 @@ Example:
 import dataclasses
 import os
 
-from keras_vit.checkpoints import CheckpointError
+import keras
+
+from keras_vit.checkpoints import CheckpointError, read_quantized_keras
 from keras_vit.models import ViT, read_checkpoint
 from keras_vit.variants import VARIANTS, Variant
 
@@ -55,6 +57,24 @@ def resolve_handle(handle):
         raise CheckpointError(f"{handle} could not be fetched from the Hugging Face Hub: {error}") from error
 
 
+def read_pretrained(weights, variant=None, image_size=(224, 224), num_heads=None):
+    """`read_checkpoint` of what `from_pretrained` reads: an `hf://` handle is fetched first, the head count filled in.
+
+    The head count is the file's, else `num_heads`, else that of the named
+    variant of the file's width (None where none says it). Every command
+    that loads weights reads them here, so each takes what `from_pretrained`
+    takes; `variant` and `image_size` choose among named checkpoints.
+    """
+    path = os.fspath(weights)
+    if path.startswith(HF_PREFIX):
+        path = resolve_handle(path)
+    checkpoint = read_checkpoint(path, variant, image_size)
+    kernel = checkpoint.state.get("embedding/kernel")
+    if not checkpoint.num_heads and kernel is not None:
+        checkpoint = dataclasses.replace(checkpoint, num_heads=num_heads or _HEADS_BY_WIDTH.get(int(kernel.shape[-1])))
+    return checkpoint
+
+
 def from_pretrained(source, **overrides):
     """Build the model a checkpoint holds and load it.
 
@@ -68,11 +88,15 @@ def from_pretrained(source, **overrides):
     The patch size, width, depth, MLP size, head count, image size (its
     position grid), architecture (`keras_vit.Architecture`: prefix tokens,
     norms, biases, activation, pooling), pre-logits and class count are
-    read from the files, and a `.keras` model's precision (`dtype`) and head
-    activation. A file without a head (DINOv2, CLIP and SigLIP towers) builds
-    the feature model timm's forward gives (`include_top=False`, the file's
-    pooling) unless `classes=` asks for a new head. A
-    `.keras` model with LoRA adapters loads with them merged into its kernels.
+    read from the files, and a `.keras` model's precision (`dtype`), head
+    activation and position-embedding resize. A file without a head (DINOv2,
+    CLIP and SigLIP towers) builds the feature model timm's forward gives
+    (`include_top=False`, the file's pooling), and a `.keras` model without
+    its top the same model again (its own `pooling`, `None` included),
+    unless `classes=` asks for a new head. A `.keras` model with LoRA
+    adapters loads with them merged into its kernels; one that Keras
+    quantized (`model.quantize("int8")`) is returned as Keras loads it, and
+    overrides that would need it rebuilt are refused.
 
     Example:
     >>> from keras_vit import checkpoints
@@ -87,13 +111,16 @@ def from_pretrained(source, **overrides):
     path = os.fspath(source)
     if path.startswith(HF_PREFIX):
         path = resolve_handle(path)
-    checkpoint = read_checkpoint(path)
+    quantized = read_quantized_keras(path) if path.endswith(".keras") else None
+    if quantized is not None:
+        return _as_saved(quantized, path, overrides)
+    checkpoint = read_pretrained(path, num_heads=overrides.get("num_heads"))
     state = checkpoint.state
     kernel, mlp = state.get("embedding/kernel"), state.get("encoderblock_0/mlp_hidden/kernel")
     if kernel is None or mlp is None:
         raise CheckpointError(f"{path} holds no ViT encoder (no patch embedding or first block).")
     hidden = int(kernel.shape[-1])
-    num_heads = overrides.pop("num_heads", None) or checkpoint.num_heads or _HEADS_BY_WIDTH.get(hidden)
+    num_heads = overrides.pop("num_heads", None) or checkpoint.num_heads
     if num_heads is None:
         raise CheckpointError(f"{path} does not store its head count and its width {hidden} is no named "
                               "variant's; pass num_heads= (keras-vit: --num-heads).")
@@ -104,9 +131,36 @@ def from_pretrained(source, **overrides):
         options["dtype"] = checkpoint.dtype_policy
     if checkpoint.classifier_activation:
         options["classifier_activation"] = checkpoint.classifier_activation
-    headless = "head/kernel" not in state and not path.endswith(".keras")
-    if headless and "classes" not in overrides and "include_top" not in overrides:
-        # timm's forward of a file without a head (num_classes=0): the pooled features, fc_norm included.
-        options.update(include_top=False, pooling=checkpoint.classifier)
+    if "head/kernel" not in state and "classes" not in overrides and "include_top" not in overrides:
+        # A .keras model without its top pools as it did (None: its token sequence); any other file without a
+        # head as timm's forward with num_classes=0: the pooled features, fc_norm included.
+        saved = checkpoint.layout or {}
+        options.update(include_top=False, pooling=saved.get("pooling", checkpoint.classifier))
     options.update(overrides)
     return ViT(weights=checkpoint, **options)
+
+
+def _as_saved(model, path, overrides):
+    """A quantized `.keras` model as Keras loaded it, unless `overrides` ask for another model, which needs a rebuild."""
+    names = {layer.name for layer in model.layers}
+    saved = dict(num_heads=model.get_layer("encoderblock_0").num_heads, include_top="head" in names,
+                 image_size=tuple(model.input_shape[1:3]))
+    if "head" in names:
+        saved["classes"] = model.get_layer("head").units
+    if "predictions" in names:
+        saved["classifier_activation"] = keras.activations.serialize(model.get_layer("predictions").activation)
+
+    def same(key, value):
+        if key == "image_size":
+            return (tuple(value) if isinstance(value, (tuple, list)) else (value, value)) == saved[key]
+        if key == "classifier_activation":
+            return keras.activations.serialize(keras.activations.get(value)) == saved[key]
+        return value == saved[key]
+
+    rebuild = [f"{key}={value!r}" for key, value in overrides.items() if key not in saved or not same(key, value)]
+    if rebuild:
+        raise CheckpointError(
+            f"{path} holds a model quantized by Keras (model.quantize), which from_pretrained returns as saved: "
+            f"{', '.join(rebuild)} would need it rebuilt, and its 8-bit kernels load into no other model. Pass "
+            "them to from_pretrained of the float model, then quantize that (model.quantize('int8')).")
+    return model

@@ -27,8 +27,9 @@ from keras_vit import data, distribute, durable, files, recipes
 from keras_vit.durable import backup_dir, resumed_epoch  # noqa: F401 (public here too)
 from keras_vit.lora import enable_lora
 from keras_vit.masked_patch import MaskedPatchPretrainer
-from keras_vit.models import ViT, check_image_size, read_checkpoint
+from keras_vit.models import ViT, check_image_size
 from keras_vit.position_embedding import as_pair
+from keras_vit.pretrained import read_pretrained
 from keras_vit.variants import SMALL_VIT, named_variant
 
 
@@ -397,7 +398,7 @@ def train(config):
 
     checkpoint = None
     if config.weights:
-        checkpoint = read_checkpoint(config.weights, config.model, config.image_size)
+        checkpoint = read_pretrained(config.weights, config.model, config.image_size, config.num_heads)
     sizes = config.sizes(checkpoint)
     check_image_size(config.image_size, sizes)
     train_source, eval_source = load_sources(config.dataset, config.image_size, config.train_split,

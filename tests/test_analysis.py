@@ -1,9 +1,12 @@
+import json
+import os
+
 import keras
 import numpy as np
 import pytest
 
 import keras_vit
-from conftest import SMALL, SMALL_HYBRID, fixture
+from conftest import SMALL, SMALL_HYBRID, fixture, predict
 from keras_vit import analysis
 from test_layers import numpy_block
 
@@ -145,6 +148,24 @@ def test_extract_features_uses_pre_logits_and_feeds_few_shot():
     expected = keras.Model(model.input, model.get_layer("pre_logits").output)(images)
     np.testing.assert_allclose(features, keras.ops.convert_to_numpy(expected), atol=1e-5)
     assert 0.0 <= analysis.few_shot_linear_eval(features, labels, features, labels) <= 1.0
+
+
+@pytest.mark.backend_independent
+def test_features_are_what_the_head_reads_fc_norm_included_with_timms_logits():
+    # timm's vit_medium_patch16_reg4_gap_256: registers, the patch mean, then fc_norm before the head.
+    folder = fixture(os.path.join("timm_family", "reg_gap"))
+    model = keras_vit.from_pretrained(folder, classifier_activation=None)
+    with open(os.path.join(folder, "config.json")) as f:
+        statistics = json.load(f)["pretrained_cfg"]
+    with np.load(fixture("timm_family_reference.npz")) as data:
+        images, timm_logits = data["reg_gap/images"], data["reg_gap/outputs"]
+    images = ((images * np.array(statistics["std"]) + np.array(statistics["mean"])) * 2 - 1).astype("float32")
+    features = predict(analysis.feature_model(model), images)
+    head = model.get_layer("head")
+    np.testing.assert_allclose(features, predict(keras.Model(model.input, head.input), images), atol=1e-6, rtol=0)
+    logits = features @ keras.ops.convert_to_numpy(head.kernel) + keras.ops.convert_to_numpy(head.bias)
+    np.testing.assert_allclose(logits, predict(model, images), atol=1e-5, rtol=0)
+    np.testing.assert_allclose(logits, timm_logits, atol=1e-5, rtol=0)
 
 
 def test_inspect_writes_every_figure(tmp_path):

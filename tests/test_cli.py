@@ -59,7 +59,8 @@ def test_an_unknown_model_is_named_with_the_closest_names(capsys):
     (["--label-smoothing", "5"], r"--label-smoothing must be in \[0, 1\), got 5.0."),
     (["--dropout", "1"], r"--dropout must be in \[0, 1\), got 1.0."),
     (["--holdout-fraction", "0"], "--holdout-fraction must be between 0 and 1, got 0.0."),
-    (["--image-size", "16", "16", "3"], r"--image-size takes SIZE or HEIGHT WIDTH, got 3 values"),
+    (["--image-size", "16x16x3"], r"^--image-size takes SIZE or HEIGHTxWIDTH in pixels, one argument such as 224 or "
+                                  r"224x320; got '16x16x3'\.$"),
     (["--model", "ViT_Ti16", "--hidden-size", "32"],
      "--hidden-size 32 disagrees with --model ViT_Ti16, whose hidden_size is 192; leave the size flags out"),
     (["--weights", fixture("vit_token.npz"), "--num-heads", "4"],
@@ -75,7 +76,7 @@ def test_numeric_and_size_flags_are_checked_before_training(flags, message, tmp_
 # Flag parsing; non-square models are checked on every backend by test_position_embedding and test_models.
 @pytest.mark.backend_independent
 def test_image_size_takes_height_and_width(tmp_path):
-    cli.main(["pretrain", *SMALL_RUN, "--image-size", "16", "24", "--output-dir", str(tmp_path)])
+    cli.main(["pretrain", *SMALL_RUN, "--image-size", "16x24", "--output-dir", str(tmp_path)])
     model = keras.saving.load_model(tmp_path / "model.keras")
     assert model.input_shape == (None, 16, 24, 3)
     results = cli.main(["evaluate", "--weights", str(tmp_path / "model.keras"), "--verbose", "0"])
@@ -111,20 +112,87 @@ def test_multi_host_without_its_environment_names_the_variables(monkeypatch):
         distribute.setup("multi_host")
 
 
-def test_convert_of_a_weights_h5_file_asks_for_the_variant(tmp_path):
+def test_convert_of_a_weights_h5_file_takes_the_heads_of_its_width_or_asks_for_the_variant(tmp_path):
     import keras_vit
 
+    unnamed = keras_vit.ViT(image_size=32, patch_size=8, hidden_size=24, num_layers=1, num_heads=2, mlp_dim=48)
+    unnamed.save_weights(str(tmp_path / "unnamed.weights.h5"))
+    with pytest.raises(ValueError, match=r"unnamed.weights.h5 does not store all its sizes \(a .weights.h5 file or a "
+                       r"bare state dict has no head count\); name its variant with `model` \(--model\), e.g. ViT_B16, "
+                       r"or pass `num_heads` \(--num-heads\)\."):
+        cli.main(["convert", str(tmp_path / "unnamed.weights.h5"), str(tmp_path / "unnamed.keras")])
     model = keras_vit.ViT_Ti16(image_size=32, classes=10)
     model.get_layer("head").kernel.assign(np.ones((192, 10), "float32"))
     path = str(tmp_path / "ti.weights.h5")
     model.save_weights(path)
-    with pytest.raises(ValueError, match=r"ti.weights.h5 does not store all its sizes \(a .weights.h5 file or a bare "
-                       r"state dict has no head count\); name its variant with `model` \(--model\), e.g. ViT_B16, or "
-                       r"pass `num_heads` \(--num-heads\)\."):
-        cli.main(["convert", path, str(tmp_path / "ti.keras")])
-    cli.main(["convert", path, str(tmp_path / "ti.keras"), "--model", "ViT_Ti16"])
+    cli.main(["convert", path, str(tmp_path / "ti.keras")])  # width 192 is Ti's: 3 heads, as from_pretrained reads it
     converted = keras.saving.load_model(tmp_path / "ti.keras")
+    assert converted.get_layer("encoderblock_0").num_heads == 3
     images = np.random.default_rng(0).uniform(-1, 1, (1, 32, 32, 3)).astype("float32")
     np.testing.assert_allclose(keras.ops.convert_to_numpy(converted(images)),
                                keras.ops.convert_to_numpy(model(images)), atol=1e-6)
     assert os.path.exists(tmp_path / "ti.keras")
+
+
+@pytest.mark.backend_independent
+def test_image_size_is_one_argument_so_predict_keeps_the_image_path():
+    from keras_vit import flags
+
+    args = cli.build_parser().parse_args(["predict", "--image-size", "96", "img.png"])
+    assert (args.images, flags.image_size_flag(args.image_size)) == (["img.png"], 96)
+    for value in ("96x128", "96,128", "96X128"):
+        args = cli.build_parser().parse_args(["predict", "--image-size", value, "a.png", "b.png"])
+        assert (args.images, flags.image_size_flag(args.image_size)) == (["a.png", "b.png"], (96, 128))
+    assert flags.image_size_flag(cli.build_parser().parse_args(["convert", "a.npz", "a.keras", "--image-size",
+                                                                "64x32"]).image_size) == (64, 32)
+    for value in ("96 128", "96x", "x96", "1.5", "96x128x3", "big"):
+        with pytest.raises(ValueError, match=rf"^--image-size takes SIZE or HEIGHTxWIDTH in pixels, one argument such "
+                                             rf"as 224 or 224x320; got '{value}'\.$"):
+            flags.image_size_flag(value)
+
+
+def hub_cache(root, repos):
+    """A Hugging Face cache holding one snapshot of each `{repo: fixture folder}`, laid out as huggingface_hub writes it."""
+    import shutil
+
+    commit = "0" * 40
+    for repo, folder in repos.items():
+        repository = root / f"models--{repo.replace('/', '--')}"
+        (repository / "refs").mkdir(parents=True)
+        (repository / "refs" / "main").write_text(commit)
+        shutil.copytree(fixture(folder), repository / "snapshots" / commit)
+    return root
+
+
+@pytest.mark.backend_independent
+def test_predict_and_inspect_take_hf_handles_and_a_headless_folder_needs_no_head(tmp_path, monkeypatch, capsys,
+                                                                               keras_vit_log):
+    constants = pytest.importorskip("huggingface_hub.constants")
+    import tensorflow as tf
+
+    import keras_vit
+    from keras_vit import data
+
+    cache = hub_cache(tmp_path / "hub", {"timm/deit_test": "timm_family/deit", "timm/dinov2_test": "timm_family/dinov2"})
+    for name, value in (("HF_HUB_CACHE", str(cache)), ("HF_HUB_OFFLINE", True)):  # read once, when it is imported
+        monkeypatch.setenv(name, str(int(value)) if value is True else value)
+        monkeypatch.setattr(constants, name, value)
+    image = tmp_path / "digit.png"
+    tf.io.write_file(str(image), tf.io.encode_png(np.random.default_rng(0).integers(0, 256, (32, 32, 3), np.uint8)))
+
+    (found,) = cli.main(["predict", "--weights", "hf://timm/deit_test", str(image)])
+    model = keras_vit.from_pretrained(fixture("timm_family/deit"), classifier_activation=None)
+    pixels = data.value_range(data.resize(tf.io.decode_png(tf.io.read_file(str(image)), channels=3), (32, 32)))
+    logits = keras.ops.convert_to_numpy(model(pixels.numpy()[None])).astype("float64")[0]
+    probabilities = np.exp(logits - logits.max()) / np.exp(logits - logits.max()).sum()
+    best = np.argsort(probabilities)[::-1][:5]
+    assert [name for name, _ in found] == [str(index) for index in best]
+    np.testing.assert_allclose([p for _, p in found], probabilities[best], atol=1e-5, rtol=0)
+
+    # A feature model (DINOv2 has no head) is inspected without one: nothing starts at zero.
+    keras_vit_log.clear()
+    written = cli.main(["inspect", "--weights", "hf://timm/dinov2_test", str(image), "--output-dir", str(tmp_path)])
+    assert sorted(written) == ["attention_rollout", "embedding_filters", "mean_attention_distance",
+                               "position_embedding_similarity"]
+    assert keras_vit_log.text == ""
+    assert capsys.readouterr().out.splitlines()[-4:] == [f"wrote {written[name]}" for name in written]

@@ -108,7 +108,48 @@ def test_width_without_a_head_count_asks_for_one(tmp_path):
     # vit_tiny_*: timm's tiny family has 3 heads.
     assert keras_vit.from_pretrained(str(folder)).get_layer("encoderblock_0").num_heads == 3
     (folder / "config.json").write_text(json.dumps(dict(config, architecture="vit_unheard_patch8_32")))
+    with pytest.raises(CheckpointError, match="timm's 'vit_unheard_patch8_32' is not one of the"):
+        keras_vit.from_pretrained(str(folder))  # a name the family table does not hold: refused, not guessed
+    bare = str(folder / "model.safetensors")  # no config at all: the width names no variant
     with pytest.raises(CheckpointError, match="does not store its head count and its width 24 is no named variant's; "
                                               "pass num_heads="):
-        keras_vit.from_pretrained(str(folder))
-    assert keras_vit.from_pretrained(str(folder), num_heads=3).get_layer("encoderblock_0").num_heads == 3
+        keras_vit.from_pretrained(bare)
+    assert keras_vit.from_pretrained(bare, num_heads=3).get_layer("encoderblock_0").num_heads == 3
+
+
+FEATURES = dict(image_size=32, patch_size=8, hidden_size=24, num_layers=2, num_heads=3, mlp_dim=48, include_top=False)
+
+
+@pytest.mark.parametrize("switches", [
+    dict(classifier="map", pooling=None, position_embedding_interpolation="bilinear", position_embedding_antialias=True),
+    dict(classifier="map", pooling="map"),
+    dict(classifier="gap", register_tokens=4, fc_norm=True, pooling="gap"),
+], ids=["map_tokens_bilinear", "map", "reg_gap_fc_norm"])
+@pytest.mark.backend_independent
+def test_a_keras_file_without_its_top_reloads_as_the_same_model(switches, tmp_path):
+    from test_architecture import randomised
+
+    model = randomised(keras_vit.ViT(**FEATURES, **switches))
+    images = np.random.default_rng(1).uniform(-1, 1, (2, 32, 32, 3)).astype("float32")
+    model.save(tmp_path / "features.keras")
+    reloaded = keras_vit.from_pretrained(str(tmp_path / "features.keras"))
+    assert [layer.name for layer in reloaded.layers] == [layer.name for layer in model.layers]
+    assert reloaded.output_shape == model.output_shape == ((None, 16, 24) if switches["pooling"] is None else (None, 24))
+    np.testing.assert_allclose(predict(reloaded, images), predict(model, images), atol=1e-5, rtol=0)
+    position = reloaded.get_layer("position_embedding")
+    assert (position.interpolation, position.antialias) == (switches.get("position_embedding_interpolation", "bicubic"),
+                                                            switches.get("position_embedding_antialias", False))
+
+
+@pytest.mark.backend_independent
+def test_a_map_model_without_its_attention_pool_is_still_a_map_model(tmp_path):
+    built = keras_vit.ViT(**FEATURES, classifier="map")
+    read = keras_vit.from_pretrained(fixture("timm_family/siglip_map"), include_top=False, pooling=None)
+    built.save(tmp_path / "tokens.keras")  # read back by keras.saving.load_model, then rebuilt
+    for model in (built, read, keras_vit.from_pretrained(str(tmp_path / "tokens.keras"))):
+        assert "attention_pool" not in [layer.name for layer in model.layers]
+        assert keras_vit.checkpoints.architecture_of(model).classifier == "map"
+    with pytest.raises(ValueError, match=r"^'vit' returns its token sequence, without the attention pooling \(MAP\) its "
+                                         r"head pools with; build it with include_top=False, pooling='map' for its "
+                                         r"features\.$"):
+        keras_vit.analysis.feature_model(built)

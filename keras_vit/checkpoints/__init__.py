@@ -22,7 +22,7 @@ Example:
 """
 
 from keras_vit.checkpoints.flax_npz import from_flax, read_npz, save_npz, to_flax
-from keras_vit.checkpoints.keras_files import read_keras, read_weights_h5
+from keras_vit.checkpoints.keras_files import read_keras, read_quantized_keras, read_weights_h5
 from keras_vit.checkpoints.loading import check_finite, load_into, read_folder, read_weights
 from keras_vit.checkpoints.registry import (
     Checkpoint,
@@ -56,6 +56,7 @@ __all__ = [
     "load_into",
     "read_keras",
     "read_npz",
+    "read_quantized_keras",
     "read_timm",
     "read_dinov2_folder",
     "read_folder",

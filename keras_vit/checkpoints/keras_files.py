@@ -1,7 +1,9 @@
 """Keras' own layouts: a saved `.keras` model, and a `.weights.h5` file of a keras_vit model.
 
 A `.keras` file carries its architecture, so its grid and head count are
-read from the saved layers. A `.weights.h5` file carries none: its layout
+read from the saved layers; one that Keras quantized (`model.quantize`) is
+loaded as saved (`read_quantized_keras`), its 8-bit kernels being no
+weights for another model. A `.weights.h5` file carries none: its layout
 (sizes, grid, head) is inferred from the stored shapes, and
 `keras_vit.models.read_checkpoint` builds a model of that layout to load it.
 """
@@ -13,6 +15,7 @@ import math
 import zipfile
 
 import keras
+import numpy as np
 
 from keras_vit.checkpoints.source import (
     CheckpointError,
@@ -39,22 +42,31 @@ def read_keras(path, budget=None):
     """Read the weights of a keras_vit model saved as `.keras`.
 
     `budget` (a `WeightBudget`) bounds its size by the model it is meant
-    for; without one, by the model its own `config.json` describes.
+    for; without one, by the model its own `config.json` describes. Its
+    `layout` says whether the saved model has its top and how it pools
+    without one, and `position_resize` how it resizes its position table.
     """
+    if _declares_quantization(path):
+        raise CheckpointError(f"{path} holds a model quantized by Keras (model.quantize): its 8-bit kernels are no "
+                              "weights to load into another model. Load it as saved, with keras_vit.from_pretrained "
+                              "or keras.saving.load_model.")
     _check_archive(path, budget)
+    saved = _load(path)
+    grid = num_heads = precision = architecture = resize = None
     try:
-        saved = keras.saving.load_model(path, compile=False)
-    except Exception as error:  # Keras raises many types for a bad archive.
-        raise CheckpointError(f"{path} is not a loadable .keras model: {error}") from error
-    grid = num_heads = precision = architecture = None
-    try:
-        grid = tuple(saved.get_layer("position_embedding").grid_size)
+        position = saved.get_layer("position_embedding")
+        grid, resize = tuple(position.grid_size), (position.interpolation, bool(position.antialias))
         block = saved.get_layer("encoderblock_0")
         num_heads, precision = block.num_heads, block.dtype_policy.name
         architecture = architecture_of(saved)
     except ValueError:
         pass
     source = source_from_state(path, _merged_lora_state(saved, path), grid, num_heads, architecture)
+    source.position_resize = resize
+    names = {layer.name for layer in saved.layers}
+    pooling = "map" if "attention_pool" in names else getattr(saved.get_layer("pool"), "method", None) \
+        if "pool" in names else None
+    source.layout = dict(include_top=True) if "head" in names else dict(include_top=False, pooling=pooling)
     source.class_names = getattr(saved, "class_names", None)
     source.dtype_policy = precision if precision in PRECISIONS else None  # An int8 model's is its own
     try:
@@ -63,6 +75,54 @@ def read_keras(path, budget=None):
     except ValueError:  # No classifier.
         pass
     return source
+
+
+def read_quantized_keras(path, budget=None):
+    """The model of a `.keras` file that Keras quantized (`model.quantize("int8")`), loaded as saved; None if float.
+
+    Its integer kernels are no float state that another model could load, so
+    Keras' own loader rebuilds the saved model, after the archive's checks;
+    its floating-point weights must be finite, and it must be a keras_vit ViT.
+    """
+    if not _declares_quantization(path):
+        return None
+    _check_archive(path, budget, quantized=True)
+    saved = _load(path)
+    bad = [variable.path for variable in saved.weights if "float" in str(variable.dtype)
+           and not np.all(np.isfinite(keras.ops.convert_to_numpy(variable)))]
+    if bad:
+        raise CheckpointError(f"{path} holds NaN or infinite weights in {len(bad)} variables: {preview(bad)}.")
+    try:
+        architecture_of(saved)
+    except ValueError as error:
+        raise CheckpointError(f"{path} holds a quantized model that is not a keras_vit ViT: {error}") from None
+    return saved
+
+
+def _load(path):
+    try:
+        return keras.saving.load_model(path, compile=False)
+    except Exception as error:  # Keras raises many types for a bad archive.
+        raise CheckpointError(f"{path} is not a loadable .keras model: {error}") from error
+
+
+def _declares_quantization(path):
+    """Whether a `.keras` file's `config.json` gives any layer a quantized dtype policy (False if it has none)."""
+    try:
+        require_regular_file(path)
+        with zipfile.ZipFile(path) as archive:
+            if archive.getinfo("config.json").file_size > _MAX_CONFIG_BYTES:
+                return False  # Not a model of ours: `_check_archive` says so.
+            config = json.loads(archive.read("config.json"))
+    except (CheckpointError, zipfile.BadZipFile, KeyError, OSError, EOFError, ValueError):
+        return False  # Unreadable: `_check_archive` names the problem.
+
+    def quantized(node):
+        if isinstance(node, dict):
+            return "Quantized" in str(node.get("class_name", "")) or any(map(quantized, node.values()))
+        return isinstance(node, list) and any(map(quantized, node))
+
+    return quantized(config)
 
 
 def _merged_lora_state(saved, path):
@@ -84,13 +144,14 @@ def _merged_lora_state(saved, path):
     return state
 
 
-def _check_archive(path, budget=None):
+def _check_archive(path, budget=None, quantized=False):
     """A `.keras` file is a zip holding `config.json` and the weights; say which part is broken.
 
     It must be a regular file, its entries may not declare far more bytes
     than it holds (`check_declared_size`), nor more than the `budget` of the
     model it is meant for or, without one, of the model its `config.json`
-    claims: all checked before the weights are decompressed.
+    claims: all checked before the weights are decompressed. Integer arrays
+    are refused unless the model is `quantized`.
     """
     file_size = require_regular_file(path).st_size
     try:
@@ -103,7 +164,7 @@ def _check_archive(path, budget=None):
             if budget is not None:
                 budget.check(path, declared, "entries")
             broken = archive.testzip()
-            if broken is None and "model.weights.h5" in names:
+            if broken is None and "model.weights.h5" in names and not quantized:
                 import h5py  # A Keras dependency.
 
                 with archive.open("model.weights.h5") as entry, h5py.File(entry, "r") as weights:
