@@ -176,3 +176,12 @@ def test_a_table_of_no_square_grid_says_the_file_states_no_grid(tmp_path):
                                               r"grid after 1 prefix tokens, and the file does not state its grid") as error:
         keras_vit.from_pretrained(str(tmp_path / "odd.safetensors"), num_heads=3, image_size=32)
     assert "old_grid_size" not in str(error.value)
+
+
+def test_model_args_switches_take_timms_types_and_timms_null_defaults(tmp_path):
+    folder = copy("reg_gap", tmp_path, model_args={"fc_norm": None, "init_values": 1e-5})  # timm's own defaults
+    assert checkpoints.architecture_of(keras_vit.from_pretrained(str(folder))).fc_norm
+    folder = copy("reg_gap", tmp_path / "2", model_args={"reg_tokens": "4"})
+    refused(folder, r"reg_gap/config.json: model_args.reg_tokens is '4'; timm takes a whole number >= 0.$")
+    folder = copy("deit", tmp_path / "3", model_args={"qkv_bias": 1})
+    refused(folder, r"deit/config.json: model_args.qkv_bias is 1; timm takes true or false.$")

@@ -20,6 +20,21 @@ from keras_vit.checkpoints.timm_families import (
 )
 
 
+def _is_number(value):
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+# What timm takes for each switch keyword in model_args (a JSON value): in words, and the check.
+_FLAG = ("true or false", lambda value: isinstance(value, bool))
+_SWITCH_TYPES = {
+    "reg_tokens": ("a whole number >= 0", lambda value: _is_number(value) and value == int(value) and value >= 0),
+    "init_values": ("a number or null", lambda value: value is None or _is_number(value)),
+    "fc_norm": ("true, false or null", lambda value: value is None or isinstance(value, bool)),
+    "act_layer": ("a name", lambda value: isinstance(value, str)),
+    "global_pool": ("a name", lambda value: isinstance(value, str)),
+}
+
+
 def model_args_of(config, where):
     """`config.json`'s `model_args`, each key one that keras_vit computes (else a `CheckpointError` naming it)."""
     args = config.get("model_args") or {}
@@ -37,16 +52,12 @@ def model_args_of(config, where):
         if key not in SWITCH_KEYWORDS or key in ("norm_eps", "mlp_layer"):
             raise CheckpointError(f"{where}: model_args.{key} is not a VisionTransformer argument keras_vit "
                                   "computes; nothing was loaded.")
-        expected = {"reg_tokens": int, "init_values": (int, float), "act_layer": str, "global_pool": str}.get(key, bool)
-        if isinstance(value, bool) != (expected is bool) or not isinstance(value, expected) \
-                and not (key == "init_values" and value is None) and not (key == "fc_norm" and value is None):
-            raise CheckpointError(f"{where}: model_args.{key} is {value!r}; timm takes "
-                                  f"{'true or false' if expected is bool else 'a number' if key == 'init_values' else 'a ' + getattr(expected, '__name__', 'number')}.")
+        kind, accepted = _SWITCH_TYPES.get(key, _FLAG)
+        if not accepted(value):
+            raise CheckpointError(f"{where}: model_args.{key} is {value!r}; timm takes {kind}.")
         if key == "act_layer" and value not in ACTIVATIONS:
             raise CheckpointError(f"{where}: model_args.act_layer is {value!r}; keras_vit computes "
                                   f"{sorted(name for name in ACTIVATIONS if name)}.")
-        if key == "reg_tokens" and value < 0:
-            raise CheckpointError(f"{where}: model_args.reg_tokens is {value!r}; expected a whole number >= 0.")
     if args.get("in_chans", 3) != 3:
         raise CheckpointError(f"{where}: model_args.in_chans is {args['in_chans']!r}; keras_vit's models take RGB "
                               "images (3 channels).")
