@@ -29,6 +29,13 @@ POOLINGS = ("token", "gap", "map")
 # The pixel statistics of the paper's checkpoints (images scaled to [-1, 1]), and ImageNet's (DeiT, DINOv2).
 PAPER_PIXEL_STATISTICS = (0.5, 0.5, 0.5)
 IMAGENET_PIXEL_STATISTICS = {"input_mean": (0.485, 0.456, 0.406), "input_std": (0.229, 0.224, 0.225)}
+# A hybrid ResNet's epsilons, by the layout its weights come from: the weight standardisation's, added to
+# the kernel's standard deviation (the original Flax StdConv) or inside the square root with the variance
+# (timm's StdConv2dSame, through torch's batch_norm), and the GroupNorms'.
+RESNET_EPSILONS = {
+    "flax": dict(standardization_epsilon=1e-5, epsilon_added_to="std", group_norm_epsilon=1e-6),
+    "timm": dict(standardization_epsilon=1e-8, epsilon_added_to="variance", group_norm_epsilon=1e-5),
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,6 +62,13 @@ class Architecture:
         layer_scale: the initial value of learned per-channel scales on both
             residual branches (CaiT, DeiT-III, DINOv2), or `None` for none.
         mlp_activation: one of `ACTIVATIONS`.
+        attention_output_norm, mlp_hidden_norm: a LayerNorm before the
+            attention's output projection, and before the second MLP layer
+            (timm's `scale_attn_norm` and `scale_mlp_norm`, BEiT-3's).
+        pool_include_prefix: average or attention pooling takes the prefix
+            tokens too (timm's `pool_include_prefix`; `test_vit3`).
+        post_norm: each block normalises its branches' outputs, not their
+            inputs (`x + LN(MSA(x))`, timm's `ResPostBlock`).
         layer_norm_epsilon: every LayerNorm's epsilon (1e-6 in the original
             checkpoints and timm, 1e-5 in CLIP's, 1e-12 in transformers').
         input_mean, input_std: the per-channel pixel normalisation the
@@ -65,6 +79,9 @@ class Architecture:
             into `(x - input_mean) / input_std`, so the same images suit
             every checkpoint (ImageNet's statistics for DeiT and DINOv2,
             OpenAI's for CLIP).
+        resnet_epsilons: for a hybrid, its ResNet's epsilons, a key of
+            `RESNET_EPSILONS`: `"flax"` (the original `.npz` models') or
+            `"timm"` (timm's `vit_*_r50_*` and `vit_*_r26_*` hybrids).
     """
 
     class_token: bool = True
@@ -79,9 +96,14 @@ class Architecture:
     qk_norm: bool = False
     layer_scale: float = None
     mlp_activation: str = "gelu_tanh"
+    post_norm: bool = False
+    pool_include_prefix: bool = False
+    attention_output_norm: bool = False
+    mlp_hidden_norm: bool = False
     layer_norm_epsilon: float = LAYER_NORM_EPSILON
     input_mean: tuple = PAPER_PIXEL_STATISTICS
     input_std: tuple = PAPER_PIXEL_STATISTICS
+    resnet_epsilons: str = "flax"
 
     def __post_init__(self):
         for field in ("input_mean", "input_std"):
@@ -110,6 +132,9 @@ class Architecture:
                              f"(1e-5 in DINOv2, 1e-6 in DeiT-III), or None for none; got {self.layer_scale!r}.")
         if self.fc_norm and not self.final_norm:
             raise ValueError("fc_norm=True places the final LayerNorm after pooling, but final_norm=False has none.")
+        if self.resnet_epsilons not in RESNET_EPSILONS:
+            raise ValueError(f"Unknown resnet_epsilons {self.resnet_epsilons!r}; expected one of "
+                             f"{tuple(RESNET_EPSILONS)}.")
         if not float(self.layer_norm_epsilon) > 0:
             raise ValueError(f"layer_norm_epsilon must be > 0, got {self.layer_norm_epsilon!r}.")
 

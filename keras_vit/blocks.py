@@ -84,7 +84,12 @@ class TransformerBlock(_QuantizableSublayers, keras.layers.Layer):
     (`"swiglu"` halves the first MLP layer's `mlp_dim` outputs);
     `qk_norm=True` normalises each head's queries and keys; `layer_scale`
     (an initial value) scales both residual branches by learned
-    per-channel factors. Attention is
+    per-channel factors. `post_norm=True` normalises each branch's output
+    instead of its input, `x + LN(MSA(x))` then `x + LN(MLP(x))` (timm's
+    `ResPostBlock`). `attention_output_norm` and `mlp_hidden_norm` add a
+    LayerNorm before the attention's output projection and before the second
+    MLP layer (timm's `scale_attn_norm` and `scale_mlp_norm`, BEiT-3's).
+    Attention is
     `keras_vit.kernels.attention`, except when its weights are asked for
     (`return_attention_weights=True`) or attention dropout is active: then
     it is computed as explicit einsums, which expose the weights.
@@ -113,6 +118,9 @@ class TransformerBlock(_QuantizableSublayers, keras.layers.Layer):
         qkv_bias=True,
         qk_norm=False,
         layer_scale=None,
+        post_norm=False,
+        attention_output_norm=False,
+        mlp_hidden_norm=False,
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -135,6 +143,9 @@ class TransformerBlock(_QuantizableSublayers, keras.layers.Layer):
         self.qkv_bias = bool(qkv_bias)
         self.qk_norm = bool(qk_norm)
         self.layer_scale = None if layer_scale is None else float(layer_scale)
+        self.post_norm = bool(post_norm)
+        self.attention_output_norm = bool(attention_output_norm)
+        self.mlp_hidden_norm = bool(mlp_hidden_norm)
         self.seed = seed
         for name in ("dropout_rate", "attention_dropout_rate", "stochastic_depth_rate"):
             if not 0.0 <= getattr(self, name) < 1.0:
@@ -166,6 +177,14 @@ class TransformerBlock(_QuantizableSublayers, keras.layers.Layer):
         if self.qk_norm:
             self.query_norm = LayerNorm(epsilon=self.layer_norm_epsilon, name="query_norm", **plain)
             self.key_norm = LayerNorm(epsilon=self.layer_norm_epsilon, name="key_norm", **plain)
+        hidden_width = self.mlp_dim // 2 if self.activation == "swiglu" else self.mlp_dim
+        if self.attention_output_norm:
+            self.attention_output_norm_layer = LayerNorm(epsilon=self.layer_norm_epsilon,
+                                                         name="attention_output_norm", **plain)
+            self.attention_output_norm_layer.build(tuple(input_shape))
+        if self.mlp_hidden_norm:
+            self.mlp_hidden_norm_layer = LayerNorm(epsilon=self.layer_norm_epsilon, name="mlp_hidden_norm", **plain)
+            self.mlp_hidden_norm_layer.build((*tuple(input_shape)[:-1], hidden_width))
         self.attention_output = keras.layers.Dense(
             hidden_size,
             kernel_initializer=keras.initializers.GlorotUniform(seed=self._seed(1)),
@@ -249,6 +268,8 @@ class TransformerBlock(_QuantizableSublayers, keras.layers.Layer):
         else:
             context, weights = kernels.attention(query, key, value), None
         context = ops.reshape(context, (batch, tokens, self.num_heads * self.head_dim))
+        if self.attention_output_norm:
+            context = self.attention_output_norm_layer(context)
         return self._dropout(self.output_dropout, self.attention_output(context), training), weights
 
     def _attention_with_weights(self, query, key, value, training):
@@ -263,6 +284,8 @@ class TransformerBlock(_QuantizableSublayers, keras.layers.Layer):
         """MLP(x): two dense layers with the activation between them, each followed by dropout."""
         hidden = mlp_activation(self.mlp_hidden(x), self.activation)
         hidden = self._dropout(self.mlp_hidden_dropout, hidden, training)
+        if self.mlp_hidden_norm:
+            hidden = self.mlp_hidden_norm_layer(hidden)
         return self._dropout(self.mlp_output_dropout, self.mlp_output(hidden), training)
 
     @staticmethod
@@ -294,13 +317,18 @@ class TransformerBlock(_QuantizableSublayers, keras.layers.Layer):
         return branch * ops.cast(getattr(self, name), branch.dtype)
 
     def call(self, inputs, training=None, return_attention_weights=False):
-        # Eq. 2: z' = MSA(LN(z)) + z
-        attended, weights = self._self_attention(
-            self.attention_norm(inputs), training, return_attention_weights
-        )
-        x = inputs + self._drop_path(self._scaled(attended, "attention_layer_scale"), training)
-        # Eq. 3: z = MLP(LN(z')) + z'
-        mlp = self._scaled(self._mlp(self.mlp_norm(x), training), "mlp_layer_scale")
+        if self.post_norm:  # x + LN(MSA(x)), then x + LN(MLP(x))
+            attended, weights = self._self_attention(inputs, training, return_attention_weights)
+            x = inputs + self._drop_path(self._scaled(self.attention_norm(attended), "attention_layer_scale"), training)
+            mlp = self._scaled(self.mlp_norm(self._mlp(x, training)), "mlp_layer_scale")
+        else:
+            # Eq. 2: z' = MSA(LN(z)) + z
+            attended, weights = self._self_attention(
+                self.attention_norm(inputs), training, return_attention_weights
+            )
+            x = inputs + self._drop_path(self._scaled(attended, "attention_layer_scale"), training)
+            # Eq. 3: z = MLP(LN(z')) + z'
+            mlp = self._scaled(self._mlp(self.mlp_norm(x), training), "mlp_layer_scale")
         outputs = x + self._drop_path(mlp, training)
         if return_attention_weights:
             return outputs, weights
@@ -325,6 +353,12 @@ class TransformerBlock(_QuantizableSublayers, keras.layers.Layer):
             config.update(qk_norm=True)
         if self.layer_scale is not None:
             config.update(layer_scale=self.layer_scale)
+        if self.post_norm:
+            config.update(post_norm=True)
+        if self.attention_output_norm:
+            config.update(attention_output_norm=True)
+        if self.mlp_hidden_norm:
+            config.update(mlp_hidden_norm=True)
         if self.lora_rank:
             config.update(lora_rank=self.lora_rank, lora_targets=list(self.lora_targets))
         return self._with_quantized_sublayers(config)

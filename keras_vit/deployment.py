@@ -116,6 +116,15 @@ def export_model(model, filepath, format="tf_saved_model", verbose=None, input_s
             "ops): export the float model with quantize='int8' (keras-vit export --quantize int8), which applies "
             "LiteRT's own int8."
         )
+    names = {layer.name for layer in model.layers}
+    timm_resnet = any(getattr(layer, "epsilon_added_to", None) == "variance" for layer in model.layers)
+    if format == "onnx" and "conv_root" in names and (keras.backend.backend() == "jax" or (
+            keras.backend.backend() == "torch" and timm_resnet)):
+        # Measured: JAX's ONNX files of a hybrid fail in onnxruntime (its max pool), and torch's dynamo exporter
+        # gives other outputs for timm's ResNet (from the first strided unit on); TensorFlow's path is exact.
+        raise ValueError(f"{model.name} is a hybrid, whose ResNet the {keras.backend.backend()} backend does not "
+                         "export to ONNX correctly: export it on the tensorflow backend "
+                         "(KERAS_BACKEND=tensorflow keras-vit export ...).")
     precision = model.get_layer("embedding").compute_dtype
     if format != "tf_saved_model" and precision != "float32":
         runtime = "ONNX Runtime" if format == "onnx" else "LiteRT"

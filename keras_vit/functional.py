@@ -17,6 +17,23 @@ from keras_vit.variants import Variant
 DYNAMIC = (None, None)
 
 
+def check_image_size(image_size, sizes, drop_remainder=False):
+    """Raise `ValueError` unless `(height, width)` divides into the patches of `sizes` (a `Variant`).
+
+    With `drop_remainder`, any size of at least one patch passes.
+    """
+    step = sizes.pixels_per_patch
+    if image_size == DYNAMIC:
+        return
+    if drop_remainder and min(image_size) >= step:
+        return
+    if image_size[0] % step or image_size[1] % step:
+        what = f"patch_size {sizes.patch_size}" if sizes.resnet_layers is None else (
+            f"the hybrid's {step} pixels per patch (ResNet stride x patch_size {sizes.patch_size})")
+        raise ValueError(f"image_size {image_size} is not divisible by {what}; pass drop_remainder=True to leave "
+                         "out the last rows and columns that fill no patch, as timm does.")
+
+
 def sizes_of(model):
     """The `Variant` sizes of a built keras_vit model, for example one loaded from a `.keras` file."""
     embedding, block = model.get_layer("embedding"), model.get_layer("encoderblock_0")

@@ -14,9 +14,9 @@ import keras
 import numpy as np
 
 from keras_vit import checkpoints, data, deployment, files, pretrained
-from keras_vit.functional import native_image_size
+from keras_vit.functional import native_image_size, sizes_of
 from keras_vit.imagenet import imagenet_labels
-from keras_vit.models import ViT, sizes_of
+from keras_vit.models import ViT
 from keras_vit.position_embedding import as_pair
 from keras_vit.training import accuracy_metrics, check_sizes_agree, model_sizes
 from keras_vit.variants import SMALL_VIT, Variant

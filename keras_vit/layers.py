@@ -71,7 +71,9 @@ class PatchEmbedding(keras.layers.Layer):
     A `patch_size`-strided convolution with bias, as in the original model
     (`use_bias=False`: without, as CLIP's).
     Input `(batch, height, width, channels)` with height and width divisible
-    by `patch_size`; output `(batch, (height // P) * (width // P), hidden_size)`
+    by `patch_size` (with `drop_remainder=True` any size: the last rows and
+    columns that fill no patch are left out, as timm's convolution does);
+    output `(batch, (height // P) * (width // P), hidden_size)`
     in row-major patch order, or the grid `(batch, height // P, width // P,
     hidden_size)` with `flatten=False` (a dynamic-resolution model reads its
     grid from it).
@@ -90,6 +92,7 @@ class PatchEmbedding(keras.layers.Layer):
         bias_initializer="zeros",
         flatten=True,
         use_bias=True,
+        drop_remainder=False,
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -98,17 +101,19 @@ class PatchEmbedding(keras.layers.Layer):
         self.hidden_size = int(hidden_size)
         self.flatten = bool(flatten)
         self.use_bias = bool(use_bias)
+        self.drop_remainder = bool(drop_remainder)
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
         self.bias_initializer = keras.initializers.get(bias_initializer)
 
     def grid_size(self, input_shape):
-        """The `(rows, cols)` patch grid of an input shape; errors if not divisible."""
+        """The `(rows, cols)` patch grid of an input shape; errors if not divisible (unless `drop_remainder`)."""
         height, width = input_shape[1], input_shape[2]
         for size, patch, axis in zip((height, width), self.patch_size, ("height", "width")):
-            if size is not None and size % patch:
+            if size is not None and (size % patch if not self.drop_remainder else size < patch):
                 raise ValueError(
                     f"Image {axis} {size} is not divisible by the patch size {patch} "
-                    f"(input shape {tuple(input_shape)})."
+                    f"(input shape {tuple(input_shape)})" + ("." if not self.drop_remainder else
+                                                             ": it is smaller than one patch.")
                 )
         return tuple(
             None if size is None else size // patch
@@ -128,7 +133,7 @@ class PatchEmbedding(keras.layers.Layer):
         ) if self.use_bias else None
 
     def call(self, images):
-        self.grid_size(images.shape)  # A "valid" convolution would crop a size that does not divide.
+        self.grid_size(images.shape)  # Unless drop_remainder, a "valid" convolution must not crop silently.
         patches = ops.conv(
             images,
             self.kernel,
@@ -162,6 +167,8 @@ class PatchEmbedding(keras.layers.Layer):
             config.update(flatten=False)
         if not self.use_bias:
             config.update(use_bias=False)
+        if self.drop_remainder:
+            config.update(drop_remainder=True)
         return config
 
 
@@ -281,3 +288,18 @@ class TokenPooling(keras.layers.Layer):
         config.update(method=self.method, num_prefix_tokens=self.num_prefix_tokens)
         return config
 
+
+def dtype_policy(dtype):
+    """`dtype` as a `keras.DTypePolicy` (None stays None: the global policy), or a clear error."""
+    if dtype is None:
+        return None
+    if isinstance(dtype, keras.DTypePolicy):
+        floating = ("float16", "bfloat16", "float32", "float64")
+        if isinstance(dtype, keras.dtype_policies.QuantizedDTypePolicy) or dtype.compute_dtype not in floating \
+                or dtype.variable_dtype not in floating:
+            raise ValueError(f"dtype policy {dtype.name!r} is not a floating-point precision; build the model in "
+                             f"one of {list(PRECISIONS)}, then call model.quantize('int8') for 8-bit weights.")
+        return dtype
+    if dtype not in PRECISIONS:
+        raise ValueError(f"Unknown dtype {dtype!r}; choose among {list(PRECISIONS)} or pass a keras.DTypePolicy.")
+    return keras.DTypePolicy(dtype)

@@ -12,9 +12,8 @@ import keras
 
 from keras_vit import checkpoints
 from keras_vit.architecture import Architecture, resolve_architecture
-from keras_vit.functional import DYNAMIC, VisionTransformer, sizes_of
+from keras_vit.functional import DYNAMIC, VisionTransformer, check_image_size
 from keras_vit.layers import (
-    PRECISIONS,
     AddPositionEmbedding,
     AttentionPooling,
     ClassToken,
@@ -24,6 +23,7 @@ from keras_vit.layers import (
     RegisterTokens,
     TokenPooling,
     TransformerBlock,
+    dtype_policy,
 )
 from keras_vit.position_embedding import as_pair
 from keras_vit.resnet import apply_resnet
@@ -79,6 +79,7 @@ def ViT(
     layer_norm_epsilon=None,
     position_embedding_interpolation=None,
     position_embedding_antialias=None,
+    drop_remainder=False,
     dtype=None,
     name=None,
     architecture=None,
@@ -93,6 +94,9 @@ def ViT(
     qk_norm=None,
     layer_scale=None,
     mlp_activation=None,
+    post_norm=None,
+    attention_output_norm=None,
+    mlp_hidden_norm=None,
 ):
     """Build a Vision Transformer (Dosovitskiy et al., 2020).
 
@@ -144,6 +148,10 @@ def ViT(
             checkpoint's library does at load (README), else `"bicubic"`.
         position_embedding_antialias: resize with torch's anti-aliased kernels
             (with `"bicubic"`, timm's `dynamic_img_size`); default as above.
+        drop_remainder: take an `image_size` that patches do not divide, as
+            timm does: the last rows and columns that fill no patch are not
+            seen (SigLIP so400m/14 at 384 px: 6). `from_pretrained` sets it
+            for such a checkpoint's own size; else such a size is an error.
         dtype: the precision the model runs in: `"float32"`, `"bfloat16"`,
             `"mixed_bfloat16"` (float32 weights, bfloat16 computation),
             `"float16"`, `"mixed_float16"` or a `keras.DTypePolicy`; default
@@ -164,6 +172,9 @@ def ViT(
         layer_scale: initial value of layer scale on both residual branches.
         mlp_activation: `"gelu_tanh"`, `"gelu"`, `"quick_gelu"` or `"swiglu"`
             (`approximate_gelu` is the older form of the first two).
+        post_norm: LayerNorm on each block's branch outputs (timm's `rpn`).
+        attention_output_norm, mlp_hidden_norm: LayerNorms inside attention
+            and the MLP (BEiT-3's).
 
     Returns:
         A `keras.Model` mapping `(batch, height, width, 3)` images in [-1, 1]
@@ -176,7 +187,7 @@ def ViT(
     (None, 10)
     """
     image_size = _image_size(image_size, input_tensor)
-    policy = _dtype_policy(dtype)
+    policy = dtype_policy(dtype)
     if pooling not in (None, "token", "gap", "map"):
         raise ValueError(f"Unknown pooling {pooling!r}; expected None, 'token', 'gap' or 'map'.")
     if classifier not in (None, "token", "gap", "map"):
@@ -187,7 +198,8 @@ def ViT(
                     class_token_position_embedding=class_token_position_embedding, fc_norm=fc_norm,
                     final_norm=final_norm, norm_pre=norm_pre,
                     patch_bias=patch_bias, qkv_bias=qkv_bias, qk_norm=qk_norm, layer_scale=layer_scale,
-                    mlp_activation=mlp_activation, layer_norm_epsilon=layer_norm_epsilon)
+                    mlp_activation=mlp_activation, layer_norm_epsilon=layer_norm_epsilon, post_norm=post_norm,
+                    attention_output_norm=attention_output_norm, mlp_hidden_norm=mlp_hidden_norm)
     if approximate_gelu is not None and mlp_activation is None:
         switches["mlp_activation"] = "gelu_tanh" if approximate_gelu else "gelu"
     resolve_architecture(architecture, classifier, switches)  # Bad switches fail before any download.
@@ -201,7 +213,7 @@ def ViT(
                 f"resnet_width {resnet_width} must be a multiple of 32 (GroupNorm's 32 groups)."
             )
     sizes = Variant(patch_size, hidden_size, num_layers, num_heads or 12, mlp_dim, resnet_layers, resnet_width)
-    check_image_size(image_size, sizes)
+    check_image_size(image_size, sizes, drop_remainder)
     if position_embedding_interpolation not in (None, "bicubic", "bilinear"):
         raise ValueError(f"Unknown position_embedding_interpolation {position_embedding_interpolation!r}; "
                          "expected 'bicubic' or 'bilinear'.")
@@ -245,6 +257,7 @@ def ViT(
         position_grid=_position_grid(image_size, sizes, source),
         position_embedding_interpolation=interpolation,
         position_embedding_antialias=antialias,
+        drop_remainder=bool(drop_remainder),
         name=name or variant_name(sizes) or "vit",
     )
     previous = keras.config.dtype_policy()
@@ -260,22 +273,6 @@ def ViT(
     return model
 
 
-def _dtype_policy(dtype):
-    """`dtype` as a `keras.DTypePolicy` (None stays None: the global policy), or a clear error."""
-    if dtype is None:
-        return None
-    if isinstance(dtype, keras.DTypePolicy):
-        floating = ("float16", "bfloat16", "float32", "float64")
-        if isinstance(dtype, keras.dtype_policies.QuantizedDTypePolicy) or dtype.compute_dtype not in floating \
-                or dtype.variable_dtype not in floating:
-            raise ValueError(f"dtype policy {dtype.name!r} is not a floating-point precision; build the model in "
-                             f"one of {list(PRECISIONS)}, then call model.quantize('int8') for 8-bit weights.")
-        return dtype
-    if dtype not in PRECISIONS:
-        raise ValueError(f"Unknown dtype {dtype!r}; choose among {list(PRECISIONS)} or pass a keras.DTypePolicy.")
-    return keras.DTypePolicy(dtype)
-
-
 def _position_grid(image_size, sizes, source):
     """The grid of the position table: the image's, or with dynamic resolution the checkpoint's (else 224 px)."""
     step = sizes.pixels_per_patch
@@ -289,17 +286,6 @@ def _position_grid(image_size, sizes, source):
         if grid is not None:
             return grid
     return (max(224 // step, 1),) * 2
-
-
-def check_image_size(image_size, sizes):
-    """Raise `ValueError` unless `(height, width)` divides into the patches of `sizes` (a `Variant`)."""
-    step = sizes.pixels_per_patch
-    if image_size == DYNAMIC:
-        return
-    if image_size[0] % step or image_size[1] % step:
-        what = f"patch_size {sizes.patch_size}" if sizes.resnet_layers is None else (
-            f"the hybrid's {step} pixels per patch (ResNet stride x patch_size {sizes.patch_size})")
-        raise ValueError(f"image_size {image_size} is not divisible by {what}.")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -320,6 +306,7 @@ class ModelOptions:
     position_grid: tuple = None  # Default: the image's grid.
     position_embedding_interpolation: str = "bicubic"
     position_embedding_antialias: bool = False
+    drop_remainder: bool = False
     name: str = "vit"
 
 
@@ -369,9 +356,10 @@ def _build(options, input_tensor):
     if architecture.normalizes_input:
         x = InputNormalization(architecture.input_mean, architecture.input_std, name="input_normalization")(x)
     if sizes.resnet_layers is not None:
-        x = apply_resnet(x, sizes.resnet_layers, sizes.resnet_width)
+        x = apply_resnet(x, sizes.resnet_layers, sizes.resnet_width, architecture.resnet_epsilons)
     x = patch_grid = PatchEmbedding(sizes.patch_size, sizes.hidden_size, flatten=not dynamic,
-                                    use_bias=architecture.patch_bias, name="embedding")(x)
+                                    use_bias=architecture.patch_bias, drop_remainder=options.drop_remainder,
+                                    name="embedding")(x)
     if dynamic:
         x = keras.layers.Reshape((-1, sizes.hidden_size), name="flatten_patches")(patch_grid)
     position = AddPositionEmbedding(
@@ -404,6 +392,9 @@ def _build(options, input_tensor):
             qkv_bias=architecture.qkv_bias,
             qk_norm=architecture.qk_norm,
             layer_scale=architecture.layer_scale,
+            post_norm=architecture.post_norm,
+            attention_output_norm=architecture.attention_output_norm,
+            mlp_hidden_norm=architecture.mlp_hidden_norm,
             layer_norm_epsilon=epsilon,
             name=f"encoderblock_{index}",
         )(x)
@@ -411,12 +402,13 @@ def _build(options, input_tensor):
         x = LayerNorm(epsilon=epsilon, name="encoder_norm")(x)
 
     pooling = architecture.classifier if options.include_top else options.pooling
+    pooled_from = 0 if architecture.pool_include_prefix and pooling != "token" else num_prefix_tokens
     if pooling == "map":
         activation = "gelu" if architecture.mlp_activation == "swiglu" else architecture.mlp_activation
         x = AttentionPooling(sizes.num_heads, sizes.mlp_dim, activation=activation, layer_norm_epsilon=epsilon,
-                             num_prefix_tokens=num_prefix_tokens, name="attention_pool")(x)
+                             num_prefix_tokens=pooled_from, name="attention_pool")(x)
     elif pooling is not None:
-        x = TokenPooling(pooling, num_prefix_tokens, name="pool")(x)
+        x = TokenPooling(pooling, pooled_from, name="pool")(x)
     if pooling is not None and architecture.fc_norm:
         x = LayerNorm(epsilon=epsilon, name="fc_norm")(x)
     if options.include_top:

@@ -127,6 +127,8 @@ def from_pretrained(source, **overrides):
     sizes = checkpoint.sizes or Variant(int(kernel.shape[0]), hidden, checkpoint.num_layers, num_heads,
                                         int(mlp.shape[-1]))
     options = dict(dataclasses.asdict(sizes), num_heads=num_heads, image_size=checkpoint.image_size or 224)
+    if checkpoint.input_size is not None:  # A stated size that patches do not divide: the file's model drops the rest.
+        options["drop_remainder"] = True
     if checkpoint.dtype_policy:  # A .keras model keeps its precision and its head's activation unless told.
         options["dtype"] = checkpoint.dtype_policy
     if checkpoint.classifier_activation:

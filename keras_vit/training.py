@@ -27,7 +27,8 @@ from keras_vit import data, distribute, durable, files, recipes
 from keras_vit.durable import backup_dir, resumed_epoch  # noqa: F401 (public here too)
 from keras_vit.lora import enable_lora
 from keras_vit.masked_patch import MaskedPatchPretrainer
-from keras_vit.models import ViT, check_image_size
+from keras_vit.functional import check_image_size
+from keras_vit.models import ViT
 from keras_vit.position_embedding import as_pair
 from keras_vit.pretrained import read_pretrained
 from keras_vit.variants import SMALL_VIT, named_variant

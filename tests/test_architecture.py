@@ -150,11 +150,11 @@ def test_a_state_dict_with_a_switch_keras_vit_lacks_names_it(tmp_path):
     from safetensors.numpy import load_file, save_file
 
     tensors = load_file(os.path.join(FAMILY, "deit", "model.safetensors"))
-    tensors["blocks.0.attn.norm.weight"] = np.ones(24, "float32")
+    tensors["attn_pool.q_norm.weight"] = np.ones(8, "float32")
     save_file(tensors, tmp_path / "scaled.safetensors")
-    with pytest.raises(CheckpointError, match=r"is a timm ViT with a LayerNorm inside attention \(scale_attn_norm\)"):
+    with pytest.raises(CheckpointError, match=r"is a timm ViT with query/key normalisation in attention pooling"):
         keras_vit.ViT(**SMALL, weights=str(tmp_path / "scaled.safetensors"))
-    del tensors["blocks.0.attn.norm.weight"]
+    del tensors["attn_pool.q_norm.weight"]
     tensors["patch_embed.backbone.stem.conv.weight"] = np.ones((8, 3, 3, 3), "float32")
     save_file(tensors, tmp_path / "stem.safetensors")
     with pytest.raises(CheckpointError, match=r"is a timm ViT with a convolutional stem before the patches \(a hybrid's "

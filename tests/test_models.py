@@ -214,3 +214,18 @@ def test_model_class_survives_a_keras_round_trip(tmp_path):
     assert isinstance(loaded, keras_vit.models.VisionTransformer)
     with pytest.raises(ValueError, match="is incompatible with the layer"):
         loaded.predict(np.zeros((1, 36, 36, 3), "float32"), verbose=0)
+
+
+def test_drop_remainder_leaves_out_the_rows_and_columns_no_patch_fills_and_survives_a_keras_file(tmp_path):
+    with pytest.raises(ValueError, match=r"image_size \(30, 30\) is not divisible by patch_size 8; pass "
+                                         r"drop_remainder=True"):
+        keras_vit.ViT(image_size=30, **SMALL)
+    model = keras_vit.ViT(image_size=(30, 27), drop_remainder=True, **SMALL)
+    cropped = keras_vit.ViT(image_size=(24, 24), **SMALL)
+    cropped.set_weights(model.get_weights())
+    images = np.random.default_rng(0).uniform(-1, 1, (2, 30, 27, 3)).astype("float32")
+    np.testing.assert_allclose(predict(model, images), predict(cropped, images[:, :24, :24]), atol=1e-6)
+    model.save(tmp_path / "remainder.keras")
+    again = keras.saving.load_model(tmp_path / "remainder.keras")
+    assert again.input_shape == (None, 30, 27, 3)
+    np.testing.assert_allclose(predict(again, images), predict(model, images), atol=1e-6)

@@ -186,10 +186,42 @@ def test_family_table_gives_what_the_tensors_cannot(tmp_path):
 
     assert activation("vit_so400m_patch16_siglip_256") == "gelu_tanh"  # SigLIP 2
     assert activation("vit_so400m_patch14_siglip_224") == "gelu"
-    # Same tensor names, other blocks: refused by name rather than loaded wrong.
+    # Same tensor names, other blocks: a pre-norm DeiT named as the post-norm rpn is refused, not loaded wrong.
     folder = tmp_path / "rpn"
     shutil.copytree(os.path.join(FAMILY, "deit"), folder)
     config = json.loads((folder / "config.json").read_text())
     (folder / "config.json").write_text(json.dumps(dict(config, architecture="vit_base_patch16_rpn_224")))
-    with pytest.raises(CheckpointError, match=r"a ViT with post-norm residual blocks \(timm's ResPostBlock\)"):
+    with pytest.raises(CheckpointError, match=r"config.json: timm's 'vit_base_patch16_rpn_224' with these model_args "
+                                              r"is no model keras_vit can build: classifier='token' pools the class "
+                                              r"token, but class_token=False has none"):
         keras_vit.from_pretrained(str(folder))
+    config["model_args"].pop("global_pool")
+    (folder / "config.json").write_text(json.dumps(dict(config, architecture="vit_base_patch16_rpn_224",
+                                                        global_pool="avg")))
+    with pytest.raises(CheckpointError, match=r"does not hold timm's 'vit_base_patch16_rpn_224' as its config.json "
+                                              r"sets it: it has cls_token \(class_token=False\)"):
+        keras_vit.from_pretrained(str(folder))
+
+
+@pytest.mark.backend_independent
+@pytest.mark.parametrize("case, switch, attention_shapes", [
+    ("post_norm", "post_norm", [(2, 3, 16, 16)] * 2),
+    ("inner_norms", "mlp_hidden_norm", [(2, 3, 17, 17)]),
+])
+def test_new_block_options_work_with_attention_maps_lora_int8_and_keras_files(case, switch, attention_shapes,
+                                                                              reference, tmp_path):
+    model = load(os.path.join(FAMILY, case))
+    images, expected = reference[f"{case}/images"], reference[f"{case}/outputs"]
+    assert getattr(checkpoints.architecture_of(model), switch)
+    attentions = keras_vit.analysis.attention_weights(model, images)
+    assert [a.shape for a in attentions] == attention_shapes
+    np.testing.assert_allclose(attentions[0].sum(-1), 1.0, atol=1e-5)
+    model.save(tmp_path / "model.keras")
+    np.testing.assert_allclose(predict(keras_vit.from_pretrained(str(tmp_path / "model.keras"),
+                                                                 classifier_activation=None), images), expected,
+                               atol=1e-5, rtol=0)
+    keras_vit.enable_lora(model, rank=2)
+    np.testing.assert_allclose(predict(keras_vit.merge_lora(model), images), expected, atol=1e-5, rtol=0)
+    quantized = load(os.path.join(FAMILY, case))
+    quantized.quantize("int8")
+    assert np.max(np.abs(predict(quantized, images) - expected)) < 0.1 * np.max(np.abs(expected))

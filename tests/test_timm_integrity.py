@@ -83,15 +83,16 @@ def test_rope_names_are_refused_on_plain_tensors(tmp_path, architecture):
                     r"class: rotary position embeddings in every attention layer\).$")
 
 
-def test_pool_include_prefix_is_refused(tmp_path):
+def test_pool_include_prefix_in_model_args_averages_the_register_tokens_too(tmp_path):
     folder = copy("reg_gap", tmp_path, model_args={"pool_include_prefix": True})
-    refused(folder, r"reg_gap/config.json: model_args.pool_include_prefix is True, which keras_vit does not compute "
-                    r"\(only timm's default False\); nothing was loaded.$")
+    model = keras_vit.from_pretrained(str(folder), include_top=False, pooling="gap")
+    assert checkpoints.architecture_of(model).pool_include_prefix
+    assert model.get_layer("pool").num_prefix_tokens == 0
 
 
 def test_a_model_args_key_keras_vit_does_not_compute_is_refused(tmp_path):
-    folder = copy("deit", tmp_path, model_args={"scale_mlp_norm": True})
-    refused(folder, r"model_args.scale_mlp_norm is True, which keras_vit does not compute")
+    folder = copy("deit", tmp_path, model_args={"proj_bias": False})
+    refused(folder, r"model_args.proj_bias is False, which keras_vit does not compute")
     folder = copy("deit", tmp_path / "2", model_args={"frobnicate": 3})
     refused(folder, r"deit/config.json: model_args.frobnicate is not a VisionTransformer argument keras_vit computes")
 
@@ -185,3 +186,9 @@ def test_model_args_switches_take_timms_types_and_timms_null_defaults(tmp_path):
     refused(folder, r"reg_gap/config.json: model_args.reg_tokens is '4'; timm takes a whole number >= 0.$")
     folder = copy("deit", tmp_path / "3", model_args={"qkv_bias": 1})
     refused(folder, r"deit/config.json: model_args.qkv_bias is 1; timm takes true or false.$")
+
+
+def test_a_beit3_block_without_its_inner_attention_norm_is_refused(tmp_path):
+    folder = copy("inner_norms", tmp_path, drop=("blocks.0.attn.norm.",))
+    refused(folder, r"inner_norms/model.safetensors does not hold timm's 'beit3_base_patch16_224' as its config.json "
+                    r"sets it: it lacks blocks.0.attn.norm.weight \(scale_attn_norm=True\). Nothing was loaded.$")

@@ -87,7 +87,9 @@ def test_save_timm_refuses_what_timm_cannot_rebuild_and_writes_nothing(tmp_path)
     assert checkpoints.timm_arguments(keras_vit.ViT(**sizes))["act_layer"] == "gelu_tanh"
     with pytest.raises(CheckpointError, match="timm's VisionTransformer has no pre-logits layer"):
         checkpoints.save_timm(keras_vit.ViT(**sizes, representation_size=8), tmp_path / "p.safetensors")
-    with pytest.raises(CheckpointError, match="save_timm writes plain ViTs; a hybrid's ResNet"):
+    with pytest.raises(CheckpointError, match=r"^vit's ResNet computes the original Flax epsilons, timm's hybrids "
+                                              r"others: timm would compute other outputs; save it with "
+                                              r"checkpoints.save_npz instead.$"):
         checkpoints.save_timm(keras_vit.ViT(**dict(sizes, patch_size=1), resnet_layers=(), resnet_width=32),
                               tmp_path / "h.safetensors")
     with pytest.raises(CheckpointError, match="save_timm writes a .safetensors file; got"):
@@ -152,9 +154,9 @@ def rewrite(tmp_path, change):
 
 
 def test_layouts_that_are_not_timm_vits_are_refused_by_name(tmp_path):
-    scaled = rewrite(tmp_path, lambda t: t.update({"blocks.0.mlp.norm.weight": np.ones(24, "float32")}))
-    with pytest.raises(CheckpointError, match=r"is a timm ViT with a LayerNorm inside the MLP \(scale_mlp_norm\) "
-                                              r"\(\['blocks.0.mlp.norm.weight'\]\)"):
+    scaled = rewrite(tmp_path, lambda t: t.update({"blocks.0.mlp.fc1_g.weight": np.ones((48, 24), "float32")}))
+    with pytest.raises(CheckpointError, match=r"is a timm ViT with an unpacked SwiGLU MLP \(fc1_g, fc1_x\) "
+                                              r"\(\['blocks.0.mlp.fc1_g.weight'\]\)"):
         keras_vit.ViT(**TIMM, num_heads=3, weights=scaled)
     other = rewrite(tmp_path, lambda t: t.update({"encoder.layer.0.weight": np.ones(3, "float32")}))
     with pytest.raises(CheckpointError, match=r"has 1 tensors that are not in timm's VisionTransformer layout: "

@@ -26,9 +26,23 @@ NEUTRAL = ("dynamic_img_size", "pretrained_strict")
 SWIGLU_PACKED = {"act_layer": "SiLU", "gate_last": False, "partial": "GluMlp"}
 
 
+def timm_backbone(kwargs):
+    """`(units per stage, stem width)` of a hybrid's ResNetV2 (`()` for its stem alone), `(None, None)` for a plain
+    ViT, or None for another backbone."""
+    embed = kwargs.get("embed_layer")
+    if embed is None:
+        return None, None
+    backbone = embed.get("backbone") if isinstance(embed, dict) and embed.get("partial") == "HybridEmbed" else None
+    if not isinstance(backbone, dict) or set(embed) != {"partial", "backbone"}:
+        return None
+    return tuple(backbone["stage_blocks"]), backbone["stem_width"]
+
+
 def timm_switches(kwargs):
     """What a model function sets beyond the sizes, in the table's spelling; None where keras_vit cannot compute it."""
-    switches = {key: value for key, value in kwargs.items() if key not in SIZES + NEUTRAL}
+    if timm_backbone(kwargs) is None:
+        return None
+    switches = {key: value for key, value in kwargs.items() if key not in SIZES + NEUTRAL + ("embed_layer",)}
     norm = switches.pop("norm_layer", None)
     if norm is not None:
         if not (isinstance(norm, dict) and norm.get("partial") == "LayerNorm" and set(norm) == {"partial", "eps"}):
@@ -41,7 +55,7 @@ def timm_switches(kwargs):
         switches["mlp_layer"] = "swiglu_packed"
         if switches.get("act_layer") in ("SiLU", "silu"):
             del switches["act_layer"]
-    if set(switches) - set(timm_families.SWITCH_KEYWORDS):
+    if set(switches) - set(timm_families.SWITCH_KEYWORDS) or switches.get("block_fn", "Block") not in timm_families.BLOCKS:
         return None
     return switches
 
@@ -62,6 +76,8 @@ def test_every_table_entry_is_what_timms_model_function_sets():
             wrong[name] = f"sizes {found}, timm {expected}"
         if entry.switches != timm_switches(kwargs):
             wrong[name] = f"switches {entry.switches}, timm {timm_switches(kwargs)}"
+        if (entry.resnet_layers, entry.resnet_width) != timm_backbone(kwargs):
+            wrong[name] = f"ResNet {(entry.resnet_layers, entry.resnet_width)}, timm {timm_backbone(kwargs)}"
         resize = timm["resize"]
         if entry.resize != (resize["interpolation"], resize["antialias"], bool(resize.get("align_corners"))):
             wrong[name] = f"resize {entry.resize}, timm {resize}"
@@ -70,11 +86,10 @@ def test_every_table_entry_is_what_timms_model_function_sets():
 
 def test_the_table_holds_every_architecture_keras_vit_can_compute():
     computable = {name for name, timm in TIMM.items() if timm["class"] == "VisionTransformer"
-                  and timm_switches(timm["kwargs"]) is not None
-                  and not timm["input_size"][1] % timm["kwargs"].get("patch_size", 16)}
+                  and timm_switches(timm["kwargs"]) is not None}
     assert computable == set(ARCHITECTURES)
-    assert len(ARCHITECTURES) >= 145
-    assert sum(len(TIMM[name]["tags"]) for name in ARCHITECTURES) >= 297
+    assert len(ARCHITECTURES) >= 162
+    assert sum(len(TIMM[name]["tags"]) for name in ARCHITECTURES) >= 320
 
 
 def test_base_patch32_plus_has_timms_14_heads():
@@ -106,6 +121,6 @@ def test_perception_encoder_names_are_refused_as_rope():
 
 
 def test_a_name_timm_does_not_have_is_refused_by_the_catch_all():
-    with pytest.raises(CheckpointError, match=r"^c.json: timm's 'vit_made_up_patch16_224' is not one of the 145 timm "
+    with pytest.raises(CheckpointError, match=r"^c.json: timm's 'vit_made_up_patch16_224' is not one of the 162 timm "
                                               r"ViT architectures keras_vit computes"):
         timm_architecture("vit_made_up_patch16_224", where="c.json")

@@ -5,7 +5,7 @@ which is large), with transformers and safetensors added:
 
     python -m venv /tmp/timm-venv
     /tmp/timm-venv/bin/pip install torch==2.14.1 torchvision==0.29.1 timm transformers safetensors scipy
-    /tmp/timm-venv/bin/python tools/make_family_fixtures.py [--only timm|transformers|towers|resize|fields] \
+    /tmp/timm-venv/bin/python tools/make_family_fixtures.py [--only timm|transformers|towers|resize|fields|timm_hybrid] \
         [--case NAME ...]
 
 Nothing is downloaded: every model is built with `pretrained=False`.
@@ -53,6 +53,8 @@ does): `images/<height>x<width>` (one image in keras_vit's [-1, 1], shared
 by the cases) and `<case>/<height>x<width>` (ViT's logits, the others'
 `pooler_output`).
 
+`--only timm_hybrid` writes tiny ResNet hybrids (`tools/timm_hybrid_fixtures.py`).
+
 `--only fields` writes `transformers_config_fields.json`: the fields (and
 defaults) of each config class the folder readers read, from the
 installed transformers, so a test checks that the readers decide on every
@@ -97,6 +99,12 @@ CASES = {
     # The Hub's own configs have no model_args: timm's own tiny test_vit2 (1 register, no class token, avg pool,
     # layer scale) at its own sizes, with no model_args written (see write_timm_case).
     "hub_no_model_args": ("test_vit2", dict(num_classes=0)),
+    # 46 px on 14-pixel patches, as so400m/14 at 384 px: timm's VALID convolution leaves 4 rows and columns unseen.
+    "siglip_remainder": ("vit_so400m_patch14_siglip_384", dict(SMALL, img_size=46, patch_size=14, depth=1,
+                                                               num_classes=0)),
+    "post_norm": ("vit_base_patch16_rpn_224", dict(SMALL, num_classes=5)),
+    "inner_norms": ("beit3_base_patch16_224", dict(SMALL, depth=1, num_classes=4)),
+    "pool_include_prefix": ("test_vit3", dict(SMALL, depth=1, num_classes=0)),
 }
 DYNAMIC_SIZE = (42, 28)  # dinov2_reg's dynamic_img_size images (height, width), a 6x4 grid from a 4x4 table.
 
@@ -177,8 +185,8 @@ def switches(model):
         "q_norm": norm_info(attn.q_norm),
         "k_norm": norm_info(attn.k_norm),
         "attn_out_norm": norm_info(attn.norm),
-        "layer_scale": not isinstance(block.ls1, nn.Identity),
-        "layer_scale_type": type(block.ls1).__name__,
+        "layer_scale": not isinstance(getattr(block, "ls1", nn.Identity()), nn.Identity),  # ResPostBlock has none
+        "layer_scale_type": type(getattr(block, "ls1", nn.Identity())).__name__,
         "mlp_type": type(mlp).__name__,
         "mlp_fc1": list(mlp.fc1.weight.shape),
         "mlp_fc2": list(mlp.fc2.weight.shape),
@@ -219,19 +227,35 @@ def batch_of(images):
     return torch.from_numpy(images.transpose(0, 3, 1, 2))  # NHWC -> NCHW
 
 
+def save_timm_folder(model, folder):
+    """`model` in a fresh `folder` by timm's own `save_for_hf`, keeping only `config.json` and the weights."""
+    from timm.models._hub import save_for_hf
+
+    shutil.rmtree(folder, ignore_errors=True)
+    save_for_hf(model, folder, safe_serialization=True)
+    for stale in set(os.listdir(folder)) - KEEP:
+        os.remove(os.path.join(folder, stale))
+
+
+def record_case(out, case, arch, model_args, model, images, outputs, features):
+    """Keep a timm case's name, `model_args`, images, outputs, features and state-dict shapes in `out`."""
+    out[f"{case}/architecture"] = arch
+    out[f"{case}/model_args"] = json.dumps(model_args)
+    out[f"{case}/images"] = images
+    out[f"{case}/outputs"] = outputs
+    out[f"{case}/features"] = features
+    out[f"{case}/state_dict_shapes"] = json.dumps({k: list(v.shape) for k, v in model.state_dict().items()})
+
+
 def write_timm_case(case, arch, model_args, seed, out):
     import timm
-    from timm.models._hub import save_for_hf
 
     generator = torch.Generator().manual_seed(100 + seed)
     rng = np.random.default_rng(100 + seed)  # Its own stream per case: adding a case changes no other.
     model = timm.create_model(arch, pretrained=False, **model_args).eval()
     randomise(model, generator)
     folder = os.path.join(TIMM_FOLDER, case)
-    shutil.rmtree(folder, ignore_errors=True)
-    save_for_hf(model, folder, safe_serialization=True)
-    for stale in set(os.listdir(folder)) - KEEP:
-        os.remove(os.path.join(folder, stale))
+    save_timm_folder(model, folder)
     config_path = os.path.join(folder, "config.json")
     if case == "hub_no_model_args":
         with open(config_path) as f:
@@ -253,12 +277,7 @@ def write_timm_case(case, arch, model_args, seed, out):
                 and np.array_equal(features, numpy(again.forward_features(batch)))):
             raise AssertionError(f"{case}: timm read its own files back differently")
     info = switches(model)
-    out[f"{case}/architecture"] = arch
-    out[f"{case}/model_args"] = json.dumps(model_args)
-    out[f"{case}/images"] = images
-    out[f"{case}/outputs"] = outputs
-    out[f"{case}/features"] = features
-    out[f"{case}/state_dict_shapes"] = json.dumps({k: list(v.shape) for k, v in model.state_dict().items()})
+    record_case(out, case, arch, model_args, model, images, outputs, features)
     out[f"{case}/switches"] = json.dumps(info)
     if case == "dinov2_reg":
         write_dinov2_reg_extras(case, arch, model_args, model, weights, batch, rng, out)
@@ -511,7 +530,7 @@ def write_config_fields():
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", choices=["timm", "transformers", "towers", "resize", "fields"],
+    parser.add_argument("--only", choices=["timm", "transformers", "towers", "resize", "fields", "timm_hybrid"],
                         help="write only these fixtures")
     parser.add_argument("--case", nargs="+", choices=list(CASES), help="rewrite only these timm cases")
     args = parser.parse_args()
@@ -527,6 +546,10 @@ def main():
         write_resize_references()
     if args.only in (None, "fields"):
         write_config_fields()
+    if args.only in (None, "timm_hybrid"):
+        from timm_hybrid_fixtures import write_timm_hybrid  # tools/timm_hybrid_fixtures.py
+
+        write_timm_hybrid(save_timm_folder, record_case)
 
 
 if __name__ == "__main__":

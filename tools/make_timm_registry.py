@@ -51,7 +51,19 @@ def describe(value):
         return {key: describe(v) for key, v in value.items()}
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
-    return type(value).__name__  # a module instance (a hybrid's backbone): its class
+    return _backbone(value)
+
+
+def _backbone(module):
+    """A hybrid's backbone (a module instance): its class, and for timm's ResNetV2 or its stem alone (a
+    Sequential of a convolution and a norm) the blocks of each stage and the stem's width."""
+    name = type(module).__name__
+    if name == "ResNetV2":
+        return {"module": name, "stage_blocks": [len(stage.blocks) for stage in module.stages],
+                "stem_width": int(module.stem.conv.out_channels)}
+    if name == "Sequential" and hasattr(module, "conv"):
+        return {"module": name, "stage_blocks": [], "stem_width": int(module.conv.out_channels)}
+    return name
 
 
 def main():

@@ -31,20 +31,12 @@ Example:
 """
 
 import os
-import re
 
-import numpy as np
-
-from keras_vit.checkpoints.source import CheckpointError, architecture_from_state, preview, source_from_state
-from keras_vit.checkpoints.timm_layout import read_state_dict, torch_to_keras
-from keras_vit.checkpoints.transformers_layout import (
-    check_sizes,
-    check_tensors,
-    configured_grid,
-    fuse_qkv,
-    settings,
-    transformers_fields,
-)
+from keras_vit.architecture import Architecture
+from keras_vit.checkpoints.source import CheckpointError, architecture_from_state, source_from_state
+from keras_vit.checkpoints.tensor_layout import TensorLayout, settings, torch_to_keras
+from keras_vit.checkpoints.timm_layout import read_state_dict
+from keras_vit.checkpoints.transformers_layout import check_sizes, configured_grid, transformers_fields
 
 # model_type -> (family, whether the folder is a whole image-text model).
 MODEL_TYPES = {"clip_vision_model": ("clip", False), "clip": ("clip", True),
@@ -90,70 +82,56 @@ _TOP = {
     "head.mlp.fc2.weight": "attention_pool/mlp_output/kernel",
     "head.mlp.fc2.bias": "attention_pool/mlp_output/bias",
 }
-_QKV_PROJECTION = re.compile(r"self_attn\.([qkv])_proj\.(weight|bias)")
 # Tensors of a whole image-text model that are not its vision tower.
 _OTHER_TOWER = ("text_model.", "text_projection.", "visual_projection.", "logit_scale", "logit_bias")
+
+
+def _split_in_projection(field):
+    """nn.MultiheadAttention's packed in-projection (columns query | key | value) as query and key/value."""
+    def split(value):
+        packed = torch_to_keras(f"in_proj.{'weight' if field == 'kernel' else 'bias'}", value)
+        width = packed.shape[-1] // 3
+        return {f"attention_pool/query/{field}": packed[..., :width],
+                f"attention_pool/key_value/{field}": packed[..., width:]}
+    return split, (f"attention_pool/query/{field}", f"attention_pool/key_value/{field}")
+
+
+LAYOUT = TensorLayout(
+    "transformers' CLIP or SigLIP vision layout", top=_TOP, block_prefix="encoder.layers.", block=_BLOCK,
+    strip=("vision_model.",), other_model=_OTHER_TOWER,
+    ignored=("embeddings.position_ids",),  # A buffer of indices that older transformers saved.
+    qkv={f"self_attn.{kind[0]}_proj.{field}": (kind, field) for kind in ("query", "key", "value")
+         for field in ("weight", "bias")},
+    reshaped={
+        "embeddings.class_embedding": (lambda value: {"class_token/cls": value.reshape(1, 1, -1)}, ("class_token/cls",)),
+        "embeddings.position_embedding.weight":  # an nn.Embedding: (rows, width)
+            (lambda value: {"position_embedding/pos_embedding": value[None]}, ("position_embedding/pos_embedding",)),
+        "head.attention.in_proj_weight": _split_in_projection("kernel"),
+        "head.attention.in_proj_bias": _split_in_projection("bias"),
+    })
 
 
 def from_vision_tower(tensors, description="checkpoint", expected=None):
     """keras_vit's state from a transformers CLIP or SigLIP vision tower's state dict (text tower ignored).
 
-    `expected`: the configured tower's tensors (`check_tensors`), where a config.json describes it.
+    `expected`: `(architecture, depth, settings)` of the tower a config.json describes, whose tensors the file
+    must hold exactly.
     """
-    names = [name for name in tensors if not name.startswith(_OTHER_TOWER)]
-    tensors = {name.removeprefix("vision_model."): np.asarray(tensors[name]) for name in names}
-    tensors.pop("embeddings.position_ids", None)  # A buffer of indices that older transformers saved.
-    state, qkv, unknown = {}, {}, []
-    for name, value in tensors.items():
-        parts = name.split(".", 3)
-        if name in _TOP:
-            state[_TOP[name]] = torch_to_keras(name, value)
-        elif name == "embeddings.class_embedding":
-            state["class_token/cls"] = value.reshape(1, 1, -1)
-        elif name == "embeddings.position_embedding.weight":  # an nn.Embedding: (rows, width)
-            state["position_embedding/pos_embedding"] = value[None]
-        elif name in ("head.attention.in_proj_weight", "head.attention.in_proj_bias"):
-            packed = torch_to_keras(name.replace("in_proj_", ""), value)  # columns: query | key | value
-            width = packed.shape[-1] // 3
-            field = "kernel" if name.endswith("weight") else "bias"
-            state[f"attention_pool/query/{field}"] = packed[..., :width]
-            state[f"attention_pool/key_value/{field}"] = packed[..., width:]
-        elif name.startswith("encoder.layers.") and len(parts) == 4 and parts[2].isdigit() and parts[3] in _BLOCK:
-            state[f"encoderblock_{int(parts[2])}/{_BLOCK[parts[3]]}"] = torch_to_keras(parts[3], value)
-        elif name.startswith("encoder.layers.") and len(parts) == 4 and parts[2].isdigit() \
-                and _QKV_PROJECTION.fullmatch(parts[3]):
-            projection, field = _QKV_PROJECTION.fullmatch(parts[3]).groups()
-            kind = {"q": "query", "k": "key", "v": "value"}[projection]
-            qkv.setdefault(int(parts[2]), {})[(kind, field)] = torch_to_keras(parts[3], value)
-        else:
-            unknown.append(name)
-    if unknown:
-        raise CheckpointError(f"{description} has {len(unknown)} tensors that are not in transformers' CLIP or "
-                              f"SigLIP vision layout: {preview(unknown, 5)}.")
-    if expected:
-        check_tensors(description, names, expected, "vision_model.")
+    state = LAYOUT.read(tensors, description, expected)
     if "embedding/kernel" not in state or "position_embedding/pos_embedding" not in state:
         raise CheckpointError(f"{description} holds no vision tower (no vision_model patch or position embedding).")
-    fuse_qkv(qkv, state, description)
     return state
 
 
 def _tower_tensors(model_type, fields):
-    """The tensors of the CLIP or SigLIP vision tower `fields` describe, as `check_tensors` takes them."""
+    """The tower `fields` describe, as `TensorLayout.read` checks it: `(architecture, depth, settings)`."""
     family = MODEL_TYPES[model_type][0]
-    block = [*_BLOCK, *(f"self_attn.{kind}_proj.{field}" for kind in "qkv" for field in ("weight", "bias"))]
-    required = [f"encoder.layers.{index}.{name}" for index in range(fields["num_hidden_layers"]) for name in block]
-    required += ["embeddings.patch_embedding.weight", "embeddings.position_embedding.weight", "post_layernorm.weight",
-                 "post_layernorm.bias"]
     if family == "clip":  # CLIPVisionEmbeddings: a class embedding, no patch bias; CLIP's pre_layrnorm
-        required += ["embeddings.class_embedding", "pre_layrnorm.weight", "pre_layrnorm.bias"]
+        architecture = Architecture(norm_pre=True, patch_bias=False)
     else:
-        required.append("embeddings.patch_embedding.bias")
-        if fields["vision_use_head"]:
-            required += [name for name in _TOP if name.startswith("head.")]
-            required += ["head.attention.in_proj_weight", "head.attention.in_proj_bias"]
+        architecture = Architecture(class_token=False, classifier="map" if fields["vision_use_head"] else "gap")
     keys = ("model_type", "num_hidden_layers") + (("vision_use_head",) if family == "siglip" else ())
-    return required, [("embeddings.position_ids",)], settings(dict(fields, model_type=model_type), *keys)
+    return architecture, fields["num_hidden_layers"], settings(dict(fields, model_type=model_type), *keys)
 
 
 def read_vision_tower_folder(folder, config, budget=None):

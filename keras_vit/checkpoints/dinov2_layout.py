@@ -25,21 +25,12 @@ Example:
 """
 
 import os
-import re
 
-import numpy as np
-
-from keras_vit.checkpoints.source import CheckpointError, architecture_from_state, preview, source_from_state
-from keras_vit.checkpoints.timm_layout import read_state_dict, torch_to_keras
-from keras_vit.checkpoints.transformers_layout import (
-    QKV,
-    check_sizes,
-    check_tensors,
-    configured_grid,
-    fuse_qkv,
-    settings,
-    transformers_fields,
-)
+from keras_vit.architecture import Architecture
+from keras_vit.checkpoints.source import CheckpointError, architecture_from_state, source_from_state
+from keras_vit.checkpoints.tensor_layout import QKV, TensorLayout, settings
+from keras_vit.checkpoints.timm_layout import read_state_dict
+from keras_vit.checkpoints.transformers_layout import check_sizes, configured_grid, transformers_fields
 
 MODEL_TYPES = ("dinov2", "dinov2_with_registers")
 # The fields of transformers' Dinov2Config and Dinov2WithRegistersConfig that the reader computes or checks, with
@@ -59,16 +50,10 @@ _BLOCK = {
     "layer_scale1.lambda1": "attention_layer_scale",
     "norm2.weight": "mlp_norm/gamma",
     "norm2.bias": "mlp_norm/beta",
-    "mlp.fc1.weight": "mlp_hidden/kernel",
-    "mlp.fc1.bias": "mlp_hidden/bias",
-    "mlp.fc2.weight": "mlp_output/kernel",
-    "mlp.fc2.bias": "mlp_output/bias",
-    "mlp.weights_in.weight": "mlp_hidden/kernel",  # use_swiglu_ffn: silu(first half) * second half
-    "mlp.weights_in.bias": "mlp_hidden/bias",
-    "mlp.weights_out.weight": "mlp_output/kernel",
-    "mlp.weights_out.bias": "mlp_output/bias",
     "layer_scale2.lambda1": "mlp_layer_scale",
 }
+# The MLP's two layers: Dinov2MLP's, or (use_swiglu_ffn) Dinov2SwiGLUFFN's: silu(first half) * second half.
+_MLP = {False: ("fc1", "fc2"), True: ("weights_in", "weights_out")}
 _TOP = {
     "embeddings.cls_token": "class_token/cls",
     "embeddings.register_tokens": "register_tokens/registers",
@@ -78,36 +63,33 @@ _TOP = {
     "layernorm.weight": "encoder_norm/gamma",
     "layernorm.bias": "encoder_norm/beta",
 }
-_QKV_PROJECTION = re.compile(r"attention\.attention\.(query|key|value)\.(weight|bias)")
+
+
+def _mlp_names():
+    """Dinov2MLP's names, and (use_swiglu_ffn) Dinov2SwiGLUFFN's, each where the architecture has that MLP."""
+    names = {}
+    for swiglu, (hidden, output) in _MLP.items():
+        def when(architecture, swiglu=swiglu):
+            return (architecture.mlp_activation == "swiglu") == swiglu
+        for field, ours in (("weight", "kernel"), ("bias", "bias")):
+            names[f"mlp.{hidden}.{field}"] = (f"mlp_hidden/{ours}", when)
+            names[f"mlp.{output}.{field}"] = (f"mlp_output/{ours}", when)
+    return names
+
+
+LAYOUT = TensorLayout(
+    "transformers' DINOv2 layout", top=_TOP, block_prefix="encoder.layer.", block={**_BLOCK, **_mlp_names()},
+    strip=("dinov2.",), ignored=("embeddings.mask_token",),  # Only for masked image modelling.
+    qkv={f"attention.attention.{kind}.{field}": (kind, field) for kind in QKV for field in ("weight", "bias")})
 
 
 def from_dinov2(tensors, description="checkpoint", expected=None):
     """keras_vit's state (class token's position folded in) from a transformers DINOv2 state dict.
 
-    `expected`: the configured model's tensors (`check_tensors`), where a config.json describes it.
+    `expected`: `(architecture, depth, settings)` of the model a config.json describes, whose tensors the file
+    must hold exactly.
     """
-    names = list(tensors)
-    tensors = {name.removeprefix("dinov2."): np.asarray(value) for name, value in tensors.items()}
-    tensors.pop("embeddings.mask_token", None)  # Only for masked image modelling.
-    state, qkv, unknown = {}, {}, []
-    for name, value in tensors.items():
-        parts = name.split(".", 3)
-        if name in _TOP:
-            state[_TOP[name]] = torch_to_keras(name, value)
-        elif name.startswith("encoder.layer.") and len(parts) == 4 and parts[2].isdigit() and parts[3] in _BLOCK:
-            state[f"encoderblock_{int(parts[2])}/{_BLOCK[parts[3]]}"] = torch_to_keras(parts[3], value)
-        elif name.startswith("encoder.layer.") and len(parts) == 4 and parts[2].isdigit() \
-                and _QKV_PROJECTION.fullmatch(parts[3]):
-            qkv.setdefault(int(parts[2]), {})[_QKV_PROJECTION.fullmatch(parts[3]).groups()] = \
-                torch_to_keras(parts[3], value)
-        else:
-            unknown.append(name)
-    if unknown:
-        raise CheckpointError(f"{description} has {len(unknown)} tensors that are not in transformers' DINOv2 "
-                              f"layout: {preview(unknown, 5)}.")
-    if expected:
-        check_tensors(description, names, expected, "dinov2.")
-    fuse_qkv(qkv, state, description)
+    state = LAYOUT.read(tensors, description, expected)
     table, cls = state.get("position_embedding/pos_embedding"), state.get("class_token/cls")
     if table is None or cls is None or table.ndim != 3:
         raise CheckpointError(f"{description} lacks the class token or the position embeddings of a DINOv2 model.")
@@ -117,16 +99,13 @@ def from_dinov2(tensors, description="checkpoint", expected=None):
 
 
 def _dinov2_tensors(model_type, fields):
-    """The tensors of the DINOv2 `fields` of `model_type` describe, as `check_tensors` takes them."""
-    mlp = ("weights_in", "weights_out") if fields["use_swiglu_ffn"] else ("fc1", "fc2")
-    biases = ("weight", "bias") if fields["qkv_bias"] else ("weight",)
-    block = [name for name in _BLOCK if not name.startswith("mlp.") or name.split(".")[1] in mlp]
-    block += [f"attention.attention.{kind}.{field}" for kind in QKV for field in biases]
-    required = [f"encoder.layer.{index}.{name}" for index in range(fields["num_hidden_layers"]) for name in block]
-    registers = model_type == "dinov2_with_registers"
-    required += [name for name in _TOP if registers or name != "embeddings.register_tokens"]
+    """The model `fields` of `model_type` describe, as `TensorLayout.read` checks it: `(architecture, depth, settings)`."""
+    # Dinov2WithRegistersModel always has embeddings.register_tokens; read_dinov2_folder checks their count.
+    architecture = Architecture(
+        register_tokens=int(model_type == "dinov2_with_registers"),
+        qkv_bias=fields["qkv_bias"], layer_scale=1.0, mlp_activation="swiglu" if fields["use_swiglu_ffn"] else "gelu")
     keys = ("model_type", "num_hidden_layers", "qkv_bias", "use_swiglu_ffn")
-    return required, [("embeddings.mask_token",)], settings(dict(fields, model_type=model_type), *keys)
+    return architecture, fields["num_hidden_layers"], settings(dict(fields, model_type=model_type), *keys)
 
 
 def _mlp_width(where, fields):

@@ -15,7 +15,7 @@ import stat
 
 import keras
 
-from keras_vit.architecture import IMAGENET_PIXEL_STATISTICS, POOLINGS, Architecture
+from keras_vit.architecture import IMAGENET_PIXEL_STATISTICS, POOLINGS, RESNET_EPSILONS, Architecture
 from keras_vit.variants import Variant, resnet_stride
 
 
@@ -147,6 +147,8 @@ class WeightsSource:
     # bicubic without antialias.
     position_resize: tuple = None
     resize_align_corners: bool = False  # That resize maps corner to corner (RADIO v3's, in timm).
+    # The image size its config states where patches do not divide it (timm's so400m/14 at 384 px, a 27x27 grid).
+    input_size: tuple = None
 
     @property
     def sizes(self):
@@ -175,7 +177,9 @@ class WeightsSource:
 
     @property
     def image_size(self):
-        """The image size the checkpoint's position embeddings were trained for."""
+        """The image size the checkpoint's position embeddings were trained for (its `input_size` where stated)."""
+        if self.input_size is not None:
+            return self.input_size
         kernel = self.state.get("embedding/kernel")
         if kernel is None or self.grid_size is None:
             return None
@@ -273,6 +277,8 @@ def architecture_from_state(state, grid_size=None, **known):
         patch_bias="embedding/bias" in names or "embedding/kernel" not in names,
         qkv_bias="encoderblock_0/qkv/bias" in names or "encoderblock_0/qkv/kernel" not in names,
         qk_norm="encoderblock_0/query_norm/gamma" in names,
+        attention_output_norm="encoderblock_0/attention_output_norm/gamma" in names,
+        mlp_hidden_norm="encoderblock_0/mlp_hidden_norm/gamma" in names,
         layer_scale=1e-5 if "encoderblock_0/attention_layer_scale" in names else None,
     )
     fields.update({key: value for key, value in known.items() if value is not None})
@@ -333,10 +339,28 @@ def architecture_of(model):
         qkv_bias=block.qkv_bias,
         qk_norm=block.qk_norm,
         layer_scale=block.layer_scale,
+        post_norm=block.post_norm,
+        pool_include_prefix=bool(prefix) and classifier != "token" and getattr(
+            layers.get("attention_pool") or pool, "num_prefix_tokens", prefix) == 0,
+        attention_output_norm=block.attention_output_norm,
+        mlp_hidden_norm=block.mlp_hidden_norm,
         mlp_activation=block.activation,
         layer_norm_epsilon=block.layer_norm_epsilon,
         **_pixel_statistics(layers.get("input_normalization")),
+        **_resnet_epsilons(layers.get("conv_root"), layers.get("gn_root")),
     )
+
+
+def _resnet_epsilons(conv, norm):
+    """`{"resnet_epsilons": key}` of a hybrid's root layers (empty for a plain ViT)."""
+    if conv is None or norm is None:
+        return {}
+    found = (float(conv.epsilon), getattr(conv, "epsilon_added_to", "std"), float(norm.epsilon))
+    for key, settings in RESNET_EPSILONS.items():
+        if found == (settings["standardization_epsilon"], settings["epsilon_added_to"], settings["group_norm_epsilon"]):
+            return {"resnet_epsilons": key}
+    raise ValueError(f"The hybrid's ResNet standardises with epsilon {found[0]:g} added to the {found[1]} and "
+                     f"normalises with GroupNorm epsilon {found[2]:g}, which matches none of {tuple(RESNET_EPSILONS)}.")
 
 
 def _pixel_statistics(normalization):

@@ -11,6 +11,7 @@ Example:
 """
 
 from keras_vit.checkpoints.source import CheckpointError, architecture_from_state, positive_int_field
+from keras_vit.checkpoints.tensor_layout import image_size_of_grid
 from keras_vit.checkpoints.timm_families import (
     ACTIVATIONS,
     DEFAULT_ONLY_KEYWORDS,
@@ -103,6 +104,8 @@ _SWITCH_TENSORS = {
     "patch_bias": ("patch_embed.proj.bias", "pre_norm={}", lambda bias: not bias),
     "qkv_bias": ("blocks.0.attn.qkv.bias", "qkv_bias={}"),
     "qk_norm": ("blocks.0.attn.q_norm.weight", "qk_norm={}"),
+    "attention_output_norm": ("blocks.0.attn.norm.weight", "scale_attn_norm={}"),
+    "mlp_hidden_norm": ("blocks.0.mlp.norm.weight", "scale_mlp_norm={}"),
     "layer_scale": ("blocks.0.ls1.gamma", "init_values {}", lambda scale: "set" if scale else "None"),
 }
 
@@ -150,10 +153,12 @@ def check_head(state, num_classes, path, where):
 
 
 def grid_of_config(state, architecture, entry, args, pretrained, patch, where):
-    """The position table's grid: `model_args.img_size`, else `pretrained_cfg.input_size`, else the name's size.
+    """`(grid, image size)` of the position table: `model_args.img_size`, else `pretrained_cfg.input_size`, else
+    the name's size.
 
-    The first of those whose grid the table fits; a table that fits none (a
-    file resized after training) is read as its own square grid.
+    The first of those whose grid the table fits; `(None, None)` for a table
+    that fits none (a file resized after training), read as its own square
+    grid.
     """
     candidates = []
     size = args.get("img_size")
@@ -174,8 +179,5 @@ def grid_of_config(state, architecture, entry, args, pretrained, patch, where):
         candidates.append(tuple(input_size[1:]))
     candidates.append(entry.image_size)
     rows = state["position_embedding/pos_embedding"].shape[1] - architecture.position_prefix_rows
-    for height, width in candidates:
-        grid = (height // patch, width // patch)
-        if grid[0] * grid[1] == rows:
-            return grid
-    return architecture.grid_of(state["position_embedding/pos_embedding"].shape[1])
+    size = image_size_of_grid(candidates, patch, rows)
+    return (None, None) if size is None else ((size[0] // patch, size[1] // patch), size)

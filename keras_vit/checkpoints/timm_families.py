@@ -31,17 +31,20 @@ from keras_vit.checkpoints.source import CheckpointError
 # image_size=(None, None) gives on request).
 SIZE_KEYWORDS = ("img_size", "patch_size", "embed_dim", "depth", "num_heads", "mlp_ratio", "num_classes", "in_chans")
 SWITCH_KEYWORDS = ("class_token", "reg_tokens", "no_embed_class", "global_pool", "fc_norm", "pre_norm",
-                   "final_norm", "qkv_bias", "qk_norm", "init_values", "act_layer", "norm_eps", "mlp_layer")
+                   "final_norm", "qkv_bias", "qk_norm", "init_values", "act_layer", "norm_eps", "mlp_layer",
+                   "block_fn", "scale_attn_norm", "scale_mlp_norm", "pool_include_prefix")
 INFERENCE_NEUTRAL_KEYWORDS = ("drop_rate", "pos_drop_rate", "patch_drop_rate", "proj_drop_rate", "attn_drop_rate",
                               "drop_path_rate", "weight_init", "fix_init", "dynamic_img_size")
 # Keywords keras_vit computes only at timm's default value (a file that changes them is refused).
-DEFAULT_ONLY_KEYWORDS = {"pool_include_prefix": False, "dynamic_img_pad": False, "pos_embed": "learn",
-                         "proj_bias": True, "scale_attn_norm": False, "scale_mlp_norm": False,
+DEFAULT_ONLY_KEYWORDS = {"padding_same": True, "dynamic_img_pad": False, "pos_embed": "learn",
+                         "proj_bias": True,
                          "embed_norm_layer": None, "block_fn": "Block", "attn_layer": "Attention",
                          "embed_layer": "PatchEmbed", "mlp_layer": "Mlp", "norm_layer": None}
 # act_layer (as timm's get_act_layer takes it) -> keras_vit's mlp_activation; timm's default is exact GELU.
 ACTIVATIONS = {None: "gelu", "gelu": "gelu", "gelu_tanh": "gelu_tanh", "quick_gelu": "quick_gelu"}
 POOLS = {"token": "token", "avg": "gap", "map": "map"}
+# block_fn -> keras_vit's post_norm. ResPostBlock's init_values only initialise its norms: no layer scale.
+BLOCKS = {"Block": False, "ResPostBlock": True}
 # timm's checkpoint_filter_fn resamples a position table bicubic with antialias, except where noted.
 DEFAULT_RESIZE = ("bicubic", True, False)
 
@@ -58,6 +61,10 @@ class TimmArchitecture:
     mlp_ratio: float
     switches: dict
     resize: tuple = DEFAULT_RESIZE  # (interpolation, antialias, align_corners)
+    # A hybrid's ResNet as timm's model function builds it: bottleneck units per stage (() for its stem
+    # alone) and stem width; None for a plain ViT.
+    resnet_layers: tuple = None
+    resnet_width: int = None
 
     @property
     def mlp_dim(self):
@@ -65,11 +72,18 @@ class TimmArchitecture:
         return int(self.embed_dim * self.mlp_ratio)
 
 
-def _timm(patch_size, image_size, embed_dim, depth, num_heads, mlp_ratio=4.0, resize=DEFAULT_RESIZE, **switches):
+def _timm(patch_size, image_size, embed_dim, depth, num_heads, mlp_ratio=4.0, resize=DEFAULT_RESIZE,
+          resnet_layers=None, resnet_width=None, **switches):
     if set(switches) - set(SWITCH_KEYWORDS):
         raise TypeError(f"Not a switch of the family table: {sorted(set(switches) - set(SWITCH_KEYWORDS))}")
     sides = tuple(image_size) if isinstance(image_size, tuple) else (image_size, image_size)
-    return TimmArchitecture(patch_size, sides, embed_dim, depth, num_heads, mlp_ratio, switches, tuple(resize))
+    return TimmArchitecture(patch_size, sides, embed_dim, depth, num_heads, mlp_ratio, switches, tuple(resize),
+                            resnet_layers, resnet_width)
+
+
+def _hybrid(patch_size, image_size, embed_dim, depth, num_heads, resnet_layers):
+    """timm's `_resnetv2(resnet_layers)` (a 64-wide stem; `()` the stem alone) in front of a ViT."""
+    return _timm(patch_size, image_size, embed_dim, depth, num_heads, resnet_layers=resnet_layers, resnet_width=64)
 
 
 # Why timm architectures outside the table are refused, by name (first match).
@@ -77,23 +91,25 @@ REFUSED = (
     (r"rope|dinov3|^vit_pe_|^eva02|sapiens2|lingbot", "RoPE ViTs are not supported yet (timm's Eva class: "
                                                       "rotary position embeddings in every attention layer)"),
     (r"^eva_giant", "timm's Eva class (EVA-01 giant), which keras_vit does not read yet"),
-    (r"^vit_\w*(_r\d*_s\d+|_r_s\d+|_mci_)|^vitamin_",
-     "a convolutional stem before the patches (a hybrid: keras_vit reads the paper's ResNet hybrids from the "
-     "original .npz, not timm's layout yet)"),
+    (r"^vit_\w*_mci_|^vitamin_",
+     "a convolutional stem before the patches that is not a ResNet (MobileCLIP's ConvStem, ViTamin's MbConv "
+     "stages; keras_vit reads timm's ResNetV2 hybrids)"),
     (r"^aimv2_", "RMSNorm and an unpacked SwiGLU without biases (AIMv2); RMSNorm is not supported yet"),
-    (r"^beit3_", "LayerNorms inside attention and the MLP (BEiT-3's scale_attn_norm and scale_mlp_norm)"),
-    (r"_rpn_", "post-norm residual blocks (timm's ResPostBlock)"),
     (r"_xp_|_pwee_|_dpwee_|_18x2_", "parallel blocks (timm's ParallelScalingBlock or ParallelThingsBlock)"),
     (r"_dwee_|_dlittle_", "differential attention (timm's DiffAttention)"),
     (r"^test_vit4$", "RMSNorm, which is not supported yet"),
-    (r"^test_vit3$", "pool_include_prefix=True (pooling over the prefix tokens too), which keras_vit does not "
-                     "compute yet"),
-    (r"_patch14_siglip(_gap)?_384$", "a 384-pixel input on 14-pixel patches (timm's convolution drops the last "
-                                     "6 pixel rows and columns), which keras_vit does not compute yet"),
     (r"distilled", "a distillation token and head (DeiT distilled)"),
 )
 
 ARCHITECTURES = {
+    "beit3_base_patch16_224": _timm(16, 224, 768, 12, 12, class_token=True, global_pool='avg', norm_eps=1e-05,
+                                    scale_attn_norm=True, scale_mlp_norm=True),
+    "beit3_giant_patch14_224": _timm(14, 224, 1408, 40, 16, mlp_ratio=4.3637, class_token=True, global_pool='avg',
+                                     norm_eps=1e-05, scale_attn_norm=True, scale_mlp_norm=True),
+    "beit3_giant_patch14_336": _timm(14, 336, 1408, 40, 16, mlp_ratio=4.3637, class_token=True, global_pool='avg',
+                                     norm_eps=1e-05, scale_attn_norm=True, scale_mlp_norm=True),
+    "beit3_large_patch16_224": _timm(16, 224, 1024, 24, 16, class_token=True, global_pool='avg', norm_eps=1e-05,
+                                     scale_attn_norm=True, scale_mlp_norm=True),
     "deit3_base_patch16_224": _timm(16, 224, 768, 12, 12, init_values=1e-06, no_embed_class=True),
     "deit3_base_patch16_384": _timm(16, 384, 768, 12, 12, init_values=1e-06, no_embed_class=True),
     "deit3_huge_patch14_224": _timm(14, 224, 1280, 32, 16, init_values=1e-06, no_embed_class=True),
@@ -112,6 +128,8 @@ ARCHITECTURES = {
     "flexivit_large": _timm(16, 240, 1024, 24, 16, no_embed_class=True, resize=('bilinear', False, False)),
     "flexivit_small": _timm(16, 240, 384, 12, 6, no_embed_class=True, resize=('bilinear', False, False)),
     "test_vit": _timm(16, 160, 64, 6, 2, mlp_ratio=3),
+    "test_vit3": _timm(16, 160, 96, 9, 3, mlp_ratio=2, class_token=False, global_pool='map', init_values=1e-05,
+                       pool_include_prefix=True, reg_tokens=1),
     "test_vit2": _timm(16, 160, 64, 8, 2, mlp_ratio=3, class_token=False, global_pool='avg', init_values=1e-05,
                        reg_tokens=1),
     "vit_base_patch14_dinov2": _timm(14, 518, 768, 12, 12, init_values=1e-05),
@@ -129,6 +147,8 @@ ARCHITECTURES = {
     "vit_base_patch16_plus_clip_240": _timm(16, 240, 896, 12, 14, pre_norm=True, norm_eps=1e-05),
     "vit_base_patch16_radio_v3": _timm(16, 512, 768, 12, 12, final_norm=False, init_values=1e-05, no_embed_class=True,
                                        reg_tokens=7, resize=('bilinear', False, True)),
+    "vit_base_patch16_rpn_224": _timm(16, 224, 768, 12, 12, block_fn='ResPostBlock', class_token=False,
+                                      global_pool='avg', init_values=1e-05, qkv_bias=False),
     "vit_base_patch16_reg4_gap_256": _timm(16, 256, 768, 12, 12, class_token=False, global_pool='avg',
                                            no_embed_class=True, reg_tokens=4),
     "vit_base_patch16_siglip_224": _timm(16, 224, 768, 12, 12, class_token=False, global_pool='map'),
@@ -157,6 +177,9 @@ ARCHITECTURES = {
     "vit_base_patch32_siglip_gap_256": _timm(32, 256, 768, 12, 12, act_layer='gelu_tanh', class_token=False,
                                              fc_norm=False, global_pool='avg'),
     "vit_base_patch8_224": _timm(8, 224, 768, 12, 12),
+    "vit_base_r26_s32_224": _hybrid(1, 224, 768, 12, 12, (2, 2, 2, 2)),
+    "vit_base_r50_s16_224": _hybrid(1, 224, 768, 12, 12, (3, 4, 9)),
+    "vit_base_r50_s16_384": _hybrid(1, 384, 768, 12, 12, (3, 4, 9)),
     "vit_betwixt_patch16_gap_256": _timm(16, 256, 640, 12, 10, class_token=False, fc_norm=False, global_pool='avg',
                                          init_values=1e-06, qkv_bias=False),
     "vit_betwixt_patch16_reg1_gap_256": _timm(16, 256, 640, 12, 10, class_token=False, global_pool='avg',
@@ -236,6 +259,8 @@ ARCHITECTURES = {
                                               fc_norm=False, global_pool='avg'),
     "vit_large_patch32_224": _timm(32, 224, 1024, 24, 16),
     "vit_large_patch32_384": _timm(32, 384, 1024, 24, 16),
+    "vit_large_r50_s32_224": _hybrid(1, 224, 1024, 24, 16, (3, 4, 6, 3)),
+    "vit_large_r50_s32_384": _hybrid(1, 384, 1024, 24, 16, (3, 4, 6, 3)),
     "vit_little_patch16_reg1_gap_256": _timm(16, 256, 320, 14, 5, mlp_ratio=5.6, class_token=False, global_pool='avg',
                                              init_values=1e-05, no_embed_class=True, reg_tokens=1),
     "vit_little_patch16_reg4_gap_256": _timm(16, 256, 320, 14, 5, mlp_ratio=5.6, class_token=False, global_pool='avg',
@@ -264,6 +289,8 @@ ARCHITECTURES = {
     "vit_small_patch32_224": _timm(32, 224, 384, 12, 6),
     "vit_small_patch32_384": _timm(32, 384, 384, 12, 6),
     "vit_small_patch8_224": _timm(8, 224, 384, 12, 6),
+    "vit_small_r26_s32_224": _hybrid(1, 224, 384, 12, 6, (2, 2, 2, 2)),
+    "vit_small_r26_s32_384": _hybrid(1, 384, 384, 12, 6, (2, 2, 2, 2)),
     "vit_so150m2_patch16_reg1_gap_256": _timm(16, 256, 832, 21, 13, mlp_ratio=2.6153846153846154, class_token=False,
                                               global_pool='avg', init_values=1e-05, qkv_bias=False, reg_tokens=1),
     "vit_so150m2_patch16_reg1_gap_384": _timm(16, 384, 832, 21, 13, mlp_ratio=2.6153846153846154, class_token=False,
@@ -282,9 +309,14 @@ ARCHITECTURES = {
                                            global_pool='map'),
     "vit_so400m_patch14_siglip_378": _timm(14, 378, 1152, 27, 16, mlp_ratio=3.7362, class_token=False,
                                            global_pool='map'),
+    # 384 px on 14-pixel patches: a 27x27 grid, the last 6 pixel rows and columns unseen (drop_remainder).
+    "vit_so400m_patch14_siglip_384": _timm(14, 384, 1152, 27, 16, mlp_ratio=3.7362, class_token=False,
+                                           global_pool='map'),
     "vit_so400m_patch14_siglip_gap_224": _timm(14, 224, 1152, 27, 16, mlp_ratio=3.7362, class_token=False,
                                                fc_norm=False, global_pool='avg'),
     "vit_so400m_patch14_siglip_gap_378": _timm(14, 378, 1152, 27, 16, mlp_ratio=3.7362, class_token=False,
+                                               fc_norm=False, global_pool='avg'),
+    "vit_so400m_patch14_siglip_gap_384": _timm(14, 384, 1152, 27, 16, mlp_ratio=3.7362, class_token=False,
                                                fc_norm=False, global_pool='avg'),
     "vit_so400m_patch14_siglip_gap_448": _timm(14, 448, 1152, 27, 16, mlp_ratio=3.7362, class_token=False,
                                                fc_norm=False, global_pool='avg'),
@@ -306,6 +338,8 @@ ARCHITECTURES = {
                                                class_token=False, fc_norm=False, global_pool='avg'),
     "vit_tiny_patch16_224": _timm(16, 224, 192, 12, 3),
     "vit_tiny_patch16_384": _timm(16, 384, 192, 12, 3),
+    "vit_tiny_r_s16_p8_224": _hybrid(8, 224, 192, 12, 3, ()),
+    "vit_tiny_r_s16_p8_384": _hybrid(8, 384, 192, 12, 3, ()),
     "vit_wee_patch16_reg1_gap_256": _timm(16, 256, 256, 14, 4, mlp_ratio=5, class_token=False, global_pool='avg',
                                           init_values=1e-05, no_embed_class=True, reg_tokens=1),
     "vit_xsmall_patch16_clip_224": _timm(16, 224, 256, 10, 4, pre_norm=True, norm_eps=1e-05),
@@ -341,7 +375,8 @@ def timm_switches_to_architecture(switches):
     if fc_norm is None:
         fc_norm = pool == "avg"
     final_norm = switches.get("final_norm", True)
-    init_values = switches.get("init_values")
+    post_norm = BLOCKS[switches.get("block_fn", "Block")]
+    init_values = None if post_norm else switches.get("init_values")
     return dict(
         class_token=bool(class_token),
         register_tokens=int(switches.get("reg_tokens", 0)),
@@ -357,4 +392,8 @@ def timm_switches_to_architecture(switches):
         mlp_activation="swiglu" if switches.get("mlp_layer") == "swiglu_packed" else
         ACTIVATIONS[switches.get("act_layer")],
         layer_norm_epsilon=float(switches.get("norm_eps", 1e-6)),
+        post_norm=post_norm,
+        attention_output_norm=bool(switches.get("scale_attn_norm", False)),
+        mlp_hidden_norm=bool(switches.get("scale_mlp_norm", False)),
+        pool_include_prefix=bool(switches.get("pool_include_prefix", False)) and pool != "token",
     )

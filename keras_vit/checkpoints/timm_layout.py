@@ -9,7 +9,8 @@ only through `torch.load(weights_only=True)`); timm's Hub folders add a
 keras_vit's `Architecture` has (registers, `no_embed_class`, layer scale,
 `norm_pre`, `fc_norm`, attention pooling, q/k norms, optional biases, SwiGLU)
 is read from the tensors; what they cannot show comes from `model_args` or
-the architecture's family (`timm_families`).
+the architecture's family (`timm_families`). timm's ResNet hybrids
+(`patch_embed.backbone.*`) are read by `timm_hybrid`.
 
 Example:
 >>> from keras_vit import checkpoints
@@ -23,7 +24,6 @@ import math
 import os
 import struct
 
-import keras
 import numpy as np
 
 from keras_vit.checkpoints.source import (
@@ -34,18 +34,29 @@ from keras_vit.checkpoints.source import (
     pixel_statistics,
     preview,
     require_regular_file,
+    resnet_layers_of,
     source_from_state,
+    state_of,
     warn_unkept_pixel_statistics,
 )
 from keras_vit.architecture import Architecture
 from keras_vit.checkpoints.timm_config import check_head, check_tensors_agree, checked_sizes, grid_of_config, model_args_of
+from keras_vit.checkpoints.tensor_layout import TensorLayout, keras_to_torch, settings, torch_to_keras
 from keras_vit.checkpoints.timm_families import (
     DEFAULT_RESIZE,
     SWITCH_KEYWORDS,
     timm_architecture,
     timm_switches_to_architecture,
 )
+from keras_vit.checkpoints.timm_hybrid import (
+    BACKBONE,
+    backbone_from_timm,
+    check_backbone_agrees,
+    check_timm_rebuilds_backbone,
+    timm_backbone_name,
+)
 from keras_vit.files import atomic_path
+from keras_vit.variants import resnet_stride
 
 logger = logging.getLogger("keras_vit")
 
@@ -69,6 +80,10 @@ _BLOCK = {
     "attn.q_norm.bias": "query_norm/beta",
     "attn.k_norm.weight": "key_norm/gamma",
     "attn.k_norm.bias": "key_norm/beta",
+    "attn.norm.weight": "attention_output_norm/gamma",
+    "attn.norm.bias": "attention_output_norm/beta",
+    "mlp.norm.weight": "mlp_hidden_norm/gamma",
+    "mlp.norm.bias": "mlp_hidden_norm/beta",
 }
 _TOP = {
     "cls_token": "class_token/cls",
@@ -100,11 +115,7 @@ _TOP = {
 }
 # Parts of timm's ViT family that keras_vit's model does not have, and what they are.
 _UNSUPPORTED = {
-    "patch_embed.backbone.": "a convolutional stem before the patches (a hybrid's ResNet, which keras_vit reads "
-                             "from the original .npz, or another backbone such as MobileCLIP's MCI stem)",
     "patch_embed.norm.": "a normalised patch embedding",
-    ".mlp.norm.": "a LayerNorm inside the MLP (scale_mlp_norm)",
-    ".attn.norm.": "a LayerNorm inside attention (scale_attn_norm)",
     ".mlp.fc1_g.": "an unpacked SwiGLU MLP (fc1_g, fc1_x)",
     "attn_pool.q_norm.": "query/key normalisation in attention pooling",
     "attn_pool.pos_embed": "position embeddings in attention pooling",
@@ -116,18 +127,8 @@ _SAFETENSORS_DTYPES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32":
 _MAX_HEADER_BYTES = 100 << 20
 
 
-def torch_to_keras(name, value):
-    """A PyTorch tensor under `name` as keras_vit's array: dense `(out, in)` to `(in, out)`, a convolution to HWIO."""
-    if value.ndim == 4 and name.endswith(".weight"):
-        return value.transpose(2, 3, 1, 0)
-    return value.T if name.endswith(".weight") and value.ndim == 2 else value
-
-
-def keras_to_torch(name, value):
-    """The inverse of `torch_to_keras`."""
-    if value.ndim == 4 and name.endswith(".weight"):
-        return value.transpose(3, 2, 0, 1)
-    return value.T if name.endswith(".weight") and value.ndim == 2 else value
+LAYOUT = TensorLayout("timm's VisionTransformer layout", top=_TOP, block_prefix="blocks.", block=_BLOCK,
+                      hint="; keras_vit reads timm ViT state dicts (blocks.N.attn.qkv.weight, ...)")
 
 
 def from_timm(tensors, description="checkpoint"):
@@ -138,27 +139,15 @@ def from_timm(tensors, description="checkpoint"):
             raise CheckpointError(
                 f"{description} is a timm ViT with {what} ({preview(found, 3)}), which keras_vit's ViT does not have."
             )
-    state, unknown = {}, []
-    for name, value in tensors.items():
-        value = np.asarray(value)
-        if name in _TOP:
-            state[_TOP[name]] = torch_to_keras(name, value)
-            continue
-        parts = name.split(".", 2)
-        if parts[0] == "blocks" and len(parts) == 3 and parts[1].isdigit() and parts[2] in _BLOCK:
-            state[f"encoderblock_{int(parts[1])}/{_BLOCK[parts[2]]}"] = torch_to_keras(name, value)
-        else:
-            unknown.append(name)
+    backbone = backbone_from_timm(tensors, description, torch_to_keras)
+    state = LAYOUT.read({name: value for name, value in tensors.items() if not name.startswith(BACKBONE)},
+                        description)
+    state.update(backbone)
     rms = sorted(name for name in tensors if name.endswith(".weight") and (name in _TOP or name.split(".", 2)[-1]
                  in _BLOCK) and _mapped(name).endswith("/gamma") and name[:-len("weight")] + "bias" not in tensors)
     if rms:
         raise CheckpointError(f"{description} has norms with a weight but no bias ({preview(rms, 3)}): RMSNorm, which "
                               "is not supported yet (keras_vit's LayerNorm has both).")
-    if unknown:
-        raise CheckpointError(
-            f"{description} has {len(unknown)} tensors that are not in timm's VisionTransformer layout: "
-            f"{preview(unknown, 5)}; keras_vit reads timm ViT state dicts (blocks.N.attn.qkv.weight, ...)."
-        )
     if "embedding/kernel" not in state or "position_embedding/pos_embedding" not in state:
         raise CheckpointError(f"{description} lacks a patch or position embedding (patch_embed.proj.weight, pos_embed).")
     return state
@@ -175,31 +164,27 @@ def to_timm(model):
     if any("lora_" in name for name in names):
         raise CheckpointError(f"{model.name} has LoRA adapters, which timm's VisionTransformer does not have: call "
                               "keras_vit.merge_lora(model) first, then save_timm.")
-    if any(name.startswith("conv_root") for name in names):
-        raise CheckpointError("save_timm writes plain ViTs; a hybrid's ResNet has no timm VisionTransformer layout "
-                              "here (save it with checkpoints.save_npz instead).")
+    hybrid = resnet_layers_of(names)
+    if hybrid is not None and architecture_of(model).resnet_epsilons != "timm":
+        raise CheckpointError(f"{model.name}'s ResNet computes the original Flax epsilons, timm's hybrids others: "
+                              "timm would compute other outputs; save it with checkpoints.save_npz instead.")
     if "pre_logits/kernel" in names:
         raise CheckpointError("timm's VisionTransformer has no pre-logits layer (representation_size); "
                               "build the model with representation_size=0, or save it with checkpoints.save_npz.")
-    ours = {value: key for key, value in _TOP.items()}
-    block_names = {value: key for key, value in _BLOCK.items()}
-    tensors = {}
-    for variable in model.weights:
-        path, value = variable.path, keras.ops.convert_to_numpy(variable)
-        block, _, rest = path.partition("/")
-        if block.startswith("encoderblock_") and rest in block_names:
-            name = f"blocks.{block.removeprefix('encoderblock_')}.{block_names[rest]}"
-        elif path in ours:
-            name = ours[path]
-        else:
-            raise CheckpointError(f"save_timm: the model's weight {path!r} has no place in timm's layout.")
+    state = state_of(model)
+    backbone = {path: state.pop(path) for path in list(state) if hybrid is not None
+                and timm_backbone_name(path, stem_only=hybrid == ())}
+    tensors = LAYOUT.write(state)
+    for path, value in backbone.items():
+        name = timm_backbone_name(path, stem_only=hybrid == ())
         tensors[name] = np.ascontiguousarray(keras_to_torch(name, value).astype("float32"))
     return tensors
 
 
 # Where a model needs what only one of timm's model functions sets, one such architecture to name.
-_NAMED_ONLY = {"layer_norm_epsilon": "vit_base_patch16_clip_224 (CLIP's 1e-5)",
-               "swiglu": "vit_giant_patch14_dinov2 (a packed SwiGLU MLP)"}
+_NAMED_ONLY = {"layer_norm_epsilon": ("LayerNorm epsilon {:g}", "vit_base_patch16_clip_224 (CLIP's 1e-5)"),
+               "swiglu": ("a SwiGLU MLP", "vit_giant_patch14_dinov2 (a packed SwiGLU MLP)"),
+               "post_norm": ("post-norm blocks", "vit_base_patch16_rpn_224 (timm's ResPostBlock)")}
 
 
 def timm_arguments(model, architecture=None):
@@ -237,12 +222,14 @@ def timm_arguments(model, architecture=None):
     if int(embed * ratio) != hidden:  # timm's int(dim * mlp_ratio) must give the width back
         ratio = (hidden + 0.5) / embed
     patch = tuple(model.get_layer("embedding").kernel.shape[:2])
+    resnet = resnet_layers_of({v.path for v in model.weights})
+    stride = 1 if resnet is None else resnet_stride(resnet)
     position = model.get_layer("position_embedding") if "position_embedding" in [
         layer.name for layer in model.layers] else None
     grid = getattr(position, "grid_size", None)
     head = [layer for layer in model.layers if layer.name == "head"]
     arguments = dict(
-        img_size=[grid[0] * patch[0], grid[1] * patch[1]] if grid else None,
+        img_size=[grid[0] * patch[0] * stride, grid[1] * patch[1] * stride] if grid else None,
         patch_size=patch[0] if patch[0] == patch[1] else list(patch),
         embed_dim=embed, depth=sum(layer.name.startswith("encoderblock_") for layer in model.layers),
         num_heads=int(block.num_heads), mlp_ratio=ratio,
@@ -250,24 +237,36 @@ def timm_arguments(model, architecture=None):
         class_token=found.class_token, reg_tokens=found.register_tokens,
         no_embed_class=not found.class_token_position_embedding, global_pool=pools[found.classifier],
         fc_norm=found.fc_norm, final_norm=found.final_norm, pre_norm=found.norm_pre, qkv_bias=found.qkv_bias,
-        qk_norm=found.qk_norm, init_values=found.layer_scale,
+        qk_norm=found.qk_norm, init_values=found.layer_scale, scale_attn_norm=found.attention_output_norm,
+        scale_mlp_norm=found.mlp_hidden_norm, pool_include_prefix=found.pool_include_prefix,
     )
     if arguments["img_size"] is None:
         del arguments["img_size"]
     needs_name = [key for key, needed in (("layer_norm_epsilon", found.layer_norm_epsilon != 1e-6),
-                                          ("swiglu", found.mlp_activation == "swiglu")) if needed]
+                                          ("swiglu", found.mlp_activation == "swiglu"),
+                                          ("post_norm", found.post_norm)) if needed]
+    if resnet is not None and architecture is None:
+        raise CheckpointError(f"{model.name} is a hybrid, which only timm's model functions build; pass "
+                              "architecture= the timm hybrid it is (vit_base_r50_s16_224, ..., vit_tiny_r_s16_p8_224).")
     if architecture is None:
         if needs_name:
             raise CheckpointError(
-                f"{model.name} has " + " and ".join(
-                    f"LayerNorm epsilon {found.layer_norm_epsilon:g}" if key == "layer_norm_epsilon" else "a SwiGLU MLP"
-                    for key in needs_name) + ", which timm's VisionTransformer takes only from a model function: "
-                "pass architecture= a timm name that sets the same, such as "
-                + " or ".join(_NAMED_ONLY[key] for key in needs_name) + ".")
+                f"{model.name} has " + " and ".join(_NAMED_ONLY[key][0].format(found.layer_norm_epsilon)
+                                                    for key in needs_name)
+                + ", which timm's VisionTransformer takes only from a model function: pass architecture= a timm "
+                "name that sets the same, such as " + " or ".join(_NAMED_ONLY[key][1] for key in needs_name) + ".")
         arguments["act_layer"] = activations[found.mlp_activation]
         return arguments
     entry = timm_architecture(architecture, "timm_arguments")
+    if resnet is not None or entry.resnet_layers is not None:
+        if resnet is None:
+            raise CheckpointError(f"timm's {architecture!r} is a hybrid, but {model.name} is a plain ViT.")
+        check_timm_rebuilds_backbone(resnet, int(model.get_layer("conv_root").kernel.shape[-1]),
+                                     found.resnet_epsilons, entry, architecture, model.name)
     named = timm_switches_to_architecture(entry.switches)
+    if named["post_norm"] != found.post_norm:
+        raise CheckpointError(f"timm's {architecture!r} has {'post' if named['post_norm'] else 'pre'}-norm blocks, "
+                              f"but {model.name} has {'post' if found.post_norm else 'pre'}-norm blocks.")
     if named["layer_norm_epsilon"] != found.layer_norm_epsilon or \
             (named["mlp_activation"] == "swiglu") != (found.mlp_activation == "swiglu"):
         raise CheckpointError(
@@ -414,15 +413,19 @@ def read_timm(path, budget=None, config=None, config_path=None):
     it names must be one of `timm_families.ARCHITECTURES`: that entry, with
     `model_args` over it, is the model, and the tensors must agree with it.
     """
-    state = from_timm(read_state_dict(path, budget), description=path)
+    tensors = read_state_dict(path, budget)
+    state = from_timm(tensors, description=path)
+    resnet = resnet_layers_of(state)
+    epsilons = None if resnet is None else "timm"
     if not config:
-        architecture = architecture_from_state(state, None, mlp_activation="gelu")
+        architecture = architecture_from_state(state, None, mlp_activation="gelu", resnet_epsilons=epsilons)
         source = source_from_state(path, state, None, None, architecture)
         source.position_resize = DEFAULT_RESIZE[:2]
         return source
     where = config_path or path
     name = config.get("architecture")
     entry = timm_architecture(name, where)
+    check_backbone_agrees(state, entry, name, path)
     args = model_args_of(config, where)
     switches = {**entry.switches, **{key: args[key] for key in SWITCH_KEYWORDS if key in args}}
     pool = args.get("global_pool", config.get("global_pool", switches.get("global_pool", "token")))
@@ -437,13 +440,23 @@ def read_timm(path, budget=None, config=None, config_path=None):
     statistics = [(pretrained.get(key), f"pretrained_cfg.{key}") if key in pretrained else (config.get(key), key)
                   for key in ("mean", "std")]
     fields.update(pixel_statistics(statistics[0][0], statistics[1][0], where, (statistics[0][1], statistics[1][1])))
-    architecture = Architecture(**fields)
+    try:
+        architecture = Architecture(**fields, **({} if epsilons is None else {"resnet_epsilons": epsilons}))
+    except ValueError as error:  # model_args that contradict the named architecture's switches
+        raise CheckpointError(f"{where}: timm's {name!r} with these model_args is no model keras_vit can build: "
+                              f"{error}") from None
     sizes = checked_sizes(state, entry, args, name, path, where)
     check_tensors_agree(state, architecture, name, path)
+    LAYOUT.check_complete([name for name in tensors if not name.startswith(BACKBONE)], architecture, sizes["depth"],
+                          settings(dict(sizes, architecture=name), "architecture", "depth"), path)
     num_classes = args.get("num_classes", config.get("num_classes"))
     check_head(state, num_classes, path, where)
-    grid = grid_of_config(state, architecture, entry, args, pretrained, sizes["patch_size"], where)
+    stride = 1 if resnet is None else resnet_stride(resnet)
+    step = sizes["patch_size"] * stride
+    grid, image_size = grid_of_config(state, architecture, entry, args, pretrained, step, where)
     source = source_from_state(path, state, grid, sizes["num_heads"], architecture)
+    if image_size is not None and (image_size[0] % step or image_size[1] % step):
+        source.input_size = image_size  # timm's VALID convolution drops the rest (so400m/14 at 384 px)
     source.position_resize = entry.resize[:2]
     source.resize_align_corners = entry.resize[2]
     # Label ids (synsets) in head order, shown by their descriptions ("tench, Tinca tinca") where given.

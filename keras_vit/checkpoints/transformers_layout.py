@@ -23,20 +23,18 @@ Example:
 >>> source = checkpoints.read_transformers_folder("vit-base-patch16-224")  # doctest: +SKIP
 """
 
-import json
 import os
 
-import numpy as np
-
+from keras_vit.architecture import Architecture
 from keras_vit.checkpoints.source import (
     CheckpointError,
     architecture_from_state,
     class_names_in_order,
     positive_int_field,
-    preview,
     source_from_state,
 )
-from keras_vit.checkpoints.timm_layout import read_state_dict, torch_to_keras
+from keras_vit.checkpoints.tensor_layout import QKV, TensorLayout, grid_of_image_sizes, settings
+from keras_vit.checkpoints.timm_layout import read_state_dict
 
 # transformers name (after "encoder.layer.{i}.") -> keras_vit name (after "encoderblock_{i}/").
 _BLOCK = {
@@ -51,7 +49,6 @@ _BLOCK = {
     "output.dense.weight": "mlp_output/kernel",
     "output.dense.bias": "mlp_output/bias",
 }
-QKV = ("query", "key", "value")
 _TOP = {
     "embeddings.cls_token": "class_token/cls",
     "embeddings.position_embeddings": "position_embedding/pos_embedding",
@@ -104,22 +101,6 @@ CONFIG_DEFAULTS = {"vit": dict(
     pooler_act="tanh", id2label=None)}
 
 
-def fuse_qkv(qkv, state, description):
-    """Put the `{block: {(query|key|value, weight|bias): array}}` projections into `state` as fused `qkv`.
-
-    A block has biases for all three projections or for none.
-    """
-    for index, parts in qkv.items():
-        biases = [(kind, "bias") in parts for kind in QKV]
-        missing = [f"{kind}.weight" for kind in QKV if (kind, "weight") not in parts]
-        missing += [f"{kind}.bias" for kind, bias in zip(QKV, biases) if any(biases) and not bias]
-        if missing:
-            raise CheckpointError(f"{description}: block {index} lacks attention {missing}.")
-        state[f"encoderblock_{index}/qkv/kernel"] = np.concatenate([parts[(kind, "weight")] for kind in QKV], -1)
-        if any(biases):
-            state[f"encoderblock_{index}/qkv/bias"] = np.concatenate([parts[(kind, "bias")] for kind in QKV])
-
-
 def transformers_fields(folder, config, defaults, where=None):
     """`(weights path, fields)` of a transformers folder: its config's `defaults` keys (transformers' default where
     absent or null), the ones every reader reads checked; errors name `where` (default the folder's config.json).
@@ -154,27 +135,6 @@ def transformers_fields(folder, config, defaults, where=None):
     return weights, fields
 
 
-def check_tensors(description, names, expected, prefix=""):
-    """Refuse a file whose tensor `names` (a whole model's after `prefix`) are not the configured model's.
-
-    `expected` is `(required, optional, settings)`: the names the model its config.json describes has, groups
-    it may have, each whole or not at all (a classifier, a buffer), and the config fields that decide them, for
-    the errors.
-    """
-    required, optional, settings = expected
-    own = {name.removeprefix(prefix) for name in names}
-    under = f" (names after {prefix!r})" if prefix and any(name.startswith(prefix) for name in names) else ""
-    wanted = set(required).union(*(group for group in optional if own & set(group)))
-    missing = wanted - own
-    if missing:
-        raise CheckpointError(f"{description} lacks {len(missing)} tensors of the model its config.json describes "
-                              f"({settings}): {preview(missing, 5)}{under}.")
-    extra = own - wanted
-    if extra:
-        raise CheckpointError(f"{description} has {len(extra)} tensors that the model its config.json describes "
-                              f"({settings}) has not: {preview(extra, 5)}{under}.")
-
-
 def check_sizes(where, fields, state, mlp=None):
     """Refuse config.json `fields` that contradict the tensors (keras_vit's `state`), naming the field and the file's.
 
@@ -201,65 +161,33 @@ def check_sizes(where, fields, state, mlp=None):
                               f"{'layers are' if len(widths) > 1 else 'is'} {' and '.join(map(str, widths))} wide.")
 
 
-def settings(fields, *keys):
-    """`"key: value, ..."` (JSON values): the config fields that decide which tensors a model has, for the errors."""
-    return ", ".join(f"{key}: {json.dumps(fields[key])}" for key in keys)
+LAYOUT = TensorLayout(
+    "transformers' ViT layout", top=_TOP, block_prefix="encoder.layer.", block=_BLOCK, strip=("vit.",),
+    ignored=("embeddings.mask_token",),  # Only for masked image modelling; unused in inference.
+    qkv={f"attention.attention.{kind}.{field}": (kind, field) for kind in QKV for field in ("weight", "bias")})
 
 
 def from_transformers(tensors, description="checkpoint", expected=None):
     """keras_vit's state from a transformers ViT state dict (`vit.` prefix or none) of numpy arrays.
 
-    `expected`: the configured model's tensors (`check_tensors`), where a config.json describes it.
+    `expected`: `(architecture, depth, settings)` of the model a config.json describes, whose tensors the file
+    must hold exactly.
     """
-    names = list(tensors)
-    tensors = {name.removeprefix("vit."): np.asarray(value) for name, value in tensors.items()}
-    tensors.pop("embeddings.mask_token", None)  # Only for masked image modelling; unused in inference.
-    state, qkv, unknown = {}, {}, []
-    for name, value in tensors.items():
-        if name in _TOP:
-            state[_TOP[name]] = torch_to_keras(name, value)
-            continue
-        parts = name.split(".", 3)
-        if name.startswith("encoder.layer.") and parts[2].isdigit():
-            index, rest = int(parts[2]), parts[3]
-            if rest in _BLOCK:
-                state[f"encoderblock_{index}/{_BLOCK[rest]}"] = torch_to_keras(rest, value)
-                continue
-            kind, _, field = rest.removeprefix("attention.attention.").rpartition(".")
-            if rest.startswith("attention.attention.") and kind in QKV and field in ("weight", "bias"):
-                qkv.setdefault(index, {})[(kind, field)] = torch_to_keras(rest, value)
-                continue
-        unknown.append(name)
-    if unknown:
-        raise CheckpointError(f"{description} has {len(unknown)} tensors that are not in transformers' ViT layout: "
-                              f"{preview(unknown, 5)}.")
-    if expected:
-        check_tensors(description, names, expected, "vit.")
-    fuse_qkv(qkv, state, description)
+    state = LAYOUT.read(tensors, description, expected)
     if "pre_logits/kernel" in state and "head/kernel" in state:
         raise CheckpointError(f"{description} has both a pooler and a classifier, which no transformers ViT has.")
     return state
 
 
 def configured_grid(fields, patches):
-    """The patch grid of the config's `image_size`, or None where the table has another number of `patches`.
-
-    None: the table's own square grid (a folder whose image_size was edited after training).
-    """
-    (height, width), patch = fields["image_size"], fields["patch_size"]
-    grid = (height // patch, width // patch)
-    return grid if grid[0] * grid[1] == patches else None
+    """The patch grid of the config's `image_size` where the table has its `patches` rows, else None."""
+    return grid_of_image_sizes([fields["image_size"]], fields["patch_size"], patches)
 
 
 def _vit_tensors(fields):
-    """The tensors of the ViT `fields` describe, as `check_tensors` takes them."""
-    biases = ("weight", "bias") if fields["qkv_bias"] else ("weight",)
-    block = [*_BLOCK, *(f"attention.attention.{kind}.{field}" for kind in QKV for field in biases)]
-    required = [f"encoder.layer.{index}.{name}" for index in range(fields["num_hidden_layers"]) for name in block]
-    required += [name for name in _TOP if not name.startswith(("pooler.", "classifier."))]
-    optional = [("pooler.dense.weight", "pooler.dense.bias"), ("classifier.weight", "classifier.bias"),
-                ("embeddings.mask_token",)]
-    return required, optional, settings(fields, "num_hidden_layers", "qkv_bias")
+    """The model `fields` describe, as `TensorLayout.read` checks it: `(architecture, depth, settings)`."""
+    return (Architecture(qkv_bias=fields["qkv_bias"]), fields["num_hidden_layers"],
+            settings(fields, "num_hidden_layers", "qkv_bias"))
 
 
 def read_transformers_folder(folder, config, budget=None):

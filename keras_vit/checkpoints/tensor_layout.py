@@ -1,0 +1,288 @@
+"""Weight layouts as declared tables, and the one converter that applies them.
+
+A layout (timm's `VisionTransformer`, transformers' ViT, DINOv2 and CLIP or
+SigLIP towers) is data: a `TensorLayout` names, for each tensor of the
+file, the keras_vit weight it is, and which tensors are q, k and v kept
+apart, a buffer the model does not compute with, or a tensor that needs
+reshaping. `TensorLayout.read` applies any such table: it strips the
+file's prefix, maps the top level and each block, fuses q/k/v, and refuses
+every name the table does not know. `MODEL_WEIGHTS` and `BLOCK_WEIGHTS`
+declare keras_vit's own weights with the `Architecture` switch that gives a
+model each one, so the integrity rule, that a file holds exactly the
+tensors of the model its config describes, is checked once for every
+layout (`TensorLayout.check_complete`), in the file's own names.
+
+Example:
+>>> import numpy as np
+>>> layout = TensorLayout("a toy layout", top={"pos": "position_embedding/pos_embedding"}, block_prefix="layers.",
+...                       block={"fc.weight": "mlp_hidden/kernel"})
+>>> sorted(layout.read({"pos": np.zeros((1, 4, 2)), "layers.0.fc.weight": np.zeros((3, 2))}, "toy"))
+['encoderblock_0/mlp_hidden/kernel', 'position_embedding/pos_embedding']
+"""
+
+import dataclasses
+import json
+
+import numpy as np
+
+from keras_vit.checkpoints.source import CheckpointError, preview
+
+QKV = ("query", "key", "value")
+
+
+def _always(architecture):
+    return True
+
+
+def _pair(prefix, when):
+    return {f"{prefix}/gamma": when, f"{prefix}/beta": when}
+
+
+def _dense(prefix, when=_always, bias=_always):
+    return {f"{prefix}/kernel": when, f"{prefix}/bias": lambda a: when(a) and bias(a)}
+
+
+def _attention_pooling(architecture):
+    return architecture.classifier == "map"
+
+
+# keras_vit's weights outside the blocks, each with the switch of `Architecture` that gives a model it.
+MODEL_WEIGHTS = {
+    "class_token/cls": lambda a: a.class_token,
+    "register_tokens/registers": lambda a: a.register_tokens > 0,
+    "position_embedding/pos_embedding": _always,
+    **_dense("embedding", bias=lambda a: a.patch_bias),
+    **_pair("pre_norm", lambda a: a.norm_pre),
+    **_pair("encoder_norm", lambda a: a.final_norm and not a.fc_norm),
+    **_pair("fc_norm", lambda a: a.fc_norm),
+    "attention_pool/probe": _attention_pooling,
+    **{name: when for part in ("query", "key_value", "attention_output", "mlp_hidden", "mlp_output")
+       for name, when in _dense(f"attention_pool/{part}", _attention_pooling).items()},
+    **_pair("attention_pool/mlp_norm", _attention_pooling),
+}
+# keras_vit's weights in each block (after "encoderblock_{i}/"), the same way.
+BLOCK_WEIGHTS = {
+    **_pair("attention_norm", _always),
+    **_dense("qkv", bias=lambda a: a.qkv_bias),
+    **_dense("attention_output"),
+    **_pair("mlp_norm", _always),
+    **_dense("mlp_hidden"),
+    **_dense("mlp_output"),
+    "attention_layer_scale": lambda a: a.layer_scale is not None,
+    "mlp_layer_scale": lambda a: a.layer_scale is not None,
+    **_pair("query_norm", lambda a: a.qk_norm),
+    **_pair("key_norm", lambda a: a.qk_norm),
+    **_pair("attention_output_norm", lambda a: a.attention_output_norm),
+    **_pair("mlp_hidden_norm", lambda a: a.mlp_hidden_norm),
+}
+# Groups a file may hold or not, each whole: the classifier and the pre-logits layer.
+OPTIONAL_GROUPS = (("head/kernel", "head/bias"), ("pre_logits/kernel", "pre_logits/bias"))
+
+
+def expected_weights(architecture, depth):
+    """The keras_vit weights a model of `architecture` and `depth` blocks has, besides `OPTIONAL_GROUPS`."""
+    names = {name for name, when in MODEL_WEIGHTS.items() if when(architecture)}
+    block = [name for name, when in BLOCK_WEIGHTS.items() if when(architecture)]
+    return names | {f"encoderblock_{index}/{name}" for index in range(depth) for name in block}
+
+
+def torch_to_keras(name, value):
+    """A PyTorch tensor under `name` as keras_vit's array: dense `(out, in)` to `(in, out)`, a convolution to HWIO."""
+    if value.ndim == 4 and name.endswith(".weight"):
+        return value.transpose(2, 3, 1, 0)
+    return value.T if name.endswith(".weight") and value.ndim == 2 else value
+
+
+def keras_to_torch(name, value):
+    """The inverse of `torch_to_keras`."""
+    if value.ndim == 4 and name.endswith(".weight"):
+        return value.transpose(3, 2, 0, 1)
+    return value.T if name.endswith(".weight") and value.ndim == 2 else value
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorLayout:
+    """One weight layout: which tensor of a file is which keras_vit weight.
+
+    Attributes:
+        name: the layout, as errors name it ("timm's VisionTransformer layout").
+        top: file name -> keras_vit weight path, outside the blocks.
+        block_prefix: what precedes a block's index in the file ("blocks.").
+        block: name after `block_prefix` and the index -> keras_vit path
+            after `encoderblock_{i}/`. A path may come as `(path, when)`:
+            the file's name for it only where `when(architecture)` holds
+            (DINOv2's `fc1` or, with SwiGLU, `weights_in`).
+        strip: prefixes removed from the file's names first ("vit.").
+        ignored: names (after `strip`) that hold nothing the model
+            computes with: a mask token, an index buffer.
+        other_model: prefixes of tensors of another model in the same
+            file (a text tower), left aside.
+        qkv: block name -> `(query|key|value, weight|bias)` where the file
+            keeps the projections apart; they are fused into one kernel.
+        reshaped: file name -> `(function(value) -> {path: array}, paths)`
+            for tensors stored another way than keras_vit's.
+        hint: appended to the error for names the table does not know.
+    """
+
+    name: str
+    top: dict
+    block_prefix: str
+    block: dict
+    strip: tuple = ()
+    ignored: tuple = ()
+    other_model: tuple = ()
+    qkv: dict = dataclasses.field(default_factory=dict)
+    reshaped: dict = dataclasses.field(default_factory=dict)
+    hint: str = ""
+
+    def own_name(self, name):
+        """A file's tensor `name` with `strip` removed, or None for a tensor of `other_model`."""
+        if name.startswith(self.other_model):
+            return None
+        prefix = next((prefix for prefix in self.strip if name.startswith(prefix)), "")
+        return name[len(prefix):]
+
+    def own_names(self, names):
+        """The file's `names` of this model, with `strip` removed."""
+        return [own for own in map(self.own_name, names) if own is not None]
+
+    def block_part(self, name):
+        """`(index, rest)` of a block tensor's name, or `(None, None)`."""
+        if not name.startswith(self.block_prefix):
+            return None, None
+        index, _, rest = name[len(self.block_prefix):].partition(".")
+        return (int(index), rest) if index.isdigit() and rest else (None, None)
+
+    def read(self, tensors, description, expected=None):
+        """keras_vit's state `{path: array}` from a state dict of numpy arrays in this layout.
+
+        `expected`: `(architecture, depth, settings)` of the model a config describes, whose tensors the file
+        must hold exactly (`check_complete`).
+        """
+        state, qkv, unknown = {}, {}, []
+        for original in tensors:
+            name = self.own_name(original)
+            if name is None or name in self.ignored:
+                continue
+            value = np.asarray(tensors[original])
+            index, rest = self.block_part(name)
+            if name in self.reshaped:
+                state.update(self.reshaped[name][0](value))
+            elif name in self.top:
+                state[_path(self.top[name])] = torch_to_keras(name, value)
+            elif rest in self.block:
+                state[f"encoderblock_{index}/{_path(self.block[rest])}"] = torch_to_keras(rest, value)
+            elif rest in self.qkv:
+                qkv.setdefault(index, {})[self.qkv[rest]] = torch_to_keras(rest, value)
+            else:
+                unknown.append(original)
+        if unknown:
+            raise CheckpointError(f"{description} has {len(unknown)} tensors that are not in {self.name}: "
+                                  f"{preview(unknown, 5)}{self.hint}.")
+        if expected:
+            self.check_complete(list(tensors), *expected, description)
+        fuse_qkv(qkv, state, description)
+        return state
+
+    def file_names(self, path, architecture=None):
+        """The file's names (after `strip`) of keras_vit's weight `path` (for `architecture`, where the layout
+        names it by the architecture): one, or the three of a split q/k/v."""
+        def named(table, ours):
+            return [name for name, value in table.items() if _path(value) == ours
+                    and (architecture is None or not isinstance(value, tuple) or value[1](architecture))]
+
+        block, _, rest = path.partition("/")
+        if block.startswith("encoderblock_") and block[len("encoderblock_"):].isdigit():
+            prefix = f"{self.block_prefix}{block[len('encoderblock_'):]}."
+            field = {"qkv/kernel": "weight", "qkv/bias": "bias"}.get(rest)
+            names = named(self.block, rest) + [name for name, (_, kind) in self.qkv.items() if kind == field]
+            return [prefix + name for name in names]
+        return named(self.top, path) + [name for name, (_, paths) in self.reshaped.items() if path in paths]
+
+    def check_complete(self, names, architecture, depth, settings, description):
+        """Refuse a file whose tensor `names` are not exactly those of the model `architecture` describes.
+
+        `settings`: the config fields that decide the tensors (`"key: value, ..."`), for the errors. The
+        classifier and the pre-logits (`OPTIONAL_GROUPS`) may be there or not, each whole.
+        """
+        own = set(self.own_names(names)) - set(self.ignored)
+        wanted = set()
+        for path in expected_weights(architecture, depth):
+            wanted.update(self.file_names(path, architecture))
+        for group in OPTIONAL_GROUPS:
+            files = {name for path in group for name in self.file_names(path)}
+            if own & files:
+                wanted |= files
+        under = f" (names after {self.strip[0]!r})" if self.strip and any(
+            name.startswith(self.strip[0]) for name in names) else ""
+        missing = wanted - own
+        if missing:
+            raise CheckpointError(f"{description} lacks {len(missing)} tensors of the model its config.json "
+                                  f"describes ({settings}): {preview(missing, 5)}{under}.")
+        extra = own - wanted
+        if extra:
+            raise CheckpointError(f"{description} has {len(extra)} tensors that the model its config.json "
+                                  f"describes ({settings}) has not: {preview(extra, 5)}{under}.")
+
+    def write(self, state):
+        """A state dict in this layout (PyTorch's shapes) from keras_vit's `state`; a weight with no place is refused."""
+        tops = {_path(ours): name for name, ours in self.top.items()}
+        blocks = {_path(ours): name for name, ours in self.block.items()}
+        tensors = {}
+        for path, value in state.items():
+            block, _, rest = path.partition("/")
+            if block.startswith("encoderblock_") and rest in blocks:
+                name = f"{self.block_prefix}{block.removeprefix('encoderblock_')}.{blocks[rest]}"
+            elif path in tops:
+                name = tops[path]
+            else:
+                raise CheckpointError(f"the model's weight {path!r} has no place in {self.name}.")
+            tensors[name] = np.ascontiguousarray(keras_to_torch(name, value).astype("float32"))
+        return tensors
+
+
+def _path(value):
+    """The keras_vit path of a table entry: the entry, or the path of a `(path, when)` pair."""
+    return value[0] if isinstance(value, tuple) else value
+
+
+def fuse_qkv(qkv, state, description):
+    """Put the `{block: {(query|key|value, weight|bias): array}}` projections into `state` as fused `qkv`.
+
+    A block has biases for all three projections or for none.
+    """
+    for index, parts in qkv.items():
+        biases = [(kind, "bias") in parts for kind in QKV]
+        missing = [f"{kind}.weight" for kind in QKV if (kind, "weight") not in parts]
+        missing += [f"{kind}.bias" for kind, bias in zip(QKV, biases) if any(biases) and not bias]
+        if missing:
+            raise CheckpointError(f"{description}: block {index} lacks attention {missing}.")
+        state[f"encoderblock_{index}/qkv/kernel"] = np.concatenate([parts[(kind, "weight")] for kind in QKV], -1)
+        if any(biases):
+            state[f"encoderblock_{index}/qkv/bias"] = np.concatenate([parts[(kind, "bias")] for kind in QKV])
+
+
+def image_size_of_grid(image_sizes, patch, patches):
+    """The first `(height, width)` of `image_sizes` whose patch grid gives the table's `patches` rows, or None.
+
+    The one config-grid rule of every reader: the sizes a config states, in
+    the order it is trusted; None where none fits (a file resized after
+    training), for the table's own square grid. A size that patches do not
+    divide counts by its whole patches (timm's so400m/14 at 384 px).
+
+    Example:
+    >>> image_size_of_grid([(224, 224), (32, 48)], 16, 6)
+    (32, 48)
+    """
+    return next((tuple(size) for size in image_sizes if (size[0] // patch) * (size[1] // patch) == patches), None)
+
+
+def grid_of_image_sizes(image_sizes, patch, patches):
+    """The patch grid of `image_size_of_grid`'s size, or None."""
+    size = image_size_of_grid(image_sizes, patch, patches)
+    return None if size is None else (size[0] // patch, size[1] // patch)
+
+
+def settings(fields, *keys):
+    """`"key: value, ..."` (JSON values): the config fields that decide which tensors a model has, for the errors."""
+    return ", ".join(f"{key}: {json.dumps(fields[key])}" for key in keys)

@@ -1,0 +1,143 @@
+"""timm's ResNet hybrids (`vit_*_r50_*`, `vit_*_r26_*`, `vit_tiny_r_s16_p8_*`) load into keras_vit's hybrid, exactly.
+
+The folders in `fixtures/timm_hybrid/` were written by timm's own `save_for_hf` from tiny hybrids with random
+values in every tensor and read back by timm (`tools/timm_hybrid_fixtures.py`); the references are timm's.
+"""
+
+import json
+import os
+import shutil
+
+import keras
+import numpy as np
+import pytest
+
+import keras_vit
+from conftest import fixture
+from keras_vit import CheckpointError, checkpoints
+
+pytest.importorskip("safetensors")
+from safetensors.numpy import load_file, save_file  # noqa: E402
+
+HYBRID = fixture("timm_hybrid")
+CASES = ("resnet", "stem_only")
+
+
+@pytest.fixture(scope="module")
+def reference():
+    with np.load(fixture("timm_hybrid_reference.npz")) as data:
+        return {key: data[key] for key in data.files}
+
+
+def load(folder, **overrides):
+    return keras_vit.from_pretrained(str(folder), classifier_activation=None, **overrides)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_timm_hybrid_folder_gives_timms_logits(case, reference):
+    model = load(os.path.join(HYBRID, case))
+    logits = keras.ops.convert_to_numpy(model(reference[f"{case}/images"]))
+    expected = reference[f"{case}/outputs"]
+    np.testing.assert_allclose(logits, expected, atol=1e-4 * np.abs(expected).max())
+
+
+@pytest.mark.backend_independent
+@pytest.mark.parametrize("case", CASES)
+def test_timm_hybrid_saves_back_in_timms_names_and_reloads_from_keras(case, reference, tmp_path):
+    model = load(os.path.join(HYBRID, case))
+    assert checkpoints.architecture_of(model).resnet_epsilons == "timm"
+    architecture = json.loads((open(os.path.join(HYBRID, case, "config.json")).read()))["architecture"]
+    if case == "stem_only":  # timm rebuilds it from its name alone; the tiny ResNetV2 is not the name's R50
+        checkpoints.save_timm(model, tmp_path / "model.safetensors", architecture=architecture)
+        written, original = load_file(tmp_path / "model.safetensors"), load_file(
+            os.path.join(HYBRID, case, "model.safetensors"))
+        assert sorted(written) == sorted(original)
+        for name in original:
+            np.testing.assert_allclose(written[name], original[name], atol=1e-6, err_msg=name)
+    else:
+        with pytest.raises(CheckpointError, match=r"builds \(3, 4, 9\) on a 64-wide stem and takes no argument"):
+            checkpoints.save_timm(model, tmp_path / "model.safetensors", architecture=architecture)
+    model.save(tmp_path / "hybrid.keras")
+    again = keras_vit.from_pretrained(str(tmp_path / "hybrid.keras"))
+    images = reference[f"{case}/images"]
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(again(images)), keras.ops.convert_to_numpy(model(images)),
+                               atol=1e-6)
+
+
+def broken(tmp_path, change):
+    folder = tmp_path / "resnet"
+    shutil.copytree(os.path.join(HYBRID, "resnet"), folder)
+    tensors = load_file(folder / "model.safetensors")
+    change(tensors)
+    save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
+    return folder
+
+
+def drop(prefix):
+    def change(tensors):
+        for name in [name for name in tensors if name.startswith(prefix)]:
+            del tensors[name]
+    return change
+
+
+def narrow_norm(tensors):
+    for field in ("weight", "bias"):
+        tensors[f"patch_embed.backbone.stages.0.blocks.0.norm1.{field}"] = np.ones(48, "float32")
+
+
+@pytest.mark.backend_independent
+@pytest.mark.parametrize("change, message", [
+    (drop("patch_embed.backbone.stages.1."),
+     "patch_embed.proj.weight takes 256 channels, but the hybrid's ResNet ends in its last stage "
+     "(patch_embed.backbone.stages.0) with 128: a stage is missing or the tensors are of two models. "
+     "Nothing was loaded."),
+    (drop("patch_embed.backbone.stages.0.blocks.0.downsample.conv."),
+     "the hybrid's ResNet lacks ['patch_embed.backbone.stages.0.blocks.0.downsample.conv.weight'] (timm's "
+     "ResNetStage projects the shortcut in the first block of every stage). Nothing was loaded."),
+    (narrow_norm,
+     "patch_embed.backbone.stages.0.blocks.0.norm1.weight has 48 channels, which GroupNorm's 32 groups (timm's "
+     "GroupNormAct in every hybrid) do not divide. Nothing was loaded."),
+    (drop("patch_embed.backbone.stem.norm."),
+     "the hybrid's ResNet stem lacks ['patch_embed.backbone.stem.norm.weight', 'patch_embed.backbone.stem.norm.bias']. "
+     "Nothing was loaded."),
+], ids=["last_stage_missing", "downsample_missing", "group_count", "stem_norm_missing"])
+def test_a_hybrid_that_is_not_whole_is_refused_naming_its_tensors(tmp_path, change, message):
+    folder = broken(tmp_path, change)
+    with pytest.raises(CheckpointError) as error:
+        load(folder)
+    assert str(error.value) == f"{folder}/model.safetensors: {message}"
+
+
+@pytest.mark.backend_independent
+def test_hybrid_tensors_under_a_plain_vits_name_are_refused(tmp_path):
+    folder = tmp_path / "resnet"
+    shutil.copytree(os.path.join(HYBRID, "resnet"), folder)
+    config = json.loads((folder / "config.json").read_text())
+    config["architecture"] = "vit_base_patch16_224"
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(CheckpointError) as error:
+        load(folder)
+    assert str(error.value) == (
+        f"{folder}/model.safetensors holds a hybrid on a ResNetV2 (patch_embed.backbone.stem.*, stages.*), but timm's "
+        "'vit_base_patch16_224' is a plain ViT (no patch_embed.backbone.*). Nothing was loaded.")
+
+
+@pytest.mark.skipif(keras.backend.backend() == "tensorflow", reason="exported on tensorflow (below)")
+def test_onnx_export_of_a_hybrid_off_tensorflow_is_refused_naming_the_backend_that_exports_it(tmp_path):
+    model = load(os.path.join(HYBRID, "resnet"))
+    with pytest.raises(ValueError, match=rf"is a hybrid, whose ResNet the {keras.backend.backend()} backend does not "
+                                         r"export to ONNX correctly: export it on the tensorflow backend"):
+        model.export(str(tmp_path / "hybrid.onnx"), format="onnx")
+    assert not os.listdir(tmp_path)
+
+
+@pytest.mark.skipif(keras.backend.backend() != "tensorflow", reason="the backend that exports a hybrid to ONNX")
+def test_onnx_export_of_a_timm_hybrid_gives_timms_logits(reference, tmp_path):
+    ort = pytest.importorskip("onnxruntime")
+    pytest.importorskip("tf2onnx")
+    path = str(tmp_path / "hybrid.onnx")
+    load(os.path.join(HYBRID, "resnet")).export(path, format="onnx", verbose=False)
+    session = ort.InferenceSession(path)
+    found = session.run(None, {session.get_inputs()[0].name: reference["resnet/images"]})[0]
+    expected = reference["resnet/outputs"]
+    np.testing.assert_allclose(found, expected, atol=1e-4 * np.abs(expected).max())

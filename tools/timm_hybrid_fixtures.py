@@ -1,0 +1,124 @@
+"""`make_family_fixtures.py --only timm_hybrid`: tiny timm hybrids (ResNetV2 or its stem, then a ViT).
+
+Two cases, each written by timm's own `save_for_hf` to `tests/fixtures/timm_hybrid/<case>/`
+and read back by timm with `strict=True`:
+
+- `resnet`: `vit_base_r50_s16_224` with its ResNetV2 shrunk to two stages of (2, 1) bottleneck
+  units on a 32-wide stem, built exactly as timm's `_resnetv2` builds the R50 (`StdConv2dSame`
+  with eps 1e-8, GroupNorm of 32 groups, the TF-"SAME" stem). timm's model function takes no
+  argument for its ResNet's depth or width, so the small backbone is passed as `embed_layer`
+  (which the function only sets by default) and left out of `model_args`: timm rebuilds the
+  same model from `HybridEmbed(backbone=tiny_resnetv2())`, not from the name.
+- `stem_only`: `vit_tiny_r_s16_p8_224` itself (its backbone is the stem alone, 64 wide),
+  shrunk through `model_args` only: timm rebuilds it from its name.
+
+Every tensor is random: GroupNorm weights around 1, convolution kernels with a per-channel
+scale from 3e-5 to 0.3 (so that where timm adds the standardisation's epsilon, to the variance,
+changes the outputs), the rest around 0. The images are 32x48: TF "SAME" pads the stem's 7x7/2
+convolution and 3x3/2 max pool unevenly in both directions. `timm_hybrid_reference.npz` keeps
+`<case>/images` (NHWC, in [-1, 1]: the statistics are 0.5), `<case>/outputs` (logits),
+`<case>/features` (`forward_features`), `<case>/state_dict_shapes` and `<case>/model_args`.
+"""
+
+import json
+import os
+from functools import partial
+
+import numpy as np
+import torch
+import torch.nn as nn
+
+FIXTURES = os.path.join(os.path.dirname(__file__), "..", "tests", "fixtures")
+FOLDER = os.path.join(FIXTURES, "timm_hybrid")
+KEEP = {"config.json", "model.safetensors"}
+IMAGE_SIZE = (32, 48)
+# case -> (timm architecture, model_args, the ResNetV2 in place of the name's, or None for the name's own)
+CASES = {
+    "resnet": ("vit_base_r50_s16_224", dict(img_size=list(IMAGE_SIZE), embed_dim=32, depth=1, num_heads=2,
+                                            num_classes=5), dict(layers=(2, 1), channels=(128, 256), stem_chs=32)),
+    "stem_only": ("vit_tiny_r_s16_p8_224", dict(img_size=list(IMAGE_SIZE), patch_size=2, embed_dim=24, depth=1,
+                                                num_heads=3, num_classes=4), None),
+}
+
+
+def tiny_resnetv2(layers, channels, stem_chs):
+    """A ResNetV2 built as timm's `_resnetv2` builds the hybrids' (no pre-activation, TF-SAME, eps 1e-8)."""
+    from timm.layers import StdConv2dSame
+    from timm.models.resnetv2 import ResNetV2
+
+    return ResNetV2(layers=layers, channels=channels, stem_chs=stem_chs, num_classes=0, global_pool="",
+                    preact=False, stem_type="same", conv_layer=partial(StdConv2dSame, eps=1e-8))
+
+
+def build(arch, model_args, backbone):
+    import timm
+    from timm.layers import HybridEmbed
+
+    extra = {} if backbone is None else dict(embed_layer=partial(HybridEmbed, backbone=tiny_resnetv2(**backbone)))
+    model = timm.create_model(arch, pretrained=False, **model_args, **extra).eval()
+    getattr(model, "_model_args", {}).pop("embed_layer", None)  # not JSON: timm has no keyword for it
+    return model
+
+
+def randomise(model, generator):
+    group_norms = {f"{name}.weight" for name, module in model.named_modules() if isinstance(module, nn.GroupNorm)}
+    layer_norms = {f"{name}.weight" for name, module in model.named_modules() if isinstance(module, nn.LayerNorm)}
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            noise = torch.randn(parameter.shape, generator=generator) * 0.2
+            if name in group_norms or name in layer_norms:
+                noise = noise + 1.0
+            elif parameter.ndim == 4 and "backbone" in name:
+                scale = 10 ** (torch.rand(parameter.shape[0], 1, 1, 1, generator=generator) * 4 - 4.5)
+                noise = noise * 5 * scale
+            parameter.copy_(noise)
+    missing = [name for name in model.state_dict() if name not in dict(model.named_parameters())]
+    if missing:
+        raise AssertionError(f"state-dict entries that are not parameters (not randomised): {missing}")
+
+
+def numpy(tensor):
+    return tensor.detach().cpu().numpy().astype(np.float32)
+
+
+def write_case(case, seed, out, save_timm_folder, record_case):
+    import timm
+
+    arch, model_args, backbone = CASES[case]
+    generator = torch.Generator().manual_seed(500 + seed)
+    rng = np.random.default_rng(500 + seed)
+    model = build(arch, model_args, backbone)
+    randomise(model, generator)
+    folder = os.path.join(FOLDER, case)
+    save_timm_folder(model, folder)
+    with open(os.path.join(folder, "config.json")) as f:
+        config = json.load(f)
+    if "embed_layer" in config.get("model_args", {}):
+        raise AssertionError("embed_layer leaked into model_args")
+    again = build(arch, model_args, backbone)
+    timm.models.load_checkpoint(again, os.path.join(folder, "model.safetensors"), strict=True)
+    images = rng.uniform(-1, 1, size=(2, *IMAGE_SIZE, 3)).astype(np.float32)
+    with torch.no_grad():
+        batch = torch.from_numpy(images.transpose(0, 3, 1, 2))
+        outputs, features = numpy(model(batch)), numpy(model.forward_features(batch))
+        if not (np.array_equal(outputs, numpy(again(batch)))
+                and np.array_equal(features, numpy(again.forward_features(batch)))):
+            raise AssertionError(f"{case}: timm read its own files back differently")
+    record_case(out, case, arch, model_args, model, images, outputs, features)
+    sizes = {name: os.path.getsize(os.path.join(folder, name)) for name in sorted(os.listdir(folder))}
+    print(f"{case} ({arch}): outputs {outputs.shape}, features {features.shape}, files {sizes}")
+
+
+def write_timm_hybrid(save_timm_folder, record_case):
+    """Write the cases through make_family_fixtures.py's `save_timm_folder` and `record_case`."""
+    import timm
+
+    print(f"timm {timm.__version__}, torch {torch.__version__}")
+    os.makedirs(FOLDER, exist_ok=True)
+    out = {}
+    for seed, case in enumerate(CASES):
+        write_case(case, seed, out, save_timm_folder, record_case)
+    out["timm_version"] = timm.__version__
+    path = os.path.join(FIXTURES, "timm_hybrid_reference.npz")
+    np.savez(path, **out)
+    print(f"timm hybrids: {len(out)} arrays in {path}")
