@@ -26,6 +26,8 @@ ACTIVATIONS = ("gelu_tanh", "gelu", "quick_gelu", "swiglu")
 # "token": the class token; "gap": the mean of the patch tokens (prefix tokens excluded); "map": multi-head
 # attention pooling with a learned probe (SigLIP, timm's AttentionPoolLatent).
 POOLINGS = ("token", "gap", "map")
+# "layer_norm": every norm is a LayerNorm; "rms_norm": every norm is an RMSNorm, no centring and no bias (AIMv2).
+NORMALIZATIONS = ("layer_norm", "rms_norm")
 # The pixel statistics of the paper's checkpoints (images scaled to [-1, 1]), and ImageNet's (DeiT, DINOv2).
 PAPER_PIXEL_STATISTICS = (0.5, 0.5, 0.5)
 IMAGENET_PIXEL_STATISTICS = {"input_mean": (0.485, 0.456, 0.406), "input_std": (0.229, 0.224, 0.225)}
@@ -67,6 +69,12 @@ class Architecture:
             (timm's `scale_attn_norm` and `scale_mlp_norm`, BEiT-3's).
         pool_include_prefix: average or attention pooling takes the prefix
             tokens too (timm's `pool_include_prefix`; `test_vit3`).
+        normalization: the kind of every norm of the model, one of
+            `NORMALIZATIONS` (timm's `norm_layer`; AIMv2's RMSNorm).
+        projection_bias: biases on attention's output projection and both
+            MLP layers (timm's `proj_bias`; AIMv2 has none).
+        patch_norm: a norm on the patch embeddings, before the position
+            embeddings (timm's `embed_norm_layer`; AIMv2).
         post_norm: each block normalises its branches' outputs, not their
             inputs (`x + LN(MSA(x))`, timm's `ResPostBlock`).
         layer_norm_epsilon: every LayerNorm's epsilon (1e-6 in the original
@@ -97,6 +105,9 @@ class Architecture:
     layer_scale: float = None
     mlp_activation: str = "gelu_tanh"
     post_norm: bool = False
+    normalization: str = "layer_norm"
+    projection_bias: bool = True
+    patch_norm: bool = False
     pool_include_prefix: bool = False
     attention_output_norm: bool = False
     mlp_hidden_norm: bool = False
@@ -132,6 +143,11 @@ class Architecture:
                              f"(1e-5 in DINOv2, 1e-6 in DeiT-III), or None for none; got {self.layer_scale!r}.")
         if self.fc_norm and not self.final_norm:
             raise ValueError("fc_norm=True places the final LayerNorm after pooling, but final_norm=False has none.")
+        if self.normalization not in NORMALIZATIONS:
+            raise ValueError(f"Unknown normalization {self.normalization!r}; expected one of {NORMALIZATIONS}.")
+        if self.normalization == "rms_norm" and self.classifier == "map":
+            raise ValueError("normalization='rms_norm' with classifier='map' is not supported: keras_vit's "
+                             "attention pooling has a LayerNorm (no timm architecture combines the two).")
         if self.resnet_epsilons not in RESNET_EPSILONS:
             raise ValueError(f"Unknown resnet_epsilons {self.resnet_epsilons!r}; expected one of "
                              f"{tuple(RESNET_EPSILONS)}.")

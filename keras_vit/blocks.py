@@ -14,8 +14,8 @@ import keras
 from keras import ops
 
 from keras_vit import kernels
-from keras_vit.architecture import ACTIVATIONS, LAYER_NORM_EPSILON
-from keras_vit.layer_norm import LayerNorm
+from keras_vit.architecture import ACTIVATIONS, LAYER_NORM_EPSILON, NORMALIZATIONS
+from keras_vit.layer_norm import LayerNorm, norm_layer
 
 
 def mlp_activation(x, activation):
@@ -89,7 +89,9 @@ class TransformerBlock(_QuantizableSublayers, keras.layers.Layer):
     `ResPostBlock`). `attention_output_norm` and `mlp_hidden_norm` add a
     LayerNorm before the attention's output projection and before the second
     MLP layer (timm's `scale_attn_norm` and `scale_mlp_norm`, BEiT-3's).
-    Attention is
+    `normalization="rms_norm"` makes every norm an RMSNorm and
+    `projection_bias=False` drops the biases of the attention output and
+    both MLP layers (AIMv2). Attention is
     `keras_vit.kernels.attention`, except when its weights are asked for
     (`return_attention_weights=True`) or attention dropout is active: then
     it is computed as explicit einsums, which expose the weights.
@@ -121,6 +123,8 @@ class TransformerBlock(_QuantizableSublayers, keras.layers.Layer):
         post_norm=False,
         attention_output_norm=False,
         mlp_hidden_norm=False,
+        normalization="layer_norm",
+        projection_bias=True,
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -146,6 +150,10 @@ class TransformerBlock(_QuantizableSublayers, keras.layers.Layer):
         self.post_norm = bool(post_norm)
         self.attention_output_norm = bool(attention_output_norm)
         self.mlp_hidden_norm = bool(mlp_hidden_norm)
+        if normalization not in NORMALIZATIONS:
+            raise ValueError(f"Unknown normalization {normalization!r}; expected one of {NORMALIZATIONS}.")
+        self.normalization = normalization
+        self.projection_bias = bool(projection_bias)
         self.seed = seed
         for name in ("dropout_rate", "attention_dropout_rate", "stochastic_depth_rate"):
             if not 0.0 <= getattr(self, name) < 1.0:
@@ -167,34 +175,30 @@ class TransformerBlock(_QuantizableSublayers, keras.layers.Layer):
         # Glorot over each of q, k and v (fan D -> D), as the original's three
         # separate projections, although they are stored as one (D, 3D) kernel.
         qkv_init = keras.initializers.VarianceScaling(2.0, "fan_avg", "uniform", seed=self._seed(0))
-        self.attention_norm = LayerNorm(
-            epsilon=self.layer_norm_epsilon, name="attention_norm", **plain
-        )
+        self.attention_norm = self._norm("attention_norm", plain)
         self.qkv = keras.layers.Dense(
             3 * hidden_size, kernel_initializer=qkv_init, use_bias=self.qkv_bias, name="qkv",
             dtype=self._sublayer_policy("qkv"), lora_rank=self._lora("qkv"),
         )
         if self.qk_norm:
-            self.query_norm = LayerNorm(epsilon=self.layer_norm_epsilon, name="query_norm", **plain)
-            self.key_norm = LayerNorm(epsilon=self.layer_norm_epsilon, name="key_norm", **plain)
+            self.query_norm = self._norm("query_norm", plain)
+            self.key_norm = self._norm("key_norm", plain)
         hidden_width = self.mlp_dim // 2 if self.activation == "swiglu" else self.mlp_dim
         if self.attention_output_norm:
-            self.attention_output_norm_layer = LayerNorm(epsilon=self.layer_norm_epsilon,
-                                                         name="attention_output_norm", **plain)
+            self.attention_output_norm_layer = self._norm("attention_output_norm", plain)
             self.attention_output_norm_layer.build(tuple(input_shape))
         if self.mlp_hidden_norm:
-            self.mlp_hidden_norm_layer = LayerNorm(epsilon=self.layer_norm_epsilon, name="mlp_hidden_norm", **plain)
+            self.mlp_hidden_norm_layer = self._norm("mlp_hidden_norm", plain)
             self.mlp_hidden_norm_layer.build((*tuple(input_shape)[:-1], hidden_width))
         self.attention_output = keras.layers.Dense(
             hidden_size,
             kernel_initializer=keras.initializers.GlorotUniform(seed=self._seed(1)),
+            use_bias=self.projection_bias,
             name="attention_output",
             dtype=self._sublayer_policy("attention_output"),
             lora_rank=self._lora("attention_output"),
         )
-        self.mlp_norm = LayerNorm(
-            epsilon=self.layer_norm_epsilon, name="mlp_norm", **plain
-        )
+        self.mlp_norm = self._norm("mlp_norm", plain)
         self.mlp_hidden = self._mlp_dense(self.mlp_dim, "mlp_hidden", seed_offset=2)
         self.mlp_output = self._mlp_dense(hidden_size, "mlp_output", seed_offset=4)
         # Attention probabilities stay float32 (softmax precision), whatever the policy.
@@ -241,9 +245,13 @@ class TransformerBlock(_QuantizableSublayers, keras.layers.Layer):
         """Distinct seeds per random op, so that equal seeds give unequal masks."""
         return None if self.seed is None else self.seed + offset
 
+    def _norm(self, name, plain):
+        return norm_layer(self.normalization, self.layer_norm_epsilon, name=name, **plain)
+
     def _mlp_dense(self, units, name, seed_offset):
         return keras.layers.Dense(
             units,
+            use_bias=self.projection_bias,
             kernel_initializer=keras.initializers.GlorotUniform(seed=self._seed(seed_offset)),
             bias_initializer=keras.initializers.RandomNormal(
                 stddev=1e-6, seed=self._seed(seed_offset + 1)
@@ -359,6 +367,10 @@ class TransformerBlock(_QuantizableSublayers, keras.layers.Layer):
             config.update(attention_output_norm=True)
         if self.mlp_hidden_norm:
             config.update(mlp_hidden_norm=True)
+        if self.normalization != "layer_norm":
+            config.update(normalization=self.normalization)
+        if not self.projection_bias:
+            config.update(projection_bias=False)
         if self.lora_rank:
             config.update(lora_rank=self.lora_rank, lora_targets=list(self.lora_targets))
         return self._with_quantized_sublayers(config)

@@ -36,3 +36,39 @@ class LayerNorm(keras.layers.LayerNormalization):
         )
         return ops.cast(outputs, self.compute_dtype)
 
+
+
+@keras.saving.register_keras_serializable(package="keras_vit")
+class RMSNorm(LayerNorm):
+    """RMSNorm over the last axis, `x / sqrt(mean(x**2) + epsilon) * gamma`, always computed in float32.
+
+    timm's `RmsNorm` (AIMv2): no centring and no bias. It keeps `LayerNorm`'s
+    `gamma` weight name, so a layout's table maps a norm's weight alike for
+    both kinds. (Keras' `rms_scaling=True` divides by the standard deviation,
+    not the root mean square, so it is not this function.)
+
+    Example:
+    >>> import numpy as np
+    >>> norm = RMSNorm(epsilon=1e-5, name="norm")
+    >>> np.round(np.asarray(norm(np.array([[3.0, -3.0, 3.0, -3.0]]))), 3).tolist()
+    [[1.0, -1.0, 1.0, -1.0]]
+    >>> [weight.path for weight in norm.weights]
+    ['norm/gamma']
+    """
+
+    def __init__(self, epsilon=1e-6, **kwargs):
+        kwargs.update(center=False, scale=True, rms_scaling=False)
+        super().__init__(epsilon=epsilon, **kwargs)
+
+    def call(self, inputs):
+        outputs = ops.rms_normalization(ops.cast(inputs, "float32"), scale=ops.cast(self.gamma, "float32"),
+                                        axis=self.axis, epsilon=self.epsilon)
+        return ops.cast(outputs, self.compute_dtype)
+
+
+NORMALIZATIONS = {"layer_norm": LayerNorm, "rms_norm": RMSNorm}
+
+
+def norm_layer(normalization, epsilon, **kwargs):
+    """A `LayerNorm` or `RMSNorm` (`normalization`, a key of `NORMALIZATIONS`) with `epsilon`."""
+    return NORMALIZATIONS[normalization](epsilon=epsilon, **kwargs)

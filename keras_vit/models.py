@@ -18,12 +18,12 @@ from keras_vit.layers import (
     AttentionPooling,
     ClassToken,
     InputNormalization,
-    LayerNorm,
     PatchEmbedding,
     RegisterTokens,
     TokenPooling,
     TransformerBlock,
     dtype_policy,
+    norm_layer,
 )
 from keras_vit.position_embedding import as_pair
 from keras_vit.resnet import apply_resnet
@@ -97,6 +97,9 @@ def ViT(
     post_norm=None,
     attention_output_norm=None,
     mlp_hidden_norm=None,
+    normalization=None,
+    projection_bias=None,
+    patch_norm=None,
 ):
     """Build a Vision Transformer (Dosovitskiy et al., 2020).
 
@@ -175,6 +178,10 @@ def ViT(
         post_norm: LayerNorm on each block's branch outputs (timm's `rpn`).
         attention_output_norm, mlp_hidden_norm: LayerNorms inside attention
             and the MLP (BEiT-3's).
+        normalization: `"layer_norm"` or `"rms_norm"`, the kind of every
+            norm (AIMv2's RMSNorm).
+        projection_bias: biases on attention's output and the MLP layers.
+        patch_norm: a norm on the patch embeddings (AIMv2's).
 
     Returns:
         A `keras.Model` mapping `(batch, height, width, 3)` images in [-1, 1]
@@ -199,7 +206,8 @@ def ViT(
                     final_norm=final_norm, norm_pre=norm_pre,
                     patch_bias=patch_bias, qkv_bias=qkv_bias, qk_norm=qk_norm, layer_scale=layer_scale,
                     mlp_activation=mlp_activation, layer_norm_epsilon=layer_norm_epsilon, post_norm=post_norm,
-                    attention_output_norm=attention_output_norm, mlp_hidden_norm=mlp_hidden_norm)
+                    attention_output_norm=attention_output_norm, mlp_hidden_norm=mlp_hidden_norm,
+                    normalization=normalization, projection_bias=projection_bias, patch_norm=patch_norm)
     if approximate_gelu is not None and mlp_activation is None:
         switches["mlp_activation"] = "gelu_tanh" if approximate_gelu else "gelu"
     resolve_architecture(architecture, classifier, switches)  # Bad switches fail before any download.
@@ -362,6 +370,8 @@ def _build(options, input_tensor):
                                     name="embedding")(x)
     if dynamic:
         x = keras.layers.Reshape((-1, sizes.hidden_size), name="flatten_patches")(patch_grid)
+    if architecture.patch_norm:
+        x = norm_layer(architecture.normalization, epsilon, name="patch_norm")(x)
     position = AddPositionEmbedding(
         grid_size,
         architecture.position_prefix_rows,
@@ -379,7 +389,7 @@ def _build(options, input_tensor):
         x = position(x, patch_grid=patch_grid) if dynamic else position(x)
     x = keras.layers.Dropout(options.dropout_rate, name="embedding_dropout")(x)
     if architecture.norm_pre:
-        x = LayerNorm(epsilon=epsilon, name="pre_norm")(x)
+        x = norm_layer(architecture.normalization, epsilon, name="pre_norm")(x)
     for index in range(sizes.num_layers):
         depth_rate = options.stochastic_depth_rate * index / max(sizes.num_layers - 1, 1)
         x = TransformerBlock(
@@ -395,11 +405,13 @@ def _build(options, input_tensor):
             post_norm=architecture.post_norm,
             attention_output_norm=architecture.attention_output_norm,
             mlp_hidden_norm=architecture.mlp_hidden_norm,
+            normalization=architecture.normalization,
+            projection_bias=architecture.projection_bias,
             layer_norm_epsilon=epsilon,
             name=f"encoderblock_{index}",
         )(x)
     if architecture.final_norm and not architecture.fc_norm:
-        x = LayerNorm(epsilon=epsilon, name="encoder_norm")(x)
+        x = norm_layer(architecture.normalization, epsilon, name="encoder_norm")(x)
 
     pooling = architecture.classifier if options.include_top else options.pooling
     pooled_from = 0 if architecture.pool_include_prefix and pooling != "token" else num_prefix_tokens
@@ -410,7 +422,7 @@ def _build(options, input_tensor):
     elif pooling is not None:
         x = TokenPooling(pooling, pooled_from, name="pool")(x)
     if pooling is not None and architecture.fc_norm:
-        x = LayerNorm(epsilon=epsilon, name="fc_norm")(x)
+        x = norm_layer(architecture.normalization, epsilon, name="fc_norm")(x)
     if options.include_top:
         if options.representation_size:
             x = keras.layers.Dense(options.representation_size, activation="tanh", name="pre_logits")(x)

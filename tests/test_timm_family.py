@@ -159,7 +159,7 @@ def test_attention_maps_and_inspect_read_the_model_with_registers(reference, tmp
     assert {"attention_rollout", "mean_attention_distance", "position_embedding_similarity"} <= set(written)
 
 
-@pytest.mark.parametrize("case", ["siglip_map", "dinov2_reg"])
+@pytest.mark.parametrize("case", ["siglip_map", "dinov2_reg", "aimv2"])
 def test_onnx_export_of_family_models_keeps_timms_outputs(case, reference, tmp_path):
     ort = pytest.importorskip("onnxruntime")
     pytest.importorskip("tf2onnx" if keras.backend.backend() in ("tensorflow", "jax") else "onnx")
@@ -207,6 +207,7 @@ def test_family_table_gives_what_the_tensors_cannot(tmp_path):
 @pytest.mark.parametrize("case, switch, attention_shapes", [
     ("post_norm", "post_norm", [(2, 3, 16, 16)] * 2),
     ("inner_norms", "mlp_hidden_norm", [(2, 3, 17, 17)]),
+    ("aimv2", "patch_norm", [(2, 3, 4, 4)]),
 ])
 def test_new_block_options_work_with_attention_maps_lora_int8_and_keras_files(case, switch, attention_shapes,
                                                                               reference, tmp_path):

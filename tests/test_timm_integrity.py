@@ -91,8 +91,14 @@ def test_pool_include_prefix_in_model_args_averages_the_register_tokens_too(tmp_
 
 
 def test_a_model_args_key_keras_vit_does_not_compute_is_refused(tmp_path):
-    folder = copy("deit", tmp_path, model_args={"proj_bias": False})
-    refused(folder, r"model_args.proj_bias is False, which keras_vit does not compute")
+    folder = copy("deit", tmp_path, model_args={"attn_layer": "diff"})
+    refused(folder, r"model_args.attn_layer is 'diff', which keras_vit does not compute")
+    folder = copy("deit", tmp_path / "1", model_args={"norm_layer": "rmsnorm"})
+    refused(folder, r"deit/config.json: model_args.norm_layer is not a VisionTransformer argument keras_vit computes")
+    # proj_bias is computed (AIMv2): False where the file has the biases is a disagreement, named.
+    folder = copy("deit", tmp_path / "3", model_args={"proj_bias": False})
+    refused(folder, r"does not hold timm's 'deit_small_patch16_224' as its config.json sets it: it has "
+                    r"blocks.0.attn.proj.bias \(proj_bias=False\)")
     folder = copy("deit", tmp_path / "2", model_args={"frobnicate": 3})
     refused(folder, r"deit/config.json: model_args.frobnicate is not a VisionTransformer argument keras_vit computes")
 
@@ -160,13 +166,28 @@ def test_loading_at_another_size_gives_timms_own_load_at_that_size(case, size):
     np.testing.assert_allclose(np.asarray(model.predict(images, verbose=0)), outputs, atol=1e-5, rtol=0)
 
 
-def test_a_norm_without_bias_is_named_rmsnorm_not_a_missing_beta(tmp_path):
-    tensors = load_file(os.path.join(FAMILY, "deit", "model.safetensors"))
-    del tensors["norm.bias"]
-    save_file(tensors, tmp_path / "rms.safetensors")
-    with pytest.raises(CheckpointError, match=r"rms.safetensors has norms with a weight but no bias \(\['norm.weight'\]\): "
-                                              r"RMSNorm, which is not supported yet"):
-        keras_vit.from_pretrained(str(tmp_path / "rms.safetensors"))
+def test_norms_without_biases_are_rmsnorms_and_must_be_the_architectures(tmp_path):
+    folder = copy("deit", tmp_path, drop=("blocks.0.norm1.bias", "blocks.0.norm2.bias", "blocks.1.norm1.bias",
+                                          "blocks.1.norm2.bias", "norm.bias"))
+    refused(folder, r"does not hold timm's 'deit_small_patch16_224' as its config.json sets it: it lacks norm biases "
+                    r"\(blocks.0.norm1.bias\): RMSNorms where the architecture's norm_layer is LayerNorm")
+    folder = copy("deit", tmp_path / "1", drop=("norm.bias",))
+    refused(folder, r"lacks 1 tensors of the model its config.json describes \(architecture: "
+                    r"\"deit_small_patch16_224\", depth: 2\): \['norm.bias'\]")
+    folder = copy("aimv2", tmp_path / "2", architecture="vit_small_patch16_224",
+                  model_args={"img_size": 28, "mlp_ratio": 5.5, "global_pool": "avg", "class_token": False})
+    refused(folder, r"aimv2/model.safetensors does not hold timm's 'vit_small_patch16_224' as its config.json sets "
+                    r"it: .*it lacks blocks.0.attn.qkv.bias \(qkv_bias=True\); .*it has patch_embed.norm.weight "
+                    r"\(embed_norm_layer None\); .*it lacks norm biases .*it has a SwiGLU MLP \(blocks.0.mlp.fc1_g and fc1_x, or "
+                    r"an fc1 twice fc2's width\) where the architecture's is plain")
+    tensors = load_file(os.path.join(FAMILY, "aimv2", "model.safetensors"))  # AIMv2's SwiGLU packed as DINOv2's
+    for block in (0,):
+        pieces = [tensors.pop(f"blocks.{block}.mlp.fc1_{part}.weight") for part in "gx"]
+        tensors[f"blocks.{block}.mlp.fc1.weight"] = np.concatenate(pieces, 0)
+    folder = copy("aimv2", tmp_path / "4")
+    save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
+    refused(folder, r"it keeps its SwiGLU packed in blocks.0.mlp.fc1.weight where the architecture's has fc1_g and "
+                    r"fc1_x")
 
 
 def test_a_table_of_no_square_grid_says_the_file_states_no_grid(tmp_path):

@@ -155,8 +155,8 @@ def rewrite(tmp_path, change):
 
 def test_layouts_that_are_not_timm_vits_are_refused_by_name(tmp_path):
     scaled = rewrite(tmp_path, lambda t: t.update({"blocks.0.mlp.fc1_g.weight": np.ones((48, 24), "float32")}))
-    with pytest.raises(CheckpointError, match=r"is a timm ViT with an unpacked SwiGLU MLP \(fc1_g, fc1_x\) "
-                                              r"\(\['blocks.0.mlp.fc1_g.weight'\]\)"):
+    with pytest.raises(CheckpointError, match=r"holds \['blocks.0.mlp.fc1_g.weight'\] but not its other part "
+                                              r"blocks.0.mlp.fc1_x.weight: the pieces of one weight come together"):
         keras_vit.ViT(**TIMM, num_heads=3, weights=scaled)
     other = rewrite(tmp_path, lambda t: t.update({"encoder.layer.0.weight": np.ones(3, "float32")}))
     with pytest.raises(CheckpointError, match=r"has 1 tensors that are not in timm's VisionTransformer layout: "

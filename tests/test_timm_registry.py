@@ -24,6 +24,8 @@ SIZES = ("patch_size", "embed_dim", "depth", "num_heads", "mlp_ratio", "img_size
 NEUTRAL = ("dynamic_img_size", "pretrained_strict")
 # timm's SwiGLUPacked: GluMlp with SiLU, the gate in the first half.
 SWIGLU_PACKED = {"act_layer": "SiLU", "gate_last": False, "partial": "GluMlp"}
+# timm's norm classes -> keras_vit's normalization.
+NORMS = {"LayerNorm": "layer_norm", "RmsNorm": "rms_norm"}
 
 
 def timm_backbone(kwargs):
@@ -45,14 +47,25 @@ def timm_switches(kwargs):
     switches = {key: value for key, value in kwargs.items() if key not in SIZES + NEUTRAL + ("embed_layer",)}
     norm = switches.pop("norm_layer", None)
     if norm is not None:
-        if not (isinstance(norm, dict) and norm.get("partial") == "LayerNorm" and set(norm) == {"partial", "eps"}):
+        if norm == "rmsnorm":  # timm's get_norm_layer: RmsNorm at its default epsilon 1e-6
+            switches["norm_layer"] = "rms_norm"
+        elif isinstance(norm, dict) and norm.get("partial") in NORMS and set(norm) == {"partial", "eps"}:
+            switches["norm_eps"] = norm["eps"]
+            if NORMS[norm["partial"]] != "layer_norm":
+                switches["norm_layer"] = NORMS[norm["partial"]]
+        else:
             return None
-        switches["norm_eps"] = norm["eps"]
+    embed_norm = switches.pop("embed_norm_layer", None)
+    if embed_norm is not None:
+        if not (isinstance(embed_norm, dict) and NORMS.get(embed_norm.get("partial")) == switches.get("norm_layer")
+                and embed_norm.get("eps") == switches.get("norm_eps")):
+            return None
+        switches["embed_norm_layer"] = switches["norm_layer"]
     mlp = switches.pop("mlp_layer", None)
     if mlp is not None:
-        if mlp != SWIGLU_PACKED:
+        if mlp not in (SWIGLU_PACKED, "SwiGLU"):
             return None
-        switches["mlp_layer"] = "swiglu_packed"
+        switches["mlp_layer"] = "swiglu_packed" if mlp == SWIGLU_PACKED else "swiglu"
         if switches.get("act_layer") in ("SiLU", "silu"):
             del switches["act_layer"]
     if set(switches) - set(timm_families.SWITCH_KEYWORDS) or switches.get("block_fn", "Block") not in timm_families.BLOCKS:
@@ -88,8 +101,8 @@ def test_the_table_holds_every_architecture_keras_vit_can_compute():
     computable = {name for name, timm in TIMM.items() if timm["class"] == "VisionTransformer"
                   and timm_switches(timm["kwargs"]) is not None}
     assert computable == set(ARCHITECTURES)
-    assert len(ARCHITECTURES) >= 162
-    assert sum(len(TIMM[name]["tags"]) for name in ARCHITECTURES) >= 320
+    assert len(ARCHITECTURES) >= 175
+    assert sum(len(TIMM[name]["tags"]) for name in ARCHITECTURES) >= 334
 
 
 def test_base_patch32_plus_has_timms_14_heads():
@@ -121,6 +134,6 @@ def test_perception_encoder_names_are_refused_as_rope():
 
 
 def test_a_name_timm_does_not_have_is_refused_by_the_catch_all():
-    with pytest.raises(CheckpointError, match=r"^c.json: timm's 'vit_made_up_patch16_224' is not one of the 162 timm "
+    with pytest.raises(CheckpointError, match=r"^c.json: timm's 'vit_made_up_patch16_224' is not one of the 175 timm "
                                               r"ViT architectures keras_vit computes"):
         timm_architecture("vit_made_up_patch16_224", where="c.json")

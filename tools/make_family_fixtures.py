@@ -105,6 +105,10 @@ CASES = {
     "post_norm": ("vit_base_patch16_rpn_224", dict(SMALL, num_classes=5)),
     "inner_norms": ("beit3_base_patch16_224", dict(SMALL, depth=1, num_classes=4)),
     "pool_include_prefix": ("test_vit3", dict(SMALL, depth=1, num_classes=0)),
+    # RmsNorm everywhere and on the patches, the unpacked SwiGLU (fc1_g, fc1_x), no biases but the patches'.
+    "aimv2": ("aimv2_large_patch14_224", dict(DINO, patch_size=14, depth=1, num_classes=5)),
+    # timm's own RmsNorm test model (the norm at its default epsilon, fc_norm an RmsNorm too).
+    "rms_norm": ("test_vit4", dict(SMALL, depth=1, num_classes=0)),
 }
 DYNAMIC_SIZE = (42, 28)  # dinov2_reg's dynamic_img_size images (height, width), a 6x4 grid from a 4x4 table.
 
@@ -188,7 +192,9 @@ def switches(model):
         "layer_scale": not isinstance(getattr(block, "ls1", nn.Identity()), nn.Identity),  # ResPostBlock has none
         "layer_scale_type": type(getattr(block, "ls1", nn.Identity())).__name__,
         "mlp_type": type(mlp).__name__,
-        "mlp_fc1": list(mlp.fc1.weight.shape),
+        "mlp_fc1": list(mlp.fc1.weight.shape) if hasattr(mlp, "fc1") else  # SwiGLU: fc1_g and fc1_x
+        [list(mlp.fc1_g.weight.shape), list(mlp.fc1_x.weight.shape)],
+        "proj_bias": attn.proj.bias is not None,
         "mlp_fc2": list(mlp.fc2.weight.shape),
         "mlp_gate_last": getattr(mlp, "gate_last", None),
         "mlp_norm": norm_info(mlp.norm),

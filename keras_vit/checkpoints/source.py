@@ -238,7 +238,8 @@ def source_from_state(description, state, grid_size=None, num_heads=None, archit
 def architecture_from_state(state, grid_size=None, **known):
     """The `Architecture` that keras_vit-named `state` shows, with `known` fields from the file's layout or config.
 
-    The tensors show the prefix tokens, the norms, the biases, layer scale,
+    The tensors show the prefix tokens, the norms (and whether they are
+    RMSNorms: a weight without a bias), the biases, layer scale,
     query/key normalisation, attention pooling and a gated (SwiGLU) MLP;
     whether the prefix tokens have position embeddings follows from the
     table's length (and `grid_size`, where the file states it). The
@@ -279,6 +280,11 @@ def architecture_from_state(state, grid_size=None, **known):
         qk_norm="encoderblock_0/query_norm/gamma" in names,
         attention_output_norm="encoderblock_0/attention_output_norm/gamma" in names,
         mlp_hidden_norm="encoderblock_0/mlp_hidden_norm/gamma" in names,
+        normalization="rms_norm" if "encoderblock_0/attention_norm/gamma" in names
+        and "encoderblock_0/attention_norm/beta" not in names else "layer_norm",
+        projection_bias="encoderblock_0/attention_output/bias" in names
+        or "encoderblock_0/attention_output/kernel" not in names,
+        patch_norm="patch_norm/gamma" in names,
         layer_scale=1e-5 if "encoderblock_0/attention_layer_scale" in names else None,
     )
     fields.update({key: value for key, value in known.items() if value is not None})
@@ -344,6 +350,9 @@ def architecture_of(model):
             layers.get("attention_pool") or pool, "num_prefix_tokens", prefix) == 0,
         attention_output_norm=block.attention_output_norm,
         mlp_hidden_norm=block.mlp_hidden_norm,
+        normalization=block.normalization,
+        projection_bias=block.projection_bias,
+        patch_norm="patch_norm" in layers,
         mlp_activation=block.activation,
         layer_norm_epsilon=block.layer_norm_epsilon,
         **_pixel_statistics(layers.get("input_normalization")),

@@ -35,11 +35,16 @@ def _always(architecture):
 
 
 def _pair(prefix, when):
-    return {f"{prefix}/gamma": when, f"{prefix}/beta": when}
+    """A norm's weights: an RMSNorm has no bias."""
+    return {f"{prefix}/gamma": when, f"{prefix}/beta": lambda a: when(a) and a.normalization == "layer_norm"}
 
 
 def _dense(prefix, when=_always, bias=_always):
     return {f"{prefix}/kernel": when, f"{prefix}/bias": lambda a: when(a) and bias(a)}
+
+
+def _projection_bias(architecture):
+    return architecture.projection_bias
 
 
 def _attention_pooling(architecture):
@@ -52,6 +57,7 @@ MODEL_WEIGHTS = {
     "register_tokens/registers": lambda a: a.register_tokens > 0,
     "position_embedding/pos_embedding": _always,
     **_dense("embedding", bias=lambda a: a.patch_bias),
+    **_pair("patch_norm", lambda a: a.patch_norm),
     **_pair("pre_norm", lambda a: a.norm_pre),
     **_pair("encoder_norm", lambda a: a.final_norm and not a.fc_norm),
     **_pair("fc_norm", lambda a: a.fc_norm),
@@ -64,10 +70,10 @@ MODEL_WEIGHTS = {
 BLOCK_WEIGHTS = {
     **_pair("attention_norm", _always),
     **_dense("qkv", bias=lambda a: a.qkv_bias),
-    **_dense("attention_output"),
+    **_dense("attention_output", bias=_projection_bias),
     **_pair("mlp_norm", _always),
-    **_dense("mlp_hidden"),
-    **_dense("mlp_output"),
+    **_dense("mlp_hidden", bias=_projection_bias),
+    **_dense("mlp_output", bias=_projection_bias),
     "attention_layer_scale": lambda a: a.layer_scale is not None,
     "mlp_layer_scale": lambda a: a.layer_scale is not None,
     **_pair("query_norm", lambda a: a.qk_norm),
@@ -119,6 +125,11 @@ class TensorLayout:
             file (a text tower), left aside.
         qkv: block name -> `(query|key|value, weight|bias)` where the file
             keeps the projections apart; they are fused into one kernel.
+        packed: block name -> `(path, part, parts)`: the file keeps one
+            keras_vit weight in `parts` pieces along its output axis (timm's
+            unpacked SwiGLU, `fc1_g` then `fc1_x`), joined in `part` order.
+            A file holds either these pieces or the `block` name of the
+            same weight.
         reshaped: file name -> `(function(value) -> {path: array}, paths)`
             for tensors stored another way than keras_vit's.
         hint: appended to the error for names the table does not know.
@@ -132,6 +143,7 @@ class TensorLayout:
     ignored: tuple = ()
     other_model: tuple = ()
     qkv: dict = dataclasses.field(default_factory=dict)
+    packed: dict = dataclasses.field(default_factory=dict)
     reshaped: dict = dataclasses.field(default_factory=dict)
     hint: str = ""
 
@@ -159,7 +171,7 @@ class TensorLayout:
         `expected`: `(architecture, depth, settings)` of the model a config describes, whose tensors the file
         must hold exactly (`check_complete`).
         """
-        state, qkv, unknown = {}, {}, []
+        state, qkv, packed, unknown = {}, {}, {}, []
         for original in tensors:
             name = self.own_name(original)
             if name is None or name in self.ignored:
@@ -174,6 +186,9 @@ class TensorLayout:
                 state[f"encoderblock_{index}/{_path(self.block[rest])}"] = torch_to_keras(rest, value)
             elif rest in self.qkv:
                 qkv.setdefault(index, {})[self.qkv[rest]] = torch_to_keras(rest, value)
+            elif rest in self.packed:
+                path, part, _ = self.packed[rest]
+                packed.setdefault(f"encoderblock_{index}/{path}", {})[part] = (original, torch_to_keras(rest, value))
             else:
                 unknown.append(original)
         if unknown:
@@ -182,11 +197,25 @@ class TensorLayout:
         if expected:
             self.check_complete(list(tensors), *expected, description)
         fuse_qkv(qkv, state, description)
+        self._join_packed(packed, state, description)
         return state
 
-    def file_names(self, path, architecture=None):
+    def _join_packed(self, packed, state, description):
+        for path, parts in packed.items():
+            rest = path.partition("/")[2]
+            pieces = {part: name for name, (ours, part, _) in self.packed.items() if ours == rest}
+            missing = [name for part, name in sorted(pieces.items()) if part not in parts]
+            if missing:
+                found = preview([original for original, _ in parts.values()], 3)
+                raise CheckpointError(f"{description} holds {found} but not its other part "
+                                      f"{self.block_prefix}{path.partition('/')[0].removeprefix('encoderblock_')}."
+                                      f"{missing[0]}: the pieces of one weight come together. Nothing was loaded.")
+            state[path] = np.concatenate([parts[part][1] for part in sorted(parts)], -1)
+
+    def file_names(self, path, architecture=None, present=()):
         """The file's names (after `strip`) of keras_vit's weight `path` (for `architecture`, where the layout
-        names it by the architecture): one, or the three of a split q/k/v."""
+        names it by the architecture): one, the three of a split q/k/v, or the `packed` pieces where any of
+        them is among the file's names `present`."""
         def named(table, ours):
             return [name for name, value in table.items() if _path(value) == ours
                     and (architecture is None or not isinstance(value, tuple) or value[1](architecture))]
@@ -196,6 +225,9 @@ class TensorLayout:
             prefix = f"{self.block_prefix}{block[len('encoderblock_'):]}."
             field = {"qkv/kernel": "weight", "qkv/bias": "bias"}.get(rest)
             names = named(self.block, rest) + [name for name, (_, kind) in self.qkv.items() if kind == field]
+            pieces = [prefix + name for name, (ours, _, _) in self.packed.items() if ours == rest]
+            if pieces and set(pieces) & set(present):
+                return pieces
             return [prefix + name for name in names]
         return named(self.top, path) + [name for name, (_, paths) in self.reshaped.items() if path in paths]
 
@@ -208,7 +240,7 @@ class TensorLayout:
         own = set(self.own_names(names)) - set(self.ignored)
         wanted = set()
         for path in expected_weights(architecture, depth):
-            wanted.update(self.file_names(path, architecture))
+            wanted.update(self.file_names(path, architecture, own))
         for group in OPTIONAL_GROUPS:
             files = {name for path in group for name in self.file_names(path)}
             if own & files:
@@ -224,13 +256,25 @@ class TensorLayout:
             raise CheckpointError(f"{description} has {len(extra)} tensors that the model its config.json "
                                   f"describes ({settings}) has not: {preview(extra, 5)}{under}.")
 
-    def write(self, state):
-        """A state dict in this layout (PyTorch's shapes) from keras_vit's `state`; a weight with no place is refused."""
+    def write(self, state, unpacked=False):
+        """A state dict in this layout (PyTorch's shapes) from keras_vit's `state`; a weight with no place is refused.
+
+        `unpacked`: write the weights that `packed` declares in their pieces.
+        """
         tops = {_path(ours): name for name, ours in self.top.items()}
         blocks = {_path(ours): name for name, ours in self.block.items()}
+        pieces = {}
+        for name, (ours, part, parts) in self.packed.items():
+            pieces.setdefault(ours, []).append((part, parts, name))
         tensors = {}
         for path, value in state.items():
             block, _, rest = path.partition("/")
+            if block.startswith("encoderblock_") and unpacked and rest in pieces:
+                prefix = f"{self.block_prefix}{block.removeprefix('encoderblock_')}."
+                for part, parts, name in pieces[rest]:
+                    piece = np.split(value, parts, axis=-1)[part]
+                    tensors[prefix + name] = np.ascontiguousarray(keras_to_torch(name, piece).astype("float32"))
+                continue
             if block.startswith("encoderblock_") and rest in blocks:
                 name = f"{self.block_prefix}{block.removeprefix('encoderblock_')}.{blocks[rest]}"
             elif path in tops:

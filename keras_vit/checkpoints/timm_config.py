@@ -18,6 +18,7 @@ from keras_vit.checkpoints.timm_families import (
     INFERENCE_NEUTRAL_KEYWORDS,
     SIZE_KEYWORDS,
     SWITCH_KEYWORDS,
+    TABLE_ONLY_KEYWORDS,
 )
 
 
@@ -50,7 +51,7 @@ def model_args_of(config, where):
                 raise CheckpointError(f"{where}: model_args.{key} is {value!r}, which keras_vit does not compute "
                                       f"(only timm's default {DEFAULT_ONLY_KEYWORDS[key]!r}); nothing was loaded.")
             continue
-        if key not in SWITCH_KEYWORDS or key in ("norm_eps", "mlp_layer"):
+        if key not in SWITCH_KEYWORDS or key in TABLE_ONLY_KEYWORDS:
             raise CheckpointError(f"{where}: model_args.{key} is not a VisionTransformer argument keras_vit "
                                   "computes; nothing was loaded.")
         kind, accepted = _SWITCH_TYPES.get(key, _FLAG)
@@ -79,8 +80,10 @@ def checked_sizes(state, entry, args, name, path, where):
                  embed_dim=(int(kernel.shape[-1]), "patch_embed.proj.weight"),
                  depth=(len({key.split("/")[0] for key in state if key.startswith("encoderblock_")}), "blocks.*"))
     if mlp is not None:
-        sizes["mlp_dim"] = int(sizes["embed_dim"] * ratio)
-        found["mlp_dim"] = (int(mlp.shape[-1]), "blocks.0.mlp.fc1.weight")
+        pieces = 2 if entry.switches.get("mlp_layer") == "swiglu" else 1  # fc1_g and fc1_x, each of the ratio
+        sizes["mlp_dim"] = pieces * int(sizes["embed_dim"] * ratio)
+        found["mlp_dim"] = (int(mlp.shape[-1]), "blocks.0.mlp.fc1.weight" if pieces == 1 else
+                            "blocks.0.mlp.fc1_g.weight and fc1_x.weight")
     for key, (value, tensor) in found.items():
         if value != sizes[key] and not (key == "patch_size" and kernel.shape[0] != kernel.shape[1]):
             given = f"model_args.{key}" if key in args else (
@@ -107,13 +110,25 @@ _SWITCH_TENSORS = {
     "attention_output_norm": ("blocks.0.attn.norm.weight", "scale_attn_norm={}"),
     "mlp_hidden_norm": ("blocks.0.mlp.norm.weight", "scale_mlp_norm={}"),
     "layer_scale": ("blocks.0.ls1.gamma", "init_values {}", lambda scale: "set" if scale else "None"),
+    "projection_bias": ("blocks.0.attn.proj.bias", "proj_bias={}"),
+    "patch_norm": ("patch_embed.norm.weight", "embed_norm_layer {}", lambda norm: "set" if norm else "None"),
 }
 
 
-def check_tensors_agree(state, architecture, name, path):
-    """Refuse tensors that the architecture does not have, or lack, naming both."""
+def check_tensors_agree(state, architecture, name, path, unpacked=(False, False)):
+    """Refuse tensors that the architecture does not have, or lack, naming both.
+
+    `unpacked`: whether timm's model function keeps a SwiGLU in two tensors
+    (AIMv2's `fc1_g`, `fc1_x`) rather than one (`fc1`, DINOv2 giant's), and
+    whether the file does; they must agree.
+    """
     shown = architecture_from_state(state, None)
     problems = []
+    declared, found = unpacked
+    if architecture.mlp_activation == "swiglu" and shown.mlp_activation == "swiglu" and declared != found:
+        problems.append("keeps its SwiGLU " + ("packed in blocks.0.mlp.fc1.weight where the architecture's has "
+                                               "fc1_g and fc1_x" if declared else "in blocks.0.mlp.fc1_g and fc1_x "
+                                               "where the architecture's packs it in fc1"))
     for field, (tensor, setting, *shown_as) in _SWITCH_TENSORS.items():
         expected, found = bool(getattr(architecture, field)), bool(getattr(shown, field))
         if expected != found:
@@ -129,10 +144,15 @@ def check_tensors_agree(state, architecture, name, path):
     if final != ("encoder_norm/gamma" in state):
         problems.append(f"{'lacks' if final else 'has'} norm.weight (the final norm; final_norm is "
                         f"{architecture.final_norm}, fc_norm {architecture.fc_norm})")
+    if architecture.normalization != shown.normalization:
+        rms = architecture.normalization == "rms_norm"
+        problems.append(f"{'has' if rms else 'lacks'} norm biases (blocks.0.norm1.bias): "
+                        f"{'Layer' if rms else 'RMS'}Norms where the architecture's norm_layer is "
+                        f"{'RmsNorm' if rms else 'LayerNorm'}")
     if (architecture.mlp_activation == "swiglu") != (shown.mlp_activation == "swiglu"):
-        problems.append("has a " + ("plain" if architecture.mlp_activation == "swiglu" else "packed SwiGLU") +
-                        " MLP (blocks.0.mlp.fc1.weight, fc2) where the architecture's is " +
-                        ("a packed SwiGLU" if architecture.mlp_activation == "swiglu" else "plain"))
+        problems.append("has a plain MLP (blocks.0.mlp.fc1.weight) where the architecture's is a SwiGLU"
+                        if architecture.mlp_activation == "swiglu" else "has a SwiGLU MLP (blocks.0.mlp.fc1_g and "
+                        "fc1_x, or an fc1 twice fc2's width) where the architecture's is plain")
     if problems:
         raise CheckpointError(f"{path} does not hold timm's {name!r} as its config.json sets it: it "
                               + "; it ".join(problems) + ". Nothing was loaded.")

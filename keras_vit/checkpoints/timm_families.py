@@ -32,14 +32,15 @@ from keras_vit.checkpoints.source import CheckpointError
 SIZE_KEYWORDS = ("img_size", "patch_size", "embed_dim", "depth", "num_heads", "mlp_ratio", "num_classes", "in_chans")
 SWITCH_KEYWORDS = ("class_token", "reg_tokens", "no_embed_class", "global_pool", "fc_norm", "pre_norm",
                    "final_norm", "qkv_bias", "qk_norm", "init_values", "act_layer", "norm_eps", "mlp_layer",
-                   "block_fn", "scale_attn_norm", "scale_mlp_norm", "pool_include_prefix")
+                   "block_fn", "scale_attn_norm", "scale_mlp_norm", "pool_include_prefix", "proj_bias", "norm_layer",
+                   "embed_norm_layer")
+# Switches only a model function sets (classes in timm, names here): never taken from model_args.
+TABLE_ONLY_KEYWORDS = ("norm_eps", "mlp_layer", "norm_layer", "embed_norm_layer")
 INFERENCE_NEUTRAL_KEYWORDS = ("drop_rate", "pos_drop_rate", "patch_drop_rate", "proj_drop_rate", "attn_drop_rate",
                               "drop_path_rate", "weight_init", "fix_init", "dynamic_img_size")
 # Keywords keras_vit computes only at timm's default value (a file that changes them is refused).
 DEFAULT_ONLY_KEYWORDS = {"padding_same": True, "dynamic_img_pad": False, "pos_embed": "learn",
-                         "proj_bias": True,
-                         "embed_norm_layer": None, "block_fn": "Block", "attn_layer": "Attention",
-                         "embed_layer": "PatchEmbed", "mlp_layer": "Mlp", "norm_layer": None}
+                         "block_fn": "Block", "attn_layer": "Attention", "embed_layer": "PatchEmbed", "mlp_layer": "Mlp"}
 # act_layer (as timm's get_act_layer takes it) -> keras_vit's mlp_activation; timm's default is exact GELU.
 ACTIVATIONS = {None: "gelu", "gelu": "gelu", "gelu_tanh": "gelu_tanh", "quick_gelu": "quick_gelu"}
 POOLS = {"token": "token", "avg": "gap", "map": "map"}
@@ -68,8 +69,9 @@ class TimmArchitecture:
 
     @property
     def mlp_dim(self):
-        """The width of the MLP's first layer (both halves of a packed SwiGLU), as timm's `int(dim * mlp_ratio)`."""
-        return int(self.embed_dim * self.mlp_ratio)
+        """keras_vit's width of the MLP's first layer: timm's `int(dim * mlp_ratio)`, which a packed SwiGLU halves
+        and an unpacked one (AIMv2's `fc1_g`, `fc1_x`) has twice."""
+        return int(self.embed_dim * self.mlp_ratio) * (2 if self.switches.get("mlp_layer") == "swiglu" else 1)
 
 
 def _timm(patch_size, image_size, embed_dim, depth, num_heads, mlp_ratio=4.0, resize=DEFAULT_RESIZE,
@@ -86,6 +88,13 @@ def _hybrid(patch_size, image_size, embed_dim, depth, num_heads, resnet_layers):
     return _timm(patch_size, image_size, embed_dim, depth, num_heads, resnet_layers=resnet_layers, resnet_width=64)
 
 
+def _aimv2(image_size, embed_dim, num_heads, mlp_ratio):
+    """AIMv2: RMSNorm (1e-5) everywhere and on the patches, an unpacked SwiGLU, no biases but the patches'."""
+    return _timm(14, image_size, embed_dim, 24, num_heads, mlp_ratio, class_token=False, fc_norm=False,
+                 global_pool="avg", qkv_bias=False, proj_bias=False, norm_layer="rms_norm",
+                 embed_norm_layer="rms_norm", norm_eps=1e-05, mlp_layer="swiglu")
+
+
 # Why timm architectures outside the table are refused, by name (first match).
 REFUSED = (
     (r"rope|dinov3|^vit_pe_|^eva02|sapiens2|lingbot", "RoPE ViTs are not supported yet (timm's Eva class: "
@@ -94,14 +103,24 @@ REFUSED = (
     (r"^vit_\w*_mci_|^vitamin_",
      "a convolutional stem before the patches that is not a ResNet (MobileCLIP's ConvStem, ViTamin's MbConv "
      "stages; keras_vit reads timm's ResNetV2 hybrids)"),
-    (r"^aimv2_", "RMSNorm and an unpacked SwiGLU without biases (AIMv2); RMSNorm is not supported yet"),
     (r"_xp_|_pwee_|_dpwee_|_18x2_", "parallel blocks (timm's ParallelScalingBlock or ParallelThingsBlock)"),
     (r"_dwee_|_dlittle_", "differential attention (timm's DiffAttention)"),
-    (r"^test_vit4$", "RMSNorm, which is not supported yet"),
     (r"distilled", "a distillation token and head (DeiT distilled)"),
 )
 
 ARCHITECTURES = {
+    "aimv2_1b_patch14_224": _aimv2(224, 2048, 16, 2.75),
+    "aimv2_1b_patch14_336": _aimv2(336, 2048, 16, 2.75),
+    "aimv2_1b_patch14_448": _aimv2(448, 2048, 16, 2.75),
+    "aimv2_3b_patch14_224": _aimv2(224, 3072, 24, 2.6667),
+    "aimv2_3b_patch14_336": _aimv2(336, 3072, 24, 2.6667),
+    "aimv2_3b_patch14_448": _aimv2(448, 3072, 24, 2.6667),
+    "aimv2_huge_patch14_224": _aimv2(224, 1536, 12, 2.6667),
+    "aimv2_huge_patch14_336": _aimv2(336, 1536, 12, 2.6667),
+    "aimv2_huge_patch14_448": _aimv2(448, 1536, 12, 2.6667),
+    "aimv2_large_patch14_224": _aimv2(224, 1024, 8, 2.75),
+    "aimv2_large_patch14_336": _aimv2(336, 1024, 8, 2.75),
+    "aimv2_large_patch14_448": _aimv2(448, 1024, 8, 2.75),
     "beit3_base_patch16_224": _timm(16, 224, 768, 12, 12, class_token=True, global_pool='avg', norm_eps=1e-05,
                                     scale_attn_norm=True, scale_mlp_norm=True),
     "beit3_giant_patch14_224": _timm(14, 224, 1408, 40, 16, mlp_ratio=4.3637, class_token=True, global_pool='avg',
@@ -130,6 +149,8 @@ ARCHITECTURES = {
     "test_vit": _timm(16, 160, 64, 6, 2, mlp_ratio=3),
     "test_vit3": _timm(16, 160, 96, 9, 3, mlp_ratio=2, class_token=False, global_pool='map', init_values=1e-05,
                        pool_include_prefix=True, reg_tokens=1),
+    "test_vit4": _timm(16, 160, 96, 9, 3, mlp_ratio=3, class_token=False, global_pool='avg', init_values=1e-05,
+                       norm_layer='rms_norm', reg_tokens=1),
     "test_vit2": _timm(16, 160, 64, 8, 2, mlp_ratio=3, class_token=False, global_pool='avg', init_values=1e-05,
                        reg_tokens=1),
     "vit_base_patch14_dinov2": _timm(14, 518, 768, 12, 12, init_values=1e-05),
@@ -389,8 +410,11 @@ def timm_switches_to_architecture(switches):
         qkv_bias=bool(switches.get("qkv_bias", True)),
         qk_norm=bool(switches.get("qk_norm", False)),
         layer_scale=float(init_values) if init_values else None,
-        mlp_activation="swiglu" if switches.get("mlp_layer") == "swiglu_packed" else
+        mlp_activation="swiglu" if switches.get("mlp_layer") in ("swiglu_packed", "swiglu") else
         ACTIVATIONS[switches.get("act_layer")],
+        normalization=switches.get("norm_layer", "layer_norm"),
+        projection_bias=bool(switches.get("proj_bias", True)),
+        patch_norm=switches.get("embed_norm_layer") is not None,
         layer_norm_epsilon=float(switches.get("norm_eps", 1e-6)),
         post_norm=post_norm,
         attention_output_norm=bool(switches.get("scale_attn_norm", False)),

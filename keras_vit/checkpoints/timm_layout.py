@@ -90,6 +90,8 @@ _TOP = {
     "pos_embed": "position_embedding/pos_embedding",
     "patch_embed.proj.weight": "embedding/kernel",
     "patch_embed.proj.bias": "embedding/bias",
+    "patch_embed.norm.weight": "patch_norm/gamma",
+    "patch_embed.norm.bias": "patch_norm/beta",
     "norm.weight": "encoder_norm/gamma",
     "norm.bias": "encoder_norm/beta",
     "head.weight": "head/kernel",
@@ -115,8 +117,6 @@ _TOP = {
 }
 # Parts of timm's ViT family that keras_vit's model does not have, and what they are.
 _UNSUPPORTED = {
-    "patch_embed.norm.": "a normalised patch embedding",
-    ".mlp.fc1_g.": "an unpacked SwiGLU MLP (fc1_g, fc1_x)",
     "attn_pool.q_norm.": "query/key normalisation in attention pooling",
     "attn_pool.pos_embed": "position embeddings in attention pooling",
     "head_dist.": "a distillation head (DeiT distilled)",
@@ -127,7 +127,11 @@ _SAFETENSORS_DTYPES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32":
 _MAX_HEADER_BYTES = 100 << 20
 
 
+# timm's unpacked SwiGLU (AIMv2): the gate's and the value's halves of keras_vit's first MLP layer.
+_SWIGLU_PIECES = {"mlp.fc1_g.weight": ("mlp_hidden/kernel", 0, 2), "mlp.fc1_x.weight": ("mlp_hidden/kernel", 1, 2),
+                  "mlp.fc1_g.bias": ("mlp_hidden/bias", 0, 2), "mlp.fc1_x.bias": ("mlp_hidden/bias", 1, 2)}
 LAYOUT = TensorLayout("timm's VisionTransformer layout", top=_TOP, block_prefix="blocks.", block=_BLOCK,
+                      packed=_SWIGLU_PIECES,
                       hint="; keras_vit reads timm ViT state dicts (blocks.N.attn.qkv.weight, ...)")
 
 
@@ -143,22 +147,12 @@ def from_timm(tensors, description="checkpoint"):
     state = LAYOUT.read({name: value for name, value in tensors.items() if not name.startswith(BACKBONE)},
                         description)
     state.update(backbone)
-    rms = sorted(name for name in tensors if name.endswith(".weight") and (name in _TOP or name.split(".", 2)[-1]
-                 in _BLOCK) and _mapped(name).endswith("/gamma") and name[:-len("weight")] + "bias" not in tensors)
-    if rms:
-        raise CheckpointError(f"{description} has norms with a weight but no bias ({preview(rms, 3)}): RMSNorm, which "
-                              "is not supported yet (keras_vit's LayerNorm has both).")
     if "embedding/kernel" not in state or "position_embedding/pos_embedding" not in state:
         raise CheckpointError(f"{description} lacks a patch or position embedding (patch_embed.proj.weight, pos_embed).")
     return state
 
 
-def _mapped(name):
-    """keras_vit's name (after the block prefix) for a timm tensor name of `_TOP` or `_BLOCK`."""
-    return _TOP.get(name) or _BLOCK.get(name.split(".", 2)[-1], "")
-
-
-def to_timm(model):
+def to_timm(model, architecture=None):
     """A keras_vit model's weights as a timm ViT state dict of numpy arrays (refuses what timm cannot express)."""
     names = {v.path for v in model.weights}
     if any("lora_" in name for name in names):
@@ -174,7 +168,9 @@ def to_timm(model):
     state = state_of(model)
     backbone = {path: state.pop(path) for path in list(state) if hybrid is not None
                 and timm_backbone_name(path, stem_only=hybrid == ())}
-    tensors = LAYOUT.write(state)
+    unpacked = architecture is not None and \
+        timm_architecture(architecture, "save_timm").switches.get("mlp_layer") == "swiglu"
+    tensors = LAYOUT.write(state, unpacked=unpacked)
     for path, value in backbone.items():
         name = timm_backbone_name(path, stem_only=hybrid == ())
         tensors[name] = np.ascontiguousarray(keras_to_torch(name, value).astype("float32"))
@@ -184,7 +180,9 @@ def to_timm(model):
 # Where a model needs what only one of timm's model functions sets, one such architecture to name.
 _NAMED_ONLY = {"layer_norm_epsilon": ("LayerNorm epsilon {:g}", "vit_base_patch16_clip_224 (CLIP's 1e-5)"),
                "swiglu": ("a SwiGLU MLP", "vit_giant_patch14_dinov2 (a packed SwiGLU MLP)"),
-               "post_norm": ("post-norm blocks", "vit_base_patch16_rpn_224 (timm's ResPostBlock)")}
+               "post_norm": ("post-norm blocks", "vit_base_patch16_rpn_224 (timm's ResPostBlock)"),
+               "rms_norm": ("RMSNorms", "aimv2_large_patch14_224 (AIMv2's RmsNorm)"),
+               "patch_norm": ("a patch-embedding norm", "aimv2_large_patch14_224 (AIMv2's embed_norm_layer)")}
 
 
 def timm_arguments(model, architecture=None):
@@ -239,12 +237,15 @@ def timm_arguments(model, architecture=None):
         fc_norm=found.fc_norm, final_norm=found.final_norm, pre_norm=found.norm_pre, qkv_bias=found.qkv_bias,
         qk_norm=found.qk_norm, init_values=found.layer_scale, scale_attn_norm=found.attention_output_norm,
         scale_mlp_norm=found.mlp_hidden_norm, pool_include_prefix=found.pool_include_prefix,
+        proj_bias=found.projection_bias,
     )
     if arguments["img_size"] is None:
         del arguments["img_size"]
     needs_name = [key for key, needed in (("layer_norm_epsilon", found.layer_norm_epsilon != 1e-6),
                                           ("swiglu", found.mlp_activation == "swiglu"),
-                                          ("post_norm", found.post_norm)) if needed]
+                                          ("post_norm", found.post_norm),
+                                          ("rms_norm", found.normalization == "rms_norm"),
+                                          ("patch_norm", found.patch_norm)) if needed]
     if resnet is not None and architecture is None:
         raise CheckpointError(f"{model.name} is a hybrid, which only timm's model functions build; pass "
                               "architecture= the timm hybrid it is (vit_base_r50_s16_224, ..., vit_tiny_r_s16_p8_224).")
@@ -267,6 +268,10 @@ def timm_arguments(model, architecture=None):
     if named["post_norm"] != found.post_norm:
         raise CheckpointError(f"timm's {architecture!r} has {'post' if named['post_norm'] else 'pre'}-norm blocks, "
                               f"but {model.name} has {'post' if found.post_norm else 'pre'}-norm blocks.")
+    for field, what in (("normalization", "norms"), ("patch_norm", "patch-embedding norm")):
+        if named[field] != getattr(found, field):
+            raise CheckpointError(f"timm's {architecture!r} has {what} {named[field]!r}, but {model.name} has "
+                                  f"{getattr(found, field)!r}; pass architecture= a timm name that sets the same.")
     if named["layer_norm_epsilon"] != found.layer_norm_epsilon or \
             (named["mlp_activation"] == "swiglu") != (found.mlp_activation == "swiglu"):
         raise CheckpointError(
@@ -295,7 +300,7 @@ def save_timm(model, path, architecture=None):
     """
     if not str(path).endswith(".safetensors"):
         raise CheckpointError(f"save_timm writes a .safetensors file; got {path}.")
-    tensors = to_timm(model)
+    tensors = to_timm(model, architecture)
     timm_arguments(model, architecture)  # Refuses what timm cannot rebuild.
     warn_unkept_pixel_statistics(model, "timm reads them from the folder's config.json (pretrained_cfg mean and "
                                         "std), and so does keras_vit.from_pretrained")
@@ -446,7 +451,8 @@ def read_timm(path, budget=None, config=None, config_path=None):
         raise CheckpointError(f"{where}: timm's {name!r} with these model_args is no model keras_vit can build: "
                               f"{error}") from None
     sizes = checked_sizes(state, entry, args, name, path, where)
-    check_tensors_agree(state, architecture, name, path)
+    check_tensors_agree(state, architecture, name, path,
+                        unpacked=(switches.get("mlp_layer") == "swiglu", "blocks.0.mlp.fc1_g.weight" in tensors))
     LAYOUT.check_complete([name for name in tensors if not name.startswith(BACKBONE)], architecture, sizes["depth"],
                           settings(dict(sizes, architecture=name), "architecture", "depth"), path)
     num_classes = args.get("num_classes", config.get("num_classes"))
