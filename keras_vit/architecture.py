@@ -75,6 +75,8 @@ class Architecture:
             MLP layers (timm's `proj_bias`; AIMv2 has none).
         patch_norm: a norm on the patch embeddings, before the position
             embeddings (timm's `embed_norm_layer`; AIMv2).
+        differential_attention: each head attends with the difference of
+            two softmax maps (timm's `DiffAttention`, `attn_layer="diff"`).
         post_norm: each block normalises its branches' outputs, not their
             inputs (`x + LN(MSA(x))`, timm's `ResPostBlock`).
         layer_norm_epsilon: every LayerNorm's epsilon (1e-6 in the original
@@ -108,6 +110,7 @@ class Architecture:
     normalization: str = "layer_norm"
     projection_bias: bool = True
     patch_norm: bool = False
+    differential_attention: bool = False
     pool_include_prefix: bool = False
     attention_output_norm: bool = False
     mlp_hidden_norm: bool = False

@@ -91,7 +91,10 @@ class TransformerBlock(_QuantizableSublayers, keras.layers.Layer):
     MLP layer (timm's `scale_attn_norm` and `scale_mlp_norm`, BEiT-3's).
     `normalization="rms_norm"` makes every norm an RMSNorm and
     `projection_bias=False` drops the biases of the attention output and
-    both MLP layers (AIMv2). Attention is
+    both MLP layers (AIMv2). `differential_attention=True` computes each
+    head as the difference of two softmax maps (timm's `DiffAttention`,
+    whose offset depends on the block's `layer_index`); its attention
+    weights are the combined map. Attention is
     `keras_vit.kernels.attention`, except when its weights are asked for
     (`return_attention_weights=True`) or attention dropout is active: then
     it is computed as explicit einsums, which expose the weights.
@@ -125,6 +128,8 @@ class TransformerBlock(_QuantizableSublayers, keras.layers.Layer):
         mlp_hidden_norm=False,
         normalization="layer_norm",
         projection_bias=True,
+        differential_attention=False,
+        layer_index=0,
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -154,6 +159,10 @@ class TransformerBlock(_QuantizableSublayers, keras.layers.Layer):
             raise ValueError(f"Unknown normalization {normalization!r}; expected one of {NORMALIZATIONS}.")
         self.normalization = normalization
         self.projection_bias = bool(projection_bias)
+        self.differential_attention = bool(differential_attention)
+        self.layer_index = int(layer_index)
+        if self.differential_attention and self.qk_norm:
+            raise ValueError("differential_attention with qk_norm is not supported (no timm architecture has both).")
         self.seed = seed
         for name in ("dropout_rate", "attention_dropout_rate", "stochastic_depth_rate"):
             if not 0.0 <= getattr(self, name) < 1.0:
@@ -171,6 +180,9 @@ class TransformerBlock(_QuantizableSublayers, keras.layers.Layer):
                 f"hidden_size {hidden_size} is not divisible by num_heads {self.num_heads}."
             )
         self.head_dim = hidden_size // self.num_heads
+        if self.differential_attention and self.head_dim % 2:
+            raise ValueError(f"Differential attention halves each head's queries and keys, so the head width "
+                             f"{self.head_dim} (hidden_size / num_heads) must be even.")
         plain = dict(dtype=self._sublayer_policy())  # Norms and dropouts: never quantized.
         # Glorot over each of q, k and v (fan D -> D), as the original's three
         # separate projections, although they are stored as one (D, 3D) kernel.
@@ -221,6 +233,15 @@ class TransformerBlock(_QuantizableSublayers, keras.layers.Layer):
         if self.qk_norm:
             self.query_norm.build((*token_shape[:-1], self.num_heads, self.head_dim))
             self.key_norm.build((*token_shape[:-1], self.num_heads, self.head_dim))
+        if self.differential_attention:
+            # timm's DiffAttention: lambda = exp(q1 . k1) - exp(q2 . k2) + lambda_init, and an RMSNorm (1e-5) per head.
+            for name in ("lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2"):
+                setattr(self, name, self.add_weight(
+                    name=name, shape=(self.head_dim // 2,), autocast=False,
+                    initializer=keras.initializers.RandomNormal(stddev=0.1, seed=self._seed(11)),
+                ))
+            self.attention_sub_norm = norm_layer("rms_norm", 1e-5, name="attention_sub_norm", **plain)
+            self.attention_sub_norm.build((*token_shape[:-1], self.num_heads, self.head_dim))
         if self.layer_scale is not None:
             scale = keras.initializers.Constant(self.layer_scale)
             self.attention_layer_scale = self.add_weight(name="attention_layer_scale", shape=(hidden_size,),
@@ -271,7 +292,10 @@ class TransformerBlock(_QuantizableSublayers, keras.layers.Layer):
         query, key, value = (ops.reshape(part, heads) for part in ops.split(self.qkv(x), 3, axis=-1))
         if self.qk_norm:
             query, key = self.query_norm(query), self.key_norm(key)
-        if return_weights or (training and self.attention_dropout_rate > 0):
+        if self.differential_attention:
+            context, weights = self._differential_attention(query, key, value, training)
+            weights = weights if return_weights else None
+        elif return_weights or (training and self.attention_dropout_rate > 0):
             context, weights = self._attention_with_weights(query, key, value, training)
         else:
             context, weights = kernels.attention(query, key, value), None
@@ -279,6 +303,28 @@ class TransformerBlock(_QuantizableSublayers, keras.layers.Layer):
         if self.attention_output_norm:
             context = self.attention_output_norm_layer(context)
         return self._dropout(self.output_dropout, self.attention_output(context), training), weights
+
+    @property
+    def lambda_init(self):
+        """Differential attention's depth-dependent offset of lambda, as timm's `DiffAttention.set_lambda_init`."""
+        return 0.8 - 0.6 * math.exp(-0.3 * self.layer_index)
+
+    def _differential_attention(self, query, key, value, training):
+        """Differential attention (Ye et al., 2024): per head, the softmax of its second half-width query/key pair,
+        scaled by lambda, is subtracted from the first's; the combined map weighs the full-width values, then an
+        RMSNorm per head and `1 - lambda_init` scale the result. Returns the context and the combined map."""
+        batch, tokens = ops.shape(query)[0], ops.shape(query)[1]
+        half = self.head_dim // 2
+        pairs = (batch, tokens, self.num_heads, 2, half)
+        query, key = ops.reshape(query, pairs), ops.reshape(key, pairs)
+        logits = ops.einsum("bqhpd,bkhpd->bhpqk", query * ops.cast(1.0 / math.sqrt(half), query.dtype), key)
+        maps = self._dropout(self.attention_dropout, ops.softmax(ops.cast(logits, "float32"), axis=-1), training)
+        first, second = ops.sum(self.lambda_q1 * self.lambda_k1), ops.sum(self.lambda_q2 * self.lambda_k2)
+        lambda_full = ops.exp(first) - ops.exp(second) + self.lambda_init
+        combined = maps[:, :, 0] - ops.cast(lambda_full, "float32") * maps[:, :, 1]
+        context = ops.einsum("bhqk,bkhd->bqhd", ops.cast(combined, value.dtype), value)
+        context = self.attention_sub_norm(context) * ops.cast(1.0 - self.lambda_init, context.dtype)
+        return ops.cast(context, value.dtype), combined
 
     def _attention_with_weights(self, query, key, value, training):
         """Attention as explicit einsums, returning its float32 weights (before dropout)."""
@@ -371,6 +417,8 @@ class TransformerBlock(_QuantizableSublayers, keras.layers.Layer):
             config.update(normalization=self.normalization)
         if not self.projection_bias:
             config.update(projection_bias=False)
+        if self.differential_attention:
+            config.update(differential_attention=True, layer_index=self.layer_index)
         if self.lora_rank:
             config.update(lora_rank=self.lora_rank, lora_targets=list(self.lora_targets))
         return self._with_quantized_sublayers(config)

@@ -100,6 +100,7 @@ def ViT(
     normalization=None,
     projection_bias=None,
     patch_norm=None,
+    differential_attention=None,
 ):
     """Build a Vision Transformer (Dosovitskiy et al., 2020).
 
@@ -182,6 +183,8 @@ def ViT(
             norm (AIMv2's RMSNorm).
         projection_bias: biases on attention's output and the MLP layers.
         patch_norm: a norm on the patch embeddings (AIMv2's).
+        differential_attention: attention as the difference of two softmax
+            maps (timm's `DiffAttention`).
 
     Returns:
         A `keras.Model` mapping `(batch, height, width, 3)` images in [-1, 1]
@@ -207,7 +210,8 @@ def ViT(
                     patch_bias=patch_bias, qkv_bias=qkv_bias, qk_norm=qk_norm, layer_scale=layer_scale,
                     mlp_activation=mlp_activation, layer_norm_epsilon=layer_norm_epsilon, post_norm=post_norm,
                     attention_output_norm=attention_output_norm, mlp_hidden_norm=mlp_hidden_norm,
-                    normalization=normalization, projection_bias=projection_bias, patch_norm=patch_norm)
+                    normalization=normalization, projection_bias=projection_bias, patch_norm=patch_norm,
+                    differential_attention=differential_attention)
     if approximate_gelu is not None and mlp_activation is None:
         switches["mlp_activation"] = "gelu_tanh" if approximate_gelu else "gelu"
     resolve_architecture(architecture, classifier, switches)  # Bad switches fail before any download.
@@ -407,6 +411,8 @@ def _build(options, input_tensor):
             mlp_hidden_norm=architecture.mlp_hidden_norm,
             normalization=architecture.normalization,
             projection_bias=architecture.projection_bias,
+            differential_attention=architecture.differential_attention,
+            layer_index=index,
             layer_norm_epsilon=epsilon,
             name=f"encoderblock_{index}",
         )(x)

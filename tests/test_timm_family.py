@@ -208,6 +208,7 @@ def test_family_table_gives_what_the_tensors_cannot(tmp_path):
     ("post_norm", "post_norm", [(2, 3, 16, 16)] * 2),
     ("inner_norms", "mlp_hidden_norm", [(2, 3, 17, 17)]),
     ("aimv2", "patch_norm", [(2, 3, 4, 4)]),
+    ("differential", "differential_attention", [(2, 2, 17, 17)] * 2),
 ])
 def test_new_block_options_work_with_attention_maps_lora_int8_and_keras_files(case, switch, attention_shapes,
                                                                               reference, tmp_path):
@@ -216,7 +217,13 @@ def test_new_block_options_work_with_attention_maps_lora_int8_and_keras_files(ca
     assert getattr(checkpoints.architecture_of(model), switch)
     attentions = keras_vit.analysis.attention_weights(model, images)
     assert [a.shape for a in attentions] == attention_shapes
-    np.testing.assert_allclose(attentions[0].sum(-1), 1.0, atol=1e-5)
+    total = 1.0  # a softmax map's rows sum to 1; differential attention's to 1 - lambda (its second map's weight)
+    if switch == "differential_attention":
+        block = {name: keras.ops.convert_to_numpy(getattr(model.get_layer("encoderblock_0"), name))
+                 for name in ("lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2")}
+        total = 1.0 - (np.exp(np.sum(block["lambda_q1"] * block["lambda_k1"]))
+                       - np.exp(np.sum(block["lambda_q2"] * block["lambda_k2"])) + 0.2)  # lambda_init at depth 0
+    np.testing.assert_allclose(attentions[0].sum(-1), total, atol=1e-5)
     model.save(tmp_path / "model.keras")
     np.testing.assert_allclose(predict(keras_vit.from_pretrained(str(tmp_path / "model.keras"),
                                                                  classifier_activation=None), images), expected,

@@ -91,8 +91,8 @@ def test_pool_include_prefix_in_model_args_averages_the_register_tokens_too(tmp_
 
 
 def test_a_model_args_key_keras_vit_does_not_compute_is_refused(tmp_path):
-    folder = copy("deit", tmp_path, model_args={"attn_layer": "diff"})
-    refused(folder, r"model_args.attn_layer is 'diff', which keras_vit does not compute")
+    folder = copy("deit", tmp_path, model_args={"pos_embed": "none"})
+    refused(folder, r"model_args.pos_embed is 'none', which keras_vit does not compute")
     folder = copy("deit", tmp_path / "1", model_args={"norm_layer": "rmsnorm"})
     refused(folder, r"deit/config.json: model_args.norm_layer is not a VisionTransformer argument keras_vit computes")
     # proj_bias is computed (AIMv2): False where the file has the biases is a disagreement, named.
@@ -213,3 +213,9 @@ def test_a_beit3_block_without_its_inner_attention_norm_is_refused(tmp_path):
     folder = copy("inner_norms", tmp_path, drop=("blocks.0.attn.norm.",))
     refused(folder, r"inner_norms/model.safetensors does not hold timm's 'beit3_base_patch16_224' as its config.json "
                     r"sets it: it lacks blocks.0.attn.norm.weight \(scale_attn_norm=True\). Nothing was loaded.$")
+
+
+def test_a_differential_block_without_its_lambda_is_refused_by_name(tmp_path):
+    folder = copy("differential", tmp_path, drop=("blocks.1.attn.lambda_q1",))
+    refused(folder, r"differential/model.safetensors lacks 1 tensors of the model its config.json describes "
+                    r"\(architecture: \"vit_dwee_patch16_reg1_gap_256\", depth: 2\): \['blocks.1.attn.lambda_q1'\]")

@@ -109,6 +109,8 @@ CASES = {
     "aimv2": ("aimv2_large_patch14_224", dict(DINO, patch_size=14, depth=1, num_classes=5)),
     # timm's own RmsNorm test model (the norm at its default epsilon, fc_norm an RmsNorm too).
     "rms_norm": ("test_vit4", dict(SMALL, depth=1, num_classes=0)),
+    # DiffAttention in two blocks (lambda_init depends on the block's index), registers, layer scale.
+    "differential": ("vit_dwee_patch16_reg1_gap_256", dict(SMALL, embed_dim=32, num_heads=2, num_classes=6)),
 }
 DYNAMIC_SIZE = (42, 28)  # dinov2_reg's dynamic_img_size images (height, width), a 6x4 grid from a 4x4 table.
 

@@ -285,6 +285,7 @@ def architecture_from_state(state, grid_size=None, **known):
         projection_bias="encoderblock_0/attention_output/bias" in names
         or "encoderblock_0/attention_output/kernel" not in names,
         patch_norm="patch_norm/gamma" in names,
+        differential_attention="encoderblock_0/lambda_q1" in names,
         layer_scale=1e-5 if "encoderblock_0/attention_layer_scale" in names else None,
     )
     fields.update({key: value for key, value in known.items() if value is not None})
@@ -353,6 +354,7 @@ def architecture_of(model):
         normalization=block.normalization,
         projection_bias=block.projection_bias,
         patch_norm="patch_norm" in layers,
+        differential_attention=getattr(block, "differential_attention", False),
         mlp_activation=block.activation,
         layer_norm_epsilon=block.layer_norm_epsilon,
         **_pixel_statistics(layers.get("input_normalization")),

@@ -80,6 +80,8 @@ BLOCK_WEIGHTS = {
     **_pair("key_norm", lambda a: a.qk_norm),
     **_pair("attention_output_norm", lambda a: a.attention_output_norm),
     **_pair("mlp_hidden_norm", lambda a: a.mlp_hidden_norm),
+    **{name: lambda a: a.differential_attention for name in ("lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2",
+                                                            "attention_sub_norm/gamma")},
 }
 # Groups a file may hold or not, each whole: the classifier and the pre-logits layer.
 OPTIONAL_GROUPS = (("head/kernel", "head/bias"), ("pre_logits/kernel", "pre_logits/bias"))

@@ -33,14 +33,14 @@ SIZE_KEYWORDS = ("img_size", "patch_size", "embed_dim", "depth", "num_heads", "m
 SWITCH_KEYWORDS = ("class_token", "reg_tokens", "no_embed_class", "global_pool", "fc_norm", "pre_norm",
                    "final_norm", "qkv_bias", "qk_norm", "init_values", "act_layer", "norm_eps", "mlp_layer",
                    "block_fn", "scale_attn_norm", "scale_mlp_norm", "pool_include_prefix", "proj_bias", "norm_layer",
-                   "embed_norm_layer")
+                   "embed_norm_layer", "attn_layer")
 # Switches only a model function sets (classes in timm, names here): never taken from model_args.
-TABLE_ONLY_KEYWORDS = ("norm_eps", "mlp_layer", "norm_layer", "embed_norm_layer")
+TABLE_ONLY_KEYWORDS = ("norm_eps", "mlp_layer", "norm_layer", "embed_norm_layer", "attn_layer")
 INFERENCE_NEUTRAL_KEYWORDS = ("drop_rate", "pos_drop_rate", "patch_drop_rate", "proj_drop_rate", "attn_drop_rate",
                               "drop_path_rate", "weight_init", "fix_init", "dynamic_img_size")
 # Keywords keras_vit computes only at timm's default value (a file that changes them is refused).
 DEFAULT_ONLY_KEYWORDS = {"padding_same": True, "dynamic_img_pad": False, "pos_embed": "learn",
-                         "block_fn": "Block", "attn_layer": "Attention", "embed_layer": "PatchEmbed", "mlp_layer": "Mlp"}
+                         "block_fn": "Block", "embed_layer": "PatchEmbed", "mlp_layer": "Mlp"}
 # act_layer (as timm's get_act_layer takes it) -> keras_vit's mlp_activation; timm's default is exact GELU.
 ACTIVATIONS = {None: "gelu", "gelu": "gelu", "gelu_tanh": "gelu_tanh", "quick_gelu": "quick_gelu"}
 POOLS = {"token": "token", "avg": "gap", "map": "map"}
@@ -103,8 +103,8 @@ REFUSED = (
     (r"^vit_\w*_mci_|^vitamin_",
      "a convolutional stem before the patches that is not a ResNet (MobileCLIP's ConvStem, ViTamin's MbConv "
      "stages; keras_vit reads timm's ResNetV2 hybrids)"),
-    (r"_xp_|_pwee_|_dpwee_|_18x2_", "parallel blocks (timm's ParallelScalingBlock or ParallelThingsBlock)"),
-    (r"_dwee_|_dlittle_", "differential attention (timm's DiffAttention)"),
+    (r"_xp_|_pwee_|_dpwee_|_18x2_", "parallel blocks (timm's ParallelScalingBlock, DiffParallelScalingBlock or "
+                                    "ParallelThingsBlock)"),
     (r"distilled", "a distillation token and head (DeiT distilled)"),
 )
 
@@ -282,6 +282,10 @@ ARCHITECTURES = {
     "vit_large_patch32_384": _timm(32, 384, 1024, 24, 16),
     "vit_large_r50_s32_224": _hybrid(1, 224, 1024, 24, 16, (3, 4, 6, 3)),
     "vit_large_r50_s32_384": _hybrid(1, 384, 1024, 24, 16, (3, 4, 6, 3)),
+    "vit_dlittle_patch16_reg1_gap_256": _timm(16, 256, 320, 14, 5, mlp_ratio=5.6, attn_layer='diff', class_token=False,
+                                              global_pool='avg', init_values=1e-05, no_embed_class=True, reg_tokens=1),
+    "vit_dwee_patch16_reg1_gap_256": _timm(16, 256, 256, 14, 4, mlp_ratio=5, attn_layer='diff', class_token=False,
+                                           global_pool='avg', init_values=1e-05, no_embed_class=True, reg_tokens=1),
     "vit_little_patch16_reg1_gap_256": _timm(16, 256, 320, 14, 5, mlp_ratio=5.6, class_token=False, global_pool='avg',
                                              init_values=1e-05, no_embed_class=True, reg_tokens=1),
     "vit_little_patch16_reg4_gap_256": _timm(16, 256, 320, 14, 5, mlp_ratio=5.6, class_token=False, global_pool='avg',
@@ -415,6 +419,7 @@ def timm_switches_to_architecture(switches):
         normalization=switches.get("norm_layer", "layer_norm"),
         projection_bias=bool(switches.get("proj_bias", True)),
         patch_norm=switches.get("embed_norm_layer") is not None,
+        differential_attention=switches.get("attn_layer") == "diff",
         layer_norm_epsilon=float(switches.get("norm_eps", 1e-6)),
         post_norm=post_norm,
         attention_output_norm=bool(switches.get("scale_attn_norm", False)),

@@ -84,6 +84,11 @@ _BLOCK = {
     "attn.norm.bias": "attention_output_norm/beta",
     "mlp.norm.weight": "mlp_hidden_norm/gamma",
     "mlp.norm.bias": "mlp_hidden_norm/beta",
+    "attn.lambda_q1": "lambda_q1",
+    "attn.lambda_k1": "lambda_k1",
+    "attn.lambda_q2": "lambda_q2",
+    "attn.lambda_k2": "lambda_k2",
+    "attn.sub_norm.weight": "attention_sub_norm/gamma",
 }
 _TOP = {
     "cls_token": "class_token/cls",
@@ -239,6 +244,8 @@ def timm_arguments(model, architecture=None):
         scale_mlp_norm=found.mlp_hidden_norm, pool_include_prefix=found.pool_include_prefix,
         proj_bias=found.projection_bias,
     )
+    if found.differential_attention:
+        arguments["attn_layer"] = "diff"
     if arguments["img_size"] is None:
         del arguments["img_size"]
     needs_name = [key for key, needed in (("layer_norm_epsilon", found.layer_norm_epsilon != 1e-6),
