@@ -77,6 +77,9 @@ class Architecture:
             embeddings (timm's `embed_norm_layer`; AIMv2).
         differential_attention: each head attends with the difference of
             two softmax maps (timm's `DiffAttention`, `attn_layer="diff"`).
+        parallel: each block adds attention and the MLP, both on one norm
+            of its input, under one layer scale (ViT-22B's; timm's
+            `ParallelScalingBlock`).
         post_norm: each block normalises its branches' outputs, not their
             inputs (`x + LN(MSA(x))`, timm's `ResPostBlock`).
         layer_norm_epsilon: every LayerNorm's epsilon (1e-6 in the original
@@ -111,6 +114,7 @@ class Architecture:
     projection_bias: bool = True
     patch_norm: bool = False
     differential_attention: bool = False
+    parallel: bool = False
     pool_include_prefix: bool = False
     attention_output_norm: bool = False
     mlp_hidden_norm: bool = False

@@ -94,7 +94,9 @@ class TransformerBlock(_QuantizableSublayers, keras.layers.Layer):
     both MLP layers (AIMv2). `differential_attention=True` computes each
     head as the difference of two softmax maps (timm's `DiffAttention`,
     whose offset depends on the block's `layer_index`); its attention
-    weights are the combined map. Attention is
+    weights are the combined map. `parallel=True` adds attention and the
+    MLP, both on one LayerNorm of the input, under one layer scale (timm's
+    `ParallelScalingBlock`). Attention is
     `keras_vit.kernels.attention`, except when its weights are asked for
     (`return_attention_weights=True`) or attention dropout is active: then
     it is computed as explicit einsums, which expose the weights.
@@ -130,6 +132,7 @@ class TransformerBlock(_QuantizableSublayers, keras.layers.Layer):
         projection_bias=True,
         differential_attention=False,
         layer_index=0,
+        parallel=False,
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -161,6 +164,10 @@ class TransformerBlock(_QuantizableSublayers, keras.layers.Layer):
         self.projection_bias = bool(projection_bias)
         self.differential_attention = bool(differential_attention)
         self.layer_index = int(layer_index)
+        self.parallel = bool(parallel)
+        if self.parallel and (self.post_norm or self.attention_output_norm or self.mlp_hidden_norm):
+            raise ValueError("parallel=True is not supported with post_norm, attention_output_norm or "
+                             "mlp_hidden_norm (timm's parallel blocks have none of them).")
         if self.differential_attention and self.qk_norm:
             raise ValueError("differential_attention with qk_norm is not supported (no timm architecture has both).")
         self.seed = seed
@@ -210,9 +217,12 @@ class TransformerBlock(_QuantizableSublayers, keras.layers.Layer):
             dtype=self._sublayer_policy("attention_output"),
             lora_rank=self._lora("attention_output"),
         )
-        self.mlp_norm = self._norm("mlp_norm", plain)
-        self.mlp_hidden = self._mlp_dense(self.mlp_dim, "mlp_hidden", seed_offset=2)
-        self.mlp_output = self._mlp_dense(hidden_size, "mlp_output", seed_offset=4)
+        if not self.parallel:
+            self.mlp_norm = self._norm("mlp_norm", plain)
+        # A parallel block's MLP input layer always has its bias (timm's mlp_bias), and its one output bias is the
+        # attention output's.
+        self.mlp_hidden = self._mlp_dense(self.mlp_dim, "mlp_hidden", 2, self.projection_bias or self.parallel)
+        self.mlp_output = self._mlp_dense(hidden_size, "mlp_output", 4, self.projection_bias and not self.parallel)
         # Attention probabilities stay float32 (softmax precision), whatever the policy.
         self.attention_dropout = keras.layers.Dropout(
             self.attention_dropout_rate, seed=self._seed(6), dtype="float32"
@@ -227,7 +237,8 @@ class TransformerBlock(_QuantizableSublayers, keras.layers.Layer):
         self.attention_norm.build(token_shape)
         self.qkv.build(token_shape)
         self.attention_output.build(token_shape)
-        self.mlp_norm.build(token_shape)
+        if not self.parallel:
+            self.mlp_norm.build(token_shape)
         self.mlp_hidden.build(token_shape)
         self.mlp_output.build((*token_shape[:-1], self.mlp_dim // 2 if self.activation == "swiglu" else self.mlp_dim))
         if self.qk_norm:
@@ -242,7 +253,10 @@ class TransformerBlock(_QuantizableSublayers, keras.layers.Layer):
                 ))
             self.attention_sub_norm = norm_layer("rms_norm", 1e-5, name="attention_sub_norm", **plain)
             self.attention_sub_norm.build((*token_shape[:-1], self.num_heads, self.head_dim))
-        if self.layer_scale is not None:
+        if self.layer_scale is not None and self.parallel:  # one scale on the sum of both branches
+            self.branch_layer_scale = self.add_weight(name="layer_scale", shape=(hidden_size,),
+                                                      initializer=keras.initializers.Constant(self.layer_scale))
+        elif self.layer_scale is not None:
             scale = keras.initializers.Constant(self.layer_scale)
             self.attention_layer_scale = self.add_weight(name="attention_layer_scale", shape=(hidden_size,),
                                                          initializer=scale)
@@ -269,10 +283,10 @@ class TransformerBlock(_QuantizableSublayers, keras.layers.Layer):
     def _norm(self, name, plain):
         return norm_layer(self.normalization, self.layer_norm_epsilon, name=name, **plain)
 
-    def _mlp_dense(self, units, name, seed_offset):
+    def _mlp_dense(self, units, name, seed_offset, use_bias):
         return keras.layers.Dense(
             units,
-            use_bias=self.projection_bias,
+            use_bias=use_bias,
             kernel_initializer=keras.initializers.GlorotUniform(seed=self._seed(seed_offset)),
             bias_initializer=keras.initializers.RandomNormal(
                 stddev=1e-6, seed=self._seed(seed_offset + 1)
@@ -371,7 +385,11 @@ class TransformerBlock(_QuantizableSublayers, keras.layers.Layer):
         return branch * ops.cast(getattr(self, name), branch.dtype)
 
     def call(self, inputs, training=None, return_attention_weights=False):
-        if self.post_norm:  # x + LN(MSA(x)), then x + LN(MLP(x))
+        if self.parallel:  # x + MSA(LN(x)) + MLP(LN(x)), one layer scale on the sum (ViT-22B's parallel block)
+            normed = self.attention_norm(inputs)
+            attended, weights = self._self_attention(normed, training, return_attention_weights)
+            x, mlp = inputs, self._scaled(attended + self._mlp(normed, training), "branch_layer_scale")
+        elif self.post_norm:  # x + LN(MSA(x)), then x + LN(MLP(x))
             attended, weights = self._self_attention(inputs, training, return_attention_weights)
             x = inputs + self._drop_path(self._scaled(self.attention_norm(attended), "attention_layer_scale"), training)
             mlp = self._scaled(self.mlp_norm(self._mlp(x, training)), "mlp_layer_scale")
@@ -419,6 +437,8 @@ class TransformerBlock(_QuantizableSublayers, keras.layers.Layer):
             config.update(projection_bias=False)
         if self.differential_attention:
             config.update(differential_attention=True, layer_index=self.layer_index)
+        if self.parallel:
+            config.update(parallel=True)
         if self.lora_rank:
             config.update(lora_rank=self.lora_rank, lora_targets=list(self.lora_targets))
         return self._with_quantized_sublayers(config)

@@ -101,6 +101,7 @@ def ViT(
     projection_bias=None,
     patch_norm=None,
     differential_attention=None,
+    parallel=None,
 ):
     """Build a Vision Transformer (Dosovitskiy et al., 2020).
 
@@ -185,6 +186,7 @@ def ViT(
         patch_norm: a norm on the patch embeddings (AIMv2's).
         differential_attention: attention as the difference of two softmax
             maps (timm's `DiffAttention`).
+        parallel: attention and the MLP side by side in each block.
 
     Returns:
         A `keras.Model` mapping `(batch, height, width, 3)` images in [-1, 1]
@@ -211,7 +213,7 @@ def ViT(
                     mlp_activation=mlp_activation, layer_norm_epsilon=layer_norm_epsilon, post_norm=post_norm,
                     attention_output_norm=attention_output_norm, mlp_hidden_norm=mlp_hidden_norm,
                     normalization=normalization, projection_bias=projection_bias, patch_norm=patch_norm,
-                    differential_attention=differential_attention)
+                    differential_attention=differential_attention, parallel=parallel)
     if approximate_gelu is not None and mlp_activation is None:
         switches["mlp_activation"] = "gelu_tanh" if approximate_gelu else "gelu"
     resolve_architecture(architecture, classifier, switches)  # Bad switches fail before any download.
@@ -413,6 +415,7 @@ def _build(options, input_tensor):
             projection_bias=architecture.projection_bias,
             differential_attention=architecture.differential_attention,
             layer_index=index,
+            parallel=architecture.parallel,
             layer_norm_epsilon=epsilon,
             name=f"encoderblock_{index}",
         )(x)

@@ -209,6 +209,7 @@ def test_family_table_gives_what_the_tensors_cannot(tmp_path):
     ("inner_norms", "mlp_hidden_norm", [(2, 3, 17, 17)]),
     ("aimv2", "patch_norm", [(2, 3, 4, 4)]),
     ("differential", "differential_attention", [(2, 2, 17, 17)] * 2),
+    ("parallel", "parallel", [(2, 2, 17, 17)] * 2),
 ])
 def test_new_block_options_work_with_attention_maps_lora_int8_and_keras_files(case, switch, attention_shapes,
                                                                               reference, tmp_path):

@@ -111,6 +111,14 @@ CASES = {
     "rms_norm": ("test_vit4", dict(SMALL, depth=1, num_classes=0)),
     # DiffAttention in two blocks (lambda_init depends on the block's index), registers, layer scale.
     "differential": ("vit_dwee_patch16_reg1_gap_256", dict(SMALL, embed_dim=32, num_heads=2, num_classes=6)),
+    # ParallelScalingBlock (one in_proj, two output projections, one layer scale); without qkv biases the MLP's
+    # is apart (mlp_bias).
+    "parallel": ("vit_pwee_patch16_reg1_gap_256", dict(SMALL, embed_dim=32, num_heads=2, num_classes=6,
+                                                       qkv_bias=False)),
+    # DiffParallelScalingBlock: the same with differential attention and one fused out_proj; the MLP's bias and the
+    # qkv biases in in_proj.bias.
+    "parallel_differential": ("vit_dpwee_patch16_reg1_gap_256", dict(SMALL, embed_dim=32, num_heads=2,
+                                                                     num_classes=0)),
 }
 DYNAMIC_SIZE = (42, 28)  # dinov2_reg's dynamic_img_size images (height, width), a 6x4 grid from a 4x4 table.
 
@@ -164,6 +172,10 @@ def act_info(module):
 def switches(model):
     """What timm built, from the model itself: the answers a reader of these checkpoints must reproduce."""
     block = model.blocks[0]
+    if not hasattr(block, "attn"):  # a parallel block: its parameters' shapes say what it is
+        return {"block_type": type(block).__name__, "num_reg_tokens": model.num_reg_tokens,
+                "global_pool": model.global_pool, "lambda_init": getattr(block, "lambda_init", None),
+                "parameters": {name: list(value.shape) for name, value in block.named_parameters()}}
     attn, mlp = block.attn, block.mlp
     info = {
         "num_prefix_tokens": model.num_prefix_tokens,

@@ -286,7 +286,9 @@ def architecture_from_state(state, grid_size=None, **known):
         or "encoderblock_0/attention_output/kernel" not in names,
         patch_norm="patch_norm/gamma" in names,
         differential_attention="encoderblock_0/lambda_q1" in names,
-        layer_scale=1e-5 if "encoderblock_0/attention_layer_scale" in names else None,
+        parallel="encoderblock_0/attention_norm/gamma" in names and "encoderblock_0/mlp_norm/gamma" not in names,
+        layer_scale=1e-5 if "encoderblock_0/attention_layer_scale" in names or "encoderblock_0/layer_scale" in names
+        else None,
     )
     fields.update({key: value for key, value in known.items() if value is not None})
     if gated:
@@ -355,6 +357,7 @@ def architecture_of(model):
         projection_bias=block.projection_bias,
         patch_norm="patch_norm" in layers,
         differential_attention=getattr(block, "differential_attention", False),
+        parallel=getattr(block, "parallel", False),
         mlp_activation=block.activation,
         layer_norm_epsilon=block.layer_norm_epsilon,
         **_pixel_statistics(layers.get("input_normalization")),

@@ -47,6 +47,10 @@ def _projection_bias(architecture):
     return architecture.projection_bias
 
 
+def _sequential(architecture):
+    return not architecture.parallel
+
+
 def _attention_pooling(architecture):
     return architecture.classifier == "map"
 
@@ -71,11 +75,13 @@ BLOCK_WEIGHTS = {
     **_pair("attention_norm", _always),
     **_dense("qkv", bias=lambda a: a.qkv_bias),
     **_dense("attention_output", bias=_projection_bias),
-    **_pair("mlp_norm", _always),
-    **_dense("mlp_hidden", bias=_projection_bias),
-    **_dense("mlp_output", bias=_projection_bias),
-    "attention_layer_scale": lambda a: a.layer_scale is not None,
-    "mlp_layer_scale": lambda a: a.layer_scale is not None,
+    **_pair("mlp_norm", _sequential),
+    # A parallel block's MLP input keeps its bias; its one output bias is the attention output's.
+    **_dense("mlp_hidden", bias=lambda a: a.projection_bias or a.parallel),
+    **_dense("mlp_output", bias=lambda a: a.projection_bias and not a.parallel),
+    "attention_layer_scale": lambda a: a.layer_scale is not None and not a.parallel,
+    "mlp_layer_scale": lambda a: a.layer_scale is not None and not a.parallel,
+    "layer_scale": lambda a: a.layer_scale is not None and a.parallel,
     **_pair("query_norm", lambda a: a.qk_norm),
     **_pair("key_norm", lambda a: a.qk_norm),
     **_pair("attention_output_norm", lambda a: a.attention_output_norm),
@@ -108,6 +114,26 @@ def keras_to_torch(name, value):
     return value.T if name.endswith(".weight") and value.ndim == 2 else value
 
 
+@dataclasses.dataclass(frozen=True, eq=False)  # each rule is itself (hashed by identity)
+class BlockRule:
+    """Block tensors a file keeps otherwise than one per keras_vit weight (one tensor for two weights, two for one).
+
+    Attributes:
+        names: the file's names (after a block's prefix) -> the keras_vit
+            paths (after `encoderblock_{i}/`) each feeds.
+        read: `(parts, block)` -> `{path: array}` in keras_vit's layout, from
+            `parts` (`{name: array}` in the file's layout, all of `names`)
+            and `block` (all that block's tensors, for a size to split by).
+        write: `{path: array}` (keras_vit's) -> `{name: array}` (the file's).
+        when: the architectures whose files hold these names.
+    """
+
+    names: dict
+    read: object
+    write: object
+    when: object = _always
+
+
 @dataclasses.dataclass(frozen=True)
 class TensorLayout:
     """One weight layout: which tensor of a file is which keras_vit weight.
@@ -134,6 +160,7 @@ class TensorLayout:
             same weight.
         reshaped: file name -> `(function(value) -> {path: array}, paths)`
             for tensors stored another way than keras_vit's.
+        rules: `BlockRule`s for block tensors stored another way.
         hint: appended to the error for names the table does not know.
     """
 
@@ -146,6 +173,7 @@ class TensorLayout:
     other_model: tuple = ()
     qkv: dict = dataclasses.field(default_factory=dict)
     packed: dict = dataclasses.field(default_factory=dict)
+    rules: tuple = ()
     reshaped: dict = dataclasses.field(default_factory=dict)
     hint: str = ""
 
@@ -173,7 +201,8 @@ class TensorLayout:
         `expected`: `(architecture, depth, settings)` of the model a config describes, whose tensors the file
         must hold exactly (`check_complete`).
         """
-        state, qkv, packed, unknown = {}, {}, {}, []
+        state, qkv, packed, ruled, unknown = {}, {}, {}, {}, []
+        rules = {name: rule for rule in self.rules for name in rule.names}
         for original in tensors:
             name = self.own_name(original)
             if name is None or name in self.ignored:
@@ -188,6 +217,8 @@ class TensorLayout:
                 state[f"encoderblock_{index}/{_path(self.block[rest])}"] = torch_to_keras(rest, value)
             elif rest in self.qkv:
                 qkv.setdefault(index, {})[self.qkv[rest]] = torch_to_keras(rest, value)
+            elif rest in rules:
+                ruled.setdefault((index, rules[rest]), {})[rest] = value
             elif rest in self.packed:
                 path, part, _ = self.packed[rest]
                 packed.setdefault(f"encoderblock_{index}/{path}", {})[part] = (original, torch_to_keras(rest, value))
@@ -200,7 +231,19 @@ class TensorLayout:
             self.check_complete(list(tensors), *expected, description)
         fuse_qkv(qkv, state, description)
         self._join_packed(packed, state, description)
+        self._apply_rules(ruled, tensors, state, description)
         return state
+
+    def _apply_rules(self, ruled, tensors, state, description):
+        for (index, rule), parts in sorted(ruled.items(), key=lambda item: item[0][0]):
+            prefix = f"{self.block_prefix}{index}."
+            missing = [prefix + name for name in rule.names if name not in parts]
+            if missing:
+                raise CheckpointError(f"{description} holds {preview([prefix + name for name in parts], 3)} but not "
+                                      f"{preview(missing, 3)}, which come together. Nothing was loaded.")
+            block = {name[len(prefix):]: np.asarray(value) for name, value in tensors.items()
+                     if name.startswith(prefix)}
+            state.update({f"encoderblock_{index}/{path}": value for path, value in rule.read(parts, block).items()})
 
     def _join_packed(self, packed, state, description):
         for path, parts in packed.items():
@@ -230,6 +273,8 @@ class TensorLayout:
             pieces = [prefix + name for name, (ours, _, _) in self.packed.items() if ours == rest]
             if pieces and set(pieces) & set(present):
                 return pieces
+            names += [name for rule in self.rules for name, paths in rule.names.items()
+                      if rest in paths and (architecture is None or rule.when(architecture))]
             return [prefix + name for name in names]
         return named(self.top, path) + [name for name, (_, paths) in self.reshaped.items() if path in paths]
 
@@ -258,17 +303,33 @@ class TensorLayout:
             raise CheckpointError(f"{description} has {len(extra)} tensors that the model its config.json "
                                   f"describes ({settings}) has not: {preview(extra, 5)}{under}.")
 
-    def write(self, state, unpacked=False):
+    def write(self, state, unpacked=False, architecture=None):
         """A state dict in this layout (PyTorch's shapes) from keras_vit's `state`; a weight with no place is refused.
 
         `unpacked`: write the weights that `packed` declares in their pieces.
+        `architecture`: the model's, for the names and `rules` that depend on it.
         """
+        def applies(entry):
+            return architecture is None or not isinstance(entry, tuple) or entry[1](architecture)
+
         tops = {_path(ours): name for name, ours in self.top.items()}
-        blocks = {_path(ours): name for name, ours in self.block.items()}
+        blocks = {_path(ours): name for name, ours in self.block.items() if applies(ours)}
+        rules = [rule for rule in self.rules if architecture is not None and rule.when(architecture)]
+        ruled = {path for rule in rules for paths in rule.names.values() for path in paths}
+        blocks = {path: name for path, name in blocks.items() if path not in ruled}
+        state = dict(state)
+        tensors = {}
+        for block in sorted({path.partition("/")[0] for path in state if path.startswith("encoderblock_")}):
+            prefix = f"{self.block_prefix}{block.removeprefix('encoderblock_')}."
+            for rule in rules:
+                paths = {path for paths in rule.names.values() for path in paths}
+                parts = {path: state.pop(f"{block}/{path}") for path in paths if f"{block}/{path}" in state}
+                if parts:
+                    tensors.update({prefix + name: np.ascontiguousarray(value.astype("float32"))
+                                    for name, value in rule.write(parts).items()})
         pieces = {}
         for name, (ours, part, parts) in self.packed.items():
             pieces.setdefault(ours, []).append((part, parts, name))
-        tensors = {}
         for path, value in state.items():
             block, _, rest = path.partition("/")
             if block.startswith("encoderblock_") and unpacked and rest in pieces:

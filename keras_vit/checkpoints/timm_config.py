@@ -112,6 +112,8 @@ _SWITCH_TENSORS = {
     "layer_scale": ("blocks.0.ls1.gamma", "init_values {}", lambda scale: "set" if scale else "None"),
     "projection_bias": ("blocks.0.attn.proj.bias", "proj_bias={}"),
     "patch_norm": ("patch_embed.norm.weight", "embed_norm_layer {}", lambda norm: "set" if norm else "None"),
+    "parallel": ("blocks.0.in_norm.weight", "block_fn {}", lambda parallel: "a parallel block" if parallel else "Block"),
+    "differential_attention": ("blocks.0.lambda_q1 or blocks.0.attn.lambda_q1", "differential attention: {}"),
 }
 
 

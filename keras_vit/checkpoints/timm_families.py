@@ -44,8 +44,10 @@ DEFAULT_ONLY_KEYWORDS = {"padding_same": True, "dynamic_img_pad": False, "pos_em
 # act_layer (as timm's get_act_layer takes it) -> keras_vit's mlp_activation; timm's default is exact GELU.
 ACTIVATIONS = {None: "gelu", "gelu": "gelu", "gelu_tanh": "gelu_tanh", "quick_gelu": "quick_gelu"}
 POOLS = {"token": "token", "avg": "gap", "map": "map"}
-# block_fn -> keras_vit's post_norm. ResPostBlock's init_values only initialise its norms: no layer scale.
-BLOCKS = {"Block": False, "ResPostBlock": True}
+# block_fn -> the Architecture fields it sets. ResPostBlock's init_values only initialise its norms: no layer
+# scale. The parallel blocks scale the sum of both branches by one.
+BLOCKS = {"Block": {}, "ResPostBlock": {"post_norm": True}, "ParallelScalingBlock": {"parallel": True},
+          "DiffParallelScalingBlock": {"parallel": True, "differential_attention": True}}
 # timm's checkpoint_filter_fn resamples a position table bicubic with antialias, except where noted.
 DEFAULT_RESIZE = ("bicubic", True, False)
 
@@ -103,8 +105,7 @@ REFUSED = (
     (r"^vit_\w*_mci_|^vitamin_",
      "a convolutional stem before the patches that is not a ResNet (MobileCLIP's ConvStem, ViTamin's MbConv "
      "stages; keras_vit reads timm's ResNetV2 hybrids)"),
-    (r"_xp_|_pwee_|_dpwee_|_18x2_", "parallel blocks (timm's ParallelScalingBlock, DiffParallelScalingBlock or "
-                                    "ParallelThingsBlock)"),
+    (r"_xp_|_18x2_", "parallel blocks of several attention and MLP branches (timm's ParallelThingsBlock)"),
     (r"distilled", "a distillation token and head (DeiT distilled)"),
 )
 
@@ -286,6 +287,12 @@ ARCHITECTURES = {
                                               global_pool='avg', init_values=1e-05, no_embed_class=True, reg_tokens=1),
     "vit_dwee_patch16_reg1_gap_256": _timm(16, 256, 256, 14, 4, mlp_ratio=5, attn_layer='diff', class_token=False,
                                            global_pool='avg', init_values=1e-05, no_embed_class=True, reg_tokens=1),
+    "vit_dpwee_patch16_reg1_gap_256": _timm(16, 256, 256, 16, 4, mlp_ratio=5, block_fn='DiffParallelScalingBlock',
+                                            class_token=False, global_pool='avg', init_values=1e-05,
+                                            no_embed_class=True, reg_tokens=1),
+    "vit_pwee_patch16_reg1_gap_256": _timm(16, 256, 256, 16, 4, mlp_ratio=5, block_fn='ParallelScalingBlock',
+                                           class_token=False, global_pool='avg', init_values=1e-05,
+                                           no_embed_class=True, reg_tokens=1),
     "vit_little_patch16_reg1_gap_256": _timm(16, 256, 320, 14, 5, mlp_ratio=5.6, class_token=False, global_pool='avg',
                                              init_values=1e-05, no_embed_class=True, reg_tokens=1),
     "vit_little_patch16_reg4_gap_256": _timm(16, 256, 320, 14, 5, mlp_ratio=5.6, class_token=False, global_pool='avg',
@@ -400,7 +407,8 @@ def timm_switches_to_architecture(switches):
     if fc_norm is None:
         fc_norm = pool == "avg"
     final_norm = switches.get("final_norm", True)
-    post_norm = BLOCKS[switches.get("block_fn", "Block")]
+    block = BLOCKS[switches.get("block_fn", "Block")]
+    post_norm = block.get("post_norm", False)
     init_values = None if post_norm else switches.get("init_values")
     return dict(
         class_token=bool(class_token),
@@ -419,7 +427,8 @@ def timm_switches_to_architecture(switches):
         normalization=switches.get("norm_layer", "layer_norm"),
         projection_bias=bool(switches.get("proj_bias", True)),
         patch_norm=switches.get("embed_norm_layer") is not None,
-        differential_attention=switches.get("attn_layer") == "diff",
+        differential_attention=switches.get("attn_layer") == "diff" or block.get("differential_attention", False),
+        parallel=block.get("parallel", False),
         layer_norm_epsilon=float(switches.get("norm_eps", 1e-6)),
         post_norm=post_norm,
         attention_output_norm=bool(switches.get("scale_attn_norm", False)),

@@ -41,7 +41,7 @@ from keras_vit.checkpoints.source import (
 )
 from keras_vit.architecture import Architecture
 from keras_vit.checkpoints.timm_config import check_head, check_tensors_agree, checked_sizes, grid_of_config, model_args_of
-from keras_vit.checkpoints.tensor_layout import TensorLayout, keras_to_torch, settings, torch_to_keras
+from keras_vit.checkpoints.tensor_layout import BlockRule, TensorLayout, keras_to_torch, settings, torch_to_keras
 from keras_vit.checkpoints.timm_families import (
     DEFAULT_RESIZE,
     SWITCH_KEYWORDS,
@@ -60,36 +60,112 @@ from keras_vit.variants import resnet_stride
 
 logger = logging.getLogger("keras_vit")
 
+def _sequential(path):
+    """`path` in a plain block (timm's Block, ResPostBlock), which has a parallel block's counterpart."""
+    return path, lambda architecture: not architecture.parallel
+
+
+def _parallel(path, differential=None):
+    """`path` in a parallel block (timm's ParallelScalingBlock; with `differential`, only in DiffParallelScalingBlock
+    or only in the other)."""
+    return path, lambda a: a.parallel and differential in (None, a.differential_attention)
+
+
 # timm name (after "blocks.{i}.") -> keras_vit name (after "encoderblock_{i}/").
 _BLOCK = {
-    "norm1.weight": "attention_norm/gamma",
-    "norm1.bias": "attention_norm/beta",
-    "attn.qkv.weight": "qkv/kernel",
-    "attn.qkv.bias": "qkv/bias",
-    "attn.proj.weight": "attention_output/kernel",
-    "attn.proj.bias": "attention_output/bias",
+    "norm1.weight": _sequential("attention_norm/gamma"),
+    "norm1.bias": _sequential("attention_norm/beta"),
+    "attn.qkv.weight": _sequential("qkv/kernel"),
+    "attn.qkv.bias": _sequential("qkv/bias"),
+    "attn.proj.weight": _sequential("attention_output/kernel"),
+    "attn.proj.bias": _sequential("attention_output/bias"),
     "norm2.weight": "mlp_norm/gamma",
     "norm2.bias": "mlp_norm/beta",
-    "mlp.fc1.weight": "mlp_hidden/kernel",
-    "mlp.fc1.bias": "mlp_hidden/bias",
-    "mlp.fc2.weight": "mlp_output/kernel",
+    "mlp.fc1.weight": _sequential("mlp_hidden/kernel"),
+    "mlp.fc1.bias": _sequential("mlp_hidden/bias"),
+    "mlp.fc2.weight": _sequential("mlp_output/kernel"),
     "mlp.fc2.bias": "mlp_output/bias",
     "ls1.gamma": "attention_layer_scale",
     "ls2.gamma": "mlp_layer_scale",
-    "attn.q_norm.weight": "query_norm/gamma",
-    "attn.q_norm.bias": "query_norm/beta",
-    "attn.k_norm.weight": "key_norm/gamma",
-    "attn.k_norm.bias": "key_norm/beta",
+    "attn.q_norm.weight": _sequential("query_norm/gamma"),
+    "attn.q_norm.bias": _sequential("query_norm/beta"),
+    "attn.k_norm.weight": _sequential("key_norm/gamma"),
+    "attn.k_norm.bias": _sequential("key_norm/beta"),
     "attn.norm.weight": "attention_output_norm/gamma",
     "attn.norm.bias": "attention_output_norm/beta",
     "mlp.norm.weight": "mlp_hidden_norm/gamma",
     "mlp.norm.bias": "mlp_hidden_norm/beta",
-    "attn.lambda_q1": "lambda_q1",
-    "attn.lambda_k1": "lambda_k1",
-    "attn.lambda_q2": "lambda_q2",
-    "attn.lambda_k2": "lambda_k2",
-    "attn.sub_norm.weight": "attention_sub_norm/gamma",
+    "attn.lambda_q1": _sequential("lambda_q1"),
+    "attn.lambda_k1": _sequential("lambda_k1"),
+    "attn.lambda_q2": _sequential("lambda_q2"),
+    "attn.lambda_k2": _sequential("lambda_k2"),
+    "attn.sub_norm.weight": _sequential("attention_sub_norm/gamma"),
+    # timm's parallel blocks: one norm, one input projection (MLP first, then q, k, v), the attention's and the
+    # MLP's outputs summed under one layer scale.
+    "in_norm.weight": _parallel("attention_norm/gamma"),
+    "in_norm.bias": _parallel("attention_norm/beta"),
+    "mlp_bias": ("mlp_hidden/bias", lambda a: a.parallel and not a.qkv_bias),  # else in in_proj.bias
+    "attn_out_proj.weight": _parallel("attention_output/kernel", differential=False),
+    "mlp_out_proj.weight": _parallel("mlp_output/kernel", differential=False),
+    "out_proj.bias": _parallel("attention_output/bias", differential=True),
+    "ls.gamma": "layer_scale",
+    "q_norm.weight": _parallel("query_norm/gamma"),
+    "q_norm.bias": _parallel("query_norm/beta"),
+    "k_norm.weight": _parallel("key_norm/gamma"),
+    "k_norm.bias": _parallel("key_norm/beta"),
+    "lambda_q1": _parallel("lambda_q1"),
+    "lambda_k1": _parallel("lambda_k1"),
+    "lambda_q2": _parallel("lambda_q2"),
+    "lambda_k2": _parallel("lambda_k2"),
+    "sub_norm.weight": _parallel("attention_sub_norm/gamma"),
 }
+
+
+def _split_in_projection(parts, block):
+    """A parallel block's `in_proj` (MLP input rows, then q, k and v) as keras_vit's `mlp_hidden` and `qkv`."""
+    if "in_proj.weight" not in block:
+        raise CheckpointError("a parallel block holds in_proj.bias but not in_proj.weight, which it splits by. Nothing "
+                              "was loaded.")
+    width = block["in_proj.weight"].shape[1]
+    state = {}
+    for name, kind in (("in_proj.weight", "kernel"), ("in_proj.bias", "bias")):
+        if name in parts:
+            mlp, qkv = np.split(torch_to_keras(name, parts[name]), [parts[name].shape[0] - 3 * width], axis=-1)
+            state.update({f"mlp_hidden/{kind}": mlp, f"qkv/{kind}": qkv})
+    return state
+
+
+def _join_in_projection(state):
+    return {f"in_proj.{kind}": keras_to_torch(f"in_proj.{kind}", np.concatenate(
+        [state[f"mlp_hidden/{name}"], state[f"qkv/{name}"]], -1)) for kind, name in (("weight", "kernel"),
+                                                                                    ("bias", "bias"))
+            if f"qkv/{name}" in state}
+
+
+def _split_out_projection(parts, block):
+    """DiffParallelScalingBlock's one `out_proj` (attention columns, then the MLP's) as keras_vit's two."""
+    width = parts["out_proj.weight"].shape[0]
+    attention, mlp = np.split(torch_to_keras("out_proj.weight", parts["out_proj.weight"]), [width], axis=0)
+    return {"attention_output/kernel": attention, "mlp_output/kernel": mlp}
+
+
+# Where the file keeps block weights otherwise than one tensor per weight.
+_RULES = (
+    BlockRule({"in_proj.weight": ("mlp_hidden/kernel", "qkv/kernel")}, _split_in_projection, _join_in_projection,
+              when=lambda a: a.parallel),
+    BlockRule({"in_proj.bias": ("mlp_hidden/bias", "qkv/bias")}, _split_in_projection, _join_in_projection,
+              when=lambda a: a.parallel and a.qkv_bias),
+    # ParallelScalingBlock's two output biases act as one: keras_vit keeps their sum, and writes it back whole.
+    BlockRule({"attn_out_proj.bias": ("attention_output/bias",), "mlp_out_proj.bias": ("attention_output/bias",)},
+              lambda parts, block: {"attention_output/bias": parts["attn_out_proj.bias"] + parts["mlp_out_proj.bias"]},
+              lambda state: {"attn_out_proj.bias": state["attention_output/bias"],
+                             "mlp_out_proj.bias": np.zeros_like(state["attention_output/bias"])},
+              when=lambda a: a.parallel and not a.differential_attention and a.projection_bias),
+    BlockRule({"out_proj.weight": ("attention_output/kernel", "mlp_output/kernel")}, _split_out_projection,
+              lambda state: {"out_proj.weight": keras_to_torch("out_proj.weight", np.concatenate(
+                  [state["attention_output/kernel"], state["mlp_output/kernel"]], 0))},
+              when=lambda a: a.parallel and a.differential_attention),
+)
 _TOP = {
     "cls_token": "class_token/cls",
     "pos_embed": "position_embedding/pos_embedding",
@@ -136,7 +212,7 @@ _MAX_HEADER_BYTES = 100 << 20
 _SWIGLU_PIECES = {"mlp.fc1_g.weight": ("mlp_hidden/kernel", 0, 2), "mlp.fc1_x.weight": ("mlp_hidden/kernel", 1, 2),
                   "mlp.fc1_g.bias": ("mlp_hidden/bias", 0, 2), "mlp.fc1_x.bias": ("mlp_hidden/bias", 1, 2)}
 LAYOUT = TensorLayout("timm's VisionTransformer layout", top=_TOP, block_prefix="blocks.", block=_BLOCK,
-                      packed=_SWIGLU_PIECES,
+                      packed=_SWIGLU_PIECES, rules=_RULES,
                       hint="; keras_vit reads timm ViT state dicts (blocks.N.attn.qkv.weight, ...)")
 
 
@@ -175,7 +251,7 @@ def to_timm(model, architecture=None):
                 and timm_backbone_name(path, stem_only=hybrid == ())}
     unpacked = architecture is not None and \
         timm_architecture(architecture, "save_timm").switches.get("mlp_layer") == "swiglu"
-    tensors = LAYOUT.write(state, unpacked=unpacked)
+    tensors = LAYOUT.write(state, unpacked=unpacked, architecture=architecture_of(model))
     for path, value in backbone.items():
         name = timm_backbone_name(path, stem_only=hybrid == ())
         tensors[name] = np.ascontiguousarray(keras_to_torch(name, value).astype("float32"))
@@ -187,7 +263,8 @@ _NAMED_ONLY = {"layer_norm_epsilon": ("LayerNorm epsilon {:g}", "vit_base_patch1
                "swiglu": ("a SwiGLU MLP", "vit_giant_patch14_dinov2 (a packed SwiGLU MLP)"),
                "post_norm": ("post-norm blocks", "vit_base_patch16_rpn_224 (timm's ResPostBlock)"),
                "rms_norm": ("RMSNorms", "aimv2_large_patch14_224 (AIMv2's RmsNorm)"),
-               "patch_norm": ("a patch-embedding norm", "aimv2_large_patch14_224 (AIMv2's embed_norm_layer)")}
+               "patch_norm": ("a patch-embedding norm", "aimv2_large_patch14_224 (AIMv2's embed_norm_layer)"),
+               "parallel": ("parallel blocks", "vit_pwee_patch16_reg1_gap_256 (timm's ParallelScalingBlock)")}
 
 
 def timm_arguments(model, architecture=None):
@@ -244,13 +321,14 @@ def timm_arguments(model, architecture=None):
         scale_mlp_norm=found.mlp_hidden_norm, pool_include_prefix=found.pool_include_prefix,
         proj_bias=found.projection_bias,
     )
-    if found.differential_attention:
+    if found.differential_attention and not found.parallel:  # DiffParallelScalingBlock has its own
         arguments["attn_layer"] = "diff"
     if arguments["img_size"] is None:
         del arguments["img_size"]
     needs_name = [key for key, needed in (("layer_norm_epsilon", found.layer_norm_epsilon != 1e-6),
                                           ("swiglu", found.mlp_activation == "swiglu"),
                                           ("post_norm", found.post_norm),
+                                          ("parallel", found.parallel),
                                           ("rms_norm", found.normalization == "rms_norm"),
                                           ("patch_norm", found.patch_norm)) if needed]
     if resnet is not None and architecture is None:
@@ -275,7 +353,8 @@ def timm_arguments(model, architecture=None):
     if named["post_norm"] != found.post_norm:
         raise CheckpointError(f"timm's {architecture!r} has {'post' if named['post_norm'] else 'pre'}-norm blocks, "
                               f"but {model.name} has {'post' if found.post_norm else 'pre'}-norm blocks.")
-    for field, what in (("normalization", "norms"), ("patch_norm", "patch-embedding norm")):
+    for field, what in (("normalization", "norms"), ("patch_norm", "patch-embedding norm"), ("parallel", "parallel "
+                        "blocks"), ("differential_attention", "differential attention")):
         if named[field] != getattr(found, field):
             raise CheckpointError(f"timm's {architecture!r} has {what} {named[field]!r}, but {model.name} has "
                                   f"{getattr(found, field)!r}; pass architecture= a timm name that sets the same.")
