@@ -10,7 +10,7 @@ import numbers
 import keras
 
 from keras_vit import deployment
-from keras_vit.checkpoints.source import resnet_layers_of
+from keras_vit.checkpoints.source import conv_stem_widths_of, resnet_layers_of
 from keras_vit.variants import Variant
 
 # The image_size of a dynamic-resolution model: any height and width that divide into patches.
@@ -43,6 +43,8 @@ def sizes_of(model):
     if "conv_root/kernel" in paths:
         resnet = dict(resnet_layers=resnet_layers_of(paths),
                       resnet_width=int(paths["conv_root/kernel"].shape[-1]))
+    if "conv_stem_0/kernel" in paths:
+        resnet = dict(conv_stem_widths=conv_stem_widths_of(paths))
     return Variant(embedding.patch_size[0], embedding.hidden_size, depth, block.num_heads, block.mlp_dim, **resnet)
 
 

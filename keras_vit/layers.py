@@ -17,7 +17,8 @@ from keras import ops
 
 from keras_vit.architecture import LAYER_NORM_EPSILON  # noqa: F401 (re-exported)
 # Re-exported: the layers of a ViT that live in their own modules.
-from keras_vit.blocks import AttentionPooling, TransformerBlock  # noqa: F401
+from keras_vit.attention_pooling import AttentionPooling  # noqa: F401
+from keras_vit.blocks import TransformerBlock  # noqa: F401
 from keras_vit.layer_norm import LayerNorm, RMSNorm, norm_layer  # noqa: F401
 from keras_vit.position_embedding import AddPositionEmbedding, as_pair  # noqa: F401
 

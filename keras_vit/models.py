@@ -12,21 +12,10 @@ import keras
 
 from keras_vit import checkpoints
 from keras_vit.architecture import Architecture, resolve_architecture
-from keras_vit.functional import DYNAMIC, VisionTransformer, check_image_size
-from keras_vit.layers import (
-    AddPositionEmbedding,
-    AttentionPooling,
-    ClassToken,
-    InputNormalization,
-    PatchEmbedding,
-    RegisterTokens,
-    TokenPooling,
-    TransformerBlock,
-    dtype_policy,
-    norm_layer,
-)
+from keras_vit.functional import DYNAMIC, VisionTransformer, check_image_size  # noqa: F401 (the class, here too)
+from keras_vit.builder import ModelOptions, build, position_grid
+from keras_vit.layers import dtype_policy
 from keras_vit.position_embedding import as_pair
-from keras_vit.resnet import apply_resnet
 from keras_vit.variants import VARIANTS, Variant, variant_name
 
 
@@ -64,6 +53,7 @@ def ViT(
     mlp_dim=3072,
     resnet_layers=None,
     resnet_width=64,
+    conv_stem_widths=None,
     classes=None,
     include_top=True,
     weights=None,
@@ -121,6 +111,9 @@ def ViT(
             alone); `patch_size` then cuts the ResNet's feature map.
         resnet_width: the ResNet root block's width (stage `i` has
             bottleneck width `resnet_width * 2**i`); a multiple of 32.
+        conv_stem_widths: for MobileCLIP's hybrid (timm's `vit_base_mci_224`),
+            the two widths of its convolutional stem (`keras_vit.conv_stem`),
+            which puts 8 pixels in each position before `patch_size` patches.
         classes: classifier outputs; default the checkpoint's class count
             when `weights` has a head, else 1000.
         include_top: add the classifier (pre-logits and head).
@@ -226,7 +219,12 @@ def ViT(
                 f"resnet_layers {resnet_layers} must count at least one unit per stage and "
                 f"resnet_width {resnet_width} must be a multiple of 32 (GroupNorm's 32 groups)."
             )
-    sizes = Variant(patch_size, hidden_size, num_layers, num_heads or 12, mlp_dim, resnet_layers, resnet_width)
+    if conv_stem_widths is not None:
+        conv_stem_widths = tuple(int(width) for width in conv_stem_widths)
+        if resnet_layers is not None or len(conv_stem_widths) != 2 or min(conv_stem_widths) < 1:
+            raise ValueError(f"conv_stem_widths {conv_stem_widths} must be two widths >= 1, without resnet_layers.")
+    sizes = Variant(patch_size, hidden_size, num_layers, num_heads or 12, mlp_dim, resnet_layers, resnet_width,
+                    conv_stem_widths)
     check_image_size(image_size, sizes, drop_remainder)
     if position_embedding_interpolation not in (None, "bicubic", "bilinear"):
         raise ValueError(f"Unknown position_embedding_interpolation {position_embedding_interpolation!r}; "
@@ -268,7 +266,7 @@ def ViT(
         attention_dropout_rate=attention_dropout_rate,
         stochastic_depth_rate=stochastic_depth_rate,
         classifier_activation=classifier_activation,
-        position_grid=_position_grid(image_size, sizes, source),
+        position_grid=position_grid(image_size, sizes, source),
         position_embedding_interpolation=interpolation,
         position_embedding_antialias=antialias,
         drop_remainder=bool(drop_remainder),
@@ -277,7 +275,7 @@ def ViT(
     previous = keras.config.dtype_policy()
     keras.config.set_dtype_policy(policy or previous)  # every layer takes the model's precision
     try:
-        model = _build(options, input_tensor)
+        model = build(options, input_tensor)
     finally:
         keras.config.set_dtype_policy(previous)
     if source is not None:
@@ -285,43 +283,6 @@ def ViT(
         if include_top and source.class_names and len(source.class_names) == classes == source.classes:
             model.class_names = list(source.class_names)  # the file's head, so the file's names
     return model
-
-
-def _position_grid(image_size, sizes, source):
-    """The grid of the position table: the image's, or with dynamic resolution the checkpoint's (else 224 px)."""
-    step = sizes.pixels_per_patch
-    if image_size != DYNAMIC:
-        return (image_size[0] // step, image_size[1] // step)
-    if source is not None and source.state is not None:
-        if source.grid_size is not None:
-            return tuple(source.grid_size)
-        table = source.state.get("position_embedding/pos_embedding")
-        grid = None if table is None else source.architecture.grid_of(table.shape[1])
-        if grid is not None:
-            return grid
-    return (max(224 // step, 1),) * 2
-
-
-@dataclasses.dataclass(frozen=True)
-class ModelOptions:
-    """Everything `ViT` resolved (checkpoint defaults included) that shapes the built model."""
-
-    image_size: tuple
-    sizes: Variant
-    classes: int = 1000
-    include_top: bool = True
-    pooling: str = None
-    architecture: Architecture = Architecture()
-    representation_size: int = 0
-    dropout_rate: float = 0.0
-    attention_dropout_rate: float = 0.0
-    stochastic_depth_rate: float = 0.0
-    classifier_activation: str = "softmax"
-    position_grid: tuple = None  # Default: the image's grid.
-    position_embedding_interpolation: str = "bicubic"
-    position_embedding_antialias: bool = False
-    drop_remainder: bool = False
-    name: str = "vit"
 
 
 def read_checkpoint(weights, variant=None, image_size=(224, 224), sizes=None, classes=None):
@@ -341,105 +302,13 @@ def read_checkpoint(weights, variant=None, image_size=(224, 224), sizes=None, cl
         return source
     layout = source.layout
     try:
-        template = _build(ModelOptions(**layout), None)
+        template = build(ModelOptions(**layout), None)
         template.load_weights(source.description)
     except Exception as error:
         raise checkpoints.CheckpointError(
             f"{source.description} could not be loaded as keras_vit weights: {error}"
         ) from error
     return source.with_state(checkpoints.state_of(template))
-
-
-def _build(options, input_tensor):
-    sizes, image_size, architecture = options.sizes, options.image_size, options.architecture
-    if options.pooling == "token" and not architecture.class_token:
-        raise ValueError(f"pooling='token' needs a class token, but classifier={architecture.classifier!r} has none.")
-    shape = (*image_size, 3)
-    if input_tensor is None:
-        images = keras.Input(shape=shape, name="images")
-    elif not keras.backend.is_keras_tensor(input_tensor):
-        images = keras.Input(tensor=input_tensor, shape=shape, name="images")
-    else:
-        images = input_tensor
-    grid_size = options.position_grid or _position_grid(image_size, sizes, None)
-    num_prefix_tokens = architecture.num_prefix_tokens
-    epsilon = architecture.layer_norm_epsilon
-    dynamic = image_size == DYNAMIC
-
-    x = images
-    if architecture.normalizes_input:
-        x = InputNormalization(architecture.input_mean, architecture.input_std, name="input_normalization")(x)
-    if sizes.resnet_layers is not None:
-        x = apply_resnet(x, sizes.resnet_layers, sizes.resnet_width, architecture.resnet_epsilons)
-    x = patch_grid = PatchEmbedding(sizes.patch_size, sizes.hidden_size, flatten=not dynamic,
-                                    use_bias=architecture.patch_bias, drop_remainder=options.drop_remainder,
-                                    name="embedding")(x)
-    if dynamic:
-        x = keras.layers.Reshape((-1, sizes.hidden_size), name="flatten_patches")(patch_grid)
-    if architecture.patch_norm:
-        x = norm_layer(architecture.normalization, epsilon, name="patch_norm")(x)
-    position = AddPositionEmbedding(
-        grid_size,
-        architecture.position_prefix_rows,
-        interpolation=options.position_embedding_interpolation,
-        antialias=options.position_embedding_antialias,
-        name="position_embedding",
-    )
-    if not architecture.class_token_position_embedding:  # timm's no_embed_class: patches only.
-        x = position(x, patch_grid=patch_grid) if dynamic else position(x)
-    if architecture.register_tokens:  # [class, registers..., patches], as timm orders them.
-        x = RegisterTokens(architecture.register_tokens, name="register_tokens")(x)
-    if architecture.class_token:
-        x = ClassToken(name="class_token")(x)
-    if architecture.class_token_position_embedding:
-        x = position(x, patch_grid=patch_grid) if dynamic else position(x)
-    x = keras.layers.Dropout(options.dropout_rate, name="embedding_dropout")(x)
-    if architecture.norm_pre:
-        x = norm_layer(architecture.normalization, epsilon, name="pre_norm")(x)
-    for index in range(sizes.num_layers):
-        depth_rate = options.stochastic_depth_rate * index / max(sizes.num_layers - 1, 1)
-        x = TransformerBlock(
-            num_heads=sizes.num_heads,
-            mlp_dim=sizes.mlp_dim,
-            dropout_rate=options.dropout_rate,
-            attention_dropout_rate=options.attention_dropout_rate,
-            stochastic_depth_rate=depth_rate,
-            activation=architecture.mlp_activation,
-            qkv_bias=architecture.qkv_bias,
-            qk_norm=architecture.qk_norm,
-            layer_scale=architecture.layer_scale,
-            post_norm=architecture.post_norm,
-            attention_output_norm=architecture.attention_output_norm,
-            mlp_hidden_norm=architecture.mlp_hidden_norm,
-            normalization=architecture.normalization,
-            projection_bias=architecture.projection_bias,
-            differential_attention=architecture.differential_attention,
-            layer_index=index,
-            parallel=architecture.parallel,
-            layer_norm_epsilon=epsilon,
-            name=f"encoderblock_{index}",
-        )(x)
-    if architecture.final_norm and not architecture.fc_norm:
-        x = norm_layer(architecture.normalization, epsilon, name="encoder_norm")(x)
-
-    pooling = architecture.classifier if options.include_top else options.pooling
-    pooled_from = 0 if architecture.pool_include_prefix and pooling != "token" else num_prefix_tokens
-    if pooling == "map":
-        activation = "gelu" if architecture.mlp_activation == "swiglu" else architecture.mlp_activation
-        x = AttentionPooling(sizes.num_heads, sizes.mlp_dim, activation=activation, layer_norm_epsilon=epsilon,
-                             num_prefix_tokens=pooled_from, name="attention_pool")(x)
-    elif pooling is not None:
-        x = TokenPooling(pooling, pooled_from, name="pool")(x)
-    if pooling is not None and architecture.fc_norm:
-        x = norm_layer(architecture.normalization, epsilon, name="fc_norm")(x)
-    if options.include_top:
-        if options.representation_size:
-            x = keras.layers.Dense(options.representation_size, activation="tanh", name="pre_logits")(x)
-        x = keras.layers.Dense(options.classes, kernel_initializer="zeros", name="head")(x)
-        x = keras.layers.Activation(options.classifier_activation, dtype="float32", name="predictions")(x)
-
-    inputs = images if input_tensor is None else keras.utils.get_source_inputs(input_tensor)
-    return VisionTransformer(inputs, x, name=options.name, classifier=architecture.classifier)
 
 
 def _named(name, weights, image_size, kwargs):

@@ -16,6 +16,10 @@ import dataclasses
 import difflib
 
 
+# MobileCLIP's convolutional stem before the patches: a 4x4/4 and a 2x2/2 convolution.
+CONV_STEM_STRIDE = 8
+
+
 def resnet_stride(resnet_layers):
     """How many pixels one feature-map position of a hybrid's ResNet spans: 4 for the root, x2 per later stage."""
     return 4 * 2 ** max(len(resnet_layers) - 1, 0)
@@ -28,6 +32,9 @@ class Variant:
     Hybrids have `resnet_layers` (bottleneck units per ResNet stage; `()` for
     the root block alone) and cut the ResNet's feature map into
     `patch_size` patches; `resnet_width` is the root block's width.
+    `conv_stem_widths` are the widths of MobileCLIP's convolutional stem
+    (`keras_vit.conv_stem`), which puts `CONV_STEM_STRIDE` pixels in each
+    position before the patches (None: no such stem).
     """
 
     patch_size: int
@@ -37,10 +44,13 @@ class Variant:
     mlp_dim: int
     resnet_layers: tuple = None
     resnet_width: int = 64
+    conv_stem_widths: tuple = None
 
     @property
     def pixels_per_patch(self):
         """The side in pixels of the image region one token stands for (16 for B/16 and R50+B/16)."""
+        if self.conv_stem_widths is not None:
+            return self.patch_size * CONV_STEM_STRIDE
         if self.resnet_layers is None:
             return self.patch_size
         return self.patch_size * resnet_stride(self.resnet_layers)

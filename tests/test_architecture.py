@@ -158,5 +158,6 @@ def test_a_state_dict_with_a_switch_keras_vit_lacks_names_it(tmp_path):
     tensors["patch_embed.backbone.stem.conv.weight"] = np.ones((8, 3, 3, 3), "float32")
     save_file(tensors, tmp_path / "stem.safetensors")
     with pytest.raises(CheckpointError, match=r"is a timm ViT with a convolutional stem before the patches \(a hybrid's "
-                                              r"ResNet, .* MobileCLIP's MCI stem\) \(\['patch_embed.backbone.stem.conv.weight'\]\)"):
+                                              r"ResNet, .* nor MobileCLIP's ConvStem: another backbone such as ViTamin's\) "
+                                              r"\(\['patch_embed.backbone.stem.conv.weight'\]\)"):
         keras_vit.ViT(**SMALL, weights=str(tmp_path / "stem.safetensors"))

@@ -1,4 +1,5 @@
-"""timm's ResNet hybrids (`vit_*_r50_*`, `vit_*_r26_*`, `vit_tiny_r_s16_p8_*`) load into keras_vit's hybrid, exactly.
+"""timm's hybrids load exactly: the ResNet ones (`vit_*_r50_*`, `vit_*_r26_*`, `vit_tiny_r_s16_p8_*`) into keras_vit's
+ResNet hybrid, MobileCLIP's (`vit_base_mci_224`) into `keras_vit.conv_stem`.
 
 The folders in `fixtures/timm_hybrid/` were written by timm's own `save_for_hf` from tiny hybrids with random
 values in every tensor and read back by timm (`tools/timm_hybrid_fixtures.py`); the references are timm's.
@@ -20,7 +21,7 @@ pytest.importorskip("safetensors")
 from safetensors.numpy import load_file, save_file  # noqa: E402
 
 HYBRID = fixture("timm_hybrid")
-CASES = ("resnet", "stem_only")
+CASES = ("resnet", "stem_only", "conv_stem")
 
 
 @pytest.fixture(scope="module")
@@ -45,9 +46,18 @@ def test_timm_hybrid_folder_gives_timms_logits(case, reference):
 @pytest.mark.parametrize("case", CASES)
 def test_timm_hybrid_saves_back_in_timms_names_and_reloads_from_keras(case, reference, tmp_path):
     model = load(os.path.join(HYBRID, case))
-    assert checkpoints.architecture_of(model).resnet_epsilons == "timm"
+    assert checkpoints.architecture_of(model).resnet_epsilons == ("flax" if case == "conv_stem" else "timm")
     architecture = json.loads((open(os.path.join(HYBRID, case, "config.json")).read()))["architecture"]
-    if case == "stem_only":  # timm rebuilds it from its name alone; the tiny ResNetV2 is not the name's R50
+    if case == "conv_stem":  # timm's vit_base_mci_224 builds its ConvStem 192 wide; timm's names are written whole
+        with pytest.raises(CheckpointError, match=r"ConvStem has widths \(8, 8\) before a 24-wide ViT, but timm's "
+                                                  r"'vit_base_mci_224' builds \(192, 192\) before 768 and takes no"):
+            checkpoints.save_timm(model, tmp_path / "model.safetensors", architecture=architecture)
+        written = checkpoints.timm_layout.to_timm(model, architecture)
+        original = load_file(os.path.join(HYBRID, case, "model.safetensors"))
+        assert sorted(written) == sorted(original)
+        for name in original:
+            np.testing.assert_allclose(written[name], original[name], atol=1e-6, err_msg=name)
+    elif case == "stem_only":  # timm rebuilds it from its name alone; the tiny ResNetV2 is not the name's R50
         checkpoints.save_timm(model, tmp_path / "model.safetensors", architecture=architecture)
         written, original = load_file(tmp_path / "model.safetensors"), load_file(
             os.path.join(HYBRID, case, "model.safetensors"))
@@ -132,12 +142,34 @@ def test_onnx_export_of_a_hybrid_off_tensorflow_is_refused_naming_the_backend_th
 
 
 @pytest.mark.skipif(keras.backend.backend() != "tensorflow", reason="the backend that exports a hybrid to ONNX")
-def test_onnx_export_of_a_timm_hybrid_gives_timms_logits(reference, tmp_path):
+@pytest.mark.parametrize("case", ["resnet", "conv_stem"])
+def test_onnx_export_of_a_timm_hybrid_gives_timms_logits(case, reference, tmp_path):
     ort = pytest.importorskip("onnxruntime")
     pytest.importorskip("tf2onnx")
     path = str(tmp_path / "hybrid.onnx")
-    load(os.path.join(HYBRID, "resnet")).export(path, format="onnx", verbose=False)
+    load(os.path.join(HYBRID, case)).export(path, format="onnx", verbose=False)
     session = ort.InferenceSession(path)
-    found = session.run(None, {session.get_inputs()[0].name: reference["resnet/images"]})[0]
-    expected = reference["resnet/outputs"]
+    found = session.run(None, {session.get_inputs()[0].name: reference[f"{case}/images"]})[0]
+    expected = reference[f"{case}/outputs"]
     np.testing.assert_allclose(found, expected, atol=1e-4 * np.abs(expected).max())
+
+
+@pytest.mark.backend_independent
+def test_a_conv_stem_that_is_not_whole_or_not_the_names_is_refused(tmp_path):
+    folder = tmp_path / "conv_stem"
+    shutil.copytree(os.path.join(HYBRID, "conv_stem"), folder)
+    tensors = load_file(folder / "model.safetensors")
+    del tensors["patch_embed.backbone.1.bn.running_var"]
+    save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(CheckpointError) as error:
+        load(folder)
+    assert str(error.value) == (f"{folder}/model.safetensors: MobileCLIP's ConvStem lacks "
+                                "['patch_embed.backbone.1.bn.running_var']. Nothing was loaded.")
+    shutil.copy(os.path.join(HYBRID, "conv_stem", "model.safetensors"), folder / "model.safetensors")
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps(dict(config, architecture="vit_base_patch16_224")))
+    with pytest.raises(CheckpointError) as error:
+        load(folder)
+    assert str(error.value) == (
+        f"{folder}/model.safetensors holds a hybrid on MobileCLIP's ConvStem (patch_embed.backbone.0.conv, 1.conv, "
+        "2.conv), but timm's 'vit_base_patch16_224' is a plain ViT (no patch_embed.backbone.*). Nothing was loaded.")

@@ -11,6 +11,11 @@ and read back by timm with `strict=True`:
   same model from `HybridEmbed(backbone=tiny_resnetv2())`, not from the name.
 - `stem_only`: `vit_tiny_r_s16_p8_224` itself (its backbone is the stem alone, 64 wide),
   shrunk through `model_args` only: timm rebuilds it from its name.
+- `conv_stem`: `vit_base_mci_224` (MobileCLIP's image tower) with its `ConvStem` built as timm's
+  model function builds it (4x4/4 and 2x2/2 convolutions with BatchNorm and GELU, then the 2x2/2
+  patch convolution, `HybridEmbed(proj=False)`) but 8 and 24 wide instead of 192 and 768; BatchNorm
+  running statistics are random too. Its pixel statistics are 0 and 1: the images stay keras_vit's
+  [-1, 1] and timm is given `(images + 1) / 2`.
 
 Every tensor is random: GroupNorm weights around 1, convolution kernels with a per-channel
 scale from 3e-5 to 0.3 (so that where timm adds the standardisation's epsilon, to the variance,
@@ -38,6 +43,8 @@ CASES = {
                                             num_classes=5), dict(layers=(2, 1), channels=(128, 256), stem_chs=32)),
     "stem_only": ("vit_tiny_r_s16_p8_224", dict(img_size=list(IMAGE_SIZE), patch_size=2, embed_dim=24, depth=1,
                                                 num_heads=3, num_classes=4), None),
+    "conv_stem": ("vit_base_mci_224", dict(img_size=list(IMAGE_SIZE), embed_dim=24, depth=1, num_heads=2,
+                                           num_classes=3), dict(conv_stem=(8, 8, 24))),
 }
 
 
@@ -54,25 +61,40 @@ def build(arch, model_args, backbone):
     import timm
     from timm.layers import HybridEmbed
 
-    extra = {} if backbone is None else dict(embed_layer=partial(HybridEmbed, backbone=tiny_resnetv2(**backbone)))
+    if backbone is not None and "conv_stem" in backbone:
+        from timm.models.vision_transformer_hybrid import ConvStem
+
+        stem = ConvStem(channels=backbone["conv_stem"], stride=(4, 2, 2), kernel_size=(4, 2, 2), padding=0,
+                        act_layer=nn.GELU)  # as vit_base_mci_224 builds it, narrower
+        extra = dict(embed_layer=partial(HybridEmbed, backbone=stem, proj=False))
+    else:
+        extra = {} if backbone is None else dict(embed_layer=partial(HybridEmbed, backbone=tiny_resnetv2(**backbone)))
     model = timm.create_model(arch, pretrained=False, **model_args, **extra).eval()
     getattr(model, "_model_args", {}).pop("embed_layer", None)  # not JSON: timm has no keyword for it
     return model
 
 
 def randomise(model, generator):
-    group_norms = {f"{name}.weight" for name, module in model.named_modules() if isinstance(module, nn.GroupNorm)}
+    group_norms = {f"{name}.weight" for name, module in model.named_modules()
+                   if isinstance(module, (nn.GroupNorm, nn.BatchNorm2d))}
     layer_norms = {f"{name}.weight" for name, module in model.named_modules() if isinstance(module, nn.LayerNorm)}
     with torch.no_grad():
         for name, parameter in model.named_parameters():
             noise = torch.randn(parameter.shape, generator=generator) * 0.2
             if name in group_norms or name in layer_norms:
                 noise = noise + 1.0
-            elif parameter.ndim == 4 and "backbone" in name:
+            elif parameter.ndim == 4 and "backbone" in name and not name.startswith("patch_embed.backbone.0.") \
+                    and not name.startswith(("patch_embed.backbone.1.", "patch_embed.backbone.2.")):  # not a ConvStem
                 scale = 10 ** (torch.rand(parameter.shape[0], 1, 1, 1, generator=generator) * 4 - 4.5)
                 noise = noise * 5 * scale
             parameter.copy_(noise)
-    missing = [name for name in model.state_dict() if name not in dict(model.named_parameters())]
+        for name, module in model.named_modules():  # BatchNorm's running statistics, used at inference
+            if isinstance(module, nn.BatchNorm2d):
+                module.running_mean.copy_(torch.randn(module.running_mean.shape, generator=generator) * 0.2)
+                module.running_var.copy_(torch.rand(module.running_var.shape, generator=generator) + 0.5)
+    buffers = (".running_mean", ".running_var", ".num_batches_tracked")
+    missing = [name for name in model.state_dict() if name not in dict(model.named_parameters())
+               and not name.endswith(buffers)]
     if missing:
         raise AssertionError(f"state-dict entries that are not parameters (not randomised): {missing}")
 
@@ -98,8 +120,11 @@ def write_case(case, seed, out, save_timm_folder, record_case):
     again = build(arch, model_args, backbone)
     timm.models.load_checkpoint(again, os.path.join(folder, "model.safetensors"), strict=True)
     images = rng.uniform(-1, 1, size=(2, *IMAGE_SIZE, 3)).astype(np.float32)
+    mean, std = model.pretrained_cfg["mean"], model.pretrained_cfg["std"]
+    given = images if (tuple(mean), tuple(std)) == ((0.5,) * 3, (0.5,) * 3) else \
+        (((images + 1) / 2 - np.array(mean)) / np.array(std)).astype(np.float32)
     with torch.no_grad():
-        batch = torch.from_numpy(images.transpose(0, 3, 1, 2))
+        batch = torch.from_numpy(given.transpose(0, 3, 1, 2))
         outputs, features = numpy(model(batch)), numpy(model.forward_features(batch))
         if not (np.array_equal(outputs, numpy(again(batch)))
                 and np.array_equal(features, numpy(again.forward_features(batch)))):

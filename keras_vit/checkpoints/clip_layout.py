@@ -35,7 +35,7 @@ import os
 from keras_vit.architecture import Architecture
 from keras_vit.checkpoints.source import CheckpointError, architecture_from_state, source_from_state
 from keras_vit.checkpoints.tensor_layout import TensorLayout, settings, torch_to_keras
-from keras_vit.checkpoints.timm_layout import read_state_dict
+from keras_vit.checkpoints.state_dict_files import read_state_dict
 from keras_vit.checkpoints.transformers_layout import check_sizes, configured_grid, transformers_fields
 
 # model_type -> (family, whether the folder is a whole image-text model).

@@ -29,7 +29,7 @@ import os
 from keras_vit.architecture import Architecture
 from keras_vit.checkpoints.source import CheckpointError, architecture_from_state, source_from_state
 from keras_vit.checkpoints.tensor_layout import QKV, TensorLayout, settings
-from keras_vit.checkpoints.timm_layout import read_state_dict
+from keras_vit.checkpoints.state_dict_files import read_state_dict
 from keras_vit.checkpoints.transformers_layout import check_sizes, configured_grid, transformers_fields
 
 MODEL_TYPES = ("dinov2", "dinov2_with_registers")

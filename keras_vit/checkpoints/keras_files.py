@@ -211,7 +211,7 @@ def read_weights_h5(path, budget=None):
 
     The file holds no architecture, so the saved model's depth, head and
     position grid are inferred from its shapes into `layout` (the options
-    of `keras_vit.models.ModelOptions`); the arrays are read by a model of
+    of `keras_vit.builder.ModelOptions`); the arrays are read by a model of
     that layout (`keras_vit.models.read_checkpoint`). The head count is not
     stored in the file. `budget` (a `WeightBudget`) bounds the file's size
     and the bytes its arrays declare by the model it is meant for.

@@ -30,6 +30,7 @@ from keras_vit.checkpoints.source import (
     BLOCK,
     CheckpointError,
     WeightsSource,
+    conv_stem_widths_of,
     pixel_statistics,
     preview,
     refuse_non_float,
@@ -179,6 +180,12 @@ def load_into(model, source):
         def describe(layers):
             return "a plain ViT" if layers is None else f"a hybrid with ResNet stages {layers}"
         raise CheckpointError(f"{name} is {describe(source.resnet_layers)} but the model is {describe(model_resnet)}.")
+    stems = conv_stem_widths_of(state), conv_stem_widths_of(variables)
+    if stems[0] != stems[1]:
+        def describe(widths):
+            return "without a convolutional stem" if widths is None else f"with a convolutional stem of widths {widths}"
+        raise CheckpointError(f"{name} is a ViT {describe(stems[0])}, but the model is one {describe(stems[1])} "
+                              "(conv_stem_widths).")
     model_heads = model.get_layer("encoderblock_0").num_heads if model_depth else None
     if source.num_heads and model_heads and source.num_heads != model_heads:
         raise CheckpointError(

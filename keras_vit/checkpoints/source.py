@@ -16,7 +16,7 @@ import stat
 import keras
 
 from keras_vit.architecture import IMAGENET_PIXEL_STATISTICS, POOLINGS, RESNET_EPSILONS, Architecture
-from keras_vit.variants import Variant, resnet_stride
+from keras_vit.variants import CONV_STEM_STRIDE, Variant, resnet_stride
 
 
 class CheckpointError(ValueError):
@@ -109,6 +109,9 @@ def weight_budget(sizes, classes=None):
         resnet = 147 * width + sum(units * 25 * (width * 2**stage) ** 2
                                    for stage, units in enumerate(sizes.resnet_layers))
         channels = 4 * width * 2 ** max(len(sizes.resnet_layers) - 1, 0)
+    if sizes.conv_stem_widths is not None:
+        first, second = sizes.conv_stem_widths
+        resnet, channels = 16 * 3 * first + 4 * first * second + 4 * (first + second), second
     embedding = sizes.patch_size**2 * channels * h + h + (1 + _BUDGET_GRID**2) * h
     head = (h + 1) * (h + max(classes or 0, _BUDGET_CLASSES) + 1)
     parameters = blocks + resnet + embedding + head
@@ -123,7 +126,7 @@ class WeightsSource:
 
     `state` maps variable paths to arrays. A `.weights.h5` file holds no
     architecture: it is read as `state=None` with the `layout` (the
-    `keras_vit.models.ModelOptions` its shapes imply) until a model of that
+    `keras_vit.builder.ModelOptions` its shapes imply) until a model of that
     layout loads it (`keras_vit.models.read_checkpoint`). A `.keras` file's
     `layout` holds the options its saved layers show and its tensors cannot
     (`include_top`, `pooling`).
@@ -162,6 +165,8 @@ class WeightsSource:
         resnet = {}
         if "conv_root/kernel" in self.state:
             resnet = dict(resnet_layers=self.resnet_layers, resnet_width=int(self.state["conv_root/kernel"].shape[-1]))
+        if conv_stem_widths_of(self.state) is not None:
+            resnet = dict(conv_stem_widths=conv_stem_widths_of(self.state))
         return Variant(int(kernel.shape[0]), int(kernel.shape[-1]), self.num_layers, self.num_heads,
                        int(mlp.shape[1]), **resnet)
 
@@ -184,6 +189,8 @@ class WeightsSource:
         if kernel is None or self.grid_size is None:
             return None
         step = kernel.shape[0] * (1 if self.resnet_layers is None else resnet_stride(self.resnet_layers))
+        if conv_stem_widths_of(self.state) is not None:
+            step = kernel.shape[0] * CONV_STEM_STRIDE
         return (self.grid_size[0] * step, self.grid_size[1] * step)
 
     @property
@@ -197,6 +204,14 @@ class WeightsSource:
 
 BLOCK = re.compile(r"encoderblock_(\d+)/")
 UNIT = re.compile(r"block(\d+)_unit(\d+)/")
+
+
+def conv_stem_widths_of(state):
+    """The widths of MobileCLIP's convolutional stem that keras_vit-named `state` holds (None: no such stem)."""
+    kernels = [state.get(f"conv_stem_{index}/kernel") for index in range(2)]
+    if any(kernel is None for kernel in kernels):
+        return None
+    return tuple(int(kernel.shape[-1]) for kernel in kernels)
 
 
 def resnet_layers_of(names):

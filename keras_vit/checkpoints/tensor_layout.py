@@ -278,15 +278,16 @@ class TensorLayout:
             return [prefix + name for name in names]
         return named(self.top, path) + [name for name, (_, paths) in self.reshaped.items() if path in paths]
 
-    def check_complete(self, names, architecture, depth, settings, description):
+    def check_complete(self, names, architecture, depth, settings, description, supplied=()):
         """Refuse a file whose tensor `names` are not exactly those of the model `architecture` describes.
 
         `settings`: the config fields that decide the tensors (`"key: value, ..."`), for the errors. The
-        classifier and the pre-logits (`OPTIONAL_GROUPS`) may be there or not, each whole.
+        classifier and the pre-logits (`OPTIONAL_GROUPS`) may be there or not, each whole. `supplied`:
+        keras_vit weights that other tensors than this layout's give (a hybrid stem's patch convolution).
         """
         own = set(self.own_names(names)) - set(self.ignored)
         wanted = set()
-        for path in expected_weights(architecture, depth):
+        for path in expected_weights(architecture, depth) - set(supplied):
             wanted.update(self.file_names(path, architecture, own))
         for group in OPTIONAL_GROUPS:
             files = {name for path in group for name in self.file_names(path)}
@@ -313,7 +314,10 @@ class TensorLayout:
             return architecture is None or not isinstance(entry, tuple) or entry[1](architecture)
 
         tops = {_path(ours): name for name, ours in self.top.items()}
-        blocks = {_path(ours): name for name, ours in self.block.items() if applies(ours)}
+        blocks = {}
+        for name, ours in self.block.items():  # without an architecture, the first name of a weight
+            if applies(ours):
+                blocks.setdefault(_path(ours), name)
         rules = [rule for rule in self.rules if architecture is not None and rule.when(architecture)]
         ruled = {path for rule in rules for paths in rule.names.values() for path in paths}
         blocks = {path: name for path, name in blocks.items() if path not in ruled}

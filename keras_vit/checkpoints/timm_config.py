@@ -84,6 +84,8 @@ def checked_sizes(state, entry, args, name, path, where):
         sizes["mlp_dim"] = pieces * int(sizes["embed_dim"] * ratio)
         found["mlp_dim"] = (int(mlp.shape[-1]), "blocks.0.mlp.fc1.weight" if pieces == 1 else
                             "blocks.0.mlp.fc1_g.weight and fc1_x.weight")
+    if "conv_stem_0/kernel" in state:  # timm's patch 1 is over the ConvStem, whose last convolution is ours
+        found.pop("patch_size")
     for key, (value, tensor) in found.items():
         if value != sizes[key] and not (key == "patch_size" and kernel.shape[0] != kernel.shape[1]):
             given = f"model_args.{key}" if key in args else (

@@ -68,6 +68,13 @@ class TimmArchitecture:
     # alone) and stem width; None for a plain ViT.
     resnet_layers: tuple = None
     resnet_width: int = None
+    # MobileCLIP's ConvStem before the patches (widths embed_dim // 4, as timm's vit_base_mci_224 builds them).
+    conv_stem: bool = False
+
+    @property
+    def conv_stem_widths(self):
+        """The two widths of the ConvStem timm's model function builds, or None."""
+        return (self.embed_dim // 4,) * 2 if self.conv_stem else None
 
     @property
     def mlp_dim(self):
@@ -77,12 +84,12 @@ class TimmArchitecture:
 
 
 def _timm(patch_size, image_size, embed_dim, depth, num_heads, mlp_ratio=4.0, resize=DEFAULT_RESIZE,
-          resnet_layers=None, resnet_width=None, **switches):
+          resnet_layers=None, resnet_width=None, conv_stem=False, **switches):
     if set(switches) - set(SWITCH_KEYWORDS):
         raise TypeError(f"Not a switch of the family table: {sorted(set(switches) - set(SWITCH_KEYWORDS))}")
     sides = tuple(image_size) if isinstance(image_size, tuple) else (image_size, image_size)
     return TimmArchitecture(patch_size, sides, embed_dim, depth, num_heads, mlp_ratio, switches, tuple(resize),
-                            resnet_layers, resnet_width)
+                            resnet_layers, resnet_width, conv_stem)
 
 
 def _hybrid(patch_size, image_size, embed_dim, depth, num_heads, resnet_layers):
@@ -102,9 +109,8 @@ REFUSED = (
     (r"rope|dinov3|^vit_pe_|^eva02|sapiens2|lingbot", "RoPE ViTs are not supported yet (timm's Eva class: "
                                                       "rotary position embeddings in every attention layer)"),
     (r"^eva_giant", "timm's Eva class (EVA-01 giant), which keras_vit does not read yet"),
-    (r"^vit_\w*_mci_|^vitamin_",
-     "a convolutional stem before the patches that is not a ResNet (MobileCLIP's ConvStem, ViTamin's MbConv "
-     "stages; keras_vit reads timm's ResNetV2 hybrids)"),
+    (r"^vitamin_", "ViTamin's MbConv stages before the patches (LayerNorm2d inverted bottlenecks with depthwise "
+                   "convolutions) and its GeGLU MLPs, which keras_vit does not compute"),
     (r"_xp_|_18x2_", "parallel blocks of several attention and MLP branches (timm's ParallelThingsBlock)"),
     (r"distilled", "a distillation token and head (DeiT distilled)"),
 )
@@ -198,6 +204,8 @@ ARCHITECTURES = {
                                          global_pool='map'),
     "vit_base_patch32_siglip_gap_256": _timm(32, 256, 768, 12, 12, act_layer='gelu_tanh', class_token=False,
                                              fc_norm=False, global_pool='avg'),
+    # MobileCLIP's image tower: timm's patch 1 over a ConvStem of stride 16 (its last convolution the patches).
+    "vit_base_mci_224": _timm(1, 224, 768, 12, 12, conv_stem=True, no_embed_class=True),
     "vit_base_patch8_224": _timm(8, 224, 768, 12, 12),
     "vit_base_r26_s32_224": _hybrid(1, 224, 768, 12, 12, (2, 2, 2, 2)),
     "vit_base_r50_s16_224": _hybrid(1, 224, 768, 12, 12, (3, 4, 9)),

@@ -13,6 +13,11 @@ The ResNet's units per stage and stem width are read from the tensors (timm's
 model functions take no argument for them); a ResNet that is not whole is
 refused, naming its tensors.
 
+MobileCLIP's `ConvStem` (`vit_base_mci_224`: `patch_embed.backbone.{0,1}`
+convolutions with BatchNorm, then `patch_embed.backbone.2.conv`, which is
+the patch embedding, as timm's `HybridEmbed` has no projection there) maps
+onto `keras_vit.conv_stem` and keras_vit's `embedding`.
+
 Example:
 >>> timm_backbone_name("block2_unit1/conv_proj/kernel", stem_only=False)
 'patch_embed.backbone.stages.1.blocks.0.downsample.conv.weight'
@@ -20,7 +25,9 @@ Example:
 
 import re
 
-from keras_vit.checkpoints.source import UNIT, CheckpointError, preview, resnet_layers_of
+import numpy as np
+
+from keras_vit.checkpoints.source import UNIT, CheckpointError, conv_stem_widths_of, preview, resnet_layers_of
 
 BACKBONE = "patch_embed.backbone."
 STEM = BACKBONE + "stem."  # ResNetV2's stem; the stem alone (a Sequential) has no "stem." part.
@@ -44,6 +51,48 @@ UNIT_NAMES = {
 DOWNSAMPLE = ("downsample.conv.weight", "downsample.norm.weight", "downsample.norm.bias")
 GROUPS = 32
 _STAGED = re.compile(r"patch_embed\.backbone\.stages\.(\d+)\.blocks\.(\d+)\.(.+)$")
+# MobileCLIP's ConvStem: timm name after "patch_embed.backbone." -> keras_vit name; the last layer is the patches.
+CONV_STEM_NAMES = {
+    **{name: ours for index in (0, 1) for name, ours in (
+        (f"{index}.conv.weight", f"conv_stem_{index}/kernel"),
+        (f"{index}.bn.weight", f"conv_stem_{index}_norm/gamma"),
+        (f"{index}.bn.bias", f"conv_stem_{index}_norm/beta"),
+        (f"{index}.bn.running_mean", f"conv_stem_{index}_norm/moving_mean"),
+        (f"{index}.bn.running_var", f"conv_stem_{index}_norm/moving_variance"))},
+    "2.conv.weight": "embedding/kernel",
+    "2.conv.bias": "embedding/bias",
+}
+# BatchNorm's step counter: a buffer that changes no output (written back as 0).
+CONV_STEM_COUNTERS = ("0.bn.num_batches_tracked", "1.bn.num_batches_tracked")
+
+
+def is_conv_stem(names):
+    """Whether timm tensor `names` hold MobileCLIP's ConvStem (rather than a ResNetV2 or its stem)."""
+    return any(name.startswith(BACKBONE + "0.conv.") for name in names)
+
+
+def conv_stem_from_timm(tensors, description, convert):
+    """keras_vit's state of MobileCLIP's ConvStem among timm `tensors`, its last convolution as the patches."""
+    names = {name[len(BACKBONE):] for name in tensors if name.startswith(BACKBONE)}
+    unknown = sorted(names - set(CONV_STEM_NAMES) - set(CONV_STEM_COUNTERS))
+    if unknown:
+        raise CheckpointError(f"{description} has {[BACKBONE + name for name in unknown]}, which MobileCLIP's "
+                              "ConvStem (two convolutions with BatchNorm, then the patch convolution) does not have. "
+                              "Nothing was loaded.")
+    missing = [BACKBONE + name for name in CONV_STEM_NAMES if name not in names]
+    if missing:
+        raise CheckpointError(f"{description}: MobileCLIP's ConvStem lacks {preview(missing, 4)}. Nothing was loaded.")
+    if "patch_embed.proj.weight" in tensors:
+        raise CheckpointError(f"{description} has both patch_embed.proj.weight and a ConvStem whose last convolution "
+                              "is the patch embedding (timm's HybridEmbed with proj=False). Nothing was loaded.")
+    return {ours: convert(BACKBONE + name, tensors[BACKBONE + name]) for name, ours in CONV_STEM_NAMES.items()}
+
+
+def conv_stem_to_timm(state, convert):
+    """timm's names and tensors for a model's ConvStem and patch embedding (popped from keras_vit's `state`)."""
+    tensors = {BACKBONE + name: convert(BACKBONE + name, state.pop(ours)) for name, ours in CONV_STEM_NAMES.items()}
+    tensors.update({BACKBONE + name: np.zeros((), "int64") for name in CONV_STEM_COUNTERS})
+    return tensors
 
 
 def backbone_from_timm(tensors, description, convert):
@@ -57,6 +106,8 @@ def backbone_from_timm(tensors, description, convert):
     names = sorted(name for name in tensors if name.startswith(BACKBONE))
     if not names:
         return {}
+    if is_conv_stem(names):
+        return conv_stem_from_timm(tensors, description, convert)
     blocks = {}
     for name in names:
         match = _STAGED.match(name)
@@ -77,7 +128,7 @@ def backbone_from_timm(tensors, description, convert):
     if unknown:
         raise CheckpointError(
             f"{description} is a timm ViT with a convolutional stem before the patches (a hybrid's ResNet, but not "
-            "timm's ResNetV2 or its stem alone: another backbone such as MobileCLIP's MCI stem) "
+            "timm's ResNetV2 or its stem alone, nor MobileCLIP's ConvStem: another backbone such as ViTamin's) "
             f"({preview(unknown, 3)}), which keras_vit's ViT does not have.")
     _check_whole(tensors, blocks, prefix, description)
     return state
@@ -157,10 +208,17 @@ def timm_backbone_name(path, stem_only):
 def check_backbone_agrees(state, entry, name, path):
     """Refuse a ResNet, or none, where timm's architecture `name` (its family table `entry`) has the other."""
     found, declared = resnet_layers_of(state), entry.resnet_layers
-    if (found is None) == (declared is None) and (found == ()) == (declared == ()):
+    if conv_stem_widths_of(state) is not None:
+        found = "conv_stem"
+    if entry.conv_stem:
+        declared = "conv_stem"
+    if (found is None) == (declared is None) and (found == ()) == (declared == ()) and \
+            (found == "conv_stem") == (declared == "conv_stem"):
         return
     def describe(layers):
         return ("a plain ViT (no patch_embed.backbone.*)" if layers is None else
+                "a hybrid on MobileCLIP's ConvStem (patch_embed.backbone.0.conv, 1.conv, 2.conv)"
+                if layers == "conv_stem" else
                 "a hybrid on a ResNet stem alone (patch_embed.backbone.conv, norm)" if layers == () else
                 "a hybrid on a ResNetV2 (patch_embed.backbone.stem.*, stages.*)")
     raise CheckpointError(f"{path} holds {describe(found)}, but timm's {name!r} is {describe(declared)}. Nothing was "

@@ -18,11 +18,8 @@ Example:
 >>> checkpoints.save_timm(model, "vit.safetensors")  # doctest: +SKIP
 """
 
-import json
 import logging
-import math
 import os
-import struct
 
 import numpy as np
 
@@ -33,13 +30,14 @@ from keras_vit.checkpoints.source import (
     class_names_in_order,
     pixel_statistics,
     preview,
-    require_regular_file,
+    conv_stem_widths_of,
     resnet_layers_of,
     source_from_state,
     state_of,
     warn_unkept_pixel_statistics,
 )
 from keras_vit.architecture import Architecture
+from keras_vit.checkpoints.state_dict_files import _safetensors, read_state_dict
 from keras_vit.checkpoints.timm_config import check_head, check_tensors_agree, checked_sizes, grid_of_config, model_args_of
 from keras_vit.checkpoints.tensor_layout import BlockRule, TensorLayout, keras_to_torch, settings, torch_to_keras
 from keras_vit.checkpoints.timm_families import (
@@ -53,10 +51,11 @@ from keras_vit.checkpoints.timm_hybrid import (
     backbone_from_timm,
     check_backbone_agrees,
     check_timm_rebuilds_backbone,
+    conv_stem_to_timm,
     timm_backbone_name,
 )
 from keras_vit.files import atomic_path
-from keras_vit.variants import resnet_stride
+from keras_vit.variants import CONV_STEM_STRIDE, resnet_stride
 
 logger = logging.getLogger("keras_vit")
 
@@ -203,11 +202,6 @@ _UNSUPPORTED = {
     "head_dist.": "a distillation head (DeiT distilled)",
     "dist_token": "a distillation token (DeiT distilled)",
 }
-_SAFETENSORS_DTYPES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1,
-                       "BOOL": 1}
-_MAX_HEADER_BYTES = 100 << 20
-
-
 # timm's unpacked SwiGLU (AIMv2): the gate's and the value's halves of keras_vit's first MLP layer.
 _SWIGLU_PIECES = {"mlp.fc1_g.weight": ("mlp_hidden/kernel", 0, 2), "mlp.fc1_x.weight": ("mlp_hidden/kernel", 1, 2),
                   "mlp.fc1_g.bias": ("mlp_hidden/bias", 0, 2), "mlp.fc1_x.bias": ("mlp_hidden/bias", 1, 2)}
@@ -249,9 +243,13 @@ def to_timm(model, architecture=None):
     state = state_of(model)
     backbone = {path: state.pop(path) for path in list(state) if hybrid is not None
                 and timm_backbone_name(path, stem_only=hybrid == ())}
+    stem = {name: np.ascontiguousarray(value if value.dtype == np.int64 else value.astype("float32"))
+            for name, value in conv_stem_to_timm(state, keras_to_torch).items()} \
+        if conv_stem_widths_of(state) is not None else {}
     unpacked = architecture is not None and \
         timm_architecture(architecture, "save_timm").switches.get("mlp_layer") == "swiglu"
     tensors = LAYOUT.write(state, unpacked=unpacked, architecture=architecture_of(model))
+    tensors.update(stem)
     for path, value in backbone.items():
         name = timm_backbone_name(path, stem_only=hybrid == ())
         tensors[name] = np.ascontiguousarray(keras_to_torch(name, value).astype("float32"))
@@ -303,7 +301,8 @@ def timm_arguments(model, architecture=None):
         ratio = (hidden + 0.5) / embed
     patch = tuple(model.get_layer("embedding").kernel.shape[:2])
     resnet = resnet_layers_of({v.path for v in model.weights})
-    stride = 1 if resnet is None else resnet_stride(resnet)
+    stem = conv_stem_widths_of({variable.path: variable for variable in model.weights})
+    stride = CONV_STEM_STRIDE if stem is not None else 1 if resnet is None else resnet_stride(resnet)
     position = model.get_layer("position_embedding") if "position_embedding" in [
         layer.name for layer in model.layers] else None
     grid = getattr(position, "grid_size", None)
@@ -331,6 +330,11 @@ def timm_arguments(model, architecture=None):
                                           ("parallel", found.parallel),
                                           ("rms_norm", found.normalization == "rms_norm"),
                                           ("patch_norm", found.patch_norm)) if needed]
+    if stem is not None:
+        arguments["patch_size"] = 1  # timm's HybridEmbed patches the ConvStem's output, its last convolution ours
+        if architecture is None:
+            raise CheckpointError(f"{model.name} has MobileCLIP's ConvStem, which only timm's model function builds; "
+                                  "pass architecture='vit_base_mci_224'.")
     if resnet is not None and architecture is None:
         raise CheckpointError(f"{model.name} is a hybrid, which only timm's model functions build; pass "
                               "architecture= the timm hybrid it is (vit_base_r50_s16_224, ..., vit_tiny_r_s16_p8_224).")
@@ -349,6 +353,13 @@ def timm_arguments(model, architecture=None):
             raise CheckpointError(f"timm's {architecture!r} is a hybrid, but {model.name} is a plain ViT.")
         check_timm_rebuilds_backbone(resnet, int(model.get_layer("conv_root").kernel.shape[-1]),
                                      found.resnet_epsilons, entry, architecture, model.name)
+    if (stem is not None) != entry.conv_stem:
+        raise CheckpointError(f"timm's {architecture!r} {'has' if entry.conv_stem else 'has no'} ConvStem, but "
+                              f"{model.name} {'has' if stem is not None else 'has none'}.")
+    if stem is not None and (stem, embed) != (entry.conv_stem_widths, entry.embed_dim):
+        raise CheckpointError(f"{model.name}'s ConvStem has widths {stem} before a {embed}-wide ViT, but timm's "
+                              f"{architecture!r} builds {entry.conv_stem_widths} before {entry.embed_dim} and takes no "
+                              "argument for them, so timm.create_model cannot rebuild this model.")
     named = timm_switches_to_architecture(entry.switches)
     if named["post_norm"] != found.post_norm:
         raise CheckpointError(f"timm's {architecture!r} has {'post' if named['post_norm'] else 'pre'}-norm blocks, "
@@ -396,105 +407,6 @@ def save_timm(model, path, architecture=None):
     return path
 
 
-def _safetensors():
-    try:
-        import safetensors.numpy
-    except ImportError as error:
-        raise CheckpointError(
-            "Reading or writing .safetensors files needs the safetensors package: pip install "
-            "'keras-vision-transformer[hub]' (or pip install safetensors)."
-        ) from error
-    return safetensors.numpy
-
-
-def safetensors_header(path, budget=None):
-    """`{name: (dtype, shape)}` from a `.safetensors` header, checked against the file's size and `budget`.
-
-    Reads only the header: a file whose tensors declare more bytes than it
-    holds, or more than the model's `budget`, is refused before any tensor
-    is read.
-    """
-    size = require_regular_file(path).st_size
-    try:
-        with open(path, "rb") as f:
-            (length,) = struct.unpack("<Q", f.read(8))
-            if length > min(_MAX_HEADER_BYTES, size - 8):
-                raise CheckpointError(f"{path} is not a readable .safetensors file: its header claims {length:,} bytes.")
-            header = json.loads(f.read(length))
-    except (struct.error, ValueError, UnicodeDecodeError) as error:
-        raise CheckpointError(f"{path} is not a readable .safetensors file (truncated or another format): {error}") \
-            from error
-    if not isinstance(header, dict):
-        raise CheckpointError(f"{path} is not a readable .safetensors file: its header is a JSON "
-                              f"{type(header).__name__}, not an object of tensors.")
-    header.pop("__metadata__", None)
-    declared, spans = {}, []
-    total = 0
-    for name, entry in header.items():
-        try:
-            dtype, shape, (start, stop) = entry["dtype"], tuple(entry["shape"]), entry["data_offsets"]
-            if not all(isinstance(n, int) and n >= 0 for n in (*shape, start, stop)):
-                raise ValueError(f"shape {list(shape)} and data_offsets {[start, stop]} must be whole numbers >= 0")
-            nbytes = math.prod(shape) * _SAFETENSORS_DTYPES[dtype]
-        except (KeyError, TypeError, ValueError) as error:
-            raise CheckpointError(f"{path}: tensor {name!r} has an unreadable header entry: {error}") from error
-        if stop - start != nbytes or stop > size - 8 - length:
-            raise CheckpointError(f"{path}: tensor {name!r} declares {nbytes:,} bytes that the file does not hold; "
-                                  "the file is truncated or corrupt.")
-        declared[name] = (dtype, shape)
-        spans.append((start, stop, name))
-        total += nbytes
-    spans.sort()
-    for (_, stop, first), (start, _, second) in zip(spans, spans[1:]):
-        if start < stop:
-            raise CheckpointError(f"{path}: tensors {first!r} and {second!r} overlap in the file (data_offsets); "
-                                  "the file is corrupt.")
-    if budget is not None:
-        budget.check(path, total, "tensors")
-    return declared
-
-
-def read_state_dict(path, budget=None):
-    """A timm state dict file as `{name: numpy array}`: `.safetensors`, or `.bin`/`.pth` through torch."""
-    if str(path).endswith(".safetensors"):
-        safetensors_header(path, budget)
-        try:
-            with _safetensors_open(path) as f:
-                return {name: f.get_tensor(name) for name in f.keys()}
-        except CheckpointError:
-            raise
-        except Exception as error:  # safetensors' own SafetensorError, for what the header check let through.
-            raise CheckpointError(f"{path} is not a readable .safetensors file: {error}") from error
-    size = require_regular_file(path).st_size
-    if budget is not None:
-        budget.check(path, size, "data")
-    try:
-        import torch
-    except ImportError as error:
-        raise CheckpointError(
-            f"{path} is a PyTorch pickle (.bin/.pth), which keras_vit reads only with torch installed "
-            "(torch.load with weights_only=True): pip install torch, or convert it to .safetensors."
-        ) from error
-    try:
-        loaded = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as error:  # torch raises many types for a bad or unsafe pickle.
-        raise CheckpointError(f"{path} is not a loadable PyTorch state dict (weights_only=True): {error}") from error
-    for wrapper in ("state_dict", "model"):
-        if isinstance(loaded, dict) and isinstance(loaded.get(wrapper), dict):
-            loaded = loaded[wrapper]
-    if not isinstance(loaded, dict):
-        raise CheckpointError(f"{path} holds a {type(loaded).__name__}, not a state dict of tensors.")
-    return {name: tensor.float().numpy() if tensor.is_floating_point() else tensor.numpy()
-            for name, tensor in loaded.items()}
-
-
-def _safetensors_open(path):
-    _safetensors()
-    from safetensors import safe_open
-
-    return safe_open(path, framework="numpy")
-
-
 def read_timm(path, budget=None, config=None, config_path=None):
     """Read a timm ViT state dict file into a `WeightsSource`.
 
@@ -539,11 +451,15 @@ def read_timm(path, budget=None, config=None, config_path=None):
     sizes = checked_sizes(state, entry, args, name, path, where)
     check_tensors_agree(state, architecture, name, path,
                         unpacked=(switches.get("mlp_layer") == "swiglu", "blocks.0.mlp.fc1_g.weight" in tensors))
+    stem = conv_stem_widths_of(state)
     LAYOUT.check_complete([name for name in tensors if not name.startswith(BACKBONE)], architecture, sizes["depth"],
-                          settings(dict(sizes, architecture=name), "architecture", "depth"), path)
+                          settings(dict(sizes, architecture=name), "architecture", "depth"), path,
+                          supplied=() if stem is None else ("embedding/kernel", "embedding/bias"))
     num_classes = args.get("num_classes", config.get("num_classes"))
     check_head(state, num_classes, path, where)
     stride = 1 if resnet is None else resnet_stride(resnet)
+    if stem is not None:  # timm's patch 1 over the whole ConvStem, whose last convolution is keras_vit's patches
+        stride = CONV_STEM_STRIDE * int(state["embedding/kernel"].shape[0])
     step = sizes["patch_size"] * stride
     grid, image_size = grid_of_config(state, architecture, entry, args, pretrained, step, where)
     source = source_from_state(path, state, grid, sizes["num_heads"], architecture)

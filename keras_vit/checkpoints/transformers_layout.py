@@ -34,7 +34,7 @@ from keras_vit.checkpoints.source import (
     source_from_state,
 )
 from keras_vit.checkpoints.tensor_layout import QKV, TensorLayout, grid_of_image_sizes, settings
-from keras_vit.checkpoints.timm_layout import read_state_dict
+from keras_vit.checkpoints.state_dict_files import read_state_dict
 
 # transformers name (after "encoder.layer.{i}.") -> keras_vit name (after "encoderblock_{i}/").
 _BLOCK = {
