@@ -226,7 +226,8 @@ def test_a_parallel_block_without_a_piece_of_a_split_or_summed_tensor_is_refused
     refused(folder, r"parallel/model.safetensors holds \['blocks.1.attn_out_proj.bias'\] but not "
                     r"\['blocks.1.mlp_out_proj.bias'\], which come together. Nothing was loaded.")
     folder = copy("parallel_differential", tmp_path / "1", drop=("blocks.0.in_proj.weight",))
-    refused(folder, r"a parallel block holds in_proj.bias but not in_proj.weight")
+    refused(folder, r"parallel_differential/model.safetensors holds \['blocks.0.in_proj.bias'\] but not "
+                    r"\['blocks.0.in_proj.weight'\], which come together. Nothing was loaded.")
     folder = copy("parallel", tmp_path / "2", architecture="vit_wee_patch16_reg1_gap_256")
     refused(folder, r"parallel/model.safetensors does not hold timm's 'vit_wee_patch16_reg1_gap_256' as its "
                     r"config.json sets it: it has blocks.0.in_norm.weight \(block_fn Block\)\. Nothing was loaded.")

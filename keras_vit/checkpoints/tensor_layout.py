@@ -126,12 +126,14 @@ class BlockRule:
             and `block` (all that block's tensors, for a size to split by).
         write: `{path: array}` (keras_vit's) -> `{name: array}` (the file's).
         when: the architectures whose files hold these names.
+        needs: other names of the block that `read` takes a size from.
     """
 
     names: dict
     read: object
     write: object
     when: object = _always
+    needs: tuple = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -237,7 +239,8 @@ class TensorLayout:
     def _apply_rules(self, ruled, tensors, state, description):
         for (index, rule), parts in sorted(ruled.items(), key=lambda item: item[0][0]):
             prefix = f"{self.block_prefix}{index}."
-            missing = [prefix + name for name in rule.names if name not in parts]
+            missing = [prefix + name for name in (*rule.names, *rule.needs)
+                       if name not in parts and prefix + name not in tensors]
             if missing:
                 raise CheckpointError(f"{description} holds {preview([prefix + name for name in parts], 3)} but not "
                                       f"{preview(missing, 3)}, which come together. Nothing was loaded.")

@@ -122,9 +122,6 @@ _BLOCK = {
 
 def _split_in_projection(parts, block):
     """A parallel block's `in_proj` (MLP input rows, then q, k and v) as keras_vit's `mlp_hidden` and `qkv`."""
-    if "in_proj.weight" not in block:
-        raise CheckpointError("a parallel block holds in_proj.bias but not in_proj.weight, which it splits by. Nothing "
-                              "was loaded.")
     width = block["in_proj.weight"].shape[1]
     state = {}
     for name, kind in (("in_proj.weight", "kernel"), ("in_proj.bias", "bias")):
@@ -153,7 +150,7 @@ _RULES = (
     BlockRule({"in_proj.weight": ("mlp_hidden/kernel", "qkv/kernel")}, _split_in_projection, _join_in_projection,
               when=lambda a: a.parallel),
     BlockRule({"in_proj.bias": ("mlp_hidden/bias", "qkv/bias")}, _split_in_projection, _join_in_projection,
-              when=lambda a: a.parallel and a.qkv_bias),
+              when=lambda a: a.parallel and a.qkv_bias, needs=("in_proj.weight",)),
     # ParallelScalingBlock's two output biases act as one: keras_vit keeps their sum, and writes it back whole.
     BlockRule({"attn_out_proj.bias": ("attention_output/bias",), "mlp_out_proj.bias": ("attention_output/bias",)},
               lambda parts, block: {"attention_output/bias": parts["attn_out_proj.bias"] + parts["mlp_out_proj.bias"]},
