@@ -10,6 +10,8 @@ cd "$(dirname "$0")/.."
 export TF_CPP_MIN_LOG_LEVEL=3 XLA_PYTHON_CLIENT_MEM_FRACTION=0.9
 common=(--models B16 --tasks infer,train --dtype bfloat16 --rounds 2 --iterations 20)
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
+# Exactness first: keras_vit's float32 logits against timm's on this GPU, for one fixed input, on both backends.
+for backend in jax torch; do KERAS_BACKEND=$backend timeout 120 python benchmarks/gpu_exactness.py; done
 # H200 dense bf16 peak, for model-FLOP utilisation: about 989 TFLOP/s (SXM, dense).
 for backend in jax torch; do
     echo "=== keras backend: $backend (batch 256)"

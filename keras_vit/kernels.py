@@ -10,9 +10,11 @@ float32 rounding), so switching paths changes no result:
   `softmax_attention`, whose backward pass is written out; elsewhere it
   calls `keras.ops.dot_product_attention`, which has fused kernels on GPUs
   and TPUs and on PyTorch, with `use_flash_attention` guarding the TPU.
-- `layer_norm` is `LayerNorm`'s function under JAX and TensorFlow: its
-  means are matrix products and, where `use_custom_gradients`, its gradient
-  is written out.
+- `layer_norm` is `LayerNorm`'s function under JAX and TensorFlow on CPUs
+  (`use_matrix_means`): its means are matrix products and, where
+  `use_custom_gradients`, its gradient is written out. On GPUs and TPUs,
+  whose default float32 matrix products are TF32 or one bfloat16 pass,
+  `LayerNorm` is Keras' own.
 - `gelu` is the MLP's activation; on TensorFlow its exact form is written
   with `erf`, which the ONNX and LiteRT converters know.
 - `set_custom_gradients(False)` turns the written-out gradients off, for
@@ -86,6 +88,17 @@ def use_custom_gradients():
     """
     if not _custom_gradients_enabled:
         return False
+    return keras.backend.backend() in ("jax", "tensorflow") and _platform() == "cpu"
+
+
+def use_matrix_means():
+    """Whether `LayerNorm` computes its means as matrix products (`layer_norm`): on CPUs under JAX and TensorFlow.
+
+    That is where it was measured faster (benchmarks/README.md). On a TPU a
+    float32 matrix product is by default one bfloat16 pass and on recent
+    GPUs TF32, which would round every LayerNorm's mean and variance to 8 or
+    10 bits; there Keras' elementwise normalisation keeps float32.
+    """
     return keras.backend.backend() in ("jax", "tensorflow") and _platform() == "cpu"
 
 

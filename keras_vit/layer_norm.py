@@ -11,11 +11,12 @@ class LayerNorm(keras.layers.LayerNormalization):
     """`LayerNormalization` over the last axis, always computed in float32.
 
     The same function (equal to float32 rounding) with the same weights
-    (`gamma`, `beta`), computed in float32 under mixed precision. Under JAX
-    and TensorFlow it is `keras_vit.kernels.layer_norm`, which computes the
-    means as matrix products and writes its gradient out where that trains
-    better under XLA; on PyTorch, and for other axes or RMS scaling, it is
-    Keras' own `LayerNormalization`.
+    (`gamma`, `beta`), computed in float32 under mixed precision. On CPUs
+    under JAX and TensorFlow (`keras_vit.kernels.use_matrix_means`) it is
+    `keras_vit.kernels.layer_norm`, which computes the means as matrix
+    products and writes its gradient out where that trains better under
+    XLA; on GPUs and TPUs, on PyTorch, and for other axes or RMS scaling, it
+    is Keras' own `LayerNormalization`.
 
     Example:
     >>> import numpy as np
@@ -26,7 +27,7 @@ class LayerNorm(keras.layers.LayerNormalization):
     def call(self, inputs):
         axes = [self.axis] if isinstance(self.axis, int) else list(self.axis)
         last_axis_only = len(axes) == 1 and axes[0] % len(inputs.shape) == len(inputs.shape) - 1
-        if keras.backend.backend() == "torch" or not last_axis_only or self.rms_scaling:
+        if not kernels.use_matrix_means() or not last_axis_only or self.rms_scaling:
             return super().call(inputs)
         width = inputs.shape[-1]
         gamma = ops.convert_to_tensor(self.gamma) if self.scale else ops.ones((width,))

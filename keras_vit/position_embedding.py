@@ -10,9 +10,10 @@ by `keras_vit.layers`) lives here, beside the resize it calls on every grid
 change.
 
 Interpolation is written as two small matrices (one per axis) built in numpy
-from the grid sizes, then applied with `keras.ops.einsum`. That keeps the
-result identical on every backend and lets us reproduce two references
-exactly:
+from the grid sizes, then applied with `keras.ops.einsum` inside a model (a
+dynamic-resolution table) or in float64 numpy to a numpy table (at load
+time, off the device's matrix-product precision). That keeps the result
+identical on every backend and lets us reproduce two references exactly:
 
 * `interpolation="bilinear", align_corners=True` is `scipy.ndimage.zoom(order=1)`,
   which the original vision_transformer repository used;
@@ -247,6 +248,9 @@ def resize_position_embeddings(
             f"table holds {num_patches} after {num_prefix_tokens} prefix tokens."
         )
     dtype = pos_embedding.dtype
+    if was_numpy and not traced:  # at load: float64 on the host, not the device's float32 matrix products
+        return _resize_on_host(pos_embedding, num_prefix_tokens, (old_h, old_w), (new_h, new_w),
+                               dict(interpolation=interpolation, align_corners=align_corners, antialias=antialias))
     table = ops.cast(ops.convert_to_tensor(pos_embedding), "float32")
     prefix = table[:, :num_prefix_tokens]
     grid = ops.reshape(table[:, num_prefix_tokens:], (old_h, old_w, shape[2]))
@@ -269,6 +273,22 @@ def resize_position_embeddings(
     if was_numpy:
         return ops.convert_to_numpy(resized).astype(dtype)
     return ops.cast(resized, dtype)
+
+
+def _resize_on_host(pos_embedding, num_prefix_tokens, old_grid, new_grid, options):
+    """`resize_position_embeddings` of a numpy table, in float64 numpy.
+
+    A TPU's default float32 matrix product is one bfloat16 pass and a recent
+    GPU's TF32, which would round the resampled table; this runs at load
+    time on the host instead, and the table is rounded once, to its dtype.
+    """
+    table = np.asarray(pos_embedding, dtype=np.float64)
+    grid = table[0, num_prefix_tokens:].reshape(*old_grid, table.shape[-1])
+    if old_grid != tuple(new_grid):
+        grid = np.einsum("ph,hwd->pwd", interpolation_matrix(old_grid[0], new_grid[0], **options), grid)
+        grid = np.einsum("qw,pwd->pqd", interpolation_matrix(old_grid[1], new_grid[1], **options), grid)
+    patches = grid.reshape(1, -1, table.shape[-1])
+    return np.concatenate([table[:, :num_prefix_tokens], patches], axis=1).astype(pos_embedding.dtype)
 
 
 def resize_patch_embedding(kernel, new_patch_size, interpolation="bicubic", antialias=True):

@@ -237,3 +237,42 @@ def test_gelu_equals_the_exact_and_tanh_formulas(approximate):
     else:
         expected = 0.5 * x * (1 + erf(x.astype("float64") / np.sqrt(2)))
     np.testing.assert_allclose(keras.ops.convert_to_numpy(kernels.gelu(x, approximate)), expected, atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("platform", ["cpu", "gpu", "tpu"])
+def test_layer_norm_takes_the_matrix_product_means_only_on_cpus(platform, monkeypatch):
+    calls = []
+    original = kernels.layer_norm
+    monkeypatch.setattr(kernels, "_platform", lambda: platform)
+    monkeypatch.setattr(kernels, "layer_norm", lambda *args: calls.append(platform) or original(*args))
+    x = np.random.default_rng(11).normal(size=(2, 3, 8)).astype("float32")
+    ours, reference = layer_norm_pair(x)
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(ours(x)), keras.ops.convert_to_numpy(reference(x)),
+                               atol=1e-5)
+    expected = platform == "cpu" and keras.backend.backend() in ("jax", "tensorflow")
+    assert bool(calls) == expected
+
+
+def test_layer_norm_on_accelerators_keeps_float32_precision_where_bfloat16_matrix_means_would_not(monkeypatch):
+    """A TPU's default float32 matrix product is one bfloat16 pass; the LayerNorm used there must not depend on it."""
+    import ml_dtypes
+
+    x = (np.random.default_rng(12).normal(0.0, 1.0, size=(4, 9, 64)) + 300.0).astype("float32")
+    wide = x.astype("float64")
+    expected = (wide - wide.mean(-1, keepdims=True)) / np.sqrt(wide.var(-1, keepdims=True) + 1e-6)
+    monkeypatch.setattr(kernels, "_platform", lambda: "tpu")
+    ours, _ = layer_norm_pair(x)
+    gamma, beta = (keras.ops.convert_to_numpy(v) for v in (ours.gamma, ours.beta))
+    error = np.abs((keras.ops.convert_to_numpy(ours(x)) - beta) / gamma - expected).max()
+    bound = 2e-4  # float32 rounding of inputs near 300 (an ulp is 3e-5) over unit spread
+    assert error < bound
+
+    def bfloat16(array):
+        return array.astype(ml_dtypes.bfloat16).astype("float32")
+
+    # The matrix-product means with each product's operands rounded as a bfloat16 pass rounds them.
+    average = np.full((64, 1), 1 / 64, "float32")
+    centred = x - bfloat16(x) @ bfloat16(average)
+    variance = bfloat16(centred**2) @ bfloat16(average)
+    matrix_means_error = np.abs(centred / np.sqrt(variance + 1e-6) - expected).max()
+    assert matrix_means_error > 100 * bound

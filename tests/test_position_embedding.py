@@ -138,3 +138,23 @@ def test_patch_resize_errors_name_the_problem():
         resize_patch_embedding(np.zeros((16, 3, 8)), 8)
     with pytest.raises(ValueError, match="new_patch_size must be positive, got 0"):
         resize_patch_embedding(np.zeros((4, 4, 3, 8)), 0)
+
+
+@pytest.mark.backend_independent
+def test_a_numpy_table_is_resized_in_float64_on_the_host_not_by_device_matrix_products(monkeypatch):
+    """At load time a TPU's float32 einsum would be one bfloat16 pass: the table is resized in float64 numpy."""
+    from keras_vit import position_embedding
+
+    def on_the_device(*args, **kwargs):
+        raise AssertionError("a numpy table went through keras.ops.einsum")
+
+    monkeypatch.setattr(position_embedding.ops, "einsum", on_the_device)
+    rng = np.random.default_rng(21)
+    table = (1000.0 + rng.normal(size=(1, 1 + 7 * 7, 6))).astype("float32")
+    resized = resize_position_embeddings(table, (9, 11), interpolation="bicubic", antialias=True)
+    rows = interpolation_matrix(7, 9, "bicubic", align_corners=False, antialias=True)
+    cols = interpolation_matrix(7, 11, "bicubic", align_corners=False, antialias=True)
+    grid = table[0, 1:].astype("float64").reshape(7, 7, 6)
+    expected = np.einsum("ph,qw,hwd->pqd", rows, cols, grid).reshape(1, -1, 6)
+    np.testing.assert_array_equal(resized[:, 1:], expected.astype("float32"))
+    np.testing.assert_array_equal(resized[:, :1], table[:, :1])
