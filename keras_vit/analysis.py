@@ -19,7 +19,7 @@ import keras
 import numpy as np
 
 from keras_vit import files
-from keras_vit.checkpoints.source import architecture_of
+from keras_vit.checkpoints.source import architecture_of, native_grid
 from keras_vit.functional import native_image_size
 from keras_vit.layers import TokenPooling
 
@@ -29,8 +29,7 @@ def _numpy(x):
 
 
 def _grid_and_prefix(model):
-    layer = model.get_layer("position_embedding")
-    return tuple(layer.grid_size), architecture_of(model).num_prefix_tokens
+    return native_grid(model), architecture_of(model).num_prefix_tokens
 
 
 def _is_hybrid(model):
@@ -51,11 +50,17 @@ def attention_weights(model, images):
     x = keras.ops.convert_to_tensor(np.asarray(images, "float32"))
     names = {layer.name for layer in model.layers}
     # The model's own tokens as the first block receives them (prefix tokens, position embeddings, norm_pre).
-    x = keras.Model(model.inputs, model.get_layer("encoderblock_0").input)(x, training=False)
+    first = model.get_layer("encoderblock_0").input
+    first = first[0] if isinstance(first, (list, tuple)) else first
+    rope = "rotary_positions" in names  # RoPE's token positions, which each block is called with
+    outputs = keras.Model(model.inputs, [first, model.get_layer("rotary_positions").output] if rope else first)(
+        x, training=False)
+    x, rotary = (outputs[0], {"rope_positions": outputs[1]}) if rope else (outputs, {})
     attentions = []
     index = 0
     while f"encoderblock_{index}" in names:
-        x, weights = model.get_layer(f"encoderblock_{index}")(x, training=False, return_attention_weights=True)
+        block = model.get_layer(f"encoderblock_{index}")
+        x, weights = block(x, training=False, return_attention_weights=True, **rotary)
         attentions.append(_numpy(weights).astype("float32"))
         index += 1
     return attentions

@@ -28,6 +28,8 @@ ACTIVATIONS = ("gelu_tanh", "gelu", "quick_gelu", "swiglu")
 POOLINGS = ("token", "gap", "map")
 # "layer_norm": every norm is a LayerNorm; "rms_norm": every norm is an RMSNorm, no centring and no bias (AIMv2).
 NORMALIZATIONS = ("layer_norm", "rms_norm")
+# Rotary position embeddings (`keras_vit.rope`): EVA-02's axial, Naver's mixed (learned), DINOv3's.
+ROPE_FORMS = ("axial", "mixed", "dinov3")
 # The pixel statistics of the paper's checkpoints (images scaled to [-1, 1]), and ImageNet's (DeiT, DINOv2).
 PAPER_PIXEL_STATISTICS = (0.5, 0.5, 0.5)
 IMAGENET_PIXEL_STATISTICS = {"input_mean": (0.485, 0.456, 0.406), "input_std": (0.229, 0.224, 0.225)}
@@ -82,6 +84,19 @@ class Architecture:
             `ParallelScalingBlock`).
         post_norm: each block normalises its branches' outputs, not their
             inputs (`x + LN(MSA(x))`, timm's `ResPostBlock`).
+        position_embedding: a learned table of absolute position embeddings
+            (timm's `use_abs_pos_emb`; most RoPE models have none).
+        rope: rotary position embeddings in every attention, one form of
+            `keras_vit.rope.ROPE_FORMS`, or None. `rope_temperature`,
+            `rope_grid_offset`, `rope_grid_indexing` (`"ij"` or `"xy"`),
+            `rope_reference_grid` (EVA-02's `ref_feat_shape`) and
+            `rope_rotate_half` (half-split instead of interleaved pairs) are
+            timm's `Eva` settings of the same names.
+        key_bias: with `qkv_bias`, whether the keys have one too (EVA's
+            attention has q and v biases only).
+        attention_pool_heads, attention_pool_mlp_ratio: attention pooling's
+            heads and MLP ratio where they are not the blocks' (Perception
+            Encoder's 8 and 4).
         layer_norm_epsilon: every LayerNorm's epsilon (1e-6 in the original
             checkpoints and timm, 1e-5 in CLIP's, 1e-12 in transformers').
         input_mean, input_std: the per-channel pixel normalisation the
@@ -118,6 +133,16 @@ class Architecture:
     pool_include_prefix: bool = False
     attention_output_norm: bool = False
     mlp_hidden_norm: bool = False
+    position_embedding: bool = True
+    rope: str = None
+    rope_temperature: float = 10000.0
+    rope_grid_offset: float = 0.0
+    rope_grid_indexing: str = "ij"
+    rope_reference_grid: tuple = None
+    rope_rotate_half: bool = False
+    key_bias: bool = True
+    attention_pool_heads: int = None
+    attention_pool_mlp_ratio: float = None
     layer_norm_epsilon: float = LAYER_NORM_EPSILON
     input_mean: tuple = PAPER_PIXEL_STATISTICS
     input_std: tuple = PAPER_PIXEL_STATISTICS
@@ -155,6 +180,12 @@ class Architecture:
         if self.normalization == "rms_norm" and self.classifier == "map":
             raise ValueError("normalization='rms_norm' with classifier='map' is not supported: keras_vit's "
                              "attention pooling has a LayerNorm (no timm architecture combines the two).")
+        if self.rope is not None and self.rope not in ROPE_FORMS:
+            raise ValueError(f"Unknown rope {self.rope!r}; expected one of {ROPE_FORMS} or None.")
+        if self.rope_grid_indexing not in ("ij", "xy"):
+            raise ValueError(f"Unknown rope_grid_indexing {self.rope_grid_indexing!r}; expected 'ij' or 'xy'.")
+        if self.rope_reference_grid is not None:
+            object.__setattr__(self, "rope_reference_grid", tuple(int(side) for side in self.rope_reference_grid))
         if self.resnet_epsilons not in RESNET_EPSILONS:
             raise ValueError(f"Unknown resnet_epsilons {self.resnet_epsilons!r}; expected one of "
                              f"{tuple(RESNET_EPSILONS)}.")

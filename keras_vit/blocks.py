@@ -8,12 +8,14 @@ multi-head attention pooling (MAP) head of SigLIP, timm's
 LayerNorm are differentiated on each platform is `keras_vit.kernels`'.
 """
 
+import functools
 import math
 
 import keras
 from keras import ops
 
 from keras_vit import kernels
+from keras_vit import rope as rope_module
 from keras_vit.architecture import ACTIVATIONS, LAYER_NORM_EPSILON, NORMALIZATIONS
 from keras_vit.layer_norm import norm_layer
 
@@ -72,6 +74,20 @@ class _QuantizableSublayers:
 
 
 @keras.saving.register_keras_serializable(package="keras_vit")
+class ZeroKeyBias(keras.constraints.Constraint):
+    """Keeps the middle third of a fused q/k/v bias, the keys', at zero after every update (EVA's zero `k_bias`).
+
+    Without RoPE a key bias cannot change attention; with RoPE it can, so a
+    model whose checkpoint has none must not learn one.
+    """
+
+    def __call__(self, bias):
+        third = bias.shape[-1] // 3
+        mask = ops.concatenate([ops.ones((third,)), ops.zeros((third,)), ops.ones((third,))])
+        return bias * ops.cast(mask, bias.dtype)
+
+
+@keras.saving.register_keras_serializable(package="keras_vit")
 class TransformerBlock(_QuantizableSublayers, keras.layers.Layer):
     """One pre-LayerNorm Transformer encoder block (paper Eq. 2-3).
 
@@ -96,7 +112,11 @@ class TransformerBlock(_QuantizableSublayers, keras.layers.Layer):
     whose offset depends on the block's `layer_index`); its attention
     weights are the combined map. `parallel=True` adds attention and the
     MLP, both on one LayerNorm of the input, under one layer scale (timm's
-    `ParallelScalingBlock`). Attention is
+    `ParallelScalingBlock`). `rope` (a form of `keras_vit.rope.ROPE_FORMS`)
+    rotates queries and keys by the token positions the block is called
+    with (`rope_positions`, from `keras_vit.rope.RotaryPositions`);
+    `key_bias=False` keeps the key part of the q/k/v bias at zero (EVA's
+    `q_bias` and `v_bias`). Attention is
     `keras_vit.kernels.attention`, except when its weights are asked for
     (`return_attention_weights=True`) or attention dropout is active: then
     it is computed as explicit einsums, which expose the weights.
@@ -133,6 +153,10 @@ class TransformerBlock(_QuantizableSublayers, keras.layers.Layer):
         differential_attention=False,
         layer_index=0,
         parallel=False,
+        rope=None,
+        rope_temperature=10000.0,
+        rope_rotate_half=False,
+        key_bias=True,
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -170,6 +194,14 @@ class TransformerBlock(_QuantizableSublayers, keras.layers.Layer):
                              "mlp_hidden_norm (timm's parallel blocks have none of them).")
         if self.differential_attention and self.qk_norm:
             raise ValueError("differential_attention with qk_norm is not supported (no timm architecture has both).")
+        if rope is not None and rope not in rope_module.ROPE_FORMS:
+            raise ValueError(f"Unknown rope {rope!r}; expected one of {rope_module.ROPE_FORMS} or None.")
+        self.rope = rope
+        self.rope_temperature = float(rope_temperature)
+        self.rope_rotate_half = bool(rope_rotate_half)
+        if rope == "mixed" and self.rope_rotate_half:
+            raise ValueError("Mixed RoPE rotates interleaved pairs; rope_rotate_half=True is not supported with it.")
+        self.key_bias = bool(key_bias)
         self.seed = seed
         for name in ("dropout_rate", "attention_dropout_rate", "stochastic_depth_rate"):
             if not 0.0 <= getattr(self, name) < 1.0:
@@ -198,7 +230,18 @@ class TransformerBlock(_QuantizableSublayers, keras.layers.Layer):
         self.qkv = keras.layers.Dense(
             3 * hidden_size, kernel_initializer=qkv_init, use_bias=self.qkv_bias, name="qkv",
             dtype=self._sublayer_policy("qkv"), lora_rank=self._lora("qkv"),
+            bias_constraint=None if self.key_bias else ZeroKeyBias(),
         )
+        if self.rope and self.head_dim % 4:
+            raise ValueError(f"RoPE rotates pairs of each axis' quarter of a head, so the head width {self.head_dim} "
+                             "(hidden_size / num_heads) must be a multiple of 4.")
+        if self.rope == "mixed":  # learned, per head: (2 axes, heads, head_dim / 2)
+            initial = rope_module.initial_mixed_frequencies(self.num_heads, self.head_dim, self.rope_temperature,
+                                                            self._seed(12))
+            self.rope_frequencies = self.add_weight(name="rope_frequencies", shape=initial.shape, autocast=False,
+                                                    initializer=lambda shape, dtype=None: ops.cast(initial, dtype))
+        elif self.rope:
+            self.rope_frequencies = rope_module.rope_frequencies(self.rope, self.head_dim, self.rope_temperature)
         if self.qk_norm:
             self.query_norm = self._norm("query_norm", plain)
             self.key_norm = self._norm("key_norm", plain)
@@ -296,7 +339,7 @@ class TransformerBlock(_QuantizableSublayers, keras.layers.Layer):
             lora_rank=self._lora(name),
         )
 
-    def _self_attention(self, x, training, return_weights):
+    def _self_attention(self, x, training, return_weights, positions=None):
         """MSA(x): multi-head self-attention, its output projection and dropout."""
         batch, tokens = ops.shape(x)[0], ops.shape(x)[1]
         # Split the fused projection on its last axis, then reshape each part, rather than
@@ -306,6 +349,15 @@ class TransformerBlock(_QuantizableSublayers, keras.layers.Layer):
         query, key, value = (ops.reshape(part, heads) for part in ops.split(self.qkv(x), 3, axis=-1))
         if self.qk_norm:
             query, key = self.query_norm(query), self.key_norm(key)
+        if self.rope:
+            if positions is None:
+                raise ValueError(f"{self.name} rotates queries and keys (rope={self.rope!r}): call it with "
+                                 "rope_positions, the RotaryPositions of its tokens.")
+            frequencies = self.rope_frequencies
+            if not isinstance(frequencies, keras.Variable):
+                frequencies = ops.convert_to_tensor(frequencies)
+            query, key = rope_module.rotate_queries_and_keys(query, key, positions, frequencies,
+                                                             self.rope_rotate_half)
         if self.differential_attention:
             context, weights = self._differential_attention(query, key, value, training)
             weights = weights if return_weights else None
@@ -384,20 +436,20 @@ class TransformerBlock(_QuantizableSublayers, keras.layers.Layer):
             return branch
         return branch * ops.cast(getattr(self, name), branch.dtype)
 
-    def call(self, inputs, training=None, return_attention_weights=False):
+    def call(self, inputs, rope_positions=None, training=None, return_attention_weights=False):
+        attend = functools.partial(self._self_attention, training=training, return_weights=return_attention_weights,
+                                   positions=rope_positions)
         if self.parallel:  # x + MSA(LN(x)) + MLP(LN(x)), one layer scale on the sum (ViT-22B's parallel block)
             normed = self.attention_norm(inputs)
-            attended, weights = self._self_attention(normed, training, return_attention_weights)
+            attended, weights = attend(normed)
             x, mlp = inputs, self._scaled(attended + self._mlp(normed, training), "branch_layer_scale")
         elif self.post_norm:  # x + LN(MSA(x)), then x + LN(MLP(x))
-            attended, weights = self._self_attention(inputs, training, return_attention_weights)
+            attended, weights = attend(inputs)
             x = inputs + self._drop_path(self._scaled(self.attention_norm(attended), "attention_layer_scale"), training)
             mlp = self._scaled(self.mlp_norm(self._mlp(x, training)), "mlp_layer_scale")
         else:
             # Eq. 2: z' = MSA(LN(z)) + z
-            attended, weights = self._self_attention(
-                self.attention_norm(inputs), training, return_attention_weights
-            )
+            attended, weights = attend(self.attention_norm(inputs))
             x = inputs + self._drop_path(self._scaled(attended, "attention_layer_scale"), training)
             # Eq. 3: z = MLP(LN(z')) + z'
             mlp = self._scaled(self._mlp(self.mlp_norm(x), training), "mlp_layer_scale")
@@ -439,6 +491,10 @@ class TransformerBlock(_QuantizableSublayers, keras.layers.Layer):
             config.update(differential_attention=True, layer_index=self.layer_index)
         if self.parallel:
             config.update(parallel=True)
+        if self.rope:
+            config.update(rope=self.rope, rope_temperature=self.rope_temperature, rope_rotate_half=self.rope_rotate_half)
+        if not self.key_bias:
+            config.update(key_bias=False)
         if self.lora_rank:
             config.update(lora_rank=self.lora_rank, lora_targets=list(self.lora_targets))
         return self._with_quantized_sublayers(config)

@@ -31,11 +31,13 @@ from keras_vit.layers import (
     norm_layer,
 )
 from keras_vit.resnet import apply_resnet
+from keras_vit.rope import RotaryPositions
 from keras_vit.variants import Variant
 
 # The fields of `Architecture` that are `TransformerBlock` arguments of the same name.
 BLOCK_SWITCHES = ("qkv_bias", "qk_norm", "layer_scale", "post_norm", "attention_output_norm", "mlp_hidden_norm",
-                  "normalization", "projection_bias", "differential_attention", "parallel")
+                  "normalization", "projection_bias", "differential_attention", "parallel", "rope", "rope_temperature",
+                  "rope_rotate_half", "key_bias")
 
 
 def position_grid(image_size, sizes, source):
@@ -111,15 +113,21 @@ def build(options, input_tensor):
         interpolation=options.position_embedding_interpolation,
         antialias=options.position_embedding_antialias,
         name="position_embedding",
-    )
-    if not architecture.class_token_position_embedding:  # timm's no_embed_class: patches only.
+    ) if architecture.position_embedding else None
+    if position is not None and not architecture.class_token_position_embedding:  # no_embed_class: patches only.
         x = position(x, patch_grid=patch_grid) if dynamic else position(x)
     if architecture.register_tokens:  # [class, registers..., patches], as timm orders them.
         x = RegisterTokens(architecture.register_tokens, name="register_tokens")(x)
     if architecture.class_token:
         x = ClassToken(name="class_token")(x)
-    if architecture.class_token_position_embedding:
+    if position is not None and architecture.class_token_position_embedding:
         x = position(x, patch_grid=patch_grid) if dynamic else position(x)
+    call_options = {}
+    if architecture.rope:
+        rotary = RotaryPositions(grid_size, architecture.rope, num_prefix_tokens, architecture.rope_grid_offset,
+                                 architecture.rope_reference_grid, architecture.rope_grid_indexing,
+                                 name="rotary_positions")
+        call_options["rope_positions"] = rotary(x, patch_grid=patch_grid) if dynamic else rotary(x)
     x = keras.layers.Dropout(options.dropout_rate, name="embedding_dropout")(x)
     if architecture.norm_pre:
         x = norm_layer(architecture.normalization, epsilon, name="pre_norm")(x)
@@ -136,7 +144,7 @@ def build(options, input_tensor):
             layer_norm_epsilon=epsilon,
             **{switch: getattr(architecture, switch) for switch in BLOCK_SWITCHES},
             name=f"encoderblock_{index}",
-        )(x)
+        )(x, **call_options)
     if architecture.final_norm and not architecture.fc_norm:
         x = norm_layer(architecture.normalization, epsilon, name="encoder_norm")(x)
 
@@ -144,7 +152,9 @@ def build(options, input_tensor):
     pooled_from = 0 if architecture.pool_include_prefix and pooling != "token" else num_prefix_tokens
     if pooling == "map":
         activation = "gelu" if architecture.mlp_activation == "swiglu" else architecture.mlp_activation
-        x = AttentionPooling(sizes.num_heads, sizes.mlp_dim, activation=activation, layer_norm_epsilon=epsilon,
+        heads, ratio = architecture.attention_pool_heads, architecture.attention_pool_mlp_ratio
+        x = AttentionPooling(heads or sizes.num_heads, int(sizes.hidden_size * ratio) if ratio else sizes.mlp_dim,
+                             activation=activation, layer_norm_epsilon=epsilon,
                              num_prefix_tokens=pooled_from, name="attention_pool")(x)
     elif pooling is not None:
         x = TokenPooling(pooling, pooled_from, name="pool")(x)

@@ -12,7 +12,7 @@ import numbers
 import keras
 from keras import ops
 
-from keras_vit.checkpoints.source import architecture_of
+from keras_vit.checkpoints.source import architecture_of, native_grid
 
 
 @keras.saving.register_keras_serializable(package="keras_vit")
@@ -102,10 +102,10 @@ def feature_extractor(model, blocks, spatial=True, norm=False, name=None):
                 f"use 0 to {depth - 1} (or -{depth} to -1 from the end)."
             )
         chosen.append(int(index) % depth)
-    position = model.get_layer("position_embedding")
+    grid_size = native_grid(model)
     embedding = model.get_layer("embedding")
     dynamic = len(embedding.output.shape) == 4  # The dynamic model's patch grid, read on every call.
-    tokens = PatchTokens(architecture_of(model).num_prefix_tokens, None if dynamic else position.grid_size, spatial,
+    tokens = PatchTokens(architecture_of(model).num_prefix_tokens, None if dynamic else grid_size, spatial,
                          name=f"{model.name}_patch_tokens")
     outputs = []
     for index in chosen:

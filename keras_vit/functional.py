@@ -10,6 +10,7 @@ import numbers
 import keras
 
 from keras_vit import deployment
+from keras_vit.checkpoints.built_model import native_grid
 from keras_vit.checkpoints.source import conv_stem_widths_of, resnet_layers_of
 from keras_vit.variants import Variant
 
@@ -59,7 +60,7 @@ def native_image_size(model):
     if None not in size:
         return size
     step = sizes_of(model).pixels_per_patch
-    rows, cols = model.get_layer("position_embedding").grid_size
+    rows, cols = native_grid(model)
     return (rows * step, cols * step)
 
 

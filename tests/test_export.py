@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import keras_vit
-from conftest import SMALL, predict
+from conftest import SMALL, fixture, predict
 from keras_vit import cli, deployment
 
 BACKEND = keras.backend.backend()
@@ -236,3 +236,10 @@ def test_cli_export_errors_are_one_line(tmp_path, capsys):
         assert capsys.readouterr().err.startswith(f"keras-vit: error: Export to {unsupported[0]} needs the ")
     assert cli.console_main(["export", str(tmp_path / "missing.keras")]) == 2
     assert "missing.keras" in capsys.readouterr().err
+
+
+def test_rope_model_exports_to_onnx(tmp_path):
+    # RoPE's positions are computed in the graph (Perception Encoder's axial form, with attention pooling).
+    model = keras_vit.from_pretrained(fixture("timm_eva/pe_core"), classifier_activation=None)
+    batches = [images(3, size=48), images(1, size=48, seed=2)]
+    assert_served_like_keras(model, "onnx", tmp_path, batches=batches)

@@ -12,6 +12,7 @@ import pytest
 from conftest import fixture
 from keras_vit import CheckpointError
 from keras_vit.checkpoints import timm_families
+from keras_vit.checkpoints.timm_eva_families import EVA_ARCHITECTURES
 from keras_vit.checkpoints.timm_families import ARCHITECTURES, timm_architecture
 
 pytestmark = pytest.mark.backend_independent
@@ -114,26 +115,61 @@ def test_base_patch32_plus_has_timms_14_heads():
 
 @pytest.mark.parametrize("timm_class", ["VisionTransformer", "Eva"])
 def test_every_other_timm_name_is_refused_with_a_reason(timm_class):
-    refused = [name for name, timm in TIMM.items() if timm["class"] == timm_class and name not in ARCHITECTURES]
+    refused = [name for name, timm in TIMM.items() if timm["class"] == timm_class and name not in ARCHITECTURES
+               and name not in EVA_ARCHITECTURES]
     assert refused
     for name in refused:
         with pytest.raises(CheckpointError) as error:
             timm_architecture(name, where="x/config.json")
         message = str(error.value)
         assert message.startswith(f"x/config.json: timm's {name!r}")
-        rope = TIMM[name]["kwargs"].get("use_rot_pos_emb") or TIMM[name]["kwargs"].get("attn_type") == "rope"
-        if rope or name.startswith("vit_pe_"):
-            assert "RoPE ViTs are not supported yet" in message, name
+        if "sapiens2" in name:
+            assert "grouped-query attention" in message, name
         # A named reason, not the catch-all, for every architecture of timm's own ViT classes.
         assert "is not one of the" not in message, message
 
 
-def test_perception_encoder_names_are_refused_as_rope():
-    names = [name for name in TIMM if name.startswith(("vit_pe_core_", "vit_pe_spatial_"))]
-    assert len(names) >= 8
-    for name in names:
-        with pytest.raises(CheckpointError, match="RoPE ViTs are not supported yet"):
-            timm_architecture(name)
+def eva_switches(kwargs):
+    """What an Eva model function sets beyond the sizes, in the table's spelling; None where keras_vit cannot compute it
+    (Sapiens2's grouped-query attention and attention-only layer scale)."""
+    switches = {key: value for key, value in kwargs.items() if key not in SIZES + NEUTRAL}
+    if set(switches) & {"num_kv_heads", "attn_only_layer_scale"}:
+        return None
+    norm = switches.pop("norm_layer", None)
+    if norm is not None:
+        switches["norm_eps"] = norm["eps"]
+        if NORMS[norm["partial"]] != "layer_norm":
+            switches["norm_layer"] = NORMS[norm["partial"]]
+    if "ref_feat_shape" in switches:
+        switches["ref_feat_shape"] = tuple(switches["ref_feat_shape"])
+    return switches
+
+
+def test_every_eva_table_entry_is_what_timms_model_function_sets():
+    wrong = {}
+    for name, entry in EVA_ARCHITECTURES.items():
+        timm = TIMM.get(name)
+        if timm is None or timm["class"] != "Eva":
+            wrong[name] = "not an Eva architecture in timm's registry"
+            continue
+        kwargs = timm["kwargs"]
+        expected = (kwargs.get("patch_size", 16), tuple(timm["input_size"][1:]), kwargs["embed_dim"],
+                    kwargs["depth"], kwargs["num_heads"], float(kwargs.get("mlp_ratio", 4.0)))
+        found = (entry.patch_size, entry.image_size, entry.embed_dim, entry.depth, entry.num_heads,
+                 float(entry.mlp_ratio))
+        if found != expected:
+            wrong[name] = f"sizes {found}, timm {expected}"
+        if entry.switches != eva_switches(kwargs):
+            wrong[name] = f"switches {entry.switches}, timm {eva_switches(kwargs)}"
+    assert not wrong
+
+
+def test_the_eva_table_holds_every_eva_architecture_keras_vit_can_compute():
+    computable = {name for name, timm in TIMM.items() if timm["class"] == "Eva"
+                  and eva_switches(timm["kwargs"]) is not None}
+    assert computable == set(EVA_ARCHITECTURES)
+    assert len(EVA_ARCHITECTURES) == 60
+    assert sum(len(TIMM[name]["tags"]) for name in EVA_ARCHITECTURES) == 78
 
 
 def test_a_name_timm_does_not_have_is_refused_by_the_catch_all():

@@ -35,6 +35,7 @@ from keras_vit.checkpoints.registry import (
 from keras_vit.checkpoints.clip_layout import from_vision_tower, read_vision_tower_folder
 from keras_vit.checkpoints.dinov2_layout import from_dinov2, read_dinov2_folder
 from keras_vit.checkpoints.source import CheckpointError, WeightsSource, architecture_of, state_of
+from keras_vit.checkpoints.dinov3_layout import read_dinov3_folder
 from keras_vit.checkpoints.timm_layout import from_timm, read_timm, read_timm_folder, save_timm, timm_arguments, to_timm
 from keras_vit.checkpoints.transformers_layout import from_transformers, read_transformers_folder
 
@@ -57,6 +58,7 @@ __all__ = [
     "read_keras",
     "read_npz",
     "read_quantized_keras",
+    "read_dinov3_folder",
     "read_timm",
     "read_dinov2_folder",
     "read_folder",

@@ -22,6 +22,7 @@ from keras_vit.checkpoints.source import (
     WeightsSource,
     architecture_of,
     check_declared_size,
+    native_grid,
     preview,
     refuse_non_float,
     require_regular_file,
@@ -54,8 +55,10 @@ def read_keras(path, budget=None):
     saved = _load(path)
     grid = num_heads = precision = architecture = resize = None
     try:
-        position = saved.get_layer("position_embedding")
-        grid, resize = tuple(position.grid_size), (position.interpolation, bool(position.antialias))
+        grid = native_grid(saved)
+        position = saved.get_layer("position_embedding") if any(
+            layer.name == "position_embedding" for layer in saved.layers) else None
+        resize = None if position is None else (position.interpolation, bool(position.antialias))
         block = saved.get_layer("encoderblock_0")
         num_heads, precision = block.num_heads, block.dtype_policy.name
         architecture = architecture_of(saved)

@@ -21,6 +21,8 @@ from keras_vit.checkpoints.clip_layout import MODEL_TYPES as VISION_TOWER_TYPES
 from keras_vit.checkpoints.clip_layout import read_vision_tower_folder
 from keras_vit.checkpoints.dinov2_layout import MODEL_TYPES as DINOV2_TYPES
 from keras_vit.checkpoints.dinov2_layout import read_dinov2_folder
+from keras_vit.checkpoints.dinov3_layout import MODEL_TYPES as DINOV3_TYPES
+from keras_vit.checkpoints.dinov3_layout import read_dinov3_folder
 from keras_vit.checkpoints.flax_npz import read_npz
 from keras_vit.checkpoints.keras_files import read_keras, read_weights_h5
 from keras_vit.checkpoints.registry import fetch, find_checkpoint
@@ -105,11 +107,13 @@ def read_folder(folder, budget=None):
         return _with_preprocessor_statistics(read_transformers_folder(folder, config, budget), folder)
     if config.get("model_type") in DINOV2_TYPES:
         return _with_preprocessor_statistics(read_dinov2_folder(folder, config, budget), folder)
+    if config.get("model_type") in DINOV3_TYPES:
+        return _with_preprocessor_statistics(read_dinov3_folder(folder, config, budget), folder)
     if config.get("model_type") in VISION_TOWER_TYPES:
         return _with_preprocessor_statistics(read_vision_tower_folder(folder, config, budget), folder)
-    known = ", ".join(repr(name) for name in ("vit", *DINOV2_TYPES, *VISION_TOWER_TYPES))
+    known = ", ".join(repr(name) for name in ("vit", *DINOV2_TYPES, *DINOV3_TYPES, *VISION_TOWER_TYPES))
     raise CheckpointError(f"{folder}: its config.json is neither timm's (architecture) nor a transformers ViT, "
-                          f"DINOv2, CLIP or SigLIP model's (model_type {known}; this one is "
+                          f"DINOv2, DINOv3, CLIP or SigLIP model's (model_type {known}; this one is "
                           f"{config.get('model_type')!r}).")
 
 

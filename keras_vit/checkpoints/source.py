@@ -15,7 +15,8 @@ import stat
 
 import keras
 
-from keras_vit.architecture import IMAGENET_PIXEL_STATISTICS, POOLINGS, RESNET_EPSILONS, Architecture
+from keras_vit.architecture import IMAGENET_PIXEL_STATISTICS, Architecture
+from keras_vit.checkpoints.built_model import architecture_of, native_grid  # noqa: F401 (read here by many)
 from keras_vit.variants import CONV_STEM_STRIDE, Variant, resnet_stride
 
 
@@ -321,79 +322,6 @@ def _is_square(number):
 def state_of(model):
     """A model's weights as `{variable path: numpy array}`, the internal state."""
     return {v.path: keras.ops.convert_to_numpy(v) for v in model.weights}
-
-
-def architecture_of(model):
-    """The `Architecture` of a built keras_vit model, read from its layers (a `.keras` file keeps them).
-
-    Example:
-    >>> import keras_vit
-    >>> model = keras_vit.ViT(image_size=32, patch_size=8, hidden_size=16, num_layers=1, num_heads=2,
-    ...                       mlp_dim=32, register_tokens=2)
-    >>> architecture_of(model).num_prefix_tokens
-    3
-    """
-    layers = {layer.name: layer for layer in model.layers}
-    block, embedding = layers.get("encoderblock_0"), layers.get("embedding")
-    if block is None or embedding is None or not hasattr(block, "activation"):
-        raise ValueError(f"{getattr(model, 'name', model)!r} is not a keras_vit ViT (it has no layers named "
-                         "'embedding' and 'encoderblock_0').")
-    class_token = "class_token" in layers
-    register_tokens = layers["register_tokens"].count if "register_tokens" in layers else 0
-    position = layers.get("position_embedding")
-    prefix = int(class_token) + register_tokens
-    pool = layers.get("pool")
-    if getattr(model, "classifier", None) in POOLINGS:  # Kept by the model: its pooling layers may be absent.
-        classifier = model.classifier
-    elif "attention_pool" in layers:
-        classifier = "map"
-    elif pool is not None:
-        classifier = pool.method
-    else:
-        classifier = "token" if class_token else "gap"
-    return Architecture(
-        class_token=class_token,
-        register_tokens=register_tokens,
-        class_token_position_embedding=not prefix or position is None or position.num_prefix_tokens == prefix,
-        classifier=classifier,
-        fc_norm="fc_norm" in layers,
-        final_norm="fc_norm" in layers or "encoder_norm" in layers,
-        norm_pre="pre_norm" in layers,
-        patch_bias=getattr(embedding, "use_bias", True),
-        qkv_bias=block.qkv_bias,
-        qk_norm=block.qk_norm,
-        layer_scale=block.layer_scale,
-        post_norm=block.post_norm,
-        pool_include_prefix=bool(prefix) and classifier != "token" and getattr(
-            layers.get("attention_pool") or pool, "num_prefix_tokens", prefix) == 0,
-        attention_output_norm=block.attention_output_norm,
-        mlp_hidden_norm=block.mlp_hidden_norm,
-        normalization=block.normalization,
-        projection_bias=block.projection_bias,
-        patch_norm="patch_norm" in layers,
-        differential_attention=getattr(block, "differential_attention", False),
-        parallel=getattr(block, "parallel", False),
-        mlp_activation=block.activation,
-        layer_norm_epsilon=block.layer_norm_epsilon,
-        **_pixel_statistics(layers.get("input_normalization")),
-        **_resnet_epsilons(layers.get("conv_root"), layers.get("gn_root")),
-    )
-
-
-def _resnet_epsilons(conv, norm):
-    """`{"resnet_epsilons": key}` of a hybrid's root layers (empty for a plain ViT)."""
-    if conv is None or norm is None:
-        return {}
-    found = (float(conv.epsilon), getattr(conv, "epsilon_added_to", "std"), float(norm.epsilon))
-    for key, settings in RESNET_EPSILONS.items():
-        if found == (settings["standardization_epsilon"], settings["epsilon_added_to"], settings["group_norm_epsilon"]):
-            return {"resnet_epsilons": key}
-    raise ValueError(f"The hybrid's ResNet standardises with epsilon {found[0]:g} added to the {found[1]} and "
-                     f"normalises with GroupNorm epsilon {found[2]:g}, which matches none of {tuple(RESNET_EPSILONS)}.")
-
-
-def _pixel_statistics(normalization):
-    return {} if normalization is None else dict(input_mean=normalization.mean, input_std=normalization.std)
 
 
 def warn_unkept_pixel_statistics(model, where_they_go):

@@ -59,7 +59,7 @@ def _attention_pooling(architecture):
 MODEL_WEIGHTS = {
     "class_token/cls": lambda a: a.class_token,
     "register_tokens/registers": lambda a: a.register_tokens > 0,
-    "position_embedding/pos_embedding": _always,
+    "position_embedding/pos_embedding": lambda a: a.position_embedding,
     **_dense("embedding", bias=lambda a: a.patch_bias),
     **_pair("patch_norm", lambda a: a.patch_norm),
     **_pair("pre_norm", lambda a: a.norm_pre),
@@ -86,6 +86,7 @@ BLOCK_WEIGHTS = {
     **_pair("key_norm", lambda a: a.qk_norm),
     **_pair("attention_output_norm", lambda a: a.attention_output_norm),
     **_pair("mlp_hidden_norm", lambda a: a.mlp_hidden_norm),
+    "rope_frequencies": lambda a: a.rope == "mixed",  # learned; timm keeps all blocks' in one tensor
     **{name: lambda a: a.differential_attention for name in ("lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2",
                                                             "attention_sub_norm/gamma")},
 }

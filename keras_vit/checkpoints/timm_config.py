@@ -10,7 +10,7 @@ Example:
 {'num_heads': 6, 'drop_path_rate': 0.1}
 """
 
-from keras_vit.checkpoints.source import CheckpointError, architecture_from_state, positive_int_field
+from keras_vit.checkpoints.source import CheckpointError, architecture_from_state, pixel_statistics, positive_int_field
 from keras_vit.checkpoints.tensor_layout import image_size_of_grid
 from keras_vit.checkpoints.timm_families import (
     ACTIVATIONS,
@@ -205,3 +205,21 @@ def grid_of_config(state, architecture, entry, args, pretrained, patch, where):
     rows = state["position_embedding/pos_embedding"].shape[1] - architecture.position_prefix_rows
     size = image_size_of_grid(candidates, patch, rows)
     return (None, None) if size is None else ((size[0] // patch, size[1] // patch), size)
+
+
+def configured_switches(entry, args, config, keywords, default_pool, where):
+    """The switches of a named architecture `entry` with `model_args` (`args`) over it, and the pool checked."""
+    switches = {**entry.switches, **{key: args[key] for key in keywords if key in args}}
+    pool = args.get("global_pool", config.get("global_pool", switches.get("global_pool", default_pool)))
+    if pool not in ("", "token", "avg", "map"):
+        raise CheckpointError(f"{where}: global_pool is {pool!r}; keras_vit pools by 'token', 'avg' or 'map'.")
+    switches["global_pool"] = pool
+    return switches
+
+
+def configured_pixel_statistics(config, where):
+    """`(pretrained_cfg, Architecture fields)`: the pixel mean and std a timm config.json states, checked."""
+    pretrained = config.get("pretrained_cfg") if isinstance(config.get("pretrained_cfg"), dict) else {}
+    statistics = [(pretrained.get(key), f"pretrained_cfg.{key}") if key in pretrained else (config.get(key), key)
+                  for key in ("mean", "std")]
+    return pretrained, pixel_statistics(statistics[0][0], statistics[1][0], where, (statistics[0][1], statistics[1][1]))

@@ -28,7 +28,6 @@ from keras_vit.checkpoints.source import (
     architecture_from_state,
     architecture_of,
     class_names_in_order,
-    pixel_statistics,
     preview,
     conv_stem_widths_of,
     resnet_layers_of,
@@ -38,8 +37,12 @@ from keras_vit.checkpoints.source import (
 )
 from keras_vit.architecture import Architecture
 from keras_vit.checkpoints.state_dict_files import _safetensors, read_state_dict
-from keras_vit.checkpoints.timm_config import check_head, check_tensors_agree, checked_sizes, grid_of_config, model_args_of
+from keras_vit.checkpoints.timm_config import (check_head, check_tensors_agree, checked_sizes,
+                                               configured_pixel_statistics, configured_switches, grid_of_config,
+                                               model_args_of)
 from keras_vit.checkpoints.tensor_layout import BlockRule, TensorLayout, keras_to_torch, settings, torch_to_keras
+from keras_vit.checkpoints.timm_eva_families import EVA_ARCHITECTURES
+from keras_vit.checkpoints.timm_eva_layout import eva_arguments, read_timm_eva, to_timm_eva
 from keras_vit.checkpoints.timm_families import (
     DEFAULT_RESIZE,
     SWITCH_KEYWORDS,
@@ -283,6 +286,11 @@ def timm_arguments(model, architecture=None):
     (2, True)
     """
     found = architecture_of(model)
+    if architecture in EVA_ARCHITECTURES:
+        return eva_arguments(model, architecture)
+    if found.rope or not found.key_bias or not found.position_embedding:
+        raise CheckpointError(f"{model.name} has RoPE, no key bias or no position table, as timm's Eva class: pass "
+                              "architecture= the Eva name it is (eva02_base_patch14_224, vit_base_patch16_dinov3, ...).")
     if found.patch_bias == found.norm_pre:
         raise CheckpointError(
             f"{model.name} has {'a' if found.patch_bias else 'no'} patch bias {'and' if found.norm_pre else 'but no'} "
@@ -394,8 +402,8 @@ def save_timm(model, path, architecture=None):
     """
     if not str(path).endswith(".safetensors"):
         raise CheckpointError(f"save_timm writes a .safetensors file; got {path}.")
-    tensors = to_timm(model, architecture)
     timm_arguments(model, architecture)  # Refuses what timm cannot rebuild.
+    tensors = to_timm_eva(model, architecture) if architecture in EVA_ARCHITECTURES else to_timm(model, architecture)
     warn_unkept_pixel_statistics(model, "timm reads them from the folder's config.json (pretrained_cfg mean and "
                                         "std), and so does keras_vit.from_pretrained")
     save_file = _safetensors().save_file
@@ -427,19 +435,13 @@ def read_timm(path, budget=None, config=None, config_path=None):
     entry = timm_architecture(name, where)
     check_backbone_agrees(state, entry, name, path)
     args = model_args_of(config, where)
-    switches = {**entry.switches, **{key: args[key] for key in SWITCH_KEYWORDS if key in args}}
-    pool = args.get("global_pool", config.get("global_pool", switches.get("global_pool", "token")))
-    if pool not in ("", "token", "avg", "map"):
-        raise CheckpointError(f"{where}: global_pool is {pool!r}; keras_vit pools by 'token', 'avg' or 'map'.")
-    switches["global_pool"] = pool
+    switches = configured_switches(entry, args, config, SWITCH_KEYWORDS, "token", where)
     try:
         fields = timm_switches_to_architecture(switches)
     except KeyError as error:  # an act_layer or pool the checks above let through
         raise CheckpointError(f"{where}: {error} is not a setting keras_vit computes.") from None
-    pretrained = config.get("pretrained_cfg") if isinstance(config.get("pretrained_cfg"), dict) else {}
-    statistics = [(pretrained.get(key), f"pretrained_cfg.{key}") if key in pretrained else (config.get(key), key)
-                  for key in ("mean", "std")]
-    fields.update(pixel_statistics(statistics[0][0], statistics[1][0], where, (statistics[0][1], statistics[1][1])))
+    pretrained, statistics = configured_pixel_statistics(config, where)
+    fields.update(statistics)
     try:
         architecture = Architecture(**fields, **({} if epsilons is None else {"resnet_epsilons": epsilons}))
     except ValueError as error:  # model_args that contradict the named architecture's switches
@@ -482,9 +484,12 @@ def read_timm_folder(folder, config, budget=None):
     if not isinstance(architecture, str):
         raise CheckpointError(f"{where}: architecture is {architecture!r}; expected timm's model name (a string "
                               "such as 'vit_base_patch16_224').")
-    timm_architecture(architecture, where)  # Refused by name before any tensor is read.
+    if architecture not in EVA_ARCHITECTURES:
+        timm_architecture(architecture, where)  # Refused by name before any tensor is read.
     weights = next((os.path.join(folder, name) for name in ("model.safetensors", "pytorch_model.bin")
                     if os.path.exists(os.path.join(folder, name))), None)
     if weights is None:
         raise CheckpointError(f"{folder} has a timm config.json but no model.safetensors or pytorch_model.bin.")
+    if architecture in EVA_ARCHITECTURES:
+        return read_timm_eva(weights, budget, config, where)
     return read_timm(weights, budget, config, where)

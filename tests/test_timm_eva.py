@@ -1,0 +1,175 @@
+"""RoPE ViTs from timm's `Eva` class and transformers' DINOv3: loaded with the references' outputs, with every tool.
+
+The fixtures are tiny models written by timm's `save_for_hf` and
+transformers' `save_pretrained` (`tools/make_eva_fixtures.py`), with the
+references' logits at the model's own size and at a second one (RoPE
+recomputed on the new grid), so the coordinates are tested, not one grid.
+"""
+
+import json
+import os
+
+import keras
+import numpy as np
+import pytest
+
+import keras_vit
+from conftest import fixture
+from keras_vit import CheckpointError, checkpoints
+from keras_vit.checkpoints.state_dict_files import read_state_dict
+from keras_vit.rope import RotaryPositions, grid_coordinates, rope_frequencies
+
+REFERENCE = np.load(fixture("timm_eva_reference.npz"))
+with open(fixture("timm_eva/cases.json")) as f:
+    CASES = json.load(f)
+TOLERANCE = 2e-5
+
+
+def case_folder(case):
+    return fixture(f"timm_eva/{case}")
+
+
+def load(case, **options):
+    folder = case_folder(case) if case != "transformers_dinov3" else fixture("transformers_dinov3")
+    return keras_vit.from_pretrained(folder, classifier_activation=None, **options)
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_loads_timm_eva_with_timms_logits_at_two_sizes(case):
+    # RoPE is computed by each backend's ops: every backend runs this.
+    for key in ("native", "other"):
+        images = REFERENCE[f"{case}/{key}/images"]
+        model = load(case, image_size=images.shape[1:3])
+        np.testing.assert_allclose(model.predict(images, verbose=0), REFERENCE[f"{case}/{key}/logits"],
+                                   atol=TOLERANCE, rtol=0)
+
+
+def test_loads_transformers_dinov3_with_its_pooled_output_at_two_sizes():
+    for key in ("native", "other"):
+        images = REFERENCE[f"transformers_dinov3/{key}/images"]
+        model = load("transformers_dinov3", image_size=images.shape[1:3])
+        np.testing.assert_allclose(model.predict(images, verbose=0), REFERENCE[f"transformers_dinov3/{key}/pooled"],
+                                   atol=TOLERANCE, rtol=0)
+
+
+@pytest.mark.backend_independent
+def test_dynamic_resolution_rope_model_gives_timms_logits_at_any_size():
+    model = load("dinov3", image_size=(None, None))
+    for key in ("native", "other"):
+        images = REFERENCE[f"dinov3/{key}/images"]
+        np.testing.assert_allclose(model.predict(images, verbose=0), REFERENCE[f"dinov3/{key}/logits"],
+                                   atol=TOLERANCE, rtol=0)
+
+
+@pytest.mark.backend_independent
+def test_rope_coordinates_and_frequencies_are_timms_forms():
+    # timm's _build_grid: 'xy' swaps the channels, ref_feat_shape rescales, DINOv3 centres pixels in [-1, 1].
+    ij = np.asarray(grid_coordinates(2, 3))
+    assert ij.tolist() == [[0, 0], [0, 1], [0, 2], [1, 0], [1, 1], [1, 2]]
+    xy = np.asarray(grid_coordinates(2, 3, offset=1.0, indexing="xy"))
+    assert xy[:, 0].tolist() == [1, 2, 3, 1, 2, 3] and xy[:, 1].tolist() == [1, 1, 1, 2, 2, 2]
+    rescaled = np.asarray(grid_coordinates(2, 4, reference_grid=(16, 16)))
+    np.testing.assert_allclose(rescaled[:4, 1], [0, 4, 8, 12])
+    centred = np.asarray(grid_coordinates(2, 2, form="dinov3"))
+    np.testing.assert_allclose(centred, [[-0.5, -0.5], [-0.5, 0.5], [0.5, -0.5], [0.5, 0.5]])
+    np.testing.assert_allclose(rope_frequencies("axial", 16, 10000.0), 10000.0 ** -(np.arange(4) / 4), rtol=1e-6)
+    np.testing.assert_allclose(rope_frequencies("dinov3", 16, 100.0), 2 * np.pi / 100.0 ** (np.arange(4) * 4 / 16),
+                               rtol=1e-6)
+    positions = np.asarray(RotaryPositions((1, 2), num_prefix_tokens=2)(np.zeros((1, 4, 8))))
+    assert positions.tolist() == [[0, 0], [0, 0], [0, 0], [0, 1]]  # prefix tokens are not rotated
+
+
+@pytest.mark.backend_independent
+def test_rope_model_tools_keep_its_outputs(tmp_path):
+    images = REFERENCE["naver_mixed_ape/native/images"]
+    expected = REFERENCE["naver_mixed_ape/native/logits"]
+    model = load("naver_mixed_ape")
+    model.save(tmp_path / "m.keras")
+    again = keras.saving.load_model(tmp_path / "m.keras")
+    np.testing.assert_allclose(again.predict(images, verbose=0), expected, atol=TOLERANCE, rtol=0)
+    features = keras_vit.features.feature_extractor(model, (0, 1))(images)
+    assert [tuple(f.shape) for f in features] == [(2, 3, 3, 32)] * 2
+    attentions = keras_vit.analysis.attention_weights(model, images)
+    assert [a.shape for a in attentions] == [(2, 2, 10, 10)] * 2
+    np.testing.assert_allclose(attentions[0].sum(-1), 1.0, atol=1e-5)
+    adapted = keras_vit.enable_lora(model, rank=2)
+    np.testing.assert_allclose(keras_vit.merge_lora(adapted).predict(images, verbose=0), expected, atol=TOLERANCE)
+    quantized = load("naver_mixed_ape")
+    quantized.quantize("int8")
+    assert np.abs(quantized.predict(images, verbose=0) - expected).max() < 0.1
+
+
+@pytest.mark.backend_independent
+@pytest.mark.parametrize("case", ["eva02_axial", "eva02_separate_qkv", "naver_mixed_ape", "dinov3", "pe_core"])
+def test_save_timm_writes_the_file_timm_wrote(case, tmp_path):
+    # The same names and values as timm's own save_for_hf file: timm's strict load takes it.
+    model = load(case)
+    with open(os.path.join(case_folder(case), "config.json")) as f:
+        name = json.load(f)["architecture"]
+    path = checkpoints.save_timm(model, str(tmp_path / "w.safetensors"), architecture=name)
+    written, original = read_state_dict(path), read_state_dict(os.path.join(case_folder(case), "model.safetensors"))
+    assert sorted(written) == sorted(original)
+    for tensor in original:
+        np.testing.assert_allclose(written[tensor], original[tensor], atol=1e-7, rtol=0, err_msg=tensor)
+    arguments = checkpoints.timm_arguments(model, name)
+    assert (arguments["embed_dim"], arguments["depth"], arguments["num_heads"]) == (32, 2, 2)
+
+
+@pytest.mark.backend_independent
+def test_save_timm_refuses_a_rope_model_without_its_eva_name(tmp_path):
+    with pytest.raises(CheckpointError, match="pass architecture= the Eva name it is"):
+        checkpoints.save_timm(load("dinov3"), str(tmp_path / "w.safetensors"))
+    with pytest.raises(CheckpointError, match=r"timm's 'eva02_tiny_patch14_224' sets .*rope='axial'"):
+        checkpoints.save_timm(load("dinov3"), str(tmp_path / "w.safetensors"), architecture="eva02_tiny_patch14_224")
+    assert not os.listdir(tmp_path)
+
+
+def copy_case(case, tmp_path, change_tensors=None, change_config=None):
+    import shutil
+    from safetensors.numpy import save_file
+
+    folder = tmp_path / f"{case}_{len(os.listdir(tmp_path))}"
+    shutil.copytree(case_folder(case), folder)
+    if change_tensors:
+        tensors = change_tensors(read_state_dict(str(folder / "model.safetensors")))
+        save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    if change_config:
+        with open(folder / "config.json") as f:
+            config = json.load(f)
+        change_config(config)
+        with open(folder / "config.json", "w") as f:
+            json.dump(config, f)
+    return str(folder)
+
+
+@pytest.mark.backend_independent
+def test_rope_files_that_disagree_with_their_config_are_refused(tmp_path):
+    without_freqs = copy_case("naver_mixed_ape", tmp_path, lambda t: {k: v for k, v in t.items() if k != "rope.freqs"})
+    with pytest.raises(CheckpointError, match=r"lacks rope.freqs, but the mixed-RoPE model its config.json describes "
+                                              r"has learned frequencies of shape \(2, 2, 2, 8\)"):
+        keras_vit.from_pretrained(without_freqs)
+    renamed = copy_case("dinov3", tmp_path, change_config=lambda c: c.update(architecture="eva02_tiny_patch14_224"))
+    with pytest.raises(CheckpointError, match=r"patch_embed.proj.weight gives patch_size 16, but timm's "
+                                              r"'eva02_tiny_patch14_224' has 14 .*Nothing was loaded"):
+        keras_vit.from_pretrained(renamed)
+    no_bias = copy_case("eva02_axial", tmp_path, lambda t: {k: v for k, v in t.items() if not k.endswith("v_bias")})
+    with pytest.raises(CheckpointError, match=r"holds .*blocks.0.attn.q_bias.* but not .*blocks.0.attn.v_bias"):
+        keras_vit.from_pretrained(no_bias)
+    sapiens = copy_case("dinov3", tmp_path, change_config=lambda c: c.update(architecture="vit_base_patch16_sapiens2"))
+    with pytest.raises(CheckpointError, match="grouped-query attention"):
+        keras_vit.from_pretrained(sapiens)
+
+
+@pytest.mark.backend_independent
+def test_a_transformers_dinov3_gated_mlp_other_than_silu_is_refused(tmp_path):
+    import shutil
+
+    folder = tmp_path / "dinov3"
+    shutil.copytree(fixture("transformers_dinov3"), folder)
+    with open(folder / "config.json") as f:
+        config = json.load(f)
+    config["hidden_act"] = "gelu"
+    with open(folder / "config.json", "w") as f:
+        json.dump(config, f)
+    with pytest.raises(CheckpointError, match="use_gated_mlp with hidden_act 'gelu'"):
+        keras_vit.from_pretrained(str(folder))
