@@ -101,9 +101,9 @@ def test_configs_keras_vit_cannot_compute_are_refused_by_name(tmp_path):
         keras_vit.ViT(**SIZES, weights=relu)
     shutil.rmtree(relu)
     bert = edited(tmp_path, lambda c: c.update(model_type="bert"))
-    with pytest.raises(CheckpointError, match=r"neither timm's \(architecture\) nor a transformers ViT, DINOv2, CLIP "
-                                              r"or SigLIP model's \(model_type 'vit', 'dinov2', 'dinov2_with_registers', "
-                                              r"'clip_vision_model', 'clip', 'siglip_vision_model', 'siglip'; "
+    with pytest.raises(CheckpointError, match=r"neither timm's \(architecture\) nor a transformers ViT, DINOv2, "
+                                              r"DINOv3, CLIP or SigLIP model's \(model_type 'vit', 'dinov2', "
+                                              r"'dinov2_with_registers', 'dinov3_vit', 'clip_vision_model', 'clip', 'siglip_vision_model', 'siglip'; "
                                               r"this one is 'bert'\)"):
         keras_vit.ViT(**SIZES, weights=bert)
     with pytest.raises(CheckpointError, match="is a folder without a readable config.json"):

@@ -402,8 +402,12 @@ def save_timm(model, path, architecture=None):
     """
     if not str(path).endswith(".safetensors"):
         raise CheckpointError(f"save_timm writes a .safetensors file; got {path}.")
-    timm_arguments(model, architecture)  # Refuses what timm cannot rebuild.
-    tensors = to_timm_eva(model, architecture) if architecture in EVA_ARCHITECTURES else to_timm(model, architecture)
+    if architecture in EVA_ARCHITECTURES:
+        timm_arguments(model, architecture)  # Refuses what timm cannot rebuild.
+        tensors = to_timm_eva(model, architecture)
+    else:  # to_timm first: its refusals (LoRA, a Flax-epsilon ResNet) name the fix more precisely
+        tensors = to_timm(model, architecture)
+        timm_arguments(model, architecture)
     warn_unkept_pixel_statistics(model, "timm reads them from the folder's config.json (pretrained_cfg mean and "
                                         "std), and so does keras_vit.from_pretrained")
     save_file = _safetensors().save_file
