@@ -5,9 +5,13 @@
 
 Every measurement runs in a fresh process (so peak memory and first-call
 compile time are each contender's own); the contenders are interleaved round
-by round and the median of the rounds is reported, with ratios against
-keras_vit and the achieved FLOP/s as a fraction of this machine's measured
-dense-matmul peak (the roofline). keras-hub is used when importable; timm
+by round (at least 5 rounds). Each row gives the median img/s of the rounds
+with their min and max, the ratio of medians against keras_vit, the range of
+the per-round ratios (each round's contenders ran back to back), and whether
+the ranking against keras_vit holds beyond the spread: "inside spread" when
+the two contenders' min-max ranges overlap, so that the order of their
+medians is not established. The roofline is the median's FLOP/s as a
+fraction of this machine's measured dense-matmul peak. keras-hub is used when importable; timm
 runs in the interpreter given by --timm-python (it needs torchvision).
 Each --dtype is measured in the same run: bfloat16 is Keras' mixed_bfloat16
 policy (timm: torch.autocast), int8 is Keras' `quantize("int8")` after the
@@ -233,7 +237,7 @@ def main():
     parser.add_argument("--tasks", default="infer,train")
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--iterations", type=int, default=5, help="timed steps per process (median)")
-    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds (median)")
+    parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds (median and spread; at least 5)")
     parser.add_argument("--dtype", default="float32", help="float32, bfloat16, int8, or several: float32,int8")
     parser.add_argument("--timm-python", help="a Python that has timm, to include it")
     parser.add_argument("--jit-compile", action="store_true",
@@ -247,6 +251,8 @@ def main():
     if args.worker:
         return worker(args)
 
+    if args.rounds < 5:
+        parser.error(f"--rounds {args.rounds}: the spread needs at least 5 interleaved rounds")
     import keras
 
     backend = keras.backend.backend()
@@ -265,34 +271,66 @@ def main():
         for task in args.tasks.split(","):
             runs = [(c, d) for d in dtypes for c in contenders if not (d == "int8" and (c == "timm" or task == "train"))]
             results = {run: [] for run in runs}
-            for _ in range(args.rounds):
-                for contender, dtype in runs:  # interleaved, so drift hits every contender alike
+            for round_index in range(args.rounds):
+                # Interleaved, so drift hits every contender alike; the order rotates, so no one always goes first.
+                shift = round_index % len(runs)
+                for contender, dtype in runs[shift:] + runs[:shift]:
                     python = args.timm_python if contender == "timm" else sys.executable
                     results[contender, dtype].append(measure_in_process(
                         python, contender, model, task, args.batch, args.iterations, dtype,
                         None if contender == "timm" else backend))
             flops = forward_flops(model) * (3 if task == "train" else 1) * args.batch
-            base = None
-            for contender, dtype in runs:
-                errors = [r for r in results[contender, dtype] if "error" in r]
-                if errors:
-                    print(f"{model} {task} {contender} {dtype}: failed: {errors[0]['error']}")
-                    continue
-                good = results[contender, dtype]
-                step = statistics.median(r["step_s"] for r in good)
-                row = dict(model=model, task=task, contender=contender, dtype=dtype, images_per_s=args.batch / step,
-                           first_call_s=statistics.median(r["first_call_s"] for r in good),
-                           peak_rss_mb=statistics.median(r["peak_rss_mb"] for r in good),
-                           roofline=flops / step / peaks[dtype] if peaks[dtype] else float("nan"))
-                base = base or row
-                row["speed_vs_keras_vit"] = row["images_per_s"] / base["images_per_s"]
-                rows.append(row)
-    print(f"{'model':6s} {'task':6s} {'contender':13s} {'dtype':8s} {'img/s':>8s} {'x keras_vit':>11s} "
-          f"{'1st call s':>10s} {'peak MB':>8s} {'roofline':>8s}")
-    for r in rows:
-        print(f"{r['model']:6s} {r['task']:6s} {r['contender']:13s} {r['dtype']:8s} {r['images_per_s']:8.2f} "
-              f"{r['speed_vs_keras_vit']:11.2f} {r['first_call_s']:10.1f} {r['peak_rss_mb']:8.0f} {r['roofline']:8.1%}")
+            rows += summarize(model, task, runs, results, args.batch, flops, peaks)
+    print(report(rows))
 
+
+def summarize(model, task, runs, results, batch, flops, peaks):
+    """One row per (contender, dtype): the rounds' img/s (median, min, max) and how it ranks against keras_vit.
+
+    The first run is the reference (keras_vit in the first dtype). Per-round ratios pair each round's
+    measurements, which ran back to back; the ranking is "inside spread" when the min-max ranges overlap.
+    """
+    rows, base = [], None
+    for contender, dtype in runs:
+        rounds = results[contender, dtype]
+        errors = [r for r in rounds if "error" in r]
+        if errors:
+            print(f"{model} {task} {contender} {dtype}: failed: {errors[0]['error']}")
+            continue
+        speeds = [batch / r["step_s"] for r in rounds]
+        row = dict(model=model, task=task, contender=contender, dtype=dtype, speeds=speeds,
+                   images_per_s=statistics.median(speeds), low=min(speeds), high=max(speeds),
+                   first_call_s=statistics.median(r["first_call_s"] for r in rounds),
+                   peak_rss_mb=statistics.median(r["peak_rss_mb"] for r in rounds))
+        row["roofline"] = flops / (batch / row["images_per_s"]) / peaks[dtype] if peaks[dtype] else float("nan")
+        base = base or row
+        row["speed_vs_keras_vit"] = row["images_per_s"] / base["images_per_s"]
+        paired = [mine / theirs for mine, theirs in zip(speeds, base["speeds"])]
+        row["round_ratios"] = (min(paired), max(paired))
+        if row is base:
+            row["ranking"] = "reference"
+        elif row["low"] > base["high"]:
+            row["ranking"] = "ahead beyond spread"
+        elif row["high"] < base["low"]:
+            row["ranking"] = "behind beyond spread"
+        else:
+            row["ranking"] = "inside spread"
+        rows.append(row)
+    return rows
+
+
+def report(rows):
+    """The table of `summarize`'s rows, one line each."""
+    lines = [f"{'model':6s} {'task':6s} {'contender':13s} {'dtype':8s} {'img/s median (min-max)':>23s} "
+             f"{'x keras_vit':>11s} {'per round':>11s} {'ranking':20s} {'1st call s':>10s} {'peak MB':>8s} "
+             f"{'roofline':>8s}"]
+    for r in rows:
+        spread = f"{r['images_per_s']:.2f} ({r['low']:.2f}-{r['high']:.2f})"
+        per_round = f"{r['round_ratios'][0]:.2f}-{r['round_ratios'][1]:.2f}"
+        lines.append(f"{r['model']:6s} {r['task']:6s} {r['contender']:13s} {r['dtype']:8s} {spread:>23s} "
+                     f"{r['speed_vs_keras_vit']:11.2f} {per_round:>11s} {r['ranking']:20s} {r['first_call_s']:10.1f} "
+                     f"{r['peak_rss_mb']:8.0f} {r['roofline']:8.1%}")
+    return "\n".join(lines)
 
 if __name__ == "__main__":
     main()
