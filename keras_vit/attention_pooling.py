@@ -10,6 +10,7 @@ from keras import ops
 from keras_vit import kernels
 from keras_vit.architecture import ACTIVATIONS, LAYER_NORM_EPSILON
 from keras_vit.blocks import _QuantizableSublayers, mlp_activation
+from keras_vit.dense import Dense
 from keras_vit.layer_norm import LayerNorm
 
 
@@ -53,7 +54,7 @@ class AttentionPooling(_QuantizableSublayers, keras.layers.Layer):
         self.probe = self.add_weight(name="probe", shape=(1, 1, hidden_size),
                                      initializer=keras.initializers.TruncatedNormal(stddev=hidden_size**-0.5))
         def dense(units, name, use_bias=True):
-            return keras.layers.Dense(units, use_bias=use_bias, name=name, dtype=self._sublayer_policy(name))
+            return Dense(units, use_bias=use_bias, name=name, dtype=self._sublayer_policy(name))
 
         self.query = dense(hidden_size, "query", self.qkv_bias)
         self.key_value = dense(2 * hidden_size, "key_value", self.qkv_bias)

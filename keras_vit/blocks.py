@@ -17,6 +17,7 @@ from keras import ops
 from keras_vit import kernels
 from keras_vit import rope as rope_module
 from keras_vit.architecture import ACTIVATIONS, LAYER_NORM_EPSILON, NORMALIZATIONS
+from keras_vit.dense import Dense
 from keras_vit.layer_norm import norm_layer
 
 
@@ -227,7 +228,7 @@ class TransformerBlock(_QuantizableSublayers, keras.layers.Layer):
         # separate projections, although they are stored as one (D, 3D) kernel.
         qkv_init = keras.initializers.VarianceScaling(2.0, "fan_avg", "uniform", seed=self._seed(0))
         self.attention_norm = self._norm("attention_norm", plain)
-        self.qkv = keras.layers.Dense(
+        self.qkv = Dense(
             3 * hidden_size, kernel_initializer=qkv_init, use_bias=self.qkv_bias, name="qkv",
             dtype=self._sublayer_policy("qkv"), lora_rank=self._lora("qkv"),
             bias_constraint=None if self.key_bias else ZeroKeyBias(),
@@ -252,7 +253,7 @@ class TransformerBlock(_QuantizableSublayers, keras.layers.Layer):
         if self.mlp_hidden_norm:
             self.mlp_hidden_norm_layer = self._norm("mlp_hidden_norm", plain)
             self.mlp_hidden_norm_layer.build((*tuple(input_shape)[:-1], hidden_width))
-        self.attention_output = keras.layers.Dense(
+        self.attention_output = Dense(
             hidden_size,
             kernel_initializer=keras.initializers.GlorotUniform(seed=self._seed(1)),
             use_bias=self.projection_bias,
@@ -327,16 +328,10 @@ class TransformerBlock(_QuantizableSublayers, keras.layers.Layer):
         return norm_layer(self.normalization, self.layer_norm_epsilon, name=name, **plain)
 
     def _mlp_dense(self, units, name, seed_offset, use_bias):
-        return keras.layers.Dense(
-            units,
-            use_bias=use_bias,
-            kernel_initializer=keras.initializers.GlorotUniform(seed=self._seed(seed_offset)),
-            bias_initializer=keras.initializers.RandomNormal(
-                stddev=1e-6, seed=self._seed(seed_offset + 1)
-            ),
-            name=name,
-            dtype=self._sublayer_policy(name),
-            lora_rank=self._lora(name),
+        return Dense(
+            units, use_bias=use_bias, kernel_initializer=keras.initializers.GlorotUniform(seed=self._seed(seed_offset)),
+            bias_initializer=keras.initializers.RandomNormal(stddev=1e-6, seed=self._seed(seed_offset + 1)),
+            name=name, dtype=self._sublayer_policy(name), lora_rank=self._lora(name),
         )
 
     def _self_attention(self, x, training, return_weights, positions=None):

@@ -9,12 +9,16 @@ float32 rounding), so switching paths changes no result:
   under JAX and TensorFlow (`use_custom_gradients`) it runs
   `softmax_attention`, whose backward pass is written out; elsewhere it
   calls `keras.ops.dot_product_attention`, which has fused kernels on GPUs
-  and TPUs and on PyTorch, with `use_flash_attention` guarding the TPU.
+  and TPUs, with `use_flash_attention` guarding the TPU; on PyTorch it
+  calls torch's `scaled_dot_product_attention` on strided views.
 - `layer_norm` is `LayerNorm`'s function under JAX and TensorFlow on CPUs
   (`use_matrix_means`): its means are matrix products and, where
   `use_custom_gradients`, its gradient is written out. On GPUs and TPUs,
   whose default float32 matrix products are TF32 or one bfloat16 pass,
   `LayerNorm` is Keras' own.
+- `linear` is a `Dense` layer's product and bias: on PyTorch
+  (`use_torch_kernels`) one `torch.nn.functional.linear` call, whose bias
+  is added inside the product (`addmm`) instead of in a second pass.
 - `gelu` is the MLP's activation; on TensorFlow its exact form is written
   with `erf`, which the ONNX and LiteRT converters know.
 - `set_custom_gradients(False)` turns the written-out gradients off, for
@@ -102,12 +106,59 @@ def use_matrix_means():
     return keras.backend.backend() in ("jax", "tensorflow") and _platform() == "cpu"
 
 
+def use_torch_kernels():
+    """Whether `linear` and `attention` call torch's fused functions themselves: on the PyTorch backend.
+
+    Keras runs eagerly there, one torch op per `keras.ops` call. Its `Dense`
+    computes `ops.matmul`, then `ops.add` for the bias, a second pass over
+    every projection's output, where torch's `linear` adds the bias inside
+    the product; its `dot_product_attention` copies the transposed queries,
+    keys and values into contiguous arrays before torch's
+    `scaled_dot_product_attention`, which takes the strided views as they
+    are. Keras' LayerNorm already is torch's `layer_norm`
+    (benchmarks/README.md).
+    """
+    return keras.backend.backend() == "torch"
+
+
+_FUSED_LINEAR_DTYPES = ("float32", "bfloat16")
+
+
+def linear(inputs, kernel, bias=None):
+    """`inputs @ kernel + bias` for a `(..., in)` input and an `(in, out)` kernel, as Keras' `Dense` computes it.
+
+    On PyTorch, for float32 or bfloat16 inputs and weights of one dtype, it
+    is torch's `linear` with the bias fused into the product (equal to
+    float32 rounding); otherwise, and on JAX and TensorFlow, whose compilers
+    fuse the addition themselves, `keras.ops.matmul` then `keras.ops.add`.
+
+    Example:
+    >>> import numpy as np
+    >>> x, kernel, bias = np.ones((2, 3), "float32"), np.ones((3, 4), "float32"), np.arange(4.0, dtype="float32")
+    >>> np.asarray(linear(x, kernel, bias)).tolist()
+    [[3.0, 4.0, 5.0, 6.0], [3.0, 4.0, 5.0, 6.0]]
+    """
+    if use_torch_kernels():
+        inputs, kernel = ops.convert_to_tensor(inputs), ops.convert_to_tensor(kernel)
+        bias = None if bias is None else ops.convert_to_tensor(bias)
+        dtype = keras.backend.standardize_dtype(inputs.dtype)
+        if dtype in _FUSED_LINEAR_DTYPES and all(keras.backend.standardize_dtype(t.dtype) == dtype
+                                                 for t in (kernel, bias) if t is not None):
+            from torch.nn import functional  # Only on the PyTorch backend, which has torch.
+
+            return functional.linear(inputs, kernel.T, bias)  # kernel.T is a view: addmm(bias, inputs, kernel)
+    outputs = ops.matmul(inputs, kernel)
+    return outputs if bias is None else ops.add(outputs, bias)
+
+
 def attention(query, key, value):
     """Bidirectional scaled dot-product attention on `(batch, tokens, heads, head_dim)` inputs.
 
     `softmax(q k^T / sqrt(head_dim)) v` with the softmax in float32, through
-    `softmax_attention` where `use_custom_gradients()`, otherwise through
-    `keras.ops.dot_product_attention` with `flash_attention=use_flash_attention()`.
+    `softmax_attention` where `use_custom_gradients()`, on PyTorch through
+    torch's `scaled_dot_product_attention` (the kernel Keras calls there,
+    without its copies), otherwise through `keras.ops.dot_product_attention`
+    with `flash_attention=use_flash_attention()`.
 
     Example:
     >>> import numpy as np
@@ -117,6 +168,11 @@ def attention(query, key, value):
     """
     if use_custom_gradients():
         return softmax_attention(query, key, value)
+    if use_torch_kernels() and query.dtype == key.dtype == value.dtype:
+        from torch.nn import functional  # Only on the PyTorch backend, which has torch.
+
+        query, key, value = (ops.convert_to_tensor(t).transpose(1, 2) for t in (query, key, value))
+        return functional.scaled_dot_product_attention(query, key, value).transpose(1, 2)
     return ops.dot_product_attention(query, key, value, flash_attention=use_flash_attention())
 
 

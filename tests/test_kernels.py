@@ -62,10 +62,18 @@ def record_calls(monkeypatch, owner, name):
 
 
 def attention_paths(monkeypatch):
-    """Records which attention `TransformerBlock` goes through: the written-out or Keras' own."""
-    return record_calls(monkeypatch, kernels, "softmax_attention"), record_calls(
-        monkeypatch, keras.ops, "dot_product_attention"
-    )
+    """Records which attention `TransformerBlock` goes through: the written-out or a fused one.
+
+    The fused one is Keras' `dot_product_attention`, or on PyTorch torch's
+    `scaled_dot_product_attention`, which keras_vit calls itself there.
+    """
+    if keras.backend.backend() == "torch":
+        from torch.nn import functional
+
+        fused = record_calls(monkeypatch, functional, "scaled_dot_product_attention")
+    else:
+        fused = record_calls(monkeypatch, keras.ops, "dot_product_attention")
+    return record_calls(monkeypatch, kernels, "softmax_attention"), fused
 
 
 def run_block():
@@ -147,6 +155,8 @@ def test_block_turns_flash_attention_off_only_on_tpu_under_jax(monkeypatch, cust
     written_out, keras_attention = attention_paths(monkeypatch)
     run_block()
     expected = False if device == "tpu:0" and keras.backend.backend() == "jax" else None
+    if keras.backend.backend() == "torch":
+        expected = "not passed"  # torch's own scaled_dot_product_attention chooses its kernel
     assert not written_out
     assert [call.get("flash_attention", "not passed") for call in keras_attention] == [expected]
 
@@ -276,3 +286,57 @@ def test_layer_norm_on_accelerators_keeps_float32_precision_where_bfloat16_matri
     variance = bfloat16(centred**2) @ bfloat16(average)
     matrix_means_error = np.abs(centred / np.sqrt(variance + 1e-6) - expected).max()
     assert matrix_means_error > 100 * bound
+
+
+# --- linear -------------------------------------------------------------------
+
+def test_blocks_take_torchs_fused_linear_and_attention_only_on_pytorch_with_the_keras_ops_results(monkeypatch):
+    """The fused paths compute what Keras' Dense and attention compute: outputs and gradients equal to rounding."""
+    x = np.random.default_rng(15).normal(size=(2, 5, 8)).astype("float32")
+    d_output = np.random.default_rng(16).normal(size=x.shape).astype("float32")
+    block = TransformerBlock(num_heads=2, mlp_dim=16, seed=4)
+    block.build(x.shape)
+    assert kernels.use_torch_kernels() is (keras.backend.backend() == "torch")
+    if keras.backend.backend() != "torch":
+        return  # The fused paths are torch's functions.
+    from torch.nn import functional
+
+    fused_calls, linear, sdpa = [], functional.linear, functional.scaled_dot_product_attention
+    monkeypatch.setattr(functional, "linear", lambda *args: fused_calls.append(1) or linear(*args))
+    monkeypatch.setattr(functional, "scaled_dot_product_attention",
+                        lambda q, *args, **kwargs: fused_calls.append(q.is_contiguous()) or sdpa(q, *args, **kwargs))
+    results = {}
+    for fused in (True, False):
+        monkeypatch.setattr(kernels, "use_torch_kernels", lambda value=fused: value)
+        fused_calls.clear()
+        results[fused] = (keras.ops.convert_to_numpy(block(x)), input_gradients(block, [x], d_output)[0])
+        # Twice (outputs, gradients): qkv, the strided attention, projection, 2 MLP layers; else Keras' copies.
+        expected = [1, False, 1, 1, 1] * 2 if fused else [True] * 2
+        assert fused_calls == expected
+    for got, want in zip(results[True], results[False]):
+        np.testing.assert_allclose(got, want, atol=2e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "mixed_bfloat16", "float16"])
+def test_fused_linear_keeps_keras_dense_results_in_half_precision_and_with_lora(monkeypatch, dtype):
+    from keras_vit.dense import Dense
+
+    x = np.random.default_rng(17).normal(size=(3, 4, 16)).astype("float32")
+    ours, keras_dense = (kind(24, dtype=dtype, bias_initializer="glorot_uniform") for kind in (Dense, keras.layers.Dense))
+    ours.build(x.shape)
+    keras_dense.build(x.shape)
+    ours.enable_lora(2, b_initializer="glorot_uniform")
+    keras_dense.enable_lora(2)
+    keras_dense.set_weights(ours.get_weights())
+    fused_calls = []
+    if keras.backend.backend() == "torch":
+        from torch.nn import functional
+
+        monkeypatch.setattr(functional, "linear", lambda *args, real=functional.linear: fused_calls.append(1)
+                            or real(*args))
+    got, want = (ours(x), keras_dense(x))
+    # float16 matrix products on a CPU: Keras' torch backend computes them in float32, and so does the fallback.
+    assert bool(fused_calls) == (keras.backend.backend() == "torch" and dtype != "float16")
+    assert keras.backend.standardize_dtype(got.dtype) == keras.backend.standardize_dtype(want.dtype)
+    got, want = (keras.ops.convert_to_numpy(keras.ops.cast(t, "float32")) for t in (got, want))
+    np.testing.assert_allclose(got, want, atol=0.05, rtol=0.02)  # one half-precision rounding apart at most
