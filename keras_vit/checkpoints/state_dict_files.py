@@ -7,16 +7,20 @@ Example:
 {'cls_token': array(...), ...}
 """
 
-import json
-import math
-import struct
+import os
 
 from keras_vit.checkpoints.source import CheckpointError, require_regular_file
 
-_SAFETENSORS_DTYPES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1,
-                       "BOOL": 1}
-_MAX_HEADER_BYTES = 100 << 20
+# The safetensors dtypes numpy holds; the float8 and float4 ones (F8_E4M3, ...) it does not.
+_NUMPY_DTYPES = ("F64", "F32", "F16", "BF16", "I64", "I32", "I16", "I8", "U64", "U32", "U16", "U8", "BOOL")
 
+
+def folder_weights(folder, layout):
+    """A Hub folder's state-dict file: `model.safetensors`, else `pytorch_model.bin`; an error names `layout`."""
+    for name in ("model.safetensors", "pytorch_model.bin"):
+        if os.path.exists(os.path.join(folder, name)):
+            return os.path.join(folder, name)
+    raise CheckpointError(f"{folder} has a {layout} config.json but no model.safetensors or pytorch_model.bin.")
 
 
 def _safetensors():
@@ -31,49 +35,30 @@ def _safetensors():
 
 
 def safetensors_header(path, budget=None):
-    """`{name: (dtype, shape)}` from a `.safetensors` header, checked against the file's size and `budget`.
+    """`{name: (dtype, shape)}` of a `.safetensors` file, refused if it is malformed or beyond `budget`.
 
-    Reads only the header: a file whose tensors declare more bytes than it
-    holds, or more than the model's `budget`, is refused before any tensor
-    is read.
+    The `safetensors` package checks the header when it opens the file (its
+    size, each tensor's offsets and byte count, overlaps, that the tensors
+    fill the file), reading no tensor; what is left to check here is the
+    model's memory budget, and dtypes numpy cannot hold.
     """
     size = require_regular_file(path).st_size
-    try:
-        with open(path, "rb") as f:
-            (length,) = struct.unpack("<Q", f.read(8))
-            if length > min(_MAX_HEADER_BYTES, size - 8):
-                raise CheckpointError(f"{path} is not a readable .safetensors file: its header claims {length:,} bytes.")
-            header = json.loads(f.read(length))
-    except (struct.error, ValueError, UnicodeDecodeError) as error:
-        raise CheckpointError(f"{path} is not a readable .safetensors file (truncated or another format): {error}") \
-            from error
-    if not isinstance(header, dict):
-        raise CheckpointError(f"{path} is not a readable .safetensors file: its header is a JSON "
-                              f"{type(header).__name__}, not an object of tensors.")
-    header.pop("__metadata__", None)
-    declared, spans = {}, []
-    total = 0
-    for name, entry in header.items():
-        try:
-            dtype, shape, (start, stop) = entry["dtype"], tuple(entry["shape"]), entry["data_offsets"]
-            if not all(isinstance(n, int) and n >= 0 for n in (*shape, start, stop)):
-                raise ValueError(f"shape {list(shape)} and data_offsets {[start, stop]} must be whole numbers >= 0")
-            nbytes = math.prod(shape) * _SAFETENSORS_DTYPES[dtype]
-        except (KeyError, TypeError, ValueError) as error:
-            raise CheckpointError(f"{path}: tensor {name!r} has an unreadable header entry: {error}") from error
-        if stop - start != nbytes or stop > size - 8 - length:
-            raise CheckpointError(f"{path}: tensor {name!r} declares {nbytes:,} bytes that the file does not hold; "
-                                  "the file is truncated or corrupt.")
-        declared[name] = (dtype, shape)
-        spans.append((start, stop, name))
-        total += nbytes
-    spans.sort()
-    for (_, stop, first), (start, _, second) in zip(spans, spans[1:]):
-        if start < stop:
-            raise CheckpointError(f"{path}: tensors {first!r} and {second!r} overlap in the file (data_offsets); "
-                                  "the file is corrupt.")
     if budget is not None:
-        budget.check(path, total, "tensors")
+        budget.check(path, size, "data")
+    try:
+        with _safetensors_open(path) as f:
+            declared = {name: (f.get_slice(name).get_dtype(), tuple(f.get_slice(name).get_shape()))
+                        for name in f.keys()}
+    except CheckpointError:
+        raise
+    except Exception as error:  # safetensors' SafetensorError, or an OSError
+        raise CheckpointError(f"{path} is not a readable .safetensors file: {error}") from error
+    unreadable = sorted((name, dtype) for name, (dtype, _) in declared.items() if dtype not in _NUMPY_DTYPES)
+    if unreadable:
+        name, dtype = unreadable[0]
+        more = f" (and {len(unreadable) - 1} more)" if len(unreadable) > 1 else ""
+        raise CheckpointError(f"{path}: tensor {name!r} is stored as {dtype}{more}, which keras_vit does not read: "
+                              "weights must be F64, F32, F16 or BF16. Dequantize the file first. Nothing was loaded.")
     return declared
 
 
@@ -84,9 +69,7 @@ def read_state_dict(path, budget=None):
         try:
             with _safetensors_open(path) as f:
                 return {name: f.get_tensor(name) for name in f.keys()}
-        except CheckpointError:
-            raise
-        except Exception as error:  # safetensors' own SafetensorError, for what the header check let through.
+        except Exception as error:  # safetensors' SafetensorError: the file changed since its header was read
             raise CheckpointError(f"{path} is not a readable .safetensors file: {error}") from error
     size = require_regular_file(path).st_size
     if budget is not None:
