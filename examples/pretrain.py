@@ -27,9 +27,9 @@ from keras_vit.models import check_image_size, read_checkpoint
 config = parse_config(training.PretrainConfig, description=__doc__.splitlines()[0])
 masked_patch = config.objective == "masked-patch"  # self-supervised: predict corrupted patches' colours
 
-# Seeds, the dtype policy and the distribution engine (one device by default).
-engine = training.setup(config.seed, config.distribution, config.model_parallel_size, config.tpu,
-                        config.mixed_precision)
+# Seeds, the distribution engine (one device by default) and the precision.
+engine = training.setup(config.seed, config.distribution, config.model_parallel_size, config.tpu)
+dtype = training.precision(config.mixed_precision, config.distribution)  # float32, or mixed_bfloat16 when asked
 engine.check_batch_size(config.batch_size)
 # A finished --output-dir is not trained again, nor are --weights replaced by their own run, without --overwrite.
 durable.check_output_dir(config.output_dir, config.overwrite, config.weights, engine.process_index)
@@ -56,7 +56,7 @@ with engine.scope():
         image_size=config.image_size, **sizes.__dict__, classes=num_classes, include_top=not masked_patch,
         weights=checkpoint, representation_size=config.representation_size, classifier=config.classifier,
         dropout_rate=config.dropout, stochastic_depth_rate=config.stochastic_depth, classifier_activation=None,
-        name="vit_pretrain",
+        name="vit_pretrain", dtype=dtype,
     )
     # The paper's recipe: AdamW, linear warmup then linear (or cosine) decay, global-norm clipping.
     schedule = recipes.WarmupDecay(config.learning_rate, total_updates, min(config.warmup_steps, total_updates),

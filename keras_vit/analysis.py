@@ -21,6 +21,7 @@ import numpy as np
 from keras_vit import files
 from keras_vit.checkpoints.source import architecture_of, native_grid
 from keras_vit.functional import native_image_size
+from keras_vit.imagenet import preprocess_input
 from keras_vit.layers import TokenPooling
 
 
@@ -105,15 +106,19 @@ def rollout_map(rollout, grid_size, num_prefix_tokens=1):
     return (maps - low) / np.where(span > 0, span, 1.0)
 
 
+def _as_pixels(image):
+    """uint8 pixels of an image given as uint8 or as `preprocess_input`'s [-1, 1] floats."""
+    image = np.asarray(image)
+    return image if image.dtype == np.uint8 else np.clip((image + 1.0) * 127.5, 0, 255).astype(np.uint8)
+
+
 def overlay(image, attention_map, strength=0.6):
     """Blend a `[0, 1]` attention map (upsampled) over an image; returns uint8 RGB.
 
     `image` is uint8 `(H, W, 3)` or float in [-1, 1]; the map brightens
     attended regions and darkens the rest.
     """
-    image = np.asarray(image)
-    if image.dtype != np.uint8:
-        image = np.clip((image + 1.0) * 127.5, 0, 255).astype(np.uint8)
+    image = _as_pixels(image)
     height, width = image.shape[:2]
     rows = (np.arange(height) * attention_map.shape[0] // height)
     cols = (np.arange(width) * attention_map.shape[1] // width)
@@ -327,10 +332,7 @@ def plot_attention_overlay(image, attention_map, path):
     """The image beside the class token's rollout attention over it."""
     plt = _pyplot()
     figure, (left, right) = plt.subplots(1, 2, figsize=(6, 3))
-    shown = np.asarray(image)
-    if shown.dtype != np.uint8:
-        shown = np.clip((shown + 1.0) * 127.5, 0, 255).astype(np.uint8)
-    left.imshow(shown), left.set_title("image"), left.set_axis_off()
+    left.imshow(_as_pixels(image)), left.set_title("image"), left.set_axis_off()
     right.imshow(overlay(image, attention_map)), right.set_title("attention rollout"), right.set_axis_off()
     figure.tight_layout()
     _save(figure, path)
@@ -342,7 +344,7 @@ def inspect(model, image, output_dir):
 
     os.makedirs(output_dir, exist_ok=True)
     image = np.asarray(image)
-    model_input = image.astype("float32") / 127.5 - 1.0 if image.dtype == np.uint8 else image
+    model_input = preprocess_input(image) if image.dtype == np.uint8 else image
     attentions = attention_weights(model, model_input[None])
     grid_size, prefix = _grid_and_prefix(model)
     patch_size = native_image_size(model)[0] // grid_size[0]  # In pixels, also for a hybrid.

@@ -75,6 +75,7 @@ class ModelOptions:
     position_embedding_antialias: bool = False
     drop_remainder: bool = False
     name: str = "vit"
+    dtype: object = None  # Every layer's keras.DTypePolicy; None: Keras' global policy.
 
 
 def build(options, input_tensor):
@@ -92,45 +93,47 @@ def build(options, input_tensor):
     num_prefix_tokens = architecture.num_prefix_tokens
     epsilon = architecture.layer_norm_epsilon
     dynamic = image_size == DYNAMIC
+    typed = {"dtype": options.dtype}  # Given to every layer, so that building never touches the global policy.
 
     x = images
     if architecture.normalizes_input:
-        x = InputNormalization(architecture.input_mean, architecture.input_std, name="input_normalization")(x)
+        x = InputNormalization(architecture.input_mean, architecture.input_std, name="input_normalization", **typed)(x)
     if sizes.resnet_layers is not None:
-        x = apply_resnet(x, sizes.resnet_layers, sizes.resnet_width, architecture.resnet_epsilons)
+        x = apply_resnet(x, sizes.resnet_layers, sizes.resnet_width, architecture.resnet_epsilons, options.dtype)
     if sizes.conv_stem_widths is not None:
-        x = apply_conv_stem(x, sizes.conv_stem_widths)
+        x = apply_conv_stem(x, sizes.conv_stem_widths, options.dtype)
     x = patch_grid = PatchEmbedding(sizes.patch_size, sizes.hidden_size, flatten=not dynamic,
                                     use_bias=architecture.patch_bias, drop_remainder=options.drop_remainder,
-                                    name="embedding")(x)
+                                    name="embedding", **typed)(x)
     if dynamic:
-        x = keras.layers.Reshape((-1, sizes.hidden_size), name="flatten_patches")(patch_grid)
+        x = keras.layers.Reshape((-1, sizes.hidden_size), name="flatten_patches", **typed)(patch_grid)
     if architecture.patch_norm:
-        x = norm_layer(architecture.normalization, epsilon, name="patch_norm")(x)
+        x = norm_layer(architecture.normalization, epsilon, name="patch_norm", **typed)(x)
     position = AddPositionEmbedding(
         grid_size,
         architecture.position_prefix_rows,
         interpolation=options.position_embedding_interpolation,
         antialias=options.position_embedding_antialias,
         name="position_embedding",
+        **typed,
     ) if architecture.position_embedding else None
     if position is not None and not architecture.class_token_position_embedding:  # no_embed_class: patches only.
         x = position(x, patch_grid=patch_grid) if dynamic else position(x)
     if architecture.register_tokens:  # [class, registers..., patches], as timm orders them.
-        x = RegisterTokens(architecture.register_tokens, name="register_tokens")(x)
+        x = RegisterTokens(architecture.register_tokens, name="register_tokens", **typed)(x)
     if architecture.class_token:
-        x = ClassToken(name="class_token")(x)
+        x = ClassToken(name="class_token", **typed)(x)
     if position is not None and architecture.class_token_position_embedding:
         x = position(x, patch_grid=patch_grid) if dynamic else position(x)
     call_options = {}
     if architecture.rope:
         rotary = RotaryPositions(grid_size, architecture.rope, num_prefix_tokens, architecture.rope_grid_offset,
                                  architecture.rope_reference_grid, architecture.rope_grid_indexing,
-                                 name="rotary_positions")
+                                 name="rotary_positions", **typed)
         call_options["rope_positions"] = rotary(x, patch_grid=patch_grid) if dynamic else rotary(x)
-    x = keras.layers.Dropout(options.dropout_rate, name="embedding_dropout")(x)
+    x = keras.layers.Dropout(options.dropout_rate, name="embedding_dropout", **typed)(x)
     if architecture.norm_pre:
-        x = norm_layer(architecture.normalization, epsilon, name="pre_norm")(x)
+        x = norm_layer(architecture.normalization, epsilon, name="pre_norm", **typed)(x)
     for index in range(sizes.num_layers):
         depth_rate = options.stochastic_depth_rate * index / max(sizes.num_layers - 1, 1)
         x = TransformerBlock(
@@ -144,9 +147,10 @@ def build(options, input_tensor):
             layer_norm_epsilon=epsilon,
             **{switch: getattr(architecture, switch) for switch in BLOCK_SWITCHES},
             name=f"encoderblock_{index}",
+            **typed,
         )(x, **call_options)
     if architecture.final_norm and not architecture.fc_norm:
-        x = norm_layer(architecture.normalization, epsilon, name="encoder_norm")(x)
+        x = norm_layer(architecture.normalization, epsilon, name="encoder_norm", **typed)(x)
 
     pooling = architecture.classifier if options.include_top else options.pooling
     pooled_from = 0 if architecture.pool_include_prefix and pooling != "token" else num_prefix_tokens
@@ -155,15 +159,15 @@ def build(options, input_tensor):
         heads, ratio = architecture.attention_pool_heads, architecture.attention_pool_mlp_ratio
         x = AttentionPooling(heads or sizes.num_heads, int(sizes.hidden_size * ratio) if ratio else sizes.mlp_dim,
                              activation=activation, layer_norm_epsilon=epsilon,
-                             num_prefix_tokens=pooled_from, name="attention_pool")(x)
+                             num_prefix_tokens=pooled_from, name="attention_pool", **typed)(x)
     elif pooling is not None:
-        x = TokenPooling(pooling, pooled_from, name="pool")(x)
+        x = TokenPooling(pooling, pooled_from, name="pool", **typed)(x)
     if pooling is not None and architecture.fc_norm:
-        x = norm_layer(architecture.normalization, epsilon, name="fc_norm")(x)
+        x = norm_layer(architecture.normalization, epsilon, name="fc_norm", **typed)(x)
     if options.include_top:
         if options.representation_size:
-            x = keras.layers.Dense(options.representation_size, activation="tanh", name="pre_logits")(x)
-        x = keras.layers.Dense(options.classes, kernel_initializer="zeros", name="head")(x)
+            x = keras.layers.Dense(options.representation_size, activation="tanh", name="pre_logits", **typed)(x)
+        x = keras.layers.Dense(options.classes, kernel_initializer="zeros", name="head", **typed)(x)
         x = keras.layers.Activation(options.classifier_activation, dtype="float32", name="predictions")(x)
 
     inputs = images if input_tensor is None else keras.utils.get_source_inputs(input_tensor)

@@ -14,8 +14,6 @@ import sys
 from keras_vit import deployment, flags, inference, training
 from keras_vit.variants import named_variant
 
-_SIZES = ("patch_size", "hidden_size", "num_layers", "num_heads", "mlp_dim")
-
 
 def _defaults(function):
     """The keyword defaults of `function` (the size flags stay unset: the file's or the digits ViT's)."""
@@ -106,7 +104,7 @@ def main(argv=None):
     if args.model:
         named_variant(args.model)  # An unknown name is the error, not a missing default file.
     if "sizes" in parameters:
-        kwargs["sizes"] = {name: getattr(args, name) for name in _SIZES if getattr(args, name) is not None}
+        kwargs["sizes"] = {name: getattr(args, name) for name in training.SIZE_FIELDS if getattr(args, name) is not None}
     return function(**kwargs)
 
 

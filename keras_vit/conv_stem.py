@@ -37,13 +37,14 @@ class ExactGELU(keras.layers.Layer):
         return kernels.gelu(inputs, approximate=False)
 
 
-def apply_conv_stem(images, widths):
-    """Run the stem (`widths`: each convolution's output channels) on a Keras tensor of images."""
+def apply_conv_stem(images, widths, dtype=None):
+    """Run the stem (`widths`: each convolution's output channels) on a Keras tensor of images, in `dtype`."""
     assert len(widths) == len(KERNELS) and KERNELS[0] * KERNELS[1] == CONV_STEM_STRIDE
     x = images
     for index, (width, kernel) in enumerate(zip(widths, KERNELS)):
-        x = keras.layers.Conv2D(int(width), kernel, strides=kernel, use_bias=False, name=f"conv_stem_{index}")(x)
+        x = keras.layers.Conv2D(int(width), kernel, strides=kernel, use_bias=False, name=f"conv_stem_{index}",
+                                dtype=dtype)(x)
         x = keras.layers.BatchNormalization(epsilon=BATCH_NORM_EPSILON, momentum=0.9,
-                                            name=f"conv_stem_{index}_norm")(x)
-        x = ExactGELU(name=f"conv_stem_{index}_gelu")(x)
+                                            name=f"conv_stem_{index}_norm", dtype=dtype)(x)
+        x = ExactGELU(name=f"conv_stem_{index}_gelu", dtype=dtype)(x)
     return x

@@ -133,6 +133,12 @@ def from_tfds(name, split, data_dir=None, shard=None):
     return Source(dataset, examples, label.num_classes, tuple(label.names), name)
 
 
+def decode_image(path):
+    """An image file (JPEG, PNG, GIF's first frame, BMP) as uint8 `(height, width, 3)`, grey made RGB."""
+    tf = _tf()
+    return tf.io.decode_image(tf.io.read_file(path), channels=3, expand_animations=False)
+
+
 def _as_rgb(image):
     tf = _tf()
     if image.shape[-1] == 1:
@@ -189,7 +195,7 @@ def _image_problem(path):
         return None
     tf = _tf()
     try:
-        tf.io.decode_image(tf.io.read_file(path), channels=3, expand_animations=False)
+        decode_image(path)
     except (tf.errors.InvalidArgumentError, tf.errors.OutOfRangeError, tf.errors.DataLossError) as error:
         return error.message.splitlines()[0]
     return None
@@ -252,8 +258,7 @@ def from_folder(path, shard=None, class_names=None, holdout=None):
         files, labels = files[index::count], labels[index::count]
 
     def decode(file, label):
-        image = tf.io.decode_image(tf.io.read_file(file), channels=3, expand_animations=False)
-        return image, label
+        return decode_image(file), label
 
     dataset = tf.data.Dataset.from_tensor_slices((files, np.asarray(labels, "int64"))).map(decode)
     return Source(dataset, len(files), len(class_names), class_names, os.path.basename(os.path.normpath(path)))

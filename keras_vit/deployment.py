@@ -27,7 +27,6 @@ Example:
 >>> model.export("/tmp/vit.onnx", format="onnx", verbose=False)  # doctest: +SKIP
 """
 
-import contextlib
 import importlib.util
 import os
 import warnings
@@ -142,7 +141,7 @@ def export_model(model, filepath, format="tf_saved_model", verbose=None, input_s
         input_signature = [_default_input_spec(model, native_image_size)]
     if not model._called:  # Keras' ONNX export asks for it; `predict` on JAX never sets it.
         model(keras.KerasTensor(input_signature[0].shape, dtype=input_signature[0].dtype))
-    with _written_whole(filepath) as path:
+    with files.atomic_path(filepath) as path:
         if format == "onnx" and keras.backend.backend() == "torch":
             _export_onnx_torch(model, path, input_signature[0], verbose)
         else:
@@ -195,25 +194,3 @@ def _export_onnx_torch(model, path, spec, verbose):
     program.save(path)
 
 
-@contextlib.contextmanager
-def _written_whole(target):
-    """Yield a temporary path beside `target`; move the finished file or folder into place, else remove it."""
-    temporary = files.temporary_name(target)
-    files.remove(temporary)
-    try:
-        yield temporary
-        if not os.path.exists(temporary):
-            raise RuntimeError(f"The exporter wrote nothing to {temporary}.")
-        if os.path.isdir(temporary):
-            previous = files.temporary_name(target + ".old")
-            if os.path.isdir(target):
-                os.replace(target, previous)
-            os.replace(temporary, target)
-            files.remove(previous)
-        else:
-            files.fsync_path(temporary)
-            os.replace(temporary, target)
-    except BaseException:
-        files.remove(temporary)
-        raise
-    files.fsync_path(os.path.dirname(os.path.abspath(target)))

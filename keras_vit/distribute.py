@@ -1,6 +1,6 @@
 """One switch for the distribution engines our users run on (no home-made ones).
 
-`setup("tpu")` gives TensorFlow's `TPUStrategy` (with bfloat16),
+`setup("tpu")` gives TensorFlow's `TPUStrategy`,
 `"mirrored"` TensorFlow's `MirroredStrategy`, `"data_parallel"` and
 `"model_parallel"` Keras' JAX distribution API (`keras.distribution`), and
 `"multi_host"` the same data parallelism across JAX processes after
@@ -128,8 +128,7 @@ def setup(name="none", model_parallel_size=2, tpu=None):
         if name == "mirrored":
             strategy = tf.distribute.MirroredStrategy()
         else:
-            strategy = tf.distribute.TPUStrategy(_connect_tpu(tf, tpu))
-            keras.config.set_dtype_policy("mixed_bfloat16")
+            strategy = tf.distribute.TPUStrategy(_connect_tpu(tf, tpu))  # precision: the model's dtype=
         return Engine(name, strategy.num_replicas_in_sync, strategy)
     _require_backend(name, "jax")
     import jax

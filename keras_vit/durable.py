@@ -21,7 +21,6 @@ temporary name, not yet renamed).
 """
 
 import csv
-import hashlib
 import io
 import json
 import logging
@@ -84,21 +83,13 @@ def has_state(backup_dir):
     return any(_SET.fullmatch(name) or name == LATEST for name in os.listdir(backup_dir))
 
 
-def _sha256(path):
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def read_set(folder):
     """The epoch a backup set holds; raises `ValueError` saying what is wrong with a damaged one."""
     try:
         with open(os.path.join(folder, STATE)) as f:
             state = json.load(f)
         epoch = int(state["epoch"])
-        if _sha256(os.path.join(folder, WEIGHTS)) != state["weights_sha256"]:
+        if files.sha256_of(os.path.join(folder, WEIGHTS)) != state["weights_sha256"]:
             raise ValueError(f"{WEIGHTS} does not match its checksum")
     except (OSError, ValueError, KeyError, TypeError) as error:
         raise ValueError(f"{type(error).__name__}: {error}") from None
@@ -203,7 +194,7 @@ class DurableBackup(keras.callbacks.Callback):
         weights = os.path.join(temporary, WEIGHTS)
         self.model.save_weights(weights)
         kill_point("backup-state", epoch)
-        state = {"epoch": epoch, "weights_sha256": _sha256(weights)}
+        state = {"epoch": epoch, "weights_sha256": files.sha256_of(weights)}
         with open(os.path.join(temporary, STATE), "w") as f:
             json.dump(state, f)
         for path in (weights, os.path.join(temporary, STATE), temporary):

@@ -11,6 +11,7 @@ Example:
 """
 
 import contextlib
+import hashlib
 import os
 import shutil
 
@@ -42,20 +43,40 @@ def atomic_path(target):
     """Yield a temporary path beside `target`; once the block has written it, flush it and rename it to `target`.
 
     If the block raises (a full disk, say), `target` keeps its old contents
-    and the temporary file is removed. A file gets the user's umask mode,
-    whatever mode the writer gave it (safetensors writes 0o600).
+    and the temporary file or folder is removed. A file gets the user's
+    umask mode, whatever mode the writer gave it (safetensors writes
+    0o600). A folder (a SavedModel) replaces the old folder as a whole; a
+    block that wrote nothing is an error.
     """
     temporary = temporary_name(target)
+    remove(temporary)  # Left by a killed writer of this process id.
     try:
         yield temporary
-        if os.path.isfile(temporary):
+        if not os.path.lexists(temporary):
+            raise RuntimeError(f"Nothing was written to {temporary}.")
+        if os.path.isdir(temporary):
+            previous = temporary_name(target + ".old")
+            if os.path.isdir(target):
+                os.replace(target, previous)
+            os.replace(temporary, target)
+            remove(previous)
+        else:
             os.chmod(temporary, user_file_mode())
-        fsync_path(temporary)
-        os.replace(temporary, target)
+            fsync_path(temporary)
+            os.replace(temporary, target)
     except BaseException:
         remove(temporary)
         raise
     fsync_path(os.path.dirname(os.path.abspath(target)))
+
+
+def sha256_of(path, chunk=1 << 20):
+    """The sha256 of a file's bytes, as a hex string (read `chunk` bytes at a time)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(chunk), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def write_text(target, text):

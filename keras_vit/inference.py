@@ -132,8 +132,6 @@ def class_names(model, weights=None, labels=None):
 def predict(images, weights="runs/finetune/model.keras", labels=None, crop_fraction=None, model=None,
             image_size=None, sizes=None):
     """Print the top-5 classes of each image file; returns `[(name, probability)] * 5` per image."""
-    import tensorflow as tf
-
     network = load_for_inference(weights, model, image_size, sizes)
     _check_has_classifier(network, weights)
     size = native_image_size(network)
@@ -142,8 +140,7 @@ def predict(images, weights="runs/finetune/model.keras", labels=None, crop_fract
     for path in images:
         if not os.path.exists(path):
             raise FileNotFoundError(f"Image not found: {path}")
-        image = tf.io.decode_image(tf.io.read_file(path), channels=3, expand_animations=False)
-        image = data.value_range(data.resize(image, size, crop_fraction))
+        image = data.value_range(data.resize(data.decode_image(path), size, crop_fraction))
         scores = keras.ops.convert_to_numpy(network(image.numpy()[None], training=False))[0].astype("float64")
         probabilities = scores
         if outputs_logits(network):
@@ -167,8 +164,7 @@ def inspect(image, weights="runs/finetune/model.keras", output_dir="runs/inspect
     network = load_for_inference(weights, model, image_size, sizes, needs_head=False)
     if not os.path.exists(image):
         raise FileNotFoundError(f"Image not found: {image}")
-    pixels = tf.io.decode_image(tf.io.read_file(image), channels=3, expand_animations=False)
-    pixels = tf.cast(tf.clip_by_value(data.resize(pixels, native_image_size(network)), 0, 255), "uint8").numpy()
+    pixels = tf.cast(tf.clip_by_value(data.resize(data.decode_image(image), native_image_size(network)), 0, 255), "uint8").numpy()
     written = analysis.inspect(network, pixels, output_dir)
     for path in written.values():
         print("wrote", path)

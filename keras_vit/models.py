@@ -8,8 +8,6 @@ model is built.
 
 import dataclasses
 
-import keras
-
 from keras_vit import checkpoints
 from keras_vit.architecture import Architecture, resolve_architecture
 from keras_vit.functional import DYNAMIC, VisionTransformer, check_image_size  # noqa: F401 (the class, here too)
@@ -271,13 +269,9 @@ def ViT(
         position_embedding_antialias=antialias,
         drop_remainder=bool(drop_remainder),
         name=name or variant_name(sizes) or "vit",
+        dtype=policy,
     )
-    previous = keras.config.dtype_policy()
-    keras.config.set_dtype_policy(policy or previous)  # every layer takes the model's precision
-    try:
-        model = build(options, input_tensor)
-    finally:
-        keras.config.set_dtype_policy(previous)
+    model = build(options, input_tensor)
     if source is not None:
         checkpoints.load_into(model, source)
         if include_top and source.class_names and len(source.class_names) == classes == source.classes:
@@ -285,19 +279,19 @@ def ViT(
     return model
 
 
-def read_checkpoint(weights, variant=None, image_size=(224, 224), sizes=None, classes=None):
+def read_checkpoint(weights, variant=None, image_size=(224, 224), sizes=None, classes=None, verbose=None):
     """Read `weights` (a name or a path) into a `checkpoints.WeightsSource` with its state.
 
     `keras_vit.checkpoints` reads every layout without building a model,
     except a `.weights.h5` file, which holds no architecture: for one, a
     model of the layout the file implies is built here and loaded with
-    Keras' own loader.
+    Keras' own loader. A download shows a progress bar unless `verbose=0`.
 
     Example:
     >>> source = read_checkpoint("ViT-B_16.npz")  # doctest: +SKIP
     >>> source.sizes, source.image_size  # doctest: +SKIP
     """
-    source = checkpoints.read_weights(weights, variant, image_size, sizes, classes)
+    source = checkpoints.read_weights(weights, variant, image_size, sizes, classes, verbose)
     if source.state is not None:
         return source
     layout = source.layout

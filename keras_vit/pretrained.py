@@ -57,18 +57,19 @@ def resolve_handle(handle):
         raise CheckpointError(f"{handle} could not be fetched from the Hugging Face Hub: {error}") from error
 
 
-def read_pretrained(weights, variant=None, image_size=(224, 224), num_heads=None):
+def read_pretrained(weights, variant=None, image_size=(224, 224), num_heads=None, verbose=None):
     """`read_checkpoint` of what `from_pretrained` reads: an `hf://` handle is fetched first, the head count filled in.
 
     The head count is the file's, else `num_heads`, else that of the named
     variant of the file's width (None where none says it). Every command
     that loads weights reads them here, so each takes what `from_pretrained`
-    takes; `variant` and `image_size` choose among named checkpoints.
+    takes; `variant` and `image_size` choose among named checkpoints, and
+    `verbose=0` downloads one without a progress bar.
     """
     path = os.fspath(weights)
     if path.startswith(HF_PREFIX):
         path = resolve_handle(path)
-    checkpoint = read_checkpoint(path, variant, image_size)
+    checkpoint = read_checkpoint(path, variant, image_size, verbose=verbose)
     kernel = checkpoint.state.get("embedding/kernel")
     if not checkpoint.num_heads and kernel is not None:
         checkpoint = dataclasses.replace(checkpoint, num_heads=num_heads or _HEADS_BY_WIDTH.get(int(kernel.shape[-1])))

@@ -142,21 +142,23 @@ class BottleneckUnit(keras.layers.Layer):
         return {**super().get_config(), "filters": self.filters, "strides": self.strides, "epsilons": self.epsilons}
 
 
-def apply_resnet(images, resnet_layers, width=64, epsilons="flax"):
+def apply_resnet(images, resnet_layers, width=64, epsilons="flax", dtype=None):
     """Run the hybrid's ResNet on a Keras tensor of images; returns its feature map.
 
     `resnet_layers` lists the bottleneck units per stage (`()` for the root
     block alone); stage `i` has bottleneck width `width * 2**i`; `epsilons`
-    is a key of `keras_vit.architecture.RESNET_EPSILONS`. The max pool
+    is a key of `keras_vit.architecture.RESNET_EPSILONS`; `dtype` is every
+    layer's dtype policy (None: Keras' global one). The max pool
     follows the ReLU, so its padding (ignored by TensorFlow's "SAME", -inf
     in timm's `MaxPool2dSame`) never wins.
     """
-    x = _conv(width, 7, 2, "conv_root", None, epsilons)(images)
-    x = _group_norm("gn_root", None, epsilons=epsilons)(x)
-    x = keras.layers.ReLU(name="root_relu")(x)
-    x = keras.layers.MaxPooling2D(3, strides=2, padding="same", name="root_pool")(x)
+    x = _conv(width, 7, 2, "conv_root", dtype, epsilons)(images)
+    x = _group_norm("gn_root", dtype, epsilons=epsilons)(x)
+    x = keras.layers.ReLU(name="root_relu", dtype=dtype)(x)
+    x = keras.layers.MaxPooling2D(3, strides=2, padding="same", name="root_pool", dtype=dtype)(x)
     for stage, units in enumerate(resnet_layers, start=1):
         for unit in range(1, units + 1):
             strides = 2 if stage > 1 and unit == 1 else 1
-            x = BottleneckUnit(width * 2 ** (stage - 1), strides, epsilons, name=f"block{stage}_unit{unit}")(x)
+            x = BottleneckUnit(width * 2 ** (stage - 1), strides, epsilons, name=f"block{stage}_unit{unit}",
+                               dtype=dtype)(x)
     return x

@@ -90,11 +90,11 @@ class _TrainingConfig:
 
     def sizes(self, checkpoint=None):
         """The `Variant` to build: `model`, else the checkpoint's, else the size fields (the digits ViT's)."""
-        given = {name: getattr(self, name) for name in _SIZE_FIELDS if getattr(self, name) is not None}
+        given = {name: getattr(self, name) for name in SIZE_FIELDS if getattr(self, name) is not None}
         return model_sizes(self.model, checkpoint, dataclasses.replace(SMALL_VIT, **given), given)
 
 
-_SIZE_FIELDS = ("patch_size", "hidden_size", "num_layers", "num_heads", "mlp_dim")
+SIZE_FIELDS = ("patch_size", "hidden_size", "num_layers", "num_heads", "mlp_dim")
 
 
 def _bounds(low=None, high=None, low_open=False, high_open=False, words=""):
@@ -111,7 +111,7 @@ _POSITIVE = _bounds(0, low_open=True, words="positive")
 # The numeric settings and the values that make sense for each; None (where allowed) means the default.
 _RULES = {
     **dict.fromkeys(("batch_size", "target_batch_size", "eval_batch_size", "epochs", "steps_per_execution",
-                     "model_parallel_size", "lora_rank", *_SIZE_FIELDS), _AT_LEAST_1),
+                     "model_parallel_size", "lora_rank", *SIZE_FIELDS), _AT_LEAST_1),
     **dict.fromkeys(("label_smoothing", "dropout", "stochastic_depth"), _FRACTION),
     **dict.fromkeys(("holdout_fraction", "ema"), _OPEN_FRACTION),
     **dict.fromkeys(("warmup_steps", "mixup", "cutmix", "weight_decay", "representation_size"), _NON_NEGATIVE),
@@ -177,12 +177,20 @@ def check_sizes_agree(sizes, source, given):
             )
 
 
-def setup(seed=0, distribution="none", model_parallel_size=2, tpu=None, mixed_precision=False):
-    """Set the dtype policy and every random seed, then choose the `keras_vit.distribute` engine."""
-    if mixed_precision:
-        keras.config.set_dtype_policy("mixed_bfloat16")
+def setup(seed=0, distribution="none", model_parallel_size=2, tpu=None):
+    """Set every random seed, then choose the `keras_vit.distribute` engine."""
     keras.utils.set_random_seed(seed)
     return distribute.setup(distribution, model_parallel_size=model_parallel_size, tpu=tpu)
+
+
+def precision(mixed_precision, distribution="none"):
+    """The run's `dtype=` for `ViT`, a printed choice (never the engine's side effect): "mixed_bfloat16" or "float32"."""
+    if mixed_precision:
+        print("precision: mixed_bfloat16 (float32 weights, bfloat16 computation; --mixed-precision)")
+        return "mixed_bfloat16"
+    hint = "; add --mixed-precision to compute in bfloat16, as TPUs do natively" if distribution == "tpu" else ""
+    print(f"precision: float32{hint}")
+    return "float32"
 
 
 # ---------------------------------------------------------------------------
@@ -393,13 +401,14 @@ def train(config):
     """
     stage = config.stage
     masked_patch = getattr(config, "objective", "classification") == "masked-patch"
-    engine = setup(config.seed, config.distribution, config.model_parallel_size, config.tpu, config.mixed_precision)
+    engine = setup(config.seed, config.distribution, config.model_parallel_size, config.tpu)
+    dtype = precision(config.mixed_precision, config.distribution)
     engine.check_batch_size(config.batch_size)
     durable.check_output_dir(config.output_dir, config.overwrite, config.weights, engine.process_index)
 
     checkpoint = None
     if config.weights:
-        checkpoint = read_pretrained(config.weights, config.model, config.image_size, config.num_heads)
+        checkpoint = read_pretrained(config.weights, config.model, config.image_size, config.num_heads, config.verbose)
     sizes = config.sizes(checkpoint)
     check_image_size(config.image_size, sizes)
     train_source, eval_source = load_sources(config.dataset, config.image_size, config.train_split,
@@ -415,7 +424,7 @@ def train(config):
             image_size=config.image_size, **sizes.__dict__, classes=num_classes, include_top=not masked_patch,
             weights=checkpoint, representation_size=getattr(config, "representation_size", 0),
             classifier=config.classifier, dropout_rate=config.dropout, stochastic_depth_rate=config.stochastic_depth,
-            classifier_activation=None, name=f"vit_{stage}",
+            classifier_activation=None, name=f"vit_{stage}", dtype=dtype,
         )
         if stage == "finetune":
             zero_head(encoder)

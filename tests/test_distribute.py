@@ -147,3 +147,21 @@ def test_tpu_engine_gives_up_on_a_resolver_that_never_answers(monkeypatch):
     with pytest.raises(TimeoutError, match="Could not reach the TPU 'nowhere' within 0.3 s"):
         distribute.setup("tpu", tpu="nowhere")
     fake.release.set()
+
+
+@tf_only
+def test_tpu_engine_leaves_the_precision_to_the_model(monkeypatch, capsys):
+    """setup("tpu") once switched the whole process to mixed_bfloat16 unasked; the precision is now a choice."""
+    import tensorflow as tf
+
+    from keras_vit import training
+
+    monkeypatch.setattr(distribute, "_connect_tpu", lambda tf, tpu: "resolver")
+    monkeypatch.setattr(tf.distribute, "TPUStrategy", lambda resolver: type("S", (), {"num_replicas_in_sync": 8})())
+    assert distribute.setup("tpu", tpu="local").num_replicas == 8
+    assert keras.config.dtype_policy().name == "float32"
+    assert training.precision(False, "tpu") == "float32"
+    assert training.precision(True, "tpu") == "mixed_bfloat16"
+    assert capsys.readouterr().out == (
+        "precision: float32; add --mixed-precision to compute in bfloat16, as TPUs do natively\n"
+        "precision: mixed_bfloat16 (float32 weights, bfloat16 computation; --mixed-precision)\n")

@@ -126,6 +126,23 @@ def test_downloads_once_then_loads_from_cache_offline(server):
     assert CountingHandler.requests == ["/vit_token.npz"]
 
 
+@pytest.mark.parametrize("verbose", [None, 0])
+def test_a_download_shows_its_bytes_in_a_progress_bar_unless_verbose_is_0(server, capsys, monkeypatch, verbose):
+    """Read in small chunks: the bar counts the bytes up to the file's size; verbose=0 prints nothing."""
+    base, www, _ = server
+    monkeypatch.setattr(download, "CHUNK", 4096)
+    size = os.path.getsize(www / "vit_token.npz")
+    checkpoint = register(f"{base}/vit_token.npz")
+    source = checkpoints.read_weights(checkpoint.name, VARIANT, (32, 32), verbose=verbose)
+    assert source.state["embedding/kernel"].shape[-1] == SMALL["hidden_size"]
+    out = capsys.readouterr().out
+    if verbose == 0:
+        assert out == ""
+    else:
+        assert f"{size}/{size}" in out and "byte" in out
+        assert out.count(f"/{size}") >= 2  # updated while the bytes arrived, not once at the end
+
+
 def test_verifies_known_hash(server):
     base, www, _ = server
     good = register(f"{base}/vit_token.npz", file_hash=sha256(www / "vit_token.npz"))

@@ -54,6 +54,39 @@ def test_the_global_policy_is_left_as_it_was():
     assert keras_vit.ViT(image_size=32, **SMALL, classes=3).get_layer("head").dtype_policy.name == "float32"
 
 
+@pytest.mark.backend_independent
+def test_models_built_at_once_in_two_threads_keep_their_own_precision_and_never_switch_the_global_one(monkeypatch):
+    """Each layer gets the model's dtype=; the global policy, seen from inside a build, stays as it was."""
+    import threading
+
+    import keras_vit.builder
+
+    seen, together, real = [], threading.Barrier(2, timeout=60), keras_vit.builder.PatchEmbedding
+
+    def patch_embedding_when_both_are_building(*args, **kwargs):
+        together.wait()  # Both builds are under way here.
+        seen.append(keras.config.dtype_policy().name)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(keras_vit.builder, "PatchEmbedding", patch_embedding_when_both_are_building)
+    models = {}
+
+    def build(dtype):
+        models[dtype] = keras_vit.ViT(image_size=32, **SMALL, classes=3, dtype=dtype, name=f"vit_{dtype}")
+
+    threads = [threading.Thread(target=build, args=(dtype,)) for dtype in ("bfloat16", "mixed_float16")]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert seen == ["float32", "float32"]
+    for dtype, model in models.items():
+        assert {layer.dtype_policy.name for layer in model.layers if layer.name != "predictions"
+                and layer.weights} == {dtype}
+        assert {v.dtype for v in model.weights} == {"bfloat16" if dtype == "bfloat16" else "float32"}
+        assert model.get_layer("encoderblock_0").qkv.compute_dtype == dtype.replace("mixed_", "")
+
+
 def test_unknown_dtype_names_the_choices():
     with pytest.raises(ValueError, match=r"^Unknown dtype 'bf16'; choose among \['float32', 'bfloat16', "
                                          r"'mixed_bfloat16', 'float16', 'mixed_float16'\] or pass a keras.DTypePolicy\.$"):

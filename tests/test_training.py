@@ -152,12 +152,11 @@ def test_bad_input_fails_before_training(argv, error, message, tmp_path):
     assert not (tmp_path / "log.csv").exists()
 
 
-def test_mixed_precision_flag_trains_in_bfloat16(tmp_path):
-    try:
-        top1 = cli.main(["pretrain", *QUICK, "--epochs", "1", "--output-dir", str(tmp_path), "--mixed-precision"])
-        assert keras.config.dtype_policy().name == "mixed_bfloat16"
-    finally:
-        keras.config.set_dtype_policy("float32")
+def test_mixed_precision_flag_trains_in_bfloat16_as_a_printed_choice_leaving_the_global_policy(tmp_path, capsys):
+    top1 = cli.main(["pretrain", *QUICK, "--epochs", "1", "--output-dir", str(tmp_path), "--mixed-precision"])
+    assert keras.config.dtype_policy().name == "float32"
+    assert "precision: mixed_bfloat16 (float32 weights, bfloat16 computation; --mixed-precision)\n" in \
+        capsys.readouterr().out
     model = keras.saving.load_model(tmp_path / "model.keras")
     assert model.get_layer("encoderblock_0").dtype_policy.name == "mixed_bfloat16"
     assert all(v.dtype == "float32" for v in model.weights)

@@ -8,12 +8,13 @@ The sha256 of every file that enters the cache is stored beside it
 (`<file>.sha256`) and compared on each later use.
 
 `CONNECT_TIMEOUT`, `READ_TIMEOUT` (seconds without a byte), `RETRIES` and
-`BACKOFF` are module-level settings; set them to change every download.
+`BACKOFF` are module-level settings; set them to change every download. A
+download shows its bytes in a `keras.utils.Progbar` unless `verbose=0`
+(by default, when Keras' interactive logging is on).
 """
 
 import contextlib
 import glob
-import hashlib
 import http.client
 import logging
 import os
@@ -24,6 +25,9 @@ import time
 import urllib.error
 import urllib.request
 
+import keras
+
+from keras_vit import files
 from keras_vit.checkpoints.source import CheckpointError
 
 try:
@@ -84,14 +88,6 @@ def _refuse(folder, problem, hint):
     )
 
 
-def sha256_of(path):
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(CHUNK), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 @contextlib.contextmanager
 def _locked(path):
     """Hold an exclusive `fcntl.flock` on `path + ".lock"` (no lock where fcntl is missing)."""
@@ -106,8 +102,11 @@ def _locked(path):
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
-def cached(url, target, check, file_hash=None):
+def cached(url, target, check, file_hash=None, verbose=None):
     """The verified path of `url`'s file at `target`, downloading it first if it is not there.
+
+    `verbose=0` downloads without a progress bar; None shows one when Keras'
+    interactive logging is on (`keras.config.is_interactive_logging_enabled`).
 
     `check(path, description)` raises `CheckpointError` for a file that is
     not a readable checkpoint. A cached file is compared with the sha256
@@ -117,15 +116,15 @@ def cached(url, target, check, file_hash=None):
     if not os.path.exists(target):
         with _locked(target):
             if not os.path.exists(target):  # Another process may have finished it while we waited.
-                _download(url, target, check, file_hash)
+                _download(url, target, check, file_hash, verbose)
                 return target
-    _verify_cached(url, target, check, file_hash)
+    _verify_cached(url, target, check, file_hash, verbose)
     return target
 
 
-def _verify_cached(url, target, check, file_hash):
+def _verify_cached(url, target, check, file_hash, verbose):
     record = target + ".sha256"
-    actual = sha256_of(target)
+    actual = files.sha256_of(target)
     if os.path.exists(record):
         with open(record) as f:
             recorded = f.read().split()[0]
@@ -141,7 +140,7 @@ def _verify_cached(url, target, check, file_hash):
             with _locked(target):
                 _remove(target)
             logger.warning("Discarded the unverified cached file %s: %s Downloading it again.", target, error)
-            return cached(url, target, check, file_hash)
+            return cached(url, target, check, file_hash, verbose)
         with open(record, "w") as f:
             f.write(f"{actual}  {os.path.basename(target)}\n")
     if file_hash and actual != file_hash:
@@ -151,21 +150,21 @@ def _verify_cached(url, target, check, file_hash):
         )
 
 
-def _download(url, target, check, file_hash):
+def _download(url, target, check, file_hash, verbose):
     folder = os.path.dirname(target)
     for stale in glob.glob(glob.escape(target) + ".*.part"):  # Left by a killed download; we hold the lock.
         _remove(stale)
     handle, partial = tempfile.mkstemp(dir=folder, prefix=os.path.basename(target) + ".", suffix=".part")
     try:
         with os.fdopen(handle, "wb") as out:
-            _get(url, out)
+            _get(url, out, keras.config.is_interactive_logging_enabled() if verbose is None else bool(verbose))
         try:
             _check_file(partial, target, check)
         except DownloadError:
             raise
         except CheckpointError as error:
             raise DownloadError(f"the download was refused: {error}") from error
-        actual = sha256_of(partial)
+        actual = files.sha256_of(partial)
         if file_hash and actual != file_hash:
             raise DownloadError(f"the download does not match its known sha256 {file_hash} (got {actual}).")
         os.chmod(partial, 0o600)
@@ -176,14 +175,14 @@ def _download(url, target, check, file_hash):
         _remove(partial)
 
 
-def _get(url, out):
-    """Write `url`'s body to `out`, retrying connection errors and timeouts `RETRIES` times."""
+def _get(url, out, progress=False):
+    """Write `url`'s body to `out`, retrying connection errors and timeouts `RETRIES` times; `progress`: a bar."""
     for attempt in range(RETRIES + 1):
         out.seek(0)
         out.truncate()
         waiting = ["connecting or waiting for an answer", CONNECT_TIMEOUT]
         try:
-            return _get_once(url, out, waiting)
+            return _get_once(url, out, waiting, progress)
         except urllib.error.HTTPError as error:
             raise DownloadError(f"the server answered HTTP {error.code} {error.reason}.") from error
         except (TimeoutError, socket.timeout) as error:
@@ -201,7 +200,7 @@ def _get(url, out):
     raise DownloadError(f"the download {problem} ({RETRIES + 1} attempts).") from cause
 
 
-def _get_once(url, out, waiting):
+def _get_once(url, out, waiting, progress):
     with urllib.request.urlopen(url, timeout=CONNECT_TIMEOUT) as response:
         with contextlib.suppress(AttributeError, OSError):  # The headers are in: from here, the read timeout.
             response.fp.raw._sock.settimeout(READ_TIMEOUT)
@@ -212,10 +211,13 @@ def _get_once(url, out, waiting):
         length = response.headers.get("Content-Length")
         expected = int(length) if length and length.isdigit() else None
         received = 0
+        bar = keras.utils.Progbar(expected, unit_name="byte") if progress else None
         try:
             for block in iter(lambda: response.read(CHUNK), b""):
                 out.write(block)
                 received += len(block)
+                if bar is not None:
+                    bar.update(received, finalize=received == expected)
         except http.client.IncompleteRead as error:
             received += len(error.partial)
         if expected is not None and received != expected:

@@ -9,7 +9,6 @@ embeddings are resized to the model's grid, patch kernels to its patch size
 """
 
 import dataclasses
-import json
 import logging
 import math
 import os
@@ -35,6 +34,7 @@ from keras_vit.checkpoints.source import (
     conv_stem_widths_of,
     pixel_statistics,
     preview,
+    read_json_object,
     refuse_non_float,
     require_regular_file,
     resnet_layers_of,
@@ -46,14 +46,15 @@ from keras_vit.variants import VARIANTS, width_name
 logger = logging.getLogger("keras_vit")
 
 
-def read_weights(weights, variant, image_size, sizes=None, classes=None):
+def read_weights(weights, variant, image_size, sizes=None, classes=None, verbose=None):
     """Read `weights` (a name or a path) into a `WeightsSource`.
 
     `variant` is the model's variant name (or `None` for custom sizes) and
     `image_size` its `(height, width)`, used to choose among named files.
     `sizes` (a `Variant`, default the named variant's) and `classes` are
     the model's it is meant for: a file far larger than any checkpoint of
-    that model is refused before it is read.
+    that model is refused before it is read. A named checkpoint not yet in
+    the cache is downloaded with a progress bar unless `verbose=0`.
     """
     if isinstance(weights, WeightsSource):
         return weights
@@ -62,7 +63,7 @@ def read_weights(weights, variant, image_size, sizes=None, classes=None):
     path = os.fspath(weights)
     if not _looks_like_path(path):
         checkpoint = find_checkpoint(variant, path, image_size)
-        source = read_npz(fetch(checkpoint))  # Checked against the variant's budget on download.
+        source = read_npz(fetch(checkpoint, verbose))  # Checked against the variant's budget on download.
         if checkpoint.image_size != image_size[0] or image_size[0] != image_size[1]:
             logger.warning(
                 "Using %s weights %r trained at %d px for a %s input.",
@@ -90,17 +91,10 @@ def read_weights(weights, variant, image_size, sizes=None, classes=None):
 
 def read_folder(folder, budget=None):
     """A Hub-style folder: timm's (`config.json` with `architecture`) or transformers' (ViT, DINOv2, CLIP, SigLIP)."""
-    config_path = os.path.join(folder, "config.json")
-    try:
-        require_regular_file(config_path)
-        with open(config_path) as f:
-            config = json.load(f)
-    except (CheckpointError, OSError, ValueError) as error:
-        raise CheckpointError(f"{folder} is a folder without a readable config.json (timm's or transformers'): "
-                              f"{error}") from error
-    if not isinstance(config, dict):
-        raise CheckpointError(f"{config_path} is a JSON {type(config).__name__}; timm's and transformers' "
-                              "config.json is an object ({\"architecture\": ...} or {\"model_type\": \"vit\", ...}).")
+    config = read_json_object(
+        os.path.join(folder, "config.json"),
+        f"{folder} is a folder without a readable config.json (timm's or transformers')",
+        "timm's and transformers' config.json is an object ({\"architecture\": ...} or {\"model_type\": \"vit\", ...}).")
     if "architecture" in config:
         return read_timm_folder(folder, config, budget)
     if config.get("model_type") == "vit":
@@ -126,15 +120,8 @@ def _with_preprocessor_statistics(source, folder):
     path = os.path.join(folder, "preprocessor_config.json")
     if not os.path.exists(path):
         return source
-    try:
-        require_regular_file(path)
-        with open(path) as f:
-            config = json.load(f)
-    except (CheckpointError, OSError, ValueError) as error:
-        raise CheckpointError(f"{path} is not a readable JSON file: {error}") from error
-    if not isinstance(config, dict):
-        raise CheckpointError(f"{path} is a JSON {type(config).__name__}; transformers writes an object "
-                              "({\"image_mean\": [...], \"image_std\": [...], ...}).")
+    config = read_json_object(path, f"{path} is not a readable JSON file",
+                              "transformers writes an object ({\"image_mean\": [...], \"image_std\": [...], ...}).")
     statistics = pixel_statistics(config.get("image_mean"), config.get("image_std"), path,
                                   ("image_mean", "image_std"))
     source.architecture = dataclasses.replace(source.architecture, **statistics)

@@ -196,8 +196,10 @@ def cache_dir():
     return download.private_folder(home, "models/keras_vit", hint)
 
 
-def fetch(checkpoint):
+def fetch(checkpoint, verbose=None):
     """The path of a named checkpoint in the cache, downloaded and checked first if it is not there.
+
+    `verbose=0` downloads without a progress bar (see `download.cached`).
 
     A download enters the cache only complete and readable (see
     `keras_vit.checkpoints.download`); a cached file is re-hashed on each use.
@@ -210,7 +212,7 @@ def fetch(checkpoint):
         check_npz(path, description, budget)
 
     try:
-        return download.cached(checkpoint.url, target, check, checkpoint.file_hash)
+        return download.cached(checkpoint.url, target, check, checkpoint.file_hash, verbose)
     except download.DownloadError as error:
         raise CheckpointError(
             f"Could not get weights {checkpoint.name!r} for {checkpoint.variant} from {checkpoint.url}: {error} "

@@ -7,6 +7,7 @@ and back; `loading.load_into` puts one into a model.
 """
 
 import dataclasses
+import json
 import logging
 import math
 import os
@@ -41,6 +42,22 @@ def require_regular_file(path):
         shown = path if target == os.path.abspath(path) else f"{path} (-> {target})"
         raise CheckpointError(f"{shown} is {kind}, not a regular file; keras_vit reads weights only from files.")
     return info
+
+
+def read_json_object(path, unreadable, expected):
+    """The JSON object in the file `path`; a `CheckpointError` "`unreadable`: <why>", or naming the wrong type.
+
+    `expected` says what the object should look like, for a file whose JSON is a list or a value.
+    """
+    try:
+        require_regular_file(path)
+        with open(path) as f:
+            loaded = json.load(f)
+    except (CheckpointError, OSError, ValueError) as error:
+        raise CheckpointError(f"{unreadable}: {error}") from error
+    if not isinstance(loaded, dict):
+        raise CheckpointError(f"{path} is a JSON {type(loaded).__name__}; {expected}")
+    return loaded
 
 
 def check_declared_size(path, declared, stored, what):

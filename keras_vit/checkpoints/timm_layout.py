@@ -36,7 +36,7 @@ from keras_vit.checkpoints.source import (
     warn_unkept_pixel_statistics,
 )
 from keras_vit.architecture import Architecture
-from keras_vit.checkpoints.state_dict_files import _safetensors, read_state_dict
+from keras_vit.checkpoints.state_dict_files import _safetensors, folder_weights, read_state_dict
 from keras_vit.checkpoints.timm_config import (check_head, check_tensors_agree, checked_sizes,
                                                configured_pixel_statistics, configured_switches, grid_of_config,
                                                model_args_of)
@@ -490,10 +490,7 @@ def read_timm_folder(folder, config, budget=None):
                               "such as 'vit_base_patch16_224').")
     if architecture not in EVA_ARCHITECTURES:
         timm_architecture(architecture, where)  # Refused by name before any tensor is read.
-    weights = next((os.path.join(folder, name) for name in ("model.safetensors", "pytorch_model.bin")
-                    if os.path.exists(os.path.join(folder, name))), None)
-    if weights is None:
-        raise CheckpointError(f"{folder} has a timm config.json but no model.safetensors or pytorch_model.bin.")
+    weights = folder_weights(folder, "timm")
     if architecture in EVA_ARCHITECTURES:
         return read_timm_eva(weights, budget, config, where)
     return read_timm(weights, budget, config, where)

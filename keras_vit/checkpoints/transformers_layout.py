@@ -34,7 +34,7 @@ from keras_vit.checkpoints.source import (
     source_from_state,
 )
 from keras_vit.checkpoints.tensor_layout import QKV, TensorLayout, grid_of_image_sizes, settings
-from keras_vit.checkpoints.state_dict_files import read_state_dict
+from keras_vit.checkpoints.state_dict_files import folder_weights, read_state_dict
 
 # transformers name (after "encoder.layer.{i}.") -> keras_vit name (after "encoderblock_{i}/").
 _BLOCK = {
@@ -107,10 +107,7 @@ def transformers_fields(folder, config, defaults, where=None):
 
     `fields["image_size"]` is `(height, width)`, `fields["hidden_act"]` keras_vit's `mlp_activation`.
     """
-    weights = next((os.path.join(folder, name) for name in ("model.safetensors", "pytorch_model.bin")
-                    if os.path.exists(os.path.join(folder, name))), None)
-    if weights is None:
-        raise CheckpointError(f"{folder} has a transformers config.json but no model.safetensors or pytorch_model.bin.")
+    weights = folder_weights(folder, "transformers")
     where = where or os.path.join(folder, "config.json")
     fields = {key: default if config.get(key) is None else config[key] for key, default in defaults.items()}
     activation = fields["hidden_act"]
