@@ -1,7 +1,7 @@
 """Pretrain a ViT from scratch with the paper's recipe (Adam, weight decay, warmup).
 
 With no flags this is the digits example: it runs offline on the embedded
-digits (scikit-learn's handwritten digits, upsampled), trains the small ViT
+digits (UCI's handwritten digits, shipped with keras_vit, upsampled), trains the small ViT
 (`keras_vit.variants.SMALL_VIT`) at 16 px for 60 epochs and saves it to
 runs/pretrain/model.keras for examples/finetune.py:
 

@@ -21,11 +21,12 @@ import zlib
 
 import numpy as np
 
+from keras_vit.arrays import digits  # noqa: F401 (the embedded data set, here too)
 from keras_vit.position_embedding import as_pair
 
 logger = logging.getLogger("keras_vit")
 
-# The embedded default data set: scikit-learn's handwritten digits.
+# The embedded default data set: UCI's handwritten digits (keras_vit.arrays.digits).
 DIGITS_CLASSES = 10
 
 
@@ -48,33 +49,6 @@ def _tf():
     import tensorflow as tf
 
     return tf
-
-
-def digits(image_size=32, test_fraction=0.2, seed=0):
-    """scikit-learn's 1,797 handwritten digits, upsampled to RGB `image_size` images.
-
-    Returns `(train, test)` pairs of `(uint8 images (N, S, S, 3), int labels)`,
-    split per class (1,437 / 360 with the defaults). No download: the images
-    ship with scikit-learn.
-
-    Example:
-    >>> (x, y), (x_test, y_test) = digits(image_size=32)
-    >>> x.shape, x_test.shape
-    ((1437, 32, 32, 3), (360, 32, 32, 3))
-    """
-    from sklearn.datasets import load_digits
-    from sklearn.model_selection import train_test_split
-
-    tf = _tf()
-    data = load_digits()
-    images = (data.images.astype("float32") * (255.0 / 16.0))[..., None]
-    images = tf.image.resize(images, (image_size, image_size), method="bilinear").numpy()
-    images = np.repeat(np.clip(np.round(images), 0, 255).astype("uint8"), 3, axis=-1)
-    x_train, x_test, y_train, y_test = train_test_split(
-        images, data.target.astype("int64"), test_size=test_fraction, random_state=seed,
-        stratify=data.target,
-    )
-    return (x_train, y_train), (x_test, y_test)
 
 
 def from_arrays(images, labels, num_classes=None, class_names=None, name="arrays"):
@@ -133,8 +107,9 @@ def from_tfds(name, split, data_dir=None, shard=None):
     return Source(dataset, examples, label.num_classes, tuple(label.names), name)
 
 
-def decode_image(path):
-    """An image file (JPEG, PNG, GIF's first frame, BMP) as uint8 `(height, width, 3)`, grey made RGB."""
+def decode_image_tensor(path):
+    """In a tf.data map: an image file (JPEG, PNG, GIF's first frame, BMP) as uint8 `(height, width, 3)`, grey
+    made RGB. Eager code decodes with `keras_vit.arrays.decode_image`, which needs no TensorFlow."""
     tf = _tf()
     return tf.io.decode_image(tf.io.read_file(path), channels=3, expand_animations=False)
 
@@ -195,7 +170,7 @@ def _image_problem(path):
         return None
     tf = _tf()
     try:
-        decode_image(path)
+        decode_image_tensor(path)
     except (tf.errors.InvalidArgumentError, tf.errors.OutOfRangeError, tf.errors.DataLossError) as error:
         return error.message.splitlines()[0]
     return None
@@ -258,7 +233,7 @@ def from_folder(path, shard=None, class_names=None, holdout=None):
         files, labels = files[index::count], labels[index::count]
 
     def decode(file, label):
-        return decode_image(file), label
+        return decode_image_tensor(file), label
 
     dataset = tf.data.Dataset.from_tensor_slices((files, np.asarray(labels, "int64"))).map(decode)
     return Source(dataset, len(files), len(class_names), class_names, os.path.basename(os.path.normpath(path)))

@@ -13,9 +13,9 @@ import os
 import keras
 import numpy as np
 
-from keras_vit import checkpoints, data, deployment, files, pretrained
+from keras_vit import arrays, checkpoints, data, deployment, files, pretrained
 from keras_vit.functional import native_image_size, sizes_of
-from keras_vit.imagenet import imagenet_labels
+from keras_vit.imagenet import imagenet_labels, preprocess_input
 from keras_vit.models import ViT
 from keras_vit.position_embedding import as_pair
 from keras_vit.training import accuracy_metrics, check_sizes_agree, model_sizes
@@ -140,8 +140,8 @@ def predict(images, weights="runs/finetune/model.keras", labels=None, crop_fract
     for path in images:
         if not os.path.exists(path):
             raise FileNotFoundError(f"Image not found: {path}")
-        image = data.value_range(data.resize(data.decode_image(path), size, crop_fraction))
-        scores = keras.ops.convert_to_numpy(network(image.numpy()[None], training=False))[0].astype("float64")
+        image = preprocess_input(arrays.resize(arrays.decode_image(path), size, crop_fraction))
+        scores = keras.ops.convert_to_numpy(network(image[None], training=False))[0].astype("float64")
         probabilities = scores
         if outputs_logits(network):
             probabilities = np.exp(scores - scores.max())
@@ -157,14 +157,13 @@ def predict(images, weights="runs/finetune/model.keras", labels=None, crop_fract
 def inspect(image, weights="runs/finetune/model.keras", output_dir="runs/inspect", model=None, image_size=None,
             sizes=None):
     """Write attention rollout, mean attention distance, position-embedding and filter plots of one image file."""
-    import tensorflow as tf
-
     from keras_vit import analysis
 
     network = load_for_inference(weights, model, image_size, sizes, needs_head=False)
     if not os.path.exists(image):
         raise FileNotFoundError(f"Image not found: {image}")
-    pixels = tf.cast(tf.clip_by_value(data.resize(data.decode_image(image), native_image_size(network)), 0, 255), "uint8").numpy()
+    pixels = np.clip(np.round(arrays.resize(arrays.decode_image(image), native_image_size(network))), 0, 255)
+    pixels = pixels.astype("uint8")
     written = analysis.inspect(network, pixels, output_dir)
     for path in written.values():
         print("wrote", path)

@@ -121,5 +121,5 @@ def variant_name(sizes):
     return next((name for name, variant in VARIANTS.items() if variant == sizes), None)
 
 
-# The digits example's model: a small ViT for scikit-learn's 8x8 digits, upsampled to 16 or 32 px.
+# The digits example's model: a small ViT for the embedded 8x8 digits (keras_vit.arrays), upsampled to 16 or 32 px.
 SMALL_VIT = Variant(patch_size=4, hidden_size=64, num_layers=4, num_heads=4, mlp_dim=128)

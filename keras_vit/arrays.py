@@ -1,0 +1,102 @@
+"""Images as numpy arrays, without TensorFlow: image files, bilinear resizing and the embedded digits.
+
+The eager counterparts of `keras_vit.data`'s tf.data steps, so that the
+digits data, `predict` and `inspect` run on a JAX or PyTorch install that
+has no TensorFlow. `resize` computes what `tf.image.resize(method="bilinear")`
+computes (half-pixel centres, no antialiasing), in float64 matrix products.
+
+Example:
+>>> (x, y), (x_test, y_test) = digits(image_size=16)
+>>> x.shape, x.dtype, resize(x[0], (8, 8)).shape
+((1437, 16, 16, 3), dtype('uint8'), (8, 8, 3))
+"""
+
+import math
+import os
+
+import numpy as np
+
+DIGITS_FILE = os.path.join(os.path.dirname(__file__), "data", "digits.npz")
+
+
+def decode_image(path):
+    """An image file (JPEG, PNG, GIF's first frame, BMP, ...) as uint8 `(height, width, 3)`, decoded by Pillow.
+
+    Grey, palette and alpha images become RGB, as `tf.io.decode_image(...,
+    channels=3)` makes them.
+    """
+    try:
+        from PIL import Image
+    except ImportError as error:
+        raise ImportError("Reading image files needs Pillow, a dependency of keras-vision-transformer: "
+                          "pip install pillow.") from error
+    with Image.open(path) as image:
+        return np.asarray(image.convert("RGB"))
+
+
+def bilinear_matrix(in_size, out_size):
+    """The `(out_size, in_size)` matrix of 1-D bilinear resampling with half-pixel centres, edges clamped."""
+    source = np.clip((np.arange(out_size) + 0.5) * (in_size / out_size) - 0.5, 0.0, in_size - 1)
+    low = np.floor(source).astype("int64")
+    high = np.minimum(low + 1, in_size - 1)
+    weight = source - low
+    matrix = np.zeros((out_size, in_size))
+    rows = np.arange(out_size)
+    np.add.at(matrix, (rows, low), 1.0 - weight)
+    np.add.at(matrix, (rows, high), weight)
+    return matrix
+
+
+def resize(image, size, crop_fraction=None):
+    """`(height, width, channels)` or `(batch, height, width, channels)` resized bilinearly to `size`, as float32.
+
+    With `crop_fraction`, resized to `size / crop_fraction` first and then
+    cut to its central `size`, as evaluation does in `keras_vit.data.resize`.
+    """
+    size = tuple(int(s) for s in size)
+    if crop_fraction:
+        larger = tuple(int(round(s / crop_fraction)) for s in size)
+        resized = resize(image, larger)
+        top, left = (larger[0] - size[0]) // 2, (larger[1] - size[1]) // 2
+        return resized[..., top:top + size[0], left:left + size[1], :]
+    image = np.asarray(image, dtype="float64")
+    rows = bilinear_matrix(image.shape[-3], size[0])
+    columns = bilinear_matrix(image.shape[-2], size[1])
+    return np.einsum("ij,...jkc,lk->...ilc", rows, image, columns).astype("float32")
+
+
+def stratified_split(labels, test_fraction, seed):
+    """`(train, test)` index arrays, each class split in proportion (largest remainders), shuffled by `seed`."""
+    if not 0.0 < test_fraction < 1.0:
+        raise ValueError(f"test_fraction must be between 0 and 1, got {test_fraction!r}.")
+    rng = np.random.default_rng(seed)
+    classes, counts = np.unique(labels, return_counts=True)
+    test_total = int(math.ceil(test_fraction * len(labels)))
+    exact = counts * test_total / len(labels)
+    per_class = np.floor(exact).astype("int64")
+    per_class[np.argsort(per_class - exact, kind="stable")[:test_total - per_class.sum()]] += 1
+    test = np.concatenate([rng.permutation(np.flatnonzero(labels == label))[:count]
+                           for label, count in zip(classes, per_class)])
+    train = np.setdiff1d(np.arange(len(labels)), test)
+    return rng.permutation(train), rng.permutation(test)
+
+
+def digits(image_size=32, test_fraction=0.2, seed=0):
+    """The 1,797 8x8 handwritten digits that ship with keras_vit, upsampled to RGB `image_size` images.
+
+    Returns `(train, test)` pairs of `(uint8 images (N, S, S, 3), int64
+    labels)`, split per class (1,437 / 360 with the defaults). No download
+    and no other package: the images are UCI's, as scikit-learn ships them
+    (`keras_vit/data/digits_NOTICE.txt`).
+
+    Example:
+    >>> (x, y), (x_test, y_test) = digits(image_size=32)
+    >>> x.shape, x_test.shape
+    ((1437, 32, 32, 3), (360, 32, 32, 3))
+    """
+    with np.load(DIGITS_FILE) as stored:
+        images, labels = stored["images"], stored["labels"].astype("int64")
+    images = resize(images[..., None].astype("float64") * (255.0 / 16.0), (image_size, image_size))
+    images = np.repeat(np.clip(np.round(images), 0, 255).astype("uint8"), 3, axis=-1)
+    train, test = stratified_split(labels, test_fraction, seed)
+    return (images[train], labels[train]), (images[test], labels[test])

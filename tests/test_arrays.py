@@ -1,0 +1,88 @@
+"""keras_vit.arrays: the TF-free image path (Pillow decoding, tf.image.resize's bilinear in numpy, the digits),
+against TensorFlow and scikit-learn as references, and `predict` run where TensorFlow cannot be imported."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+from keras_vit import arrays
+
+pytestmark = pytest.mark.backend_independent  # numpy and Pillow only; the subprocess below picks its backend
+
+
+@pytest.mark.parametrize("size, crop_fraction", [((20, 30), None), ((64, 48), None), ((16, 16), 0.875), ((5, 5), None)])
+def test_resize_computes_tensorflows_bilinear_resize(size, crop_fraction):
+    tf = pytest.importorskip("tensorflow")
+    from keras_vit import data
+
+    image = np.random.default_rng(0).uniform(0, 255, (37, 53, 3)).astype("float32")
+    expected = data.resize(image, size, crop_fraction).numpy()
+    np.testing.assert_allclose(arrays.resize(image, size, crop_fraction), expected, atol=1e-3)
+    batch = np.stack([image, image[::-1]])
+    np.testing.assert_allclose(arrays.resize(batch, size)[1], tf.image.resize(image[::-1], size).numpy(), atol=1e-3)
+
+
+def test_the_shipped_digits_are_scikit_learns_and_split_per_class_by_seed():
+    sklearn_datasets = pytest.importorskip("sklearn.datasets")
+    reference = sklearn_datasets.load_digits()
+    with np.load(arrays.DIGITS_FILE) as stored:
+        np.testing.assert_array_equal(stored["images"], reference.images)
+        np.testing.assert_array_equal(stored["labels"], reference.target)
+    (x, y), (x_test, y_test) = arrays.digits(image_size=8)
+    np.testing.assert_array_equal(np.sort(np.concatenate([y, y_test])), np.sort(reference.target))
+    # At 8 px the images are the originals scaled to 0..255: every one appears once, in train or test.
+    scaled = np.round(reference.images * (255.0 / 16.0)).astype("uint8")
+    found = {image.tobytes() for image in np.concatenate([x, x_test])[..., 0]}
+    assert found == {image.tobytes() for image in scaled}
+    assert (len(y), len(y_test)) == (1437, 360)
+    assert set(np.bincount(y_test)) <= {35, 36, 37}  # 20% of each class, rounded
+    (_, again), (_, other) = arrays.digits(image_size=8)[1], arrays.digits(image_size=8, seed=1)[1]
+    np.testing.assert_array_equal(again, y_test)
+    assert not np.array_equal(other, y_test)
+    with pytest.raises(ValueError, match=r"^test_fraction must be between 0 and 1, got 1\.5\.$"):
+        arrays.digits(test_fraction=1.5)
+
+
+@pytest.mark.parametrize("mode, suffix", [("RGB", ".png"), ("L", ".png"), ("RGBA", ".png"), ("P", ".gif"),
+                                          ("RGB", ".bmp")])
+def test_decode_image_gives_what_tensorflow_decodes(mode, suffix, tmp_path):
+    tf = pytest.importorskip("tensorflow")
+    from PIL import Image
+
+    pixels = np.random.default_rng(1).integers(0, 256, (9, 7, 4), dtype="uint8")
+    image = Image.fromarray(pixels, "RGBA").convert(mode)
+    path = str(tmp_path / f"image{suffix}")
+    image.save(path)
+    expected = tf.io.decode_image(tf.io.read_file(path), channels=3, expand_animations=False).numpy()
+    decoded = arrays.decode_image(path)
+    assert decoded.dtype == np.uint8 and decoded.shape == (9, 7, 3)
+    np.testing.assert_array_equal(decoded, expected)
+
+
+def test_predict_and_the_digits_run_where_tensorflow_and_scikit_learn_cannot_be_imported(tmp_path):
+    """The JAX user's install: `predict` on an image file and the digits data, with both imports blocked."""
+    from PIL import Image
+
+    Image.fromarray(np.random.default_rng(2).integers(0, 256, (40, 40, 3), dtype="uint8")).save(tmp_path / "x.png")
+    script = textwrap.dedent(f"""
+        import sys
+        sys.modules["tensorflow"] = None  # any import of it now fails
+        sys.modules["sklearn"] = None
+        import keras_vit
+        from keras_vit import arrays, inference
+        (x, y), _ = arrays.digits(image_size=16)
+        model = keras_vit.ViT(image_size=32, patch_size=8, hidden_size=24, num_layers=1, num_heads=3, mlp_dim=48,
+                              classes=10)
+        model.save({str(tmp_path / "m.keras")!r})
+        top = inference.predict([{str(tmp_path / "x.png")!r}], weights={str(tmp_path / "m.keras")!r})
+        assert len(top[0]) == 5 and x.shape == (1437, 16, 16, 3)
+        print("OK")
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "KERAS_BACKEND": "jax"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip().endswith("OK")
