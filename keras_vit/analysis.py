@@ -273,7 +273,11 @@ def _save(figure, path):
 
 
 def _pyplot():
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError:
+        raise ImportError("The figures need matplotlib, which each backend's extra installs: pip install "
+                          "'keras-vision-transformer[jax]' (or [torch], [tensorflow]), or pip install matplotlib.") from None
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

@@ -1,4 +1,4 @@
-"""Input pipelines: tf.data from tensorflow-datasets, image folders or arrays.
+"""Input pipelines: tf.data from tensorflow-datasets, image folders or arrays (numpy without TensorFlow).
 
 Training images get an Inception-style random resized crop and a horizontal
 flip; evaluation images are resized (optionally centre-cropped). Pixels end
@@ -11,18 +11,36 @@ The pipeline reads as a chain of named steps, like big_vision's
 
     train = make_dataset(source, image_size=224, batch_size=512, training=True)
 
-Model code never imports TensorFlow; only this module (input pipelines) does.
+Model code never imports TensorFlow; only the input pipelines do. Where
+TensorFlow is not installed, arrays, the digits and image folders are read
+by `keras_vit.array_batches` (the same steps in numpy, a Keras PyDataset);
+tensorflow-datasets sets need the `[tensorflow]` extra.
 """
 
 import dataclasses
+import inspect
 import logging
 import os
 import zlib
 
 import numpy as np
 
+from keras_vit import arrays
+from keras_vit.array_batches import ArrayBatches, training_batches
 from keras_vit.arrays import digits  # noqa: F401 (the embedded data set, here too)
 from keras_vit.position_embedding import as_pair
+
+
+def __getattr__(name):
+    """The tf.data steps (`inception_crop`, `resize`, `value_range`, ...), imported with TensorFlow when first used."""
+    if name in _TF_STEPS:
+        from keras_vit import tf_data_steps
+
+        return getattr(tf_data_steps, name)
+    raise AttributeError(f"module 'keras_vit.data' has no attribute {name!r}")
+
+
+_TF_STEPS = ("inception_crop", "resize", "value_range")
 
 logger = logging.getLogger("keras_vit")
 
@@ -35,7 +53,10 @@ class Source:
     """Examples before preprocessing: a `tf.data.Dataset` of `(uint8 image, int label)`.
 
     `num_examples` is known for arrays, folders and tfds splits; `class_names`
-    when the source names its classes.
+    when the source names its classes. Arrays and folders also keep
+    `examples`, `(uint8 images or file paths, int labels)`, which
+    `keras_vit.array_batches` reads where TensorFlow is not installed (then
+    `dataset` is None).
     """
 
     dataset: object
@@ -43,6 +64,7 @@ class Source:
     num_classes: int
     class_names: tuple = None
     name: str = ""
+    examples: tuple = None
 
 
 def _tf():
@@ -51,17 +73,29 @@ def _tf():
     return tf
 
 
+def tensorflow_installed():
+    """Whether TensorFlow can be imported: then every source is read through tf.data, else through numpy."""
+    try:
+        import tensorflow  # noqa: F401 (imported to see that it can be)
+    except ImportError:
+        return False
+    return True
+
+
+def _reads_with_numpy(source):
+    return source.examples is not None and (source.dataset is None or not tensorflow_installed())
+
+
 def from_arrays(images, labels, num_classes=None, class_names=None, name="arrays"):
     """A `Source` from in-memory uint8 images `(N, H, W, 3)` and integer labels."""
-    tf = _tf()
     images, labels = np.asarray(images), np.asarray(labels).astype("int64")
     if images.ndim != 4 or images.shape[-1] != 3:
         raise ValueError(f"images must have shape (N, H, W, 3), got {images.shape}.")
     if len(images) != len(labels):
         raise ValueError(f"{len(images)} images but {len(labels)} labels.")
     num_classes = num_classes or int(labels.max()) + 1
-    dataset = tf.data.Dataset.from_tensor_slices((images, labels))
-    return Source(dataset, len(images), num_classes, class_names, name)
+    dataset = _tf().data.Dataset.from_tensor_slices((images, labels)) if tensorflow_installed() else None
+    return Source(dataset, len(images), num_classes, class_names, name, examples=(images, labels))
 
 
 def from_tfds(name, split, data_dir=None, shard=None):
@@ -168,6 +202,12 @@ def _image_problem(path):
     )
     if looks_whole:
         return None
+    if not tensorflow_installed():
+        try:
+            arrays.decode_image(path)
+        except (OSError, ValueError, SyntaxError) as error:
+            return str(error).splitlines()[0]
+        return None
     tf = _tf()
     try:
         decode_image_tensor(path)
@@ -187,7 +227,6 @@ def from_folder(path, shard=None, class_names=None, holdout=None):
     folders are skipped, and so are files that cannot be decoded (named in
     the log).
     """
-    tf = _tf()
     if not os.path.isdir(path):
         raise FileNotFoundError(f"Image folder not found: {path}")
     found = class_folders(path)
@@ -235,8 +274,10 @@ def from_folder(path, shard=None, class_names=None, holdout=None):
     def decode(file, label):
         return decode_image_tensor(file), label
 
-    dataset = tf.data.Dataset.from_tensor_slices((files, np.asarray(labels, "int64"))).map(decode)
-    return Source(dataset, len(files), len(class_names), class_names, os.path.basename(os.path.normpath(path)))
+    labels = np.asarray(labels, "int64")
+    dataset = _tf().data.Dataset.from_tensor_slices((files, labels)).map(decode) if tensorflow_installed() else None
+    return Source(dataset, len(files), len(class_names), class_names, os.path.basename(os.path.normpath(path)),
+                  examples=(files, labels))
 
 
 def _held_out_part(files, class_name, split, fraction):
@@ -296,83 +337,6 @@ def load_source(name, split, data_dir=None, image_size=32, shard=None, class_nam
     return from_tfds(name, split, data_dir=data_dir, shard=shard)
 
 
-# ---------------------------------------------------------------------------
-# Preprocessing steps (TensorFlow ops: they run inside tf.data).
-# ---------------------------------------------------------------------------
-
-
-def inception_crop(image, size, seed, area_range=(0.05, 1.0)):
-    """Random crop of 5-100% of the area and 3/4-4/3 aspect, resized to `size`."""
-    tf = _tf()
-    begin, crop_size, _ = tf.image.stateless_sample_distorted_bounding_box(
-        tf.shape(image),
-        bounding_boxes=tf.constant([0.0, 0.0, 1.0, 1.0], shape=(1, 1, 4)),
-        seed=seed,
-        min_object_covered=0.0,
-        aspect_ratio_range=(3 / 4, 4 / 3),
-        area_range=area_range,
-        use_image_if_no_bounding_boxes=True,
-    )
-    crop = tf.slice(image, begin, crop_size)
-    return tf.image.resize(crop, size, method="bilinear")
-
-
-def resize(image, size, crop_fraction=None):
-    """Resize for evaluation; with `crop_fraction`, resize then take the central crop."""
-    tf = _tf()
-    if crop_fraction:
-        larger = [int(round(s / crop_fraction)) for s in size]
-        image = tf.image.resize(image, larger, method="bilinear")
-        top, left = (larger[0] - size[0]) // 2, (larger[1] - size[1]) // 2
-        return image[top : top + size[0], left : left + size[1]]
-    return tf.image.resize(image, size, method="bilinear")
-
-
-def value_range(image, low=-1.0, high=1.0):
-    """Map [0, 255] pixels to [low, high]."""
-    tf = _tf()
-    return tf.cast(image, "float32") / 255.0 * (high - low) + low
-
-
-def _examples(source, size, training, seed, epoch, crop_fraction, min_crop_area, flip):
-    """Per-example preprocessing: uint8 images of `size` (not yet scaled) and labels."""
-    tf = _tf()
-    dataset = source.dataset
-    if not training:
-        return dataset.map(
-            lambda image, label: (tf.ensure_shape(resize(image, size, crop_fraction), (*size, 3)), label),
-            num_parallel_calls=tf.data.AUTOTUNE,
-            deterministic=True,
-        )
-    epoch_seed = int(seed) * 1_000_003 + int(epoch)
-    dataset = dataset.shuffle(
-        min(source.num_examples or 10_000, 10_000), seed=epoch_seed, reshuffle_each_iteration=False
-    )
-
-    def train_step(index, example):
-        image, label = example
-        key = tf.stack([tf.constant(epoch_seed, tf.int64), index])
-        crop_seed, flip_seed = key, key + tf.constant([0, 1 << 40], tf.int64)
-        image = inception_crop(image, size, crop_seed, area_range=(min_crop_area, 1.0))
-        if flip:
-            image = tf.image.stateless_random_flip_left_right(image, flip_seed)
-        return tf.ensure_shape(image, (*size, 3)), label
-
-    return dataset.enumerate().map(train_step, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-
-
-def _batched(dataset, batch_size, drop_remainder, num_classes, one_hot, augmenters):
-    """Batch, then the batched steps: one-hot labels, augmenters, pixels to [-1, 1]."""
-    tf = _tf()
-    dataset = dataset.batch(batch_size, drop_remainder=drop_remainder)
-    if one_hot:
-        dataset = dataset.map(lambda x, y: (x, tf.one_hot(y, num_classes)))
-    for augmenter in augmenters:
-        dataset = dataset.map(_apply_augmenter(augmenter), num_parallel_calls=tf.data.AUTOTUNE)
-    dataset = dataset.map(lambda x, y: (value_range(x), y), num_parallel_calls=tf.data.AUTOTUNE)
-    return dataset.prefetch(tf.data.AUTOTUNE)
-
-
 def make_dataset(
     source,
     image_size,
@@ -399,26 +363,15 @@ def make_dataset(
     >>> (x, y), _ = digits(image_size=32)
     >>> batches = make_dataset(from_arrays(x, y), (32, 32), 64, training=True)
     """
-    examples = _examples(source, as_pair(image_size, "image_size"), training, seed, epoch, crop_fraction, min_crop_area, flip)
+    if _reads_with_numpy(source):
+        return ArrayBatches(source, as_pair(image_size, "image_size"), batch_size, training, seed, epoch, crop_fraction,
+                            augmenters, num_classes, one_hot, drop_remainder, min_crop_area, flip)
+    from keras_vit import tf_data_steps
+
+    examples = tf_data_steps.examples(source, as_pair(image_size, "image_size"), training, seed, epoch, crop_fraction, min_crop_area, flip)
     if drop_remainder is None:
         drop_remainder = training
-    return _batched(examples, batch_size, drop_remainder, num_classes or source.num_classes, one_hot, augmenters)
-
-
-def _apply_augmenter(augmenter):
-    """Run a Keras (or keras-cv) augmentation layer on a batch of [0, 255] images."""
-
-    def apply(images, labels):
-        if _mixes_labels(augmenter):
-            out = augmenter({"images": images, "labels": labels}, training=True)
-            return out["images"], out["labels"]
-        return augmenter(images, training=True), labels
-
-    return apply
-
-
-def _mixes_labels(augmenter):
-    return type(augmenter).__name__ in ("MixUp", "CutMix")
+    return tf_data_steps.batched(examples, batch_size, drop_remainder, num_classes or source.num_classes, one_hot, augmenters)
 
 
 def make_augmenters(randaugment=None, mixup=0.0, cutmix=0.0, seed=0):
@@ -442,6 +395,11 @@ def make_augmenters(randaugment=None, mixup=0.0, cutmix=0.0, seed=0):
 
 def images_only(dataset):
     """Drop the labels of an `(images, labels)` dataset, for objectives that need none."""
+    if isinstance(dataset, ArrayBatches):
+        dataset.images_only = True
+        return dataset
+    if inspect.isgenerator(dataset):
+        return ((batch[0],) for batch in dataset)
     return dataset.map(lambda images, labels: images)
 
 
@@ -468,11 +426,16 @@ def training_stream(
     if initial_epoch >= epochs:
         raise ValueError(f"initial_epoch {initial_epoch} leaves no epochs before {epochs}.")
     size = as_pair(image_size, "image_size")
+    if _reads_with_numpy(source):
+        return training_batches(source, size, batch_size, epochs, initial_epoch, seed, augmenters=augmenters,
+                                num_classes=num_classes, one_hot=one_hot, min_crop_area=min_crop_area, flip=flip)
     per_epoch = steps_per_epoch(source, batch_size) * batch_size
     # Python-level epochs (tf.data's shuffle takes its seed as a constant), each cut to
     # whole batches, then batched once: distribution engines can read the batch size.
+    from keras_vit import tf_data_steps
+
     examples = None
     for epoch in range(initial_epoch, epochs):
-        one = _examples(source, size, True, seed, epoch, None, min_crop_area, flip).take(per_epoch)
+        one = tf_data_steps.examples(source, size, True, seed, epoch, None, min_crop_area, flip).take(per_epoch)
         examples = one if examples is None else examples.concatenate(one)
-    return _batched(examples, batch_size, True, num_classes or source.num_classes, one_hot, augmenters)
+    return tf_data_steps.batched(examples, batch_size, True, num_classes or source.num_classes, one_hot, augmenters)

@@ -184,18 +184,16 @@ def setup(seed=0, distribution="none", model_parallel_size=2, tpu=None):
 
 
 def precision(mixed_precision, distribution="none"):
-    """The run's `dtype=` for `ViT`, a printed choice (never the engine's side effect): "mixed_bfloat16" or "float32"."""
+    """The run's `dtype=` for `ViT`, a printed choice (not the engine's side effect): "mixed_bfloat16" or "float32"."""
     if mixed_precision:
         print("precision: mixed_bfloat16 (float32 weights, bfloat16 computation; --mixed-precision)")
         return "mixed_bfloat16"
-    hint = "; add --mixed-precision to compute in bfloat16, as TPUs do natively" if distribution == "tpu" else ""
-    print(f"precision: float32{hint}")
+    print("precision: float32" + ("; add --mixed-precision to compute in bfloat16, as TPUs do natively"
+                                  if distribution == "tpu" else ""))
     return "float32"
 
 
-# ---------------------------------------------------------------------------
-# Data
-# ---------------------------------------------------------------------------
+# --- Data ------------------------------------------------------------------
 
 
 def load_sources(dataset="digits", image_size=32, train_split="train", eval_split="test", data_dir=None,
@@ -243,9 +241,7 @@ def training_data(
     return stream, validation
 
 
-# ---------------------------------------------------------------------------
-# Model and optimizer recipe
-# ---------------------------------------------------------------------------
+# --- Model and optimizer recipe --------------------------------------------
 
 
 def zero_head(model):
@@ -303,14 +299,12 @@ def compile_model(model, optimizer, num_classes, masked_patch=False, label_smoot
     return model
 
 
-# ---------------------------------------------------------------------------
-# Callbacks, resuming, and what a run leaves behind
-# ---------------------------------------------------------------------------
+# --- Callbacks, resuming, and what a run leaves behind ---------------------
 
 
 def make_callbacks(output_dir, backup_dir, initial_epoch=0, is_chief=True):
-    """On the chief `durable.DurableLog` (log.csv), then on every process `durable.DurableBackup` and
-    TerminateOnNaN, then on the chief TensorBoard.
+    """On the chief `durable.DurableLog` (log.csv), then on every process `durable.DurableBackup` and TerminateOnNaN,
+    then on the chief TensorBoard.
 
     The log is written before the backup, so it always has a row for each epoch the backup holds.
     """
@@ -321,19 +315,20 @@ def make_callbacks(output_dir, backup_dir, initial_epoch=0, is_chief=True):
     return callbacks
 
 
-def optional_package(package, what):
-    """Whether `package` imports; if not, print a one-line note that `what` is skipped."""
+def optional_package(package, what, install=None):
+    """Whether `package` imports; if not, print a one-line note that `what` is skipped and how to install it."""
     try:
         importlib.import_module(package)
         return True
     except ImportError:
-        print(f"note: {what} skipped: the optional package {package!r} is not installed (pip install {package})")
+        print(f"note: {what} skipped: the optional package {package!r} is not installed (pip install {install or package})")
         return False
 
 
 def tensorboard_callbacks(log_dir):
-    """`[keras.callbacks.TensorBoard(log_dir)]`, or `[]` with a note when `tensorboard` is not installed."""
-    if not optional_package("tensorboard", "TensorBoard logs"):
+    """`[keras.callbacks.TensorBoard(log_dir)]`, or `[]` with a note without tensorboard or TensorFlow (its writer)."""
+    if not (optional_package("tensorflow", "TensorBoard logs", "'keras-vision-transformer[tensorflow]'")
+            and optional_package("tensorboard", "TensorBoard logs")):
         return []
     return [keras.callbacks.TensorBoard(log_dir)]
 

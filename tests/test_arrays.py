@@ -63,8 +63,8 @@ def test_decode_image_gives_what_tensorflow_decodes(mode, suffix, tmp_path):
     np.testing.assert_array_equal(decoded, expected)
 
 
-def test_predict_and_the_digits_run_where_tensorflow_and_scikit_learn_cannot_be_imported(tmp_path):
-    """The JAX user's install: `predict` on an image file and the digits data, with both imports blocked."""
+def test_the_digits_job_and_predict_run_where_tensorflow_and_scikit_learn_cannot_be_imported(tmp_path):
+    """The JAX user's install: one epoch of the digits job (a tiny model), then `predict` on an image file."""
     from PIL import Image
 
     Image.fromarray(np.random.default_rng(2).integers(0, 256, (40, 40, 3), dtype="uint8")).save(tmp_path / "x.png")
@@ -72,17 +72,17 @@ def test_predict_and_the_digits_run_where_tensorflow_and_scikit_learn_cannot_be_
         import sys
         sys.modules["tensorflow"] = None  # any import of it now fails
         sys.modules["sklearn"] = None
-        import keras_vit
-        from keras_vit import arrays, inference
-        (x, y), _ = arrays.digits(image_size=16)
-        model = keras_vit.ViT(image_size=32, patch_size=8, hidden_size=24, num_layers=1, num_heads=3, mlp_dim=48,
-                              classes=10)
-        model.save({str(tmp_path / "m.keras")!r})
-        top = inference.predict([{str(tmp_path / "x.png")!r}], weights={str(tmp_path / "m.keras")!r})
-        assert len(top[0]) == 5 and x.shape == (1437, 16, 16, 3)
+        from keras_vit import cli, inference
+        top1 = cli.main(["pretrain", "--epochs", "1", "--output-dir", {str(tmp_path / "run")!r}, "--image-size", "16",
+                         "--patch-size", "4", "--hidden-size", "16", "--num-layers", "1", "--num-heads", "2",
+                         "--mlp-dim", "32", "--verbose", "0"])
+        top = inference.predict([{str(tmp_path / "x.png")!r}], weights={str(tmp_path / "run" / "model.keras")!r})
+        assert 0.0 <= top1 <= 1.0 and len(top[0]) == 5
         print("OK")
     """)
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
                           env={**os.environ, "KERAS_BACKEND": "jax"})
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.strip().endswith("OK")
+    assert "note: TensorBoard logs skipped: the optional package 'tensorflow' is not installed (pip install " \
+           "'keras-vision-transformer[tensorflow]')" in done.stdout

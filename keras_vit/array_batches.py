@@ -1,0 +1,126 @@
+"""Batches from arrays and image files without TensorFlow: `keras_vit.data`'s pipeline as a `keras.utils.PyDataset`.
+
+Where TensorFlow is not installed (`pip install "keras-vision-transformer[jax]"`
+or `[torch]`), `keras_vit.data.make_dataset` and `training_stream` give
+these instead of tf.data. The steps are the same ones, computed in numpy:
+an Inception crop sampled as `tf.image.sample_distorted_bounding_box`
+samples it (a uniform aspect ratio, then a uniform height, up to 100
+attempts, else the whole image), a horizontal flip with probability 1/2,
+`keras_vit.arrays.resize`, the Keras augmentation layers on each batch, and
+pixels to [-1, 1]. Randomness is keyed by `(seed, epoch, example)`, so a
+resumed run sees the batches an uninterrupted one would.
+
+Example:
+>>> from keras_vit import arrays, data
+>>> (x, y), _ = arrays.digits(image_size=16)
+>>> images, labels = ArrayBatches(data.from_arrays(x, y), (16, 16), 32, training=True)[0]
+>>> images.shape, labels.shape
+((32, 16, 16, 3), (32,))
+"""
+
+import math
+
+import keras
+import numpy as np
+
+from keras_vit import arrays
+
+
+def sample_crop(height, width, rng, area_range=(0.05, 1.0), aspect_range=(3 / 4, 4 / 3), max_attempts=100):
+    """`(top, left, crop_height, crop_width)` as TensorFlow's `sample_distorted_bounding_box` samples it."""
+    min_area, max_area = area_range[0] * height * width, area_range[1] * height * width
+    for _ in range(max_attempts):
+        aspect = rng.uniform(*aspect_range)
+        low = int(np.rint(math.sqrt(min_area / aspect)))
+        high = int(np.rint(math.sqrt(max_area / aspect)))
+        if np.rint(high * aspect) > width:
+            high = int((width + 0.5 - 1e-7) / aspect)
+            high -= int(np.rint(high * aspect) > width)
+        high = min(high, height)
+        low = min(low, high)
+        crop_height = low + (int(rng.integers(0, high - low + 1)) if low < high else 0)
+        crop_width = int(np.rint(crop_height * aspect))
+        if crop_width * crop_height < min_area:
+            crop_height += 1
+            crop_width = int(np.rint(crop_height * aspect))
+        if crop_width * crop_height > max_area:
+            crop_height -= 1
+            crop_width = int(np.rint(crop_height * aspect))
+        area = crop_width * crop_height
+        if min_area <= area <= max_area and 0 < crop_width <= width and 0 < crop_height <= height:
+            # TensorFlow draws the offset from [0, room), never the last position (unless there is no room).
+            top = int(rng.integers(0, height - crop_height)) if crop_height < height else 0
+            left = int(rng.integers(0, width - crop_width)) if crop_width < width else 0
+            return top, left, crop_height, crop_width
+    return 0, 0, height, width
+
+
+class ArrayBatches(keras.utils.PyDataset):
+    """One pass over a `keras_vit.data.Source` that holds arrays or files, in batches of `(images, labels)`.
+
+    The arguments are `keras_vit.data.make_dataset`'s; `images_only` drops
+    the labels. Training shuffles by `(seed, epoch)`; evaluation keeps the
+    source's order and resizes (with `crop_fraction`, then crops centrally).
+    """
+
+    def __init__(self, source, size, batch_size, training, seed=0, epoch=0, crop_fraction=None, augmenters=(),
+                 num_classes=None, one_hot=False, drop_remainder=None, min_crop_area=0.05, flip=True,
+                 images_only=False):
+        super().__init__()
+        self.images, self.labels = source.examples
+        self.size, self.batch_size, self.training = tuple(size), int(batch_size), training
+        self.key = (int(seed), int(epoch))
+        self.crop_fraction, self.augmenters, self.min_crop_area, self.flip = crop_fraction, augmenters, min_crop_area, flip
+        self.num_classes, self.one_hot, self.images_only = num_classes or source.num_classes, one_hot, images_only
+        count = len(self.labels)
+        self.order = np.random.default_rng(self.key).permutation(count) if training else np.arange(count)
+        drop = training if drop_remainder is None else drop_remainder
+        self.batches = count // self.batch_size if drop else math.ceil(count / self.batch_size)
+
+    def __len__(self):
+        return self.batches
+
+    def __getitem__(self, index):
+        if not 0 <= index < self.batches:
+            raise IndexError(f"batch {index} of {self.batches}")
+        rows = self.order[index * self.batch_size:(index + 1) * self.batch_size]
+        images = np.stack([self.example(position, row) for position, row in
+                           zip(range(index * self.batch_size, index * self.batch_size + len(rows)), rows)])
+        labels = self.labels[rows]
+        if self.one_hot:
+            labels = np.eye(self.num_classes, dtype="float32")[labels]
+        for augmenter in self.augmenters:
+            images, labels = apply_augmenter(augmenter, images, labels)
+        images = np.asarray(images, "float32") / 127.5 - 1.0
+        return (images,) if self.images_only else (images, labels)
+
+    def example(self, position, row):
+        """The `position`-th example of this pass (source row `row`), as float pixels in [0, 255] of `size`."""
+        image = self.images[row] if isinstance(self.images, np.ndarray) else arrays.decode_image(self.images[row])
+        if not self.training:
+            return arrays.resize(image, self.size, self.crop_fraction)
+        rng = np.random.default_rng((*self.key, int(position)))
+        top, left, height, width = sample_crop(image.shape[0], image.shape[1], rng, (self.min_crop_area, 1.0))
+        image = arrays.resize(image[top:top + height, left:left + width], self.size)
+        return image[:, ::-1] if self.flip and rng.uniform() < 0.5 else image
+
+
+def mixes_labels(augmenter):
+    """Whether a Keras augmentation layer mixes labels as well as images (MixUp, CutMix)."""
+    return type(augmenter).__name__ in ("MixUp", "CutMix")
+
+
+def apply_augmenter(augmenter, images, labels):
+    """A Keras augmentation layer on a numpy batch of [0, 255] images (MixUp and CutMix mix the labels too)."""
+    if mixes_labels(augmenter):
+        out = augmenter({"images": images, "labels": labels}, training=True)
+        return keras.ops.convert_to_numpy(out["images"]), keras.ops.convert_to_numpy(out["labels"])
+    return keras.ops.convert_to_numpy(augmenter(images, training=True)), labels
+
+
+def training_batches(source, size, batch_size, epochs, initial_epoch=0, seed=0, **options):
+    """Epochs `initial_epoch .. epochs-1` of `ArrayBatches`, one batch after another, as one generator."""
+    for epoch in range(initial_epoch, epochs):
+        batches = ArrayBatches(source, size, batch_size, True, seed, epoch, drop_remainder=True, **options)
+        for index in range(len(batches)):
+            yield batches[index]

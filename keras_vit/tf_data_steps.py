@@ -1,0 +1,90 @@
+"""The tf.data steps of `keras_vit.data`'s pipeline: Inception crop, resize, [-1, 1] pixels, batching.
+
+TensorFlow ops that run inside tf.data (`keras_vit.array_batches` computes
+the same steps in numpy where TensorFlow is not installed).
+"""
+
+import tensorflow as tf
+
+from keras_vit.array_batches import mixes_labels
+
+
+
+
+def inception_crop(image, size, seed, area_range=(0.05, 1.0)):
+    """Random crop of 5-100% of the area and 3/4-4/3 aspect, resized to `size`."""
+    begin, crop_size, _ = tf.image.stateless_sample_distorted_bounding_box(
+        tf.shape(image),
+        bounding_boxes=tf.constant([0.0, 0.0, 1.0, 1.0], shape=(1, 1, 4)),
+        seed=seed,
+        min_object_covered=0.0,
+        aspect_ratio_range=(3 / 4, 4 / 3),
+        area_range=area_range,
+        use_image_if_no_bounding_boxes=True,
+    )
+    crop = tf.slice(image, begin, crop_size)
+    return tf.image.resize(crop, size, method="bilinear")
+
+
+def resize(image, size, crop_fraction=None):
+    """Resize for evaluation; with `crop_fraction`, resize then take the central crop."""
+    if crop_fraction:
+        larger = [int(round(s / crop_fraction)) for s in size]
+        image = tf.image.resize(image, larger, method="bilinear")
+        top, left = (larger[0] - size[0]) // 2, (larger[1] - size[1]) // 2
+        return image[top : top + size[0], left : left + size[1]]
+    return tf.image.resize(image, size, method="bilinear")
+
+
+def value_range(image, low=-1.0, high=1.0):
+    """Map [0, 255] pixels to [low, high]."""
+    return tf.cast(image, "float32") / 255.0 * (high - low) + low
+
+
+def examples(source, size, training, seed, epoch, crop_fraction, min_crop_area, flip):
+    """Per-example preprocessing: uint8 images of `size` (not yet scaled) and labels."""
+    dataset = source.dataset
+    if not training:
+        return dataset.map(
+            lambda image, label: (tf.ensure_shape(resize(image, size, crop_fraction), (*size, 3)), label),
+            num_parallel_calls=tf.data.AUTOTUNE,
+            deterministic=True,
+        )
+    epoch_seed = int(seed) * 1_000_003 + int(epoch)
+    dataset = dataset.shuffle(
+        min(source.num_examples or 10_000, 10_000), seed=epoch_seed, reshuffle_each_iteration=False
+    )
+
+    def train_step(index, example):
+        image, label = example
+        key = tf.stack([tf.constant(epoch_seed, tf.int64), index])
+        crop_seed, flip_seed = key, key + tf.constant([0, 1 << 40], tf.int64)
+        image = inception_crop(image, size, crop_seed, area_range=(min_crop_area, 1.0))
+        if flip:
+            image = tf.image.stateless_random_flip_left_right(image, flip_seed)
+        return tf.ensure_shape(image, (*size, 3)), label
+
+    return dataset.enumerate().map(train_step, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+
+
+def batched(dataset, batch_size, drop_remainder, num_classes, one_hot, augmenters):
+    """Batch, then the batched steps: one-hot labels, augmenters, pixels to [-1, 1]."""
+    dataset = dataset.batch(batch_size, drop_remainder=drop_remainder)
+    if one_hot:
+        dataset = dataset.map(lambda x, y: (x, tf.one_hot(y, num_classes)))
+    for augmenter in augmenters:
+        dataset = dataset.map(apply_augmenter(augmenter), num_parallel_calls=tf.data.AUTOTUNE)
+    dataset = dataset.map(lambda x, y: (value_range(x), y), num_parallel_calls=tf.data.AUTOTUNE)
+    return dataset.prefetch(tf.data.AUTOTUNE)
+
+
+def apply_augmenter(augmenter):
+    """Run a Keras (or keras-cv) augmentation layer on a batch of [0, 255] images."""
+
+    def apply(images, labels):
+        if mixes_labels(augmenter):
+            out = augmenter({"images": images, "labels": labels}, training=True)
+            return out["images"], out["labels"]
+        return augmenter(images, training=True), labels
+
+    return apply

@@ -1,0 +1,144 @@
+"""keras_vit.array_batches, the pipeline without TensorFlow, against tf.data's: the same distribution of crops,
+flips and augmentations, the same evaluation batches, and a resumed stream equal to an uninterrupted one."""
+
+import numpy as np
+import pytest
+
+from keras_vit import array_batches, arrays, data
+
+tf = pytest.importorskip("tensorflow")  # the reference pipeline
+
+
+@pytest.fixture(scope="module")
+def digits():
+    return arrays.digits(image_size=16)
+
+
+@pytest.fixture
+def numpy_pipeline(monkeypatch):
+    """Sources built while this is active are read as a TensorFlow-less install reads them."""
+    monkeypatch.setattr(data, "tensorflow_installed", lambda: False)
+
+
+def crop_statistics(crops, height, width):
+    crops = np.asarray(crops, "float64")
+    tops, lefts, heights, widths = crops.T
+    return {"area": heights * widths / (height * width), "aspect": widths / heights,
+            "top": tops / height, "left": lefts / width}
+
+
+@pytest.mark.backend_independent
+@pytest.mark.parametrize("area_range", [(0.05, 1.0), (0.6, 1.0)])
+def test_crops_follow_tensorflows_sample_distorted_bounding_box(area_range):
+    from scipy.stats import ks_2samp
+
+    height, width, count = 37, 53, 2000
+    ours = [array_batches.sample_crop(height, width, np.random.default_rng((7, i)), area_range) for i in range(count)]
+    theirs = []
+    for i in range(count):
+        begin, size, _ = tf.image.stateless_sample_distorted_bounding_box(
+            (height, width, 3), bounding_boxes=tf.constant([0.0, 0.0, 1.0, 1.0], shape=(1, 1, 4)), seed=(7, i),
+            min_object_covered=0.0, aspect_ratio_range=(3 / 4, 4 / 3), area_range=area_range,
+            use_image_if_no_bounding_boxes=True)
+        theirs.append((int(begin[0]), int(begin[1]), int(size[0]), int(size[1])))
+    ours, theirs = crop_statistics(ours, height, width), crop_statistics(theirs, height, width)
+    for name in ours:
+        assert ks_2samp(ours[name], theirs[name]).pvalue > 1e-3, name  # one distribution, by a 2-sample test
+    assert ours["area"].min() >= area_range[0] - 1e-9 and ours["area"].max() <= 1.0
+
+
+def test_both_pipelines_give_the_same_evaluation_batches_and_flip_half_the_training_images(digits, numpy_pipeline):
+    (x, y), _ = digits
+    reference = data.Source(tf.data.Dataset.from_tensor_slices((x[:64], y[:64].astype("int64"))), 64, 10)
+    ours = data.from_arrays(x[:64], y[:64])
+    assert ours.dataset is None
+    tf_batches = [(images.numpy(), labels.numpy()) for images, labels in
+                  data.make_dataset(reference, 24, 32, training=False, crop_fraction=0.875)]
+    np_batches = data.make_dataset(ours, 24, 32, training=False, crop_fraction=0.875)
+    assert isinstance(np_batches, array_batches.ArrayBatches) and len(np_batches) == len(tf_batches) == 2
+    for (tf_images, tf_labels), (np_images, np_labels) in zip(tf_batches, (np_batches[0], np_batches[1])):
+        np.testing.assert_allclose(np_images, tf_images, atol=1e-5)
+        np.testing.assert_array_equal(np_labels, tf_labels)
+    # A full-area crop of a digit flipped or not: the flipped share is 1/2 on both pipelines.
+    flipped = {}
+    for name, source in (("tf.data", reference), ("numpy", ours)):
+        batch = next(iter(data.make_dataset(source, 16, 64, training=True, min_crop_area=1.0, seed=3)))
+        images = np.asarray(batch[0])
+        plain = x[:64] / 127.5 - 1.0
+        mirrored = plain[:, :, ::-1]
+        order = [int(np.argmin([min(np.abs(image - p).max(), np.abs(image - m).max()) for p, m in zip(plain, mirrored)]))
+                 for image in images]
+        flipped[name] = np.mean([np.abs(image - mirrored[i]).max() < np.abs(image - plain[i]).max()
+                                 for image, i in zip(images, order)])
+    assert 0.3 < flipped["numpy"] < 0.7 and 0.3 < flipped["tf.data"] < 0.7
+
+
+def test_a_resumed_numpy_stream_equals_the_uninterrupted_one_and_epochs_differ(digits, numpy_pipeline):
+    source = data.from_arrays(*digits[0])
+    steps = data.steps_per_epoch(source, 256)
+    whole = [images for images, _ in data.training_stream(source, 16, 256, epochs=3, seed=5)]
+    resumed = [images for images, _ in data.training_stream(source, 16, 256, epochs=3, initial_epoch=2, seed=5)]
+    assert len(whole) == 3 * steps and len(resumed) == steps
+    for a, b in zip(whole[2 * steps:], resumed):
+        np.testing.assert_array_equal(a, b)
+    assert not np.array_equal(whole[0], whole[steps])
+    assert all(batch.min() >= -1.0 and batch.max() <= 1.0 and batch.dtype == np.float32 for batch in whole)
+
+
+def augmented_statistics(source, augmenters):
+    """Per batch: the mean |change| of the pixels against the unaugmented batch, and the mean largest label weight."""
+    kwargs = dict(training=True, seed=1, min_crop_area=1.0, flip=False, one_hot=True)
+    plain = data.make_dataset(source, 16, 32, **kwargs)
+    mixed = data.make_dataset(source, 16, 32, augmenters=augmenters, **kwargs)
+    changes, weights = [], []
+    for (images, _), (augmented, labels) in zip(plain, mixed):
+        changes.append(np.abs(np.asarray(augmented) - np.asarray(images)).mean())
+        weights.append(np.asarray(labels).max(-1).mean())
+    return np.asarray(changes), np.asarray(weights)
+
+
+@pytest.mark.parametrize("augmenter", ["randaugment", "mixup", "cutmix"])
+def test_keras_augmentations_give_the_same_statistics_on_both_pipelines(digits, monkeypatch, augmenter):
+    import keras
+
+    if augmenter == "randaugment" and keras.backend.backend() == "jax":
+        pytest.skip("RandAugment runs op by op on JAX arrays (~30 s here); checked on torch and tensorflow")
+    (x, y), _ = digits
+    options = {"randaugment": dict(randaugment=(2, 0.5)), "mixup": dict(mixup=0.4), "cutmix": dict(cutmix=1.0)}
+    results = {}
+    for name in ("tf.data", "numpy"):
+        if name == "numpy":
+            monkeypatch.setattr(data, "tensorflow_installed", lambda: False)
+        source = data.from_arrays(x[:128], y[:128])
+        results[name] = augmented_statistics(source, data.make_augmenters(**options[augmenter], seed=4))
+    (tf_change, tf_weight), (np_change, np_weight) = results["tf.data"], results["numpy"]
+    assert np_change.mean() > 0.01 and tf_change.mean() > 0.01  # the layers changed the images
+    for ours, theirs in ((np_change, tf_change), (np_weight, tf_weight)):
+        spread = np.sqrt(ours.var() / len(ours) + theirs.var() / len(theirs)) + 1e-3
+        assert abs(ours.mean() - theirs.mean()) < 4 * spread + 0.1 * theirs.mean(), (ours, theirs)
+    if augmenter == "randaugment":
+        assert np.allclose(np_weight, 1.0) and np.allclose(tf_weight, 1.0)  # labels untouched
+    else:
+        assert 0.5 <= np_weight.mean() < 0.99 and 0.5 <= tf_weight.mean() < 0.99  # labels mixed
+
+
+@pytest.mark.backend_independent
+def test_an_image_folder_reads_the_same_without_tensorflow(tmp_path, monkeypatch):
+    from PIL import Image
+
+    rng = np.random.default_rng(5)
+    for name in ("cat", "dog"):
+        (tmp_path / name).mkdir()
+        for index in range(3):
+            Image.fromarray(rng.integers(0, 256, (20 + index, 24, 3), dtype="uint8")).save(tmp_path / name / f"{index}.png")
+    (tmp_path / "dog" / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\n truncated")
+    with_tf = data.from_folder(str(tmp_path))
+    expected = [(images.numpy(), labels.numpy()) for images, labels in data.make_dataset(with_tf, 16, 4, training=False)]
+    monkeypatch.setattr(data, "tensorflow_installed", lambda: False)
+    without = data.from_folder(str(tmp_path))
+    assert without.dataset is None and without.num_examples == with_tf.num_examples == 6
+    assert without.class_names == with_tf.class_names == ("cat", "dog")
+    ours = data.make_dataset(without, 16, 4, training=False)
+    for (images, labels), index in zip(expected, range(len(ours))):
+        np.testing.assert_allclose(ours[index][0], images, atol=1e-5)
+        np.testing.assert_array_equal(ours[index][1], labels)
