@@ -18,6 +18,7 @@ from keras_vit import kernels
 from keras_vit import rope as rope_module
 from keras_vit.architecture import ACTIVATIONS, LAYER_NORM_EPSILON, NORMALIZATIONS
 from keras_vit.dense import Dense
+from keras_vit.keras_internals import stored_kernel, sublayers
 from keras_vit.layer_norm import norm_layer
 
 
@@ -62,7 +63,7 @@ class _QuantizableSublayers:
     def _with_quantized_sublayers(self, config):
         # A quantized dense layer (after `model.quantize("int8")`) is rebuilt quantized on loading only if
         # the block's config says so: Keras' DTypePolicyMap, keyed by the sublayers' paths.
-        quantized = {layer.path: layer.dtype_policy for layer in self._flatten_layers(include_self=False)
+        quantized = {layer.path: layer.dtype_policy for layer in sublayers(self, include_self=False)
                      if layer.quantization_mode is not None}
         if quantized:
             own = self.dtype_policy
@@ -313,10 +314,10 @@ class TransformerBlock(_QuantizableSublayers, keras.layers.Layer):
 
     def freeze_all_but_lora(self):
         """Train only the LoRA adapters: every sublayer, and the adapted layers' kernels and biases, frozen."""
-        for layer in self._flatten_layers(include_self=False):
+        for layer in sublayers(self, include_self=False):
             layer.trainable = getattr(layer, "lora_enabled", False)  # The setter also resets its variables.
             if layer.trainable:
-                layer._kernel.trainable = False
+                stored_kernel(layer).trainable = False
                 if layer.bias is not None:
                     layer.bias.trainable = False
 

@@ -34,6 +34,7 @@ import warnings
 import keras
 
 from keras_vit import files
+from keras_vit.keras_internals import has_been_called, sublayers
 from keras_vit.lora import merge_lora
 
 FORMATS = ("onnx", "litert", "tf_saved_model")
@@ -139,7 +140,7 @@ def export_model(model, filepath, format="tf_saved_model", verbose=None, input_s
         kwargs.setdefault("optimizations", [tf.lite.Optimize.DEFAULT])
     if input_signature is None:
         input_signature = [_default_input_spec(model, native_image_size)]
-    if not model._called:  # Keras' ONNX export asks for it; `predict` on JAX never sets it.
+    if not has_been_called(model):  # Keras' ONNX export asks for it; `predict` on JAX never sets it.
         model(keras.KerasTensor(input_signature[0].shape, dtype=input_signature[0].dtype))
     with files.atomic_path(filepath) as path:
         if format == "onnx" and keras.backend.backend() == "torch":
@@ -151,7 +152,7 @@ def export_model(model, filepath, format="tf_saved_model", verbose=None, input_s
 
 
 def _is_quantized(model):
-    return any(getattr(layer, "quantization_mode", None) for layer in model._flatten_layers())
+    return any(getattr(layer, "quantization_mode", None) for layer in sublayers(model))
 
 
 def _plain_copy(model, quantize):

@@ -12,6 +12,7 @@ import keras
 from keras_vit import deployment
 from keras_vit.checkpoints.built_model import native_grid
 from keras_vit.checkpoints.source import conv_stem_widths_of, resnet_layers_of
+from keras_vit.keras_internals import reattach_jax_state
 from keras_vit.variants import Variant
 
 # The image_size of a dynamic-resolution model: any height and width that divide into patches.
@@ -149,12 +150,7 @@ class VisionTransformer(keras.Model):
         try:
             return method(x, *args, **kwargs)
         except BaseException:
-            if getattr(self, "_jax_state", None):
-                self.jax_state_sync()
-            self._jax_state = None
-            for variable, value in zip(self.variables, values):
-                if variable._value is None:  # Detached and never re-attached.
-                    variable.assign(value)
+            reattach_jax_state(self, values)
             raise
 
     def _check_images(self, x):

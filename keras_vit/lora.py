@@ -20,6 +20,7 @@ import numbers
 
 import keras
 
+from keras_vit.keras_internals import stored_kernel
 from keras_vit.layers import TransformerBlock
 
 
@@ -91,7 +92,7 @@ def merge_lora(model):
     for block in blocks:
         for name in block.lora_targets:
             dense = getattr(block, name)
-            merged_kernels[dense._kernel.path] = keras.ops.convert_to_numpy(dense.kernel)  # kernel merges the adapters
+            merged_kernels[stored_kernel(dense).path] = keras.ops.convert_to_numpy(dense.kernel)  # kernel merges the adapters
     config = model.get_config()
     for layer in config["layers"]:
         layer["config"].pop("lora_rank", None)

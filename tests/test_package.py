@@ -94,3 +94,20 @@ def test_checkpoints_never_import_the_model():
 def test_no_module_is_over_500_lines():
     long = {name: n for name, path in module_names().items() if (n := len(open(path).read().splitlines())) > 500}
     assert not long
+
+
+@pytest.mark.backend_independent
+def test_a_keras_without_a_private_attribute_keras_vit_reads_says_the_tested_range():
+    import re
+
+    import keras
+
+    from keras_vit import keras_internals
+
+    with pytest.raises(RuntimeError, match=rf"^keras_vit reads Keras' private object._kernel, which Keras "
+                                           rf"{re.escape(keras.__version__)} does not have; keras_vit is tested with "
+                                           r"Keras 3.10 to 3.15: pip install 'keras<3.16'.$"):
+        keras_internals.stored_kernel(object())
+    pinned = open(os.path.join(os.path.dirname(__file__), "..", "pyproject.toml")).read()
+    assert '"keras>=3.10,<3.16"' in pinned and keras_internals.TESTED_KERAS == "3.10 to 3.15"
+    assert (3, 10) <= tuple(int(part) for part in keras.__version__.split(".")[:2]) < (3, 16)

@@ -31,6 +31,7 @@ from keras_vit.checkpoints.source import (
     weight_budget,
 )
 from keras_vit.architecture import Architecture
+from keras_vit.keras_internals import stored_kernel, sublayers
 from keras_vit.layers import PRECISIONS
 from keras_vit.variants import Variant
 
@@ -135,11 +136,11 @@ def _merged_lora_state(saved, path):
     adapters at zero on load, so the merged kernel is the trained one.
     """
     state = state_of(saved)
-    adapted = [layer for layer in saved._flatten_layers() if getattr(layer, "lora_enabled", False)]
+    adapted = [layer for layer in sublayers(saved) if getattr(layer, "lora_enabled", False)]
     if not adapted:
         return state
     for layer in adapted:
-        state[layer._kernel.path] = keras.ops.convert_to_numpy(layer.kernel)  # `kernel` adds the adapters
+        state[stored_kernel(layer).path] = keras.ops.convert_to_numpy(layer.kernel)  # `kernel` adds the adapters
         for variable in (layer.lora_kernel_a, layer.lora_kernel_b):
             del state[variable.path]
     logger.warning("%s holds LoRA adapters on %d dense layers; they were merged into the kernels, so the model "
