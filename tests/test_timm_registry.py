@@ -76,6 +76,15 @@ def timm_switches(kwargs):
     return switches
 
 
+def sizes_differ(entry, timm):
+    """How a table entry's sizes differ from timm's registry record, or None."""
+    kwargs = timm["kwargs"]
+    expected = (kwargs.get("patch_size", 16), tuple(timm["input_size"][1:]), kwargs["embed_dim"], kwargs["depth"],
+                kwargs["num_heads"], float(kwargs.get("mlp_ratio", 4.0)))
+    found = (entry.patch_size, entry.image_size, entry.embed_dim, entry.depth, entry.num_heads, float(entry.mlp_ratio))
+    return f"sizes {found}, timm {expected}" if found != expected else None
+
+
 def test_every_table_entry_is_what_timms_model_function_sets():
     wrong = {}
     for name, entry in ARCHITECTURES.items():
@@ -84,12 +93,8 @@ def test_every_table_entry_is_what_timms_model_function_sets():
             wrong[name] = "not a VisionTransformer architecture in timm's registry"
             continue
         kwargs = timm["kwargs"]
-        expected = (kwargs.get("patch_size", 16), tuple(timm["input_size"][1:]), kwargs["embed_dim"],
-                    kwargs["depth"], kwargs["num_heads"], float(kwargs.get("mlp_ratio", 4.0)))
-        found = (entry.patch_size, entry.image_size, entry.embed_dim, entry.depth, entry.num_heads,
-                 float(entry.mlp_ratio))
-        if found != expected:
-            wrong[name] = f"sizes {found}, timm {expected}"
+        if sizes_differ(entry, timm):
+            wrong[name] = sizes_differ(entry, timm)
         if entry.switches != timm_switches(kwargs):
             wrong[name] = f"switches {entry.switches}, timm {timm_switches(kwargs)}"
         backbone = ("ConvStem", None) if entry.conv_stem else (entry.resnet_layers, entry.resnet_width)
@@ -153,12 +158,8 @@ def test_every_eva_table_entry_is_what_timms_model_function_sets():
             wrong[name] = "not an Eva architecture in timm's registry"
             continue
         kwargs = timm["kwargs"]
-        expected = (kwargs.get("patch_size", 16), tuple(timm["input_size"][1:]), kwargs["embed_dim"],
-                    kwargs["depth"], kwargs["num_heads"], float(kwargs.get("mlp_ratio", 4.0)))
-        found = (entry.patch_size, entry.image_size, entry.embed_dim, entry.depth, entry.num_heads,
-                 float(entry.mlp_ratio))
-        if found != expected:
-            wrong[name] = f"sizes {found}, timm {expected}"
+        if sizes_differ(entry, timm):
+            wrong[name] = sizes_differ(entry, timm)
         if entry.switches != eva_switches(kwargs):
             wrong[name] = f"switches {entry.switches}, timm {eva_switches(kwargs)}"
     assert not wrong
