@@ -3,7 +3,9 @@
 Tested with Keras 3.10 to 3.15 (pyproject.toml pins `keras<3.16`). Each
 function names the private attribute it reads, so that a Keras release that
 drops one fails here with the Keras version and the tested range, not with
-an `AttributeError` deep inside a call.
+an `AttributeError` deep inside a call. `check_optimizer_hooks` does the
+same for the private `Optimizer` methods the recipes' optimizers override,
+which a Keras without them would otherwise skip without a word.
 
 Example:
 >>> layer = keras.layers.Dense(2)
@@ -51,3 +53,15 @@ def reattach_jax_state(model, values):
     for variable, value in zip(model.variables, values):
         if _private(variable, "_value") is None:
             variable.assign(value)
+
+
+def check_optimizer_hooks(optimizer, overridden):
+    """Refuse to build `optimizer` on a Keras whose `Optimizer` lacks a private method it overrides (`overridden`):
+    the override would be skipped silently, and with it what it changes."""
+    for name in overridden:
+        if not callable(getattr(keras.optimizers.Optimizer, name, None)):
+            raise RuntimeError(
+                f"{type(optimizer).__name__} overrides Keras' private Optimizer.{name}, which Keras "
+                f"{keras.__version__} does not have; keras_vit is tested with Keras {TESTED_KERAS}: "
+                "pip install 'keras<3.16'."
+            )

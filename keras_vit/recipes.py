@@ -12,6 +12,8 @@ import math
 import keras
 from keras import ops
 
+from keras_vit.keras_internals import check_optimizer_hooks
+
 # Variables that get no weight decay: everything but the kernels.
 NO_DECAY = ("bias", "gamma", "beta", "cls", "pos_embedding")
 
@@ -95,26 +97,33 @@ class _RecipeOptimizer:
       share of the gradient before the all-reduce, so `global_clipnorm`
       gives a different update on N replicas than on one device. The
       clipping is moved after the all-reduce; elsewhere it changes nothing.
+
+    The first and last need two private `Optimizer` methods overridden
+    (Keras has no public hook there); `keras_internals.check_optimizer_hooks`
+    refuses a Keras that lacks them rather than let the overrides lapse.
     """
 
-    def _backend_apply_gradients(self, grads, trainable_variables):
+    def __init__(self, *args, **kwargs):
+        check_optimizer_hooks(self, overridden=("_get_current_learning_rate", "_clip_gradients",
+                                                 "_backend_update_step"))
+        super().__init__(*args, **kwargs)
+
+    def apply(self, grads, trainable_variables=None):
         if self.gradient_accumulation_steps and _in_tf_replica_context():
             raise NotImplementedError(
                 "Gradient accumulation does not run under a TensorFlow distribution strategy in Keras "
                 f"{keras.version()} (its conditional update needs a merge_call inside tf.cond). Use a batch that "
                 "fits without accumulation (no --target-batch-size), or the JAX backend's keras.distribution."
             )
-        return super()._backend_apply_gradients(grads, trainable_variables)
+        return super().apply(grads, trainable_variables)
 
-    def _overwrite_model_variables_with_average_value(self, trainable_variables):
-        # Keras assigns the average variable itself, so on JAX the model and the optimizer share one
-        # buffer, which the next evaluate() donates: saving then fails with "Array has been deleted".
-        averages = self._model_variables_moving_average
-        if len(trainable_variables) != len(averages):
-            return super()._overwrite_model_variables_with_average_value(trainable_variables)
-        for variable, average in zip(trainable_variables, averages):
-            if average is not None:
-                variable.assign(ops.copy(average))
+    def finalize_variable_values(self, var_list):
+        super().finalize_variable_values(var_list)
+        if self.use_ema:
+            # Keras assigns the average itself, so on JAX the model and the optimizer share one buffer, which
+            # the next evaluate() donates: saving then fails with "Array has been deleted".
+            for variable in var_list:
+                variable.assign(ops.copy(variable))
 
     def _get_current_learning_rate(self):
         if isinstance(self._learning_rate, keras.optimizers.schedules.LearningRateSchedule):
@@ -131,15 +140,19 @@ class _RecipeOptimizer:
             return super()._backend_update_step(grads, trainable_variables, learning_rate)
         import tensorflow as tf
 
-        variables = [v.value if isinstance(v, keras.Variable) else v for v in trainable_variables]
-        summed = self._all_reduce_sum_gradients(list(zip(grads, variables)))
-        clipped = super()._clip_gradients([grad for grad, _ in summed])
-        tf.__internal__.distribute.interim.maybe_merge_call(
-            self._distributed_tf_update_step,
-            self._distribution_strategy,
-            list(zip(clipped, variables)),
-            learning_rate,
-        )
+        # Keras' own TensorFlow step, written with tf.distribute's public API, with the clipping after the sum.
+        pairs = [(grad, variable.value if isinstance(variable, keras.Variable) else variable)
+                 for grad, variable in zip(grads, trainable_variables) if grad is not None]
+        context = tf.distribute.get_replica_context()
+        summed = context.all_reduce(tf.distribute.ReduceOp.SUM, [grad for grad, _ in pairs])
+        clipped = super()._clip_gradients(summed)
+
+        def update_each(strategy, pairs, learning_rate):
+            for grad, variable in pairs:
+                strategy.extended.update(variable, lambda v, g, rate: self.update_step(g, v, rate),
+                                         args=(grad, learning_rate), group=False)
+
+        context.merge_call(update_each, args=([(g, v) for g, (_, v) in zip(clipped, pairs)], learning_rate))
 
 
 @keras.saving.register_keras_serializable(package="keras_vit")

@@ -111,3 +111,16 @@ def test_a_keras_without_a_private_attribute_keras_vit_reads_says_the_tested_ran
     pinned = open(os.path.join(os.path.dirname(__file__), "..", "pyproject.toml")).read()
     assert '"keras>=3.10,<3.16"' in pinned and keras_internals.TESTED_KERAS == "3.10 to 3.15"
     assert (3, 10) <= tuple(int(part) for part in keras.__version__.split(".")[:2]) < (3, 16)
+
+
+@pytest.mark.backend_independent
+def test_a_keras_without_an_optimizer_hook_the_recipes_override_refuses_to_build_them(monkeypatch):
+    import keras
+
+    from keras_vit import recipes
+
+    recipes.finetuning_optimizer(0.1)
+    monkeypatch.delattr(keras.src.optimizers.base_optimizer.BaseOptimizer, "_clip_gradients")
+    with pytest.raises(RuntimeError, match=r"^SGD overrides Keras' private Optimizer._clip_gradients, which Keras "
+                                           r"\S+ does not have; keras_vit is tested with Keras 3.10 to 3.15"):
+        recipes.finetuning_optimizer(0.1)
