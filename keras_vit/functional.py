@@ -12,7 +12,7 @@ import keras
 from keras_vit import deployment
 from keras_vit.checkpoints.built_model import native_grid
 from keras_vit.checkpoints.source import conv_stem_widths_of, resnet_layers_of
-from keras_vit.keras_internals import reattach_jax_state
+from keras_vit.keras_internals import keep_variables_on_error
 from keras_vit.variants import Variant
 
 # The image_size of a dynamic-resolution model: any height and width that divide into patches.
@@ -72,9 +72,10 @@ class VisionTransformer(keras.Model):
     Keras' JAX trainer runs `fit`, `evaluate` and `predict` without the input
     check that `model(images)` makes: an image size that is a few pixels off
     was cropped silently, and an error inside those calls left the model's
-    variables empty. Here every entry point first checks the images' size
-    and layout (a grayscale or channels-first batch is named as such), and
-    a call that fails anyway puts the weights back before it raises.
+    variables empty. Here the model's `call` checks the images' size and
+    layout (a grayscale or channels-first batch is named as such) whatever
+    the entry point and the kind of data, and a step that fails puts the
+    weights back before it raises.
 
     Example:
     >>> import numpy as np, keras_vit
@@ -123,35 +124,26 @@ class VisionTransformer(keras.Model):
                                        input_signature=input_signature, native_image_size=native_image_size(self),
                                        **kwargs)
 
-    def fit(self, x=None, *args, **kwargs):
-        return self._guarded(super().fit, x, *args, **kwargs)
+    def call(self, inputs, *args, **kwargs):
+        # Keras' JAX trainer calls `call` directly, without the input check of `__call__`: every entry point and
+        # every kind of data (arrays, tf.data, PyDataset, generators) reaches the model here with its real shape.
+        self._check_images(inputs)
+        return super().call(inputs, *args, **kwargs)
 
-    def evaluate(self, x=None, *args, **kwargs):
-        return self._guarded(super().evaluate, x, *args, **kwargs)
+    def make_train_function(self, force=False):
+        super().make_train_function(force)
+        self.train_function = keep_variables_on_error(self, self.train_function, "train")
+        return self.train_function
 
-    def predict(self, x, *args, **kwargs):
-        return self._guarded(super().predict, x, *args, **kwargs)
+    def make_test_function(self, force=False):
+        super().make_test_function(force)
+        self.test_function = keep_variables_on_error(self, self.test_function, "test")
+        return self.test_function
 
-    def train_on_batch(self, x, *args, **kwargs):
-        return self._guarded(super().train_on_batch, x, *args, **kwargs)
-
-    def test_on_batch(self, x, *args, **kwargs):
-        return self._guarded(super().test_on_batch, x, *args, **kwargs)
-
-    def predict_on_batch(self, x):
-        return self._guarded(super().predict_on_batch, x)
-
-    def _guarded(self, method, x, *args, **kwargs):
-        self._check_images(x)
-        if keras.backend.backend() != "jax":
-            return method(x, *args, **kwargs)
-        # JAX's trainer detaches the variables' values while it runs and re-attaches them at the end.
-        values = [variable.value for variable in self.variables]
-        try:
-            return method(x, *args, **kwargs)
-        except BaseException:
-            reattach_jax_state(self, values)
-            raise
+    def make_predict_function(self, force=False):
+        super().make_predict_function(force)
+        self.predict_function = keep_variables_on_error(self, self.predict_function, "predict")
+        return self.predict_function
 
     def _check_images(self, x):
         """Refuse another image size, or a grayscale or channels-first batch, with a message that says so."""
@@ -191,12 +183,7 @@ class VisionTransformer(keras.Model):
 
 
 def _images_shape(x):
-    """The static shape of a batch of images, of a tf.data dataset's images, or None if unknown."""
-    spec = getattr(x, "element_spec", None)
-    if spec is not None:  # A tf.data.Dataset of images or (images, labels, ...).
-        while isinstance(spec, (tuple, list)) and spec:
-            spec = spec[0]
-        x = spec
+    """The static shape of a batch of images, or None if unknown."""
     shape = getattr(x, "shape", None)
     if shape is None or isinstance(x, dict):
         return None

@@ -44,15 +44,42 @@ def has_been_called(model):
     return _private(model, "_called")
 
 
-def reattach_jax_state(model, values):
-    """After a JAX `fit`/`evaluate`/`predict` that raised: sync the trainer's state back (`_jax_state`), and give
-    every variable Keras left detached (`_value` None) its value from before the call (`values`)."""
-    if getattr(model, "_jax_state", None):
-        model.jax_state_sync()
-    model._jax_state = None
-    for variable, value in zip(model.variables, values):
-        if _private(variable, "_value") is None:
-            variable.assign(value)
+def keep_variables_on_error(model, step_function, kind):
+    """`step_function` (`model.train_function`, `test_function` or `predict_function`, by `kind`), made to leave
+    the model usable when it raises.
+
+    - Keras' JAX `fit`, `evaluate` and `predict` detach every variable's value (`_value` None) while they loop
+      and re-attach them only when the loop ends, so an error in a step (a wrong image size found while
+      tracing) left a model that could neither predict nor save. The step's `state` argument holds those
+      values, in the order of the lists below.
+    - A TensorFlow step whose first trace failed cannot be traced again once the optimizer has variables, so
+      a function that never ran through is dropped and the next call makes a new one.
+    """
+    if step_function is None or getattr(step_function, "keeps_variables", False):
+        return step_function
+    owners = {"train": lambda: [model.trainable_variables, model.non_trainable_variables,
+                                model.optimizer.variables, model.metrics_variables],
+              "test": lambda: [model.trainable_variables, model.non_trainable_variables, model.metrics_variables],
+              "predict": lambda: [model.trainable_variables, model.non_trainable_variables]}[kind]
+
+    def step(*args):
+        try:
+            result = step_function(*args)
+        except BaseException as error:
+            ends_epoch = isinstance(error, StopIteration) or type(error).__name__ == "OutOfRangeError"
+            if keras.backend.backend() == "tensorflow" and not step.ran and not ends_epoch:
+                setattr(model, f"{kind}_function", None)
+            if keras.backend.backend() == "jax":
+                for variables, values in zip(owners(), args[0]):
+                    for variable, value in zip(variables, values):
+                        if _private(variable, "_value") is None:
+                            variable.assign(value)
+            raise
+        step.ran = True
+        return result
+
+    step.keeps_variables, step.ran = True, False
+    return step
 
 
 def check_optimizer_hooks(optimizer, overridden):
