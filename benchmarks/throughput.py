@@ -217,12 +217,17 @@ def measure_in_process(python, contender, model, task, batch, iterations, dtype,
                "--batch", str(batch), "--iterations", str(iterations), "--dtype", dtype]
     if exact_gelu and contender != "timm":
         command.append("--exact-gelu")
+    return result_of(command, backend)
+
+
+def result_of(command, backend):
+    """Run `command` in a fresh process (with `KERAS_BACKEND=backend`) and read the JSON after its "RESULT "."""
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
     if backend:
         env["KERAS_BACKEND"] = backend
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=3600)
     if done.returncode or "RESULT " not in done.stdout:
-        return {"error": (done.stderr or done.stdout).strip().splitlines()[-1][:200]}
+        return {"error": (done.stderr or done.stdout).strip().splitlines()[-1][:300]}
     return json.loads(done.stdout.split("RESULT ", 1)[1].splitlines()[0])
 
 
