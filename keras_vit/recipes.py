@@ -98,8 +98,8 @@ class _RecipeOptimizer:
       gives a different update on N replicas than on one device. The
       clipping is moved after the all-reduce; elsewhere it changes nothing.
 
-    The first and last need two private `Optimizer` methods overridden
-    (Keras has no public hook there); `keras_internals.check_optimizer_hooks`
+    The first needs a private `Optimizer` method overridden and the last
+    two (Keras has no public hook there); `keras_internals.check_optimizer_hooks`
     refuses a Keras that lacks them rather than let the overrides lapse.
     """
 
