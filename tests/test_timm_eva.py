@@ -17,6 +17,7 @@ import keras_vit
 from conftest import fixture
 from keras_vit import CheckpointError, checkpoints
 from keras_vit.checkpoints.state_dict_files import read_state_dict
+from keras_vit.checkpoints.timm_eva_families import EVA_ARCHITECTURES, eva_switches_to_architecture
 from keras_vit.rope import RotaryPositions, grid_coordinates, rope_frequencies
 
 REFERENCE = np.load(fixture("timm_eva_reference.npz"))
@@ -113,6 +114,18 @@ def test_save_timm_writes_the_file_timm_wrote(case, tmp_path):
         np.testing.assert_allclose(written[tensor], original[tensor], atol=1e-7, rtol=0, err_msg=tensor)
     arguments = checkpoints.timm_arguments(model, name)
     assert (arguments["embed_dim"], arguments["depth"], arguments["num_heads"]) == (32, 2, 2)
+
+
+@pytest.mark.backend_independent
+def test_an_attention_pooled_eva_without_prefix_tokens_rebuilds_as_its_own_name():
+    # PE-core gigantic has no class token; its table claimed the attention pool took prefix tokens, which no
+    # built model can have, so save_timm refused it (found by tools/timm_family_coverage.py's round trip).
+    name = "vit_pe_core_gigantic_patch14_448"
+    architecture = keras_vit.Architecture(**eva_switches_to_architecture(EVA_ARCHITECTURES[name].switches))
+    model = keras_vit.ViT(image_size=28, patch_size=14, hidden_size=64, num_layers=1, num_heads=16, mlp_dim=373,
+                          include_top=False, pooling="map", architecture=architecture)
+    arguments = checkpoints.timm_arguments(model, name)
+    assert (arguments["embed_dim"], arguments["num_heads"], arguments["num_classes"]) == (64, 16, 0)
 
 
 @pytest.mark.backend_independent

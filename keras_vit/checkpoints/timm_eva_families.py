@@ -103,7 +103,8 @@ def eva_switches_to_architecture(switches):
         rope_grid_indexing=switches.get("rope_grid_indexing", "ij"),
         rope_reference_grid=None if reference is None else tuple(reference),
         rope_rotate_half=bool(switches.get("rope_rotate_half", False)),
-        pool_include_prefix=pool == "map",  # Eva's attention pool attends to every token
+        # Eva's attention pool attends to every token; without prefix tokens there is nothing to include.
+        pool_include_prefix=pool == "map" and bool(class_token or switches.get("num_reg_tokens", 0)),
         attention_pool_heads=switches.get("attn_pool_num_heads") if pool == "map" else None,
         attention_pool_mlp_ratio=switches.get("attn_pool_mlp_ratio") if pool == "map" else None,
     )
