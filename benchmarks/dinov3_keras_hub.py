@@ -33,29 +33,31 @@ from throughput import result_of  # benchmarks/, this script's folder, is on sys
 SIZES = {"S16": (384, 12, 6, 1536), "B16": (768, 12, 12, 3072)}
 MEAN, STD = np.array([0.485, 0.456, 0.406]), np.array([0.229, 0.224, 0.225])
 
-WRITE_FOLDER = """
-import json, sys, time
+TRANSFORMERS_RUN = """
+import json, os, sys, time
 import numpy as np, torch
 from transformers import DINOv3ViTConfig, DINOv3ViTModel
 
-folder, hidden, layers, heads, mlp, batch, iterations = sys.argv[1], *map(int, sys.argv[2:])
-torch.manual_seed(0)
-config = DINOv3ViTConfig(hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
-                         intermediate_size=mlp, patch_size=16, image_size=224, num_register_tokens=4,
-                         hidden_act="gelu", use_gated_mlp=False, layerscale_value=1.0, query_bias=True,
-                         key_bias=False, value_bias=True, rope_theta=100.0)
-model = DINOv3ViTModel(config).eval()
-with torch.no_grad():  # Random values in every tensor: the norms' and layer scales' around 1.
-    for name, parameter in model.named_parameters():
-        around_one = "layer_scale" in name or ("norm" in name and name.endswith("weight"))
-        parameter.copy_(1 + 0.1 * torch.randn_like(parameter) if around_one else 0.02 * torch.randn_like(parameter))
-model.save_pretrained(folder)
+folder, hidden, layers, heads, mlp, iterations = sys.argv[1], *map(int, sys.argv[2:])
+if not os.path.exists(os.path.join(folder, "tokens.npy")):  # The first run writes the folder; later ones time it.
+    torch.manual_seed(0)
+    config = DINOv3ViTConfig(hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
+                             intermediate_size=mlp, patch_size=16, image_size=224, num_register_tokens=4,
+                             hidden_act="gelu", use_gated_mlp=False, layerscale_value=1.0, query_bias=True,
+                             key_bias=False, value_bias=True, rope_theta=100.0)
+    model = DINOv3ViTModel(config).eval()
+    with torch.no_grad():  # Random values in every tensor: the norms' and layer scales' around 1.
+        for name, parameter in model.named_parameters():
+            around_one = "layer_scale" in name or ("norm" in name and name.endswith("weight"))
+            parameter.copy_(1 + 0.1 * torch.randn_like(parameter) if around_one
+                            else 0.02 * torch.randn_like(parameter))
+    model.save_pretrained(folder)
 again = DINOv3ViTModel.from_pretrained(folder).eval()
-pixels = torch.from_numpy(np.load(folder + "/pixels.npy")).permute(0, 3, 1, 2).contiguous()
+pixels = torch.from_numpy(np.load(os.path.join(folder, "pixels.npy"))).permute(0, 3, 1, 2).contiguous()
 with torch.inference_mode():
-    tokens = again(pixel_values=pixels).last_hidden_state.numpy()
-    np.save(folder + "/tokens.npy", tokens)
-    again(pixel_values=pixels)
+    tokens = again(pixel_values=pixels).last_hidden_state.numpy()  # Also the warm-up call.
+    if not os.path.exists(os.path.join(folder, "tokens.npy")):
+        np.save(os.path.join(folder, "tokens.npy"), tokens)
     times = []
     for _ in range(iterations):
         start = time.perf_counter()
@@ -115,16 +117,16 @@ def main():
         images = rng.uniform(-1, 1, (args.batch, 224, 224, 3)).astype("float32")
         np.save(os.path.join(folder, "images.npy"), images)
         np.save(os.path.join(folder, "pixels.npy"), (((images + 1) / 2 - MEAN) / STD).astype("float32"))
-        write = [args.transformers_python, "-c", WRITE_FOLDER, folder, *map(str, SIZES[args.size]),
-                 str(args.batch), str(args.iterations)]
-        first = result_of(write, None)
-        if "error" in first:
-            sys.exit(f"transformers could not write the folder: {first['error']}")
+        transformers_run = [args.transformers_python, "-c", TRANSFORMERS_RUN, folder, *map(str, SIZES[args.size]),
+                            str(args.iterations)]
+        written = result_of(transformers_run, None)
+        if "error" in written:
+            sys.exit(f"transformers could not write the folder: {written['error']}")
         for round_index in range(args.rounds):
             order = contenders[round_index % 3:] + contenders[:round_index % 3]
             for name in order:
                 if name == "transformers":
-                    result = first if round_index == 0 else result_of(write, None)
+                    result = result_of(transformers_run, None)
                 else:
                     result = result_of([sys.executable, os.path.abspath(__file__), "--transformers-python",
                                          args.transformers_python, "--worker", name, "--folder", folder,

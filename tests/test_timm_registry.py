@@ -93,8 +93,8 @@ def test_every_table_entry_is_what_timms_model_function_sets():
             wrong[name] = "not a VisionTransformer architecture in timm's registry"
             continue
         kwargs = timm["kwargs"]
-        if sizes_differ(entry, timm):
-            wrong[name] = sizes_differ(entry, timm)
+        if differs := sizes_differ(entry, timm):
+            wrong[name] = differs
         if entry.switches != timm_switches(kwargs):
             wrong[name] = f"switches {entry.switches}, timm {timm_switches(kwargs)}"
         backbone = ("ConvStem", None) if entry.conv_stem else (entry.resnet_layers, entry.resnet_width)
@@ -158,8 +158,8 @@ def test_every_eva_table_entry_is_what_timms_model_function_sets():
             wrong[name] = "not an Eva architecture in timm's registry"
             continue
         kwargs = timm["kwargs"]
-        if sizes_differ(entry, timm):
-            wrong[name] = sizes_differ(entry, timm)
+        if differs := sizes_differ(entry, timm):
+            wrong[name] = differs
         if entry.switches != eva_switches(kwargs):
             wrong[name] = f"switches {entry.switches}, timm {eva_switches(kwargs)}"
     assert not wrong
