@@ -3,7 +3,7 @@
 The eager counterparts of `keras_vit.data`'s tf.data steps, so that the
 digits data, `predict` and `inspect` run on a JAX or PyTorch install that
 has no TensorFlow. `resize` computes what `tf.image.resize(method="bilinear")`
-computes (half-pixel centres, no antialiasing), in float64 matrix products.
+computes (half-pixel centres, no antialiasing), bit for bit.
 
 Example:
 >>> (x, y), (x_test, y_test) = digits(image_size=16)
@@ -34,24 +34,41 @@ def decode_image(path):
         return np.asarray(image.convert("RGB"))
 
 
-def bilinear_matrix(in_size, out_size):
-    """The `(out_size, in_size)` matrix of 1-D bilinear resampling with half-pixel centres, edges clamped."""
-    source = np.clip((np.arange(out_size) + 0.5) * (in_size / out_size) - 0.5, 0.0, in_size - 1)
-    low = np.floor(source).astype("int64")
-    high = np.minimum(low + 1, in_size - 1)
-    weight = source - low
-    matrix = np.zeros((out_size, in_size))
-    rows = np.arange(out_size)
-    np.add.at(matrix, (rows, low), 1.0 - weight)
-    np.add.at(matrix, (rows, high), weight)
-    return matrix
+def bilinear_taps(in_size, out_size):
+    """`(low, high, weight)` of 1-D bilinear resampling with half-pixel centres, edges clamped.
+
+    Output pixel `i` is `input[low[i]] + (input[high[i]] - input[low[i]]) * weight[i]`:
+    the two taps per output pixel of `tf.image.resize(method="bilinear")`, with
+    its float32 coordinates.
+    """
+    scale = np.float32(in_size) / np.float32(out_size)
+    source = (np.arange(out_size, dtype="float32") + np.float32(0.5)) * scale - np.float32(0.5)
+    floor = np.floor(source)
+    low = np.clip(floor.astype("int64"), 0, in_size - 1)
+    high = np.clip(floor.astype("int64") + 1, 0, in_size - 1)
+    return low, high, (source - floor).astype("float32")
+
+
+def _resample_axis(image, size, axis):
+    """`image` resampled along `axis` (negative) to `size` pixels from two gathered pixels each, in float32."""
+    low, high, weight = bilinear_taps(image.shape[axis], size)
+    weight = weight.reshape((-1,) + (1,) * (-axis - 1))
+    low_pixels = np.take(image, low, axis=axis).astype("float32")
+    return low_pixels + (np.take(image, high, axis=axis).astype("float32") - low_pixels) * weight
 
 
 def resize(image, size, crop_fraction=None):
     """`(height, width, channels)` or `(batch, height, width, channels)` resized bilinearly to `size`, as float32.
 
-    With `crop_fraction`, resized to `size / crop_fraction` first and then
-    cut to its central `size`, as evaluation does in `keras_vit.data.resize`.
+    Bit-equal to `tf.image.resize(method="bilinear")`: the columns, then
+    the rows, each from two source pixels per output pixel, so a 4000x3000
+    photo takes milliseconds and is never converted to floats whole. With
+    `crop_fraction`, resized to `size / crop_fraction` first and then cut to
+    its central `size`, as evaluation does in `keras_vit.data.resize`.
+
+    Example:
+    >>> resize(np.array([[[0], [255]]], "uint8"), (1, 4))[0, :, 0]
+    array([  0.  ,  63.75, 191.25, 255.  ], dtype=float32)
     """
     size = tuple(int(s) for s in size)
     if crop_fraction:
@@ -59,10 +76,8 @@ def resize(image, size, crop_fraction=None):
         resized = resize(image, larger)
         top, left = (larger[0] - size[0]) // 2, (larger[1] - size[1]) // 2
         return resized[..., top:top + size[0], left:left + size[1], :]
-    image = np.asarray(image, dtype="float64")
-    rows = bilinear_matrix(image.shape[-3], size[0])
-    columns = bilinear_matrix(image.shape[-2], size[1])
-    return np.einsum("ij,...jkc,lk->...ilc", rows, image, columns).astype("float32")
+    image = np.asarray(image)
+    return _resample_axis(_resample_axis(image, size[1], -2), size[0], -3)
 
 
 def stratified_split(labels, test_fraction, seed):
