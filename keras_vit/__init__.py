@@ -8,6 +8,7 @@ Example:
 from keras_vit import analysis, kernels, layers, recipes, resnet  # recipes registers the optimizers saved in .keras files
 from keras_vit.checkpoints import Checkpoint, CheckpointError, available_weights
 from keras_vit.features import feature_extractor
+from keras_vit.functional import eval_transform
 from keras_vit.imagenet import decode_predictions, preprocess_input
 from keras_vit.lora import enable_lora, merge_lora
 from keras_vit.masked_patch import MaskedPatchPretrainer, PatchCorruption, mean_colour_bins
@@ -28,6 +29,7 @@ from keras_vit.models import (
     ViT_Ti16,
 )
 from keras_vit.position_embedding import resize_patch_embedding, resize_position_embeddings
+from keras_vit.preprocessing import EvalTransform
 from keras_vit.pretrained import from_pretrained
 from keras_vit.architecture import Architecture
 from keras_vit.variants import VARIANTS, Variant, decode_variant
@@ -40,6 +42,7 @@ __all__ = [
     "MaskedPatchPretrainer",
     "PatchCorruption",
     "Architecture",
+    "EvalTransform",
     "VARIANTS",
     "ViT",
     "Variant",
@@ -48,6 +51,7 @@ __all__ = [
     "decode_predictions",
     "decode_variant",
     "enable_lora",
+    "eval_transform",
     "feature_extractor",
     "from_pretrained",
     "kernels",

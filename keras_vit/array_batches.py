@@ -18,12 +18,15 @@ Example:
 ((32, 16, 16, 3), (32,))
 """
 
+import collections
 import math
+import multiprocessing
+import warnings
 
 import keras
 import numpy as np
 
-from keras_vit import arrays
+from keras_vit import arrays, preprocessing
 
 
 def sample_crop(height, width, rng, area_range=(0.05, 1.0), aspect_range=(3 / 4, 4 / 3), max_attempts=100):
@@ -60,13 +63,16 @@ class ArrayBatches(keras.utils.PyDataset):
 
     The arguments are `keras_vit.data.make_dataset`'s; `images_only` drops
     the labels. Training shuffles by `(seed, epoch)`; evaluation keeps the
-    source's order and resizes (with `crop_fraction`, then crops centrally).
+    source's order and applies `eval_transform` (a `keras_vit.preprocessing.EvalTransform`; by default
+    keras_vit's own resize, with `crop_fraction` then a centre crop).
     """
 
     def __init__(self, source, size, batch_size, training, seed=0, epoch=0, crop_fraction=None, augmenters=(),
                  num_classes=None, one_hot=False, drop_remainder=None, min_crop_area=0.05, flip=True,
-                 images_only=False):
+                 images_only=False, eval_transform=None):
         super().__init__()
+        # Evaluation: the model's checkpoint's preprocessing, else keras_vit's own resize (and crop_fraction).
+        self.eval_transform = (eval_transform or preprocessing.keras_vit(crop_fraction)).fitted_to(size)
         self.images, self.labels = source.examples
         self.size, self.batch_size, self.training = tuple(size), int(batch_size), training
         self.key = (int(seed), int(epoch))
@@ -96,9 +102,10 @@ class ArrayBatches(keras.utils.PyDataset):
 
     def example(self, position, row):
         """The `position`-th example of this pass (source row `row`), as float pixels in [0, 255] of `size`."""
-        image = self.images[row] if isinstance(self.images, np.ndarray) else arrays.decode_image(self.images[row])
         if not self.training:
-            return arrays.resize(image, self.size, self.crop_fraction)
+            image = self.images[row] if isinstance(self.images, np.ndarray) else arrays.open_rgb(self.images[row])
+            return self.eval_transform.pixels(image)
+        image = self.images[row] if isinstance(self.images, np.ndarray) else arrays.decode_image(self.images[row])
         rng = np.random.default_rng((*self.key, int(position)))
         top, left, height, width = sample_crop(image.shape[0], image.shape[1], rng, (self.min_crop_area, 1.0))
         image = arrays.resize(image[top:top + height, left:left + width], self.size)

@@ -25,13 +25,19 @@ def decode_image(path):
     Grey, palette and alpha images become RGB, as `tf.io.decode_image(...,
     channels=3)` makes them.
     """
+    return np.asarray(open_rgb(path))
+
+
+def open_rgb(path):
+    """An image file decoded by Pillow as an RGB Pillow image (grey, palette and alpha images converted)."""
     try:
         from PIL import Image
     except ImportError as error:
         raise ImportError("Reading image files needs Pillow, a dependency of keras-vision-transformer: "
                           "pip install pillow.") from error
     with Image.open(path) as image:
-        return np.asarray(image.convert("RGB"))
+        image.load()
+        return image if image.mode == "RGB" else image.convert("RGB")
 
 
 def bilinear_taps(in_size, out_size):

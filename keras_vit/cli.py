@@ -48,13 +48,14 @@ def build_parser():
 
     evaluate = commands.add_parser("evaluate", help="top-1 / top-5 of a model on a data-set split")
     flags.add_model_flags(evaluate), flags.add_data_flags(evaluate, training=False)
+    flags.add_eval_transform_flags(evaluate)
     evaluate.set_defaults(**_defaults(inference.evaluate))
 
     predict = commands.add_parser("predict", help="top-5 labels of image files")
     flags.add_model_flags(predict)
     predict.add_argument("images", nargs="+", help="image files")
     predict.add_argument("--labels", help="class names, one a line (default: classes.txt or ImageNet)")
-    predict.add_argument("--crop-fraction", type=float, help="resize then centre-crop this fraction")
+    flags.add_eval_transform_flags(predict)
     predict.set_defaults(**_defaults(inference.predict))
 
     inspect_ = commands.add_parser("inspect", help="write the paper's Figure 7 plots and an attention rollout")

@@ -351,24 +351,31 @@ def make_dataset(
     drop_remainder=None,
     min_crop_area=0.05,
     flip=True,
+    eval_transform=None,
 ):
     """Batched, prefetched `(images in [-1, 1], labels)` for one pass over `source`.
 
     Training: shuffle (per `seed` and `epoch`), `inception_crop` (keeping at
     least `min_crop_area` of the image), random horizontal flip (if `flip`),
     then any batched `augmenters` (e.g. `keras.layers.RandAugment`, `MixUp`,
-    `CutMix`; MixUp/CutMix need `one_hot=True`). Evaluation: `resize`.
+    `CutMix`; MixUp/CutMix need `one_hot=True`). Evaluation: `eval_transform`
+    (a model's is `keras_vit.eval_transform(model)`: its checkpoint's own
+    preprocessing), by default keras_vit's `resize` with `crop_fraction`.
 
     Example:
     >>> (x, y), _ = digits(image_size=32)
     >>> batches = make_dataset(from_arrays(x, y), (32, 32), 64, training=True)
     """
-    if _reads_with_numpy(source):
+    # A checkpoint's Pillow preprocessing reads files with Pillow too: TensorFlow's JPEG decoder differs by a few levels.
+    pillow_eval = not training and eval_transform is not None and not eval_transform.computed_by_tf_image_resize
+    if _reads_with_numpy(source) or (pillow_eval and source.examples is not None):
         return ArrayBatches(source, as_pair(image_size, "image_size"), batch_size, training, seed, epoch, crop_fraction,
-                            augmenters, num_classes, one_hot, drop_remainder, min_crop_area, flip)
+                            augmenters, num_classes, one_hot, drop_remainder, min_crop_area, flip,
+                            eval_transform=eval_transform)
     from keras_vit import tf_data_steps
 
-    examples = tf_data_steps.examples(source, as_pair(image_size, "image_size"), training, seed, epoch, crop_fraction, min_crop_area, flip)
+    examples = tf_data_steps.examples(source, as_pair(image_size, "image_size"), training, seed, epoch, crop_fraction,
+                                      min_crop_area, flip, eval_transform)
     if drop_remainder is None:
         drop_remainder = training
     return tf_data_steps.batched(examples, batch_size, drop_remainder, num_classes or source.num_classes, one_hot, augmenters)

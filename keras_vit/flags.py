@@ -15,6 +15,7 @@ import argparse
 import dataclasses
 
 from keras_vit import distribute
+from keras_vit.preprocessing import PILLOW_FILTERS
 from keras_vit.variants import SMALL_VIT
 
 
@@ -31,6 +32,15 @@ def add_model_flags(parser):
     group.add_argument("--num-layers", type=int, help=digits.format(SMALL_VIT.num_layers))
     group.add_argument("--num-heads", type=int, help=digits.format(SMALL_VIT.num_heads))
     group.add_argument("--mlp-dim", type=int, help=digits.format(SMALL_VIT.mlp_dim))
+
+
+def add_eval_transform_flags(parser):
+    """`--crop-fraction` and `--interpolation`: the checkpoint's own eval preprocessing, one field overridden."""
+    group = parser.add_argument_group("preprocessing (default: the checkpoint's own: timm's pretrained_cfg, "
+                                      "transformers' preprocessor_config.json, vit_jax's for .npz files)")
+    group.add_argument("--crop-fraction", type=float, help="resize to the model's size / this, then centre-crop "
+                       "(timm's crop_pct)")
+    group.add_argument("--interpolation", choices=PILLOW_FILTERS, help="Pillow's resize filter")
 
 
 def add_data_flags(parser, training=True):

@@ -9,7 +9,7 @@ import numbers
 
 import keras
 
-from keras_vit import deployment
+from keras_vit import deployment, preprocessing
 from keras_vit.checkpoints.built_model import native_grid
 from keras_vit.checkpoints.source import conv_stem_widths_of, resnet_layers_of
 from keras_vit.keras_internals import keep_variables_on_error
@@ -65,6 +65,30 @@ def native_image_size(model):
     return (rows * step, cols * step)
 
 
+def eval_transform(model, image_size=None, crop_fraction=None, interpolation=None, **overrides):
+    """The preprocessing of `model`'s checkpoint for evaluation, as a callable `preprocessing.EvalTransform`.
+
+    A timm checkpoint's is its `pretrained_cfg`'s (crop_pct, filter), a
+    transformers folder's its `preprocessor_config.json`'s, an original
+    `.npz` file's vit_jax's, and a model keras_vit trained or built
+    keras_vit's own. Each field can be overridden (`None` keeps it), as
+    timm's `resolve_data_config(args)` does; the size is the model's unless
+    `image_size` says otherwise.
+
+    Example:
+    >>> import numpy as np, keras_vit
+    >>> model = keras_vit.ViT(image_size=32, patch_size=8, hidden_size=16, num_layers=1, num_heads=2,
+    ...                       mlp_dim=32, classes=3)
+    >>> transform = keras_vit.eval_transform(model, crop_fraction=0.875, interpolation="bicubic")
+    >>> model.predict(transform(np.zeros((375, 500, 3), "uint8"))[None], verbose=0).shape
+    (1, 3)
+    """
+    transform = getattr(model, "eval_transform", None) or preprocessing.keras_vit()
+    transform = transform.fitted_to(native_image_size(model))
+    return transform.replace(image_size=image_size, crop_fraction=crop_fraction, interpolation=interpolation,
+                             **overrides)
+
+
 @keras.saving.register_keras_serializable(package="keras_vit")
 class VisionTransformer(keras.Model):
     """The functional model `ViT` returns: a `keras.Model` that checks its images before running.
@@ -85,8 +109,10 @@ class VisionTransformer(keras.Model):
     ValueError: Input 0 with name 'images' of layer 'vit' is incompatible with the layer: ...
     """
 
-    def __init__(self, *args, class_names=None, classifier=None, **kwargs):
+    def __init__(self, *args, class_names=None, classifier=None, eval_transform=None, **kwargs):
         super().__init__(*args, **kwargs)
+        # How its checkpoint's library preprocesses a photo for evaluation (`keras_vit.preprocessing`), or None.
+        self.eval_transform = eval_transform
         # One name per output, where the checkpoint named its classes (transformers' id2label, timm's labels).
         self.class_names = list(class_names) if class_names else None
         # How its head pools ("token", "gap" or "map"): no layer shows it in a model without its top that returns
@@ -99,6 +125,8 @@ class VisionTransformer(keras.Model):
             config["class_names"] = list(self.class_names)
         if self.classifier:
             config["classifier"] = self.classifier
+        if self.eval_transform is not None:
+            config["eval_transform"] = self.eval_transform.get_config()
         return config
 
     @classmethod
@@ -106,8 +134,10 @@ class VisionTransformer(keras.Model):
         config = dict(config)
         class_names = config.pop("class_names", None)
         classifier = config.pop("classifier", None)
+        transform = config.pop("eval_transform", None)
         model = super().from_config(config, custom_objects=custom_objects)
         model.class_names, model.classifier = class_names, classifier
+        model.eval_transform = None if transform is None else preprocessing.EvalTransform.from_config(transform)
         return model
 
     def __call__(self, *args, **kwargs):

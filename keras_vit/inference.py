@@ -14,8 +14,8 @@ import keras
 import numpy as np
 
 from keras_vit import arrays, checkpoints, data, deployment, files, pretrained
-from keras_vit.functional import native_image_size, sizes_of
-from keras_vit.imagenet import imagenet_labels, preprocess_input
+from keras_vit.functional import eval_transform, native_image_size, sizes_of
+from keras_vit.imagenet import imagenet_labels
 from keras_vit.models import ViT
 from keras_vit.position_embedding import as_pair
 from keras_vit.training import accuracy_metrics, check_sizes_agree, model_sizes
@@ -74,8 +74,14 @@ def outputs_logits(model):
 
 
 def evaluate(weights="runs/finetune/model.keras", dataset="digits", eval_split="test", data_dir=None,
-             eval_batch_size=256, verbose=1, model=None, image_size=None, sizes=None):
-    """Top-1 and top-5 of a saved model on a data-set split; prints both and returns Keras' results dict."""
+             eval_batch_size=256, verbose=1, model=None, image_size=None, sizes=None, crop_fraction=None,
+             interpolation=None):
+    """Top-1 and top-5 of a saved model on a data-set split; prints both and returns Keras' results dict.
+
+    Images are preprocessed as the checkpoint's library evaluates it
+    (`keras_vit.eval_transform`), with `crop_fraction` or `interpolation`
+    in place of its own where given.
+    """
     network = load_for_inference(weights, model, image_size, sizes)
     _check_has_classifier(network, weights)
     image_size = native_image_size(network)
@@ -87,8 +93,9 @@ def evaluate(weights="runs/finetune/model.keras", dataset="digits", eval_split="
             f"{weights} has {num_classes} classes but {dataset!r} ({eval_split}) has {source.num_classes}: "
             "evaluate a model on the data set it was trained for."
         )
+    transform = eval_transform(network, crop_fraction=crop_fraction, interpolation=interpolation)
     batches = data.make_dataset(source, image_size, eval_batch_size, training=False, one_hot=True,
-                                num_classes=num_classes)
+                                num_classes=num_classes, eval_transform=transform)
     network.compile(loss=keras.losses.CategoricalCrossentropy(from_logits=outputs_logits(network)),
                     metrics=accuracy_metrics(num_classes))
     results = network.evaluate(batches, verbose=verbose, return_dict=True)
@@ -130,17 +137,23 @@ def class_names(model, weights=None, labels=None):
 
 
 def predict(images, weights="runs/finetune/model.keras", labels=None, crop_fraction=None, model=None,
-            image_size=None, sizes=None):
-    """Print the top-5 classes of each image file; returns `[(name, probability)] * 5` per image."""
+            image_size=None, sizes=None, interpolation=None):
+    """Print the top-5 classes of each image file; returns `[(name, probability)] * 5` per image.
+
+    Each photo is preprocessed as the checkpoint's library evaluates it
+    (`keras_vit.eval_transform`: timm's crop_pct and filter, transformers'
+    image processor, vit_jax's squash), with `crop_fraction` or
+    `interpolation` in place of its own where given.
+    """
     network = load_for_inference(weights, model, image_size, sizes)
     _check_has_classifier(network, weights)
-    size = native_image_size(network)
+    transform = eval_transform(network, crop_fraction=crop_fraction, interpolation=interpolation)
     names = class_names(network, weights, labels)
     results = []
     for path in images:
         if not os.path.exists(path):
             raise FileNotFoundError(f"Image not found: {path}")
-        image = preprocess_input(arrays.resize(arrays.decode_image(path), size, crop_fraction))
+        image = transform.load(path)
         scores = keras.ops.convert_to_numpy(network(image[None], training=False))[0].astype("float64")
         probabilities = scores
         if outputs_logits(network):
@@ -162,8 +175,7 @@ def inspect(image, weights="runs/finetune/model.keras", output_dir="runs/inspect
     network = load_for_inference(weights, model, image_size, sizes, needs_head=False)
     if not os.path.exists(image):
         raise FileNotFoundError(f"Image not found: {image}")
-    pixels = np.clip(np.round(arrays.resize(arrays.decode_image(image), native_image_size(network))), 0, 255)
-    pixels = pixels.astype("uint8")
+    pixels = np.clip(np.round(eval_transform(network).pixels(arrays.open_rgb(image))), 0, 255).astype("uint8")
     written = analysis.inspect(network, pixels, output_dir)
     for path in written.values():
         print("wrote", path)

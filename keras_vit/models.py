@@ -10,7 +10,7 @@ import dataclasses
 
 from keras_vit import checkpoints
 from keras_vit.architecture import Architecture, resolve_architecture
-from keras_vit.functional import DYNAMIC, VisionTransformer, check_image_size  # noqa: F401 (the class, here too)
+from keras_vit.functional import DYNAMIC, VisionTransformer, check_image_size, native_image_size  # noqa: F401
 from keras_vit.builder import ModelOptions, build, position_grid
 from keras_vit.layers import dtype_policy
 from keras_vit.position_embedding import as_pair
@@ -276,6 +276,8 @@ def ViT(
         checkpoints.load_into(model, source)
         if include_top and source.class_names and len(source.class_names) == classes == source.classes:
             model.class_names = list(source.class_names)  # the file's head, so the file's names
+        if source.eval_transform is not None:  # the file's library's evaluation, at this model's size
+            model.eval_transform = source.eval_transform.fitted_to(native_image_size(model))
     return model
 
 

@@ -6,6 +6,7 @@ the same steps in numpy where TensorFlow is not installed).
 
 import tensorflow as tf
 
+from keras_vit import preprocessing
 from keras_vit.array_batches import mixes_labels
 
 
@@ -36,20 +37,28 @@ def resize(image, size, crop_fraction=None):
     return tf.image.resize(image, size, method="bilinear")
 
 
+def eval_step(image, transform):
+    """A `keras_vit.preprocessing.EvalTransform` in a tf.data map: `tf.image.resize` where it computes it, else
+    the transform's Pillow resize and crop through `tf.numpy_function`. Float pixels in [0, 255]."""
+    if transform.computed_by_tf_image_resize:
+        fraction = transform.crop_fraction if transform.crop_fraction < 1.0 else None
+        return resize(image, transform.image_size, fraction)
+    pixels = tf.numpy_function(lambda array: transform.pixels(array).astype("float32"), [image], tf.float32)
+    return tf.reshape(pixels, (*transform.image_size, 3))
+
+
 def value_range(image, low=-1.0, high=1.0):
     """Map [0, 255] pixels to [low, high]."""
     return tf.cast(image, "float32") / 255.0 * (high - low) + low
 
 
-def examples(source, size, training, seed, epoch, crop_fraction, min_crop_area, flip):
+def examples(source, size, training, seed, epoch, crop_fraction, min_crop_area, flip, eval_transform=None):
     """Per-example preprocessing: uint8 images of `size` (not yet scaled) and labels."""
     dataset = source.dataset
     if not training:
-        return dataset.map(
-            lambda image, label: (tf.ensure_shape(resize(image, size, crop_fraction), (*size, 3)), label),
-            num_parallel_calls=tf.data.AUTOTUNE,
-            deterministic=True,
-        )
+        transform = (eval_transform or preprocessing.keras_vit(crop_fraction)).fitted_to(size)
+        return dataset.map(lambda image, label: (tf.ensure_shape(eval_step(image, transform), (*size, 3)), label),
+                           num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
     epoch_seed = int(seed) * 1_000_003 + int(epoch)
     dataset = dataset.shuffle(
         min(source.num_examples or 10_000, 10_000), seed=epoch_seed, reshuffle_each_iteration=False

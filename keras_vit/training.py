@@ -23,11 +23,11 @@ import typing
 import keras
 import numpy as np
 
-from keras_vit import data, distribute, durable, files, recipes
+from keras_vit import data, distribute, durable, files, preprocessing, recipes
 from keras_vit.durable import backup_dir, resumed_epoch  # noqa: F401 (public here too)
 from keras_vit.lora import enable_lora
 from keras_vit.masked_patch import MaskedPatchPretrainer
-from keras_vit.functional import check_image_size
+from keras_vit.functional import VisionTransformer, check_image_size
 from keras_vit.models import ViT
 from keras_vit.position_embedding import as_pair
 from keras_vit.pretrained import read_pretrained
@@ -358,10 +358,13 @@ def check_finite(history, backup_dir=None, learning_rate=None):
 def save_run(encoder, output_dir, class_names=None, process_index=0):
     """Write model.keras (`encoder`), classes.txt (unless `class_names` is None) and learning_curve.png, atomically.
 
-    Only the chief (process 0) writes; the others save to a scratch file,
+    The model keeps keras_vit's own eval transform, the one its held-out
+    accuracy was measured with. Only the chief (process 0) writes; the others save to a scratch file,
     since saving gathers the weights with a collective every process joins.
     """
     durable.kill_point("before-save")
+    if isinstance(encoder, VisionTransformer):  # evaluated here with keras_vit's own resize, not its checkpoint's
+        encoder.eval_transform = preprocessing.keras_vit()
     if process_index != 0:
         scratch = os.path.join(output_dir, f".process_{process_index}.keras")
         encoder.save(scratch)

@@ -13,6 +13,7 @@ import zipfile
 
 import numpy as np
 
+from keras_vit import preprocessing
 from keras_vit.checkpoints.source import (
     UNIT,
     CheckpointError,
@@ -309,5 +310,7 @@ def read_npz(path, budget=None):
     side = math.isqrt(positions)
     grid = (side, side) if side * side == positions else None
     # The original layout gives the class token a position embedding; the table's length cannot say so.
-    return source_from_state(path, state, grid, num_heads,
-                             architecture_from_state(state, grid, class_token_position_embedding=True))
+    source = source_from_state(path, state, grid, num_heads,
+                               architecture_from_state(state, grid, class_token_position_embedding=True))
+    source.eval_transform = preprocessing.vit_jax()  # vit_jax squashes to the square, tf.image.resize's bilinear
+    return source

@@ -72,6 +72,7 @@ def read_keras(path, budget=None):
         if "pool" in names else None
     source.layout = dict(include_top=True) if "head" in names else dict(include_top=False, pooling=pooling)
     source.class_names = getattr(saved, "class_names", None)
+    source.eval_transform = getattr(saved, "eval_transform", None)
     source.dtype_policy = precision if precision in PRECISIONS else None  # An int8 model's is its own
     try:
         activation = keras.activations.serialize(saved.get_layer("predictions").activation)

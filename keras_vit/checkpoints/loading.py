@@ -16,6 +16,7 @@ import os
 import keras
 import numpy as np
 
+from keras_vit import preprocessing
 from keras_vit.checkpoints.clip_layout import MODEL_TYPES as VISION_TOWER_TYPES
 from keras_vit.checkpoints.clip_layout import read_vision_tower_folder
 from keras_vit.checkpoints.dinov2_layout import MODEL_TYPES as DINOV2_TYPES
@@ -112,7 +113,7 @@ def read_folder(folder, budget=None):
 
 
 def _with_preprocessor_statistics(source, folder):
-    """`source` with the pixel mean and std of the folder's `preprocessor_config.json`, where it has one.
+    """`source` with the pixel mean and std and the eval transform of the folder's `preprocessor_config.json`.
 
     transformers keeps the normalisation there, not in `config.json` (DINOv2's is ImageNet's, google/vit-*'s
     the paper's 0.5).
@@ -124,6 +125,10 @@ def _with_preprocessor_statistics(source, folder):
                               "transformers writes an object ({\"image_mean\": [...], \"image_std\": [...], ...}).")
     statistics = pixel_statistics(config.get("image_mean"), config.get("image_std"), path,
                                   ("image_mean", "image_std"))
+    try:
+        source.eval_transform = preprocessing.from_preprocessor_config(config, path)
+    except ValueError as error:
+        raise CheckpointError(str(error)) from None
     source.architecture = dataclasses.replace(source.architecture, **statistics)
     return source
 

@@ -170,6 +170,8 @@ class WeightsSource:
     resize_align_corners: bool = False  # That resize maps corner to corner (RADIO v3's, in timm).
     # The image size its config states where patches do not divide it (timm's so400m/14 at 384 px, a 27x27 grid).
     input_size: tuple = None
+    # How its library preprocesses a photo for evaluation (`keras_vit.preprocessing.EvalTransform`); None: keras_vit's own.
+    eval_transform: object = None
 
     @property
     def sizes(self):

@@ -10,6 +10,7 @@ Example:
 {'num_heads': 6, 'drop_path_rate': 0.1}
 """
 
+from keras_vit import preprocessing
 from keras_vit.checkpoints.source import CheckpointError, architecture_from_state, pixel_statistics, positive_int_field
 from keras_vit.checkpoints.tensor_layout import image_size_of_grid
 from keras_vit.checkpoints.timm_families import (
@@ -215,6 +216,22 @@ def configured_switches(entry, args, config, keywords, default_pool, where):
         raise CheckpointError(f"{where}: global_pool is {pool!r}; keras_vit pools by 'token', 'avg' or 'map'.")
     switches["global_pool"] = pool
     return switches
+
+
+def configured_eval_transform(config, where):
+    """The `EvalTransform` timm's `resolve_data_config` + `create_transform` make of a config.json's pretrained_cfg.
+
+    An older config states the fields at its top level; a field timm's
+    `PretrainedCfg` lacks, or a crop mode or filter keras_vit does not
+    compute, is a `CheckpointError` that names it.
+    """
+    pretrained = config.get("pretrained_cfg")
+    if not isinstance(pretrained, dict):
+        pretrained = {key: config[key] for key in preprocessing.TIMM_COMPUTED if key in config}
+    try:
+        return preprocessing.from_timm_config(pretrained, where)
+    except ValueError as error:
+        raise CheckpointError(str(error)) from None
 
 
 def configured_pixel_statistics(config, where):

@@ -26,7 +26,8 @@ from keras_vit.checkpoints.source import (
 from keras_vit.checkpoints.built_model import architecture_of, native_grid
 from keras_vit.checkpoints.state_dict_files import read_state_dict
 from keras_vit.checkpoints.tensor_layout import BlockRule, TensorLayout, settings
-from keras_vit.checkpoints.timm_config import check_head, configured_pixel_statistics, configured_switches, grid_of_config
+from keras_vit.checkpoints.timm_config import (check_head, configured_eval_transform, configured_pixel_statistics,
+                                               configured_switches, grid_of_config)
 from keras_vit.checkpoints.timm_eva_families import (
     EVA_ARCHITECTURES,
     EVA_KEYWORDS,
@@ -209,6 +210,7 @@ def read_timm_eva(path, budget, config, where):
         raise CheckpointError(f"{where}: {error} is not a setting keras_vit computes.") from None
     pretrained, statistics = configured_pixel_statistics(config, where)
     fields.update(statistics)
+    transform = configured_eval_transform(config, where)
     try:
         architecture = Architecture(**fields)
     except ValueError as error:
@@ -240,6 +242,7 @@ def read_timm_eva(path, budget, config, where):
         grid = (size[0] // step, size[1] // step)
     source = source_from_state(path, state, grid, sizes["num_heads"], architecture)
     source.position_resize = entry.resize[:2]
+    source.eval_transform = transform
     return source
 
 

@@ -35,10 +35,11 @@ from keras_vit.checkpoints.source import (
     state_of,
     warn_unkept_pixel_statistics,
 )
+from keras_vit import preprocessing
 from keras_vit.architecture import Architecture
 from keras_vit.checkpoints.state_dict_files import _safetensors, folder_weights, read_state_dict
 from keras_vit.checkpoints.timm_config import (check_head, check_tensors_agree, checked_sizes,
-                                               configured_pixel_statistics, configured_switches, grid_of_config,
+                                               configured_eval_transform, configured_pixel_statistics, configured_switches, grid_of_config,
                                                model_args_of)
 from keras_vit.checkpoints.tensor_layout import BlockRule, TensorLayout, keras_to_torch, settings, torch_to_keras
 from keras_vit.checkpoints.timm_eva_families import EVA_ARCHITECTURES
@@ -433,6 +434,7 @@ def read_timm(path, budget=None, config=None, config_path=None):
         architecture = architecture_from_state(state, None, mlp_activation="gelu", resnet_epsilons=epsilons)
         source = source_from_state(path, state, None, None, architecture)
         source.position_resize = DEFAULT_RESIZE[:2]
+        source.eval_transform = preprocessing.from_timm_config({}, path)  # timm's defaults, at the model's size
         return source
     where = config_path or path
     name = config.get("architecture")
@@ -446,6 +448,7 @@ def read_timm(path, budget=None, config=None, config_path=None):
         raise CheckpointError(f"{where}: {error} is not a setting keras_vit computes.") from None
     pretrained, statistics = configured_pixel_statistics(config, where)
     fields.update(statistics)
+    transform = configured_eval_transform(config, where)
     try:
         architecture = Architecture(**fields, **({} if epsilons is None else {"resnet_epsilons": epsilons}))
     except ValueError as error:  # model_args that contradict the named architecture's switches
@@ -478,6 +481,7 @@ def read_timm(path, budget=None, config=None, config_path=None):
     if names and isinstance(descriptions, dict):
         names = [str(descriptions.get(name, name)) for name in names]
     source.class_names = names
+    source.eval_transform = transform
     return source
 
 
