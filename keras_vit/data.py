@@ -56,7 +56,9 @@ class Source:
     when the source names its classes. Arrays and folders also keep
     `examples`, `(uint8 images or file paths, int labels)`, which
     `keras_vit.array_batches` reads where TensorFlow is not installed (then
-    `dataset` is None).
+    `dataset` is None). A folder's `files` is a `tf.data.Dataset` of
+    `(file name, label)`: training reads each file itself and decodes only
+    its crop window (`dataset` decodes whole images, for evaluation).
     """
 
     dataset: object
@@ -65,6 +67,7 @@ class Source:
     class_names: tuple = None
     name: str = ""
     examples: tuple = None
+    files: object = None
 
 
 def _tf():
@@ -275,9 +278,9 @@ def from_folder(path, shard=None, class_names=None, holdout=None):
         return decode_image_tensor(file), label
 
     labels = np.asarray(labels, "int64")
-    dataset = _tf().data.Dataset.from_tensor_slices((files, labels)).map(decode) if tensorflow_installed() else None
-    return Source(dataset, len(files), len(class_names), class_names, os.path.basename(os.path.normpath(path)),
-                  examples=(files, labels))
+    names = _tf().data.Dataset.from_tensor_slices((files, labels)) if tensorflow_installed() else None
+    return Source(names and names.map(decode), len(files), len(class_names), class_names,
+                  os.path.basename(os.path.normpath(path)), examples=(files, labels), files=names)
 
 
 def _held_out_part(files, class_name, split, fraction):

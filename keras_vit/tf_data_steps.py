@@ -12,10 +12,10 @@ from keras_vit.array_batches import mixes_labels
 
 
 
-def inception_crop(image, size, seed, area_range=(0.05, 1.0)):
-    """Random crop of 5-100% of the area and 3/4-4/3 aspect, resized to `size`."""
+def crop_window(shape, seed, area_range=(0.05, 1.0)):
+    """`(begin, size)`, each `(rows, columns)`: the Inception crop's window in an image of `shape`."""
     begin, crop_size, _ = tf.image.stateless_sample_distorted_bounding_box(
-        tf.shape(image),
+        shape,
         bounding_boxes=tf.constant([0.0, 0.0, 1.0, 1.0], shape=(1, 1, 4)),
         seed=seed,
         min_object_covered=0.0,
@@ -23,7 +23,41 @@ def inception_crop(image, size, seed, area_range=(0.05, 1.0)):
         area_range=area_range,
         use_image_if_no_bounding_boxes=True,
     )
-    crop = tf.slice(image, begin, crop_size)
+    return begin[:2], crop_size[:2]
+
+
+def inception_crop(image, size, seed, area_range=(0.05, 1.0)):
+    """Random crop of 5-100% of the area and 3/4-4/3 aspect, resized to `size`."""
+    begin, crop_size = crop_window(tf.shape(image), seed, area_range)
+    crop = image[begin[0]:begin[0] + crop_size[0], begin[1]:begin[1] + crop_size[1]]
+    return tf.image.resize(crop, size, method="bilinear")
+
+
+def decode_and_inception_crop(encoded, size, seed, area_range=(0.05, 1.0)):
+    """`inception_crop` of an encoded image file's bytes, decoding only the crop window of a JPEG.
+
+    As big_vision's `decode_jpeg_and_inception_crop`: the window is sampled
+    from the JPEG header's size (`extract_jpeg_shape`) and only it is decoded
+    (`decode_and_crop_jpeg`). Other formats are decoded whole, then cropped.
+    The window is the one `inception_crop` samples from the decoded image.
+    """
+
+    def jpeg():
+        shape = tf.image.extract_jpeg_shape(encoded)
+        begin, crop_size = crop_window(shape, seed, area_range)
+        # libjpeg upsamples the colour of a window's first and last columns from the window alone; decoding
+        # 16 more columns each side (a block of 4:2:0 colour) gives the window the pixels of a whole decode.
+        left = tf.maximum(begin[1] - 16, 0)
+        right = tf.minimum(begin[1] + crop_size[1] + 16, shape[1])
+        wide = tf.image.decode_and_crop_jpeg(encoded, tf.stack([begin[0], left, crop_size[0], right - left]), channels=3)
+        return wide[:, begin[1] - left:begin[1] - left + crop_size[1]]
+
+    def other():
+        image = tf.io.decode_image(encoded, channels=3, expand_animations=False)
+        begin, crop_size = crop_window(tf.shape(image), seed, area_range)
+        return image[begin[0]:begin[0] + crop_size[0], begin[1]:begin[1] + crop_size[1]]
+
+    crop = tf.cond(tf.io.is_jpeg(encoded), jpeg, other)
     return tf.image.resize(crop, size, method="bilinear")
 
 
@@ -60,6 +94,9 @@ def examples(source, size, training, seed, epoch, crop_fraction, min_crop_area, 
         return dataset.map(lambda image, label: (tf.ensure_shape(eval_step(image, transform), (*size, 3)), label),
                            num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
     epoch_seed = int(seed) * 1_000_003 + int(epoch)
+    # A folder's training examples are file names until the step: each reads its file and decodes its crop window.
+    files = source.files is not None
+    dataset = source.files if files else dataset
     dataset = dataset.shuffle(
         min(source.num_examples or 10_000, 10_000), seed=epoch_seed, reshuffle_each_iteration=False
     )
@@ -68,7 +105,10 @@ def examples(source, size, training, seed, epoch, crop_fraction, min_crop_area, 
         image, label = example
         key = tf.stack([tf.constant(epoch_seed, tf.int64), index])
         crop_seed, flip_seed = key, key + tf.constant([0, 1 << 40], tf.int64)
-        image = inception_crop(image, size, crop_seed, area_range=(min_crop_area, 1.0))
+        if files:
+            image = decode_and_inception_crop(tf.io.read_file(image), size, crop_seed, (min_crop_area, 1.0))
+        else:
+            image = inception_crop(image, size, crop_seed, area_range=(min_crop_area, 1.0))
         if flip:
             image = tf.image.stateless_random_flip_left_right(image, flip_seed)
         return tf.ensure_shape(image, (*size, 3)), label

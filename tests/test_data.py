@@ -84,6 +84,51 @@ def test_image_folder_source(tmp_path):
     assert sharded.num_examples == 2
 
 
+def write_photos(folder, count=6):
+    """Small colour JPEGs (4:2:0, as cameras write them), a grey JPEG and a PNG, in two class folders."""
+    from PIL import Image
+
+    rng = np.random.default_rng(3)
+    for index in range(count + 2):
+        height, width = int(rng.integers(40, 72)), int(rng.integers(40, 72))
+        ramp = np.linspace(0, 255, width)[None, :, None] * rng.uniform(0.2, 1.0, (1, 1, 3))
+        pixels = np.clip(ramp + rng.normal(0, 40, (height, width, 3)), 0, 255).astype("uint8")
+        image, name = Image.fromarray(pixels), f"{index}.jpg"
+        if index == count:
+            image = image.convert("L")
+        elif index == count + 1:
+            name = f"{index}.png"
+        (folder / f"c{index % 2}").mkdir(exist_ok=True)
+        image.save(folder / f"c{index % 2}" / name, quality=85)
+
+
+def test_training_decodes_only_the_crop_window_with_the_pixels_of_a_whole_decode(tmp_path):
+    from keras_vit import tf_data_steps
+
+    write_photos(tmp_path)
+    for path in sorted(tmp_path.glob("*/*")):
+        encoded = tf.io.read_file(str(path))
+        for index in range(12):
+            seed = tf.constant([7, index], tf.int64)
+            partial = tf_data_steps.decode_and_inception_crop(encoded, (16, 16), seed, (0.05, 1.0))
+            whole = tf_data_steps.inception_crop(tf.io.decode_image(encoded, channels=3), (16, 16), seed)
+            np.testing.assert_array_equal(partial.numpy(), whole.numpy(), err_msg=f"{path.name}, crop {index}")
+
+
+def test_a_folder_trains_on_its_files_with_the_batches_of_whole_images_and_resumes_them(tmp_path):
+    write_photos(tmp_path)
+    source = data.from_folder(str(tmp_path))
+    assert source.files is not None
+    decoded = data.Source(source.dataset, source.num_examples, source.num_classes)  # whole images, decoded first
+    options = dict(image_size=16, batch_size=2, epochs=2, seed=3)
+    whole = [x.numpy() for x, _ in data.training_stream(source, **options)]
+    resumed = [x.numpy() for x, _ in data.training_stream(source, initial_epoch=1, **options)]
+    first_decoded = [x.numpy() for x, _ in data.training_stream(decoded, **options)]
+    assert len(whole) == 8 and len(resumed) == 4
+    np.testing.assert_array_equal(np.stack(whole), np.stack(first_decoded))
+    np.testing.assert_array_equal(np.stack(whole[4:]), np.stack(resumed))
+
+
 def test_folder_errors(tmp_path):
     with pytest.raises(FileNotFoundError, match="Image folder not found"):
         data.from_folder(str(tmp_path / "missing"))
