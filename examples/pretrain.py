@@ -83,7 +83,7 @@ min_crop_area, flip = training.augmentation_defaults(config.dataset, config.min_
 stream, validation = training.training_data(
     train_source, eval_source, config.image_size, config.batch_size, config.epochs, initial_epoch, config.seed,
     config.eval_batch_size, config.randaugment, config.mixup, config.cutmix, min_crop_area, flip,
-    images_only=masked_patch, multi_process=engine.process_count > 1,
+    images_only=masked_patch, multi_process=engine.process_count > 1, workers=config.workers,
 )
 callbacks = [durable.DurableBackup(backup, initial_epoch), keras.callbacks.TerminateOnNaN()]
 if engine.is_chief:  # One process writes the logs; log.csv first, so it has a row for every backed-up epoch.

@@ -10,6 +10,25 @@ attempts, else the whole image), a horizontal flip with probability 1/2,
 pixels to [-1, 1]. Randomness is keyed by `(seed, epoch, example)`, so a
 resumed run sees the batches an uninterrupted one would.
 
+`training_batches(..., workers=N)` decodes and crops in N worker processes
+(a forked `multiprocessing` pool, in batch order with a bounded look-ahead,
+writing pixels into memory shared with the caller) and applies the batched
+Keras layers (MixUp, CutMix) in the calling process, in order, so the
+batches are the ones a single process gives.
+Not `keras.utils.PyDataset`'s `workers`: its enqueuer runs the whole
+`__getitem__` in the workers, so the Keras layers would run backend ops in
+forked processes (JAX and TensorFlow are not fork-safe) and each worker would
+draw from its own copy of a layer's seed, and a finite dataset's enqueuer
+restarts at batch 0 every epoch, where this stream spans all epochs. Nor
+Grain: the same ordered pool, for one more dependency.
+
+Example:
+>>> from keras_vit import arrays, data
+>>> (x, y), _ = arrays.digits(image_size=16)
+>>> images, labels = ArrayBatches(data.from_arrays(x, y), (16, 16), 32, training=True)[0]
+>>> images.shape, labels.shape
+((32, 16, 16, 3), (32,))
+
 Example:
 >>> from keras_vit import arrays, data
 >>> (x, y), _ = arrays.digits(image_size=16)
@@ -20,7 +39,9 @@ Example:
 
 import collections
 import math
+import mmap
 import multiprocessing
+import sys
 import warnings
 
 import keras
@@ -87,6 +108,10 @@ class ArrayBatches(keras.utils.PyDataset):
         return self.batches
 
     def __getitem__(self, index):
+        return self.finish(*self.examples_of(index))
+
+    def examples_of(self, index):
+        """Batch `index` before the batched steps: float pixels in [0, 255] of `size`, and labels."""
         if not 0 <= index < self.batches:
             raise IndexError(f"batch {index} of {self.batches}")
         rows = self.order[index * self.batch_size:(index + 1) * self.batch_size]
@@ -95,6 +120,10 @@ class ArrayBatches(keras.utils.PyDataset):
         labels = self.labels[rows]
         if self.one_hot:
             labels = np.eye(self.num_classes, dtype="float32")[labels]
+        return images, labels
+
+    def finish(self, images, labels):
+        """The batched steps on `examples_of`'s batch: the augmenters, then pixels to [-1, 1]."""
         for augmenter in self.augmenters:
             images, labels = apply_augmenter(augmenter, images, labels)
         images = np.asarray(images, "float32") / 127.5 - 1.0
@@ -125,9 +154,61 @@ def apply_augmenter(augmenter, images, labels):
     return keras.ops.convert_to_numpy(augmenter(images, training=True)), labels
 
 
-def training_batches(source, size, batch_size, epochs, initial_epoch=0, seed=0, **options):
-    """Epochs `initial_epoch .. epochs-1` of `ArrayBatches`, one batch after another, as one generator."""
-    for epoch in range(initial_epoch, epochs):
-        batches = ArrayBatches(source, size, batch_size, True, seed, epoch, drop_remainder=True, **options)
-        for index in range(len(batches)):
-            yield batches[index]
+def training_batches(source, size, batch_size, epochs, initial_epoch=0, seed=0, workers=0, **options):
+    """Epochs `initial_epoch .. epochs-1` of `ArrayBatches`, one batch after another, as one generator.
+
+    With `workers`, that many processes decode and crop ahead of the caller,
+    which gets the same batches in the same order.
+    """
+    passes = [ArrayBatches(source, size, batch_size, True, seed, epoch, drop_remainder=True, **options)
+              for epoch in range(initial_epoch, epochs)]
+    keys = [(number, index) for number, batches in enumerate(passes) for index in range(len(batches))]
+    if not workers or "fork" not in multiprocessing.get_all_start_methods():  # the workers share memory by forking
+        for number, index in keys:
+            yield passes[number][index]
+        return
+    # The workers get the passes without the Keras layers, which run here, batch after batch. They write the
+    # pixels into a ring of batch-sized slots of memory shared with this process (pickling a batch of 224-px
+    # float pixels through a pipe costs about what decoding it does), one slot for each batch in flight.
+    slots = workers + 2  # a bounded look-ahead: a batch a worker, the next one queued, and the one read here
+    ring = mmap.mmap(-1, slots * batch_size * size[0] * size[1] * 3 * 4)
+    buffers = np.frombuffer(ring, "float32").reshape(slots, batch_size, *size, 3)
+    plain = [ArrayBatches(source, size, batch_size, True, seed, epoch, drop_remainder=True,
+                          **dict(options, augmenters=())) for epoch in range(initial_epoch, epochs)]
+    with warnings.catch_warnings():
+        # JAX warns of any fork; these workers run numpy and Pillow only, never a JAX (or TensorFlow) op.
+        warnings.filterwarnings("ignore", "os.fork", RuntimeWarning)
+        pool = multiprocessing.get_context("fork").Pool(workers, initializer=_start_worker, initargs=(plain, buffers))
+    try:
+        pending = collections.deque()
+        for position, (number, index) in enumerate(keys):
+            slot = position % slots
+            pending.append((number, slot, pool.apply_async(_worker_examples, (number, index, slot))))
+            if len(pending) == slots - 1:
+                yield _read(passes, buffers, *pending.popleft())
+        while pending:
+            yield _read(passes, buffers, *pending.popleft())
+    finally:
+        if not sys.is_finalizing():  # at exit, multiprocessing has stopped the pool itself
+            pool.terminate()
+
+
+def _read(passes, buffers, number, slot, result):
+    """A worker's batch, once it is done: its pixels copied out of the ring, then the batched steps."""
+    labels = result.get()  # first: the slot holds the pixels only once the worker has returned
+    return passes[number].finish(buffers[slot].copy(), labels)
+
+
+_WORKER_PASSES, _WORKER_BUFFERS = None, None  # a worker process's `ArrayBatches` (one per epoch), the ring
+
+
+def _start_worker(passes, buffers):
+    global _WORKER_PASSES, _WORKER_BUFFERS
+    _WORKER_PASSES, _WORKER_BUFFERS = passes, buffers
+
+
+def _worker_examples(number, index, slot):
+    """Batch `index` of pass `number`: its pixels written into the ring's `slot`, its labels returned."""
+    images, labels = _WORKER_PASSES[number].examples_of(index)
+    _WORKER_BUFFERS[slot] = images
+    return labels

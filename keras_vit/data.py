@@ -423,21 +423,33 @@ def steps_per_epoch(source, batch_size):
     return steps
 
 
+def default_workers(source):
+    """Decoding processes of the numpy pipeline: every core this process may use but one for image files,
+    none for arrays in memory, whose crops cost less than handing batches between processes."""
+    if source.examples is None or isinstance(source.examples[0], np.ndarray):
+        return 0
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return cores - 1
+
+
 def training_stream(
     source, image_size, batch_size, epochs, initial_epoch=0, seed=0, augmenters=(), num_classes=None,
-    one_hot=False, min_crop_area=0.05, flip=True,
+    one_hot=False, min_crop_area=0.05, flip=True, workers=None,
 ):
     """Epochs `initial_epoch .. epochs-1` of training batches, as one dataset.
 
     Passed to `model.fit(..., steps_per_epoch=steps_per_epoch(source, batch_size))`,
     each epoch gets its own shuffle and crops, decided by `(seed, epoch)` alone,
     so a run resumed at epoch k sees the batches an uninterrupted run would.
+    Without TensorFlow, `workers` processes decode and crop (`default_workers`
+    when None); tf.data sizes its own threads.
     """
     if initial_epoch >= epochs:
         raise ValueError(f"initial_epoch {initial_epoch} leaves no epochs before {epochs}.")
     size = as_pair(image_size, "image_size")
     if _reads_with_numpy(source):
-        return training_batches(source, size, batch_size, epochs, initial_epoch, seed, augmenters=augmenters,
+        workers = default_workers(source) if workers is None else workers
+        return training_batches(source, size, batch_size, epochs, initial_epoch, seed, workers, augmenters=augmenters,
                                 num_classes=num_classes, one_hot=one_hot, min_crop_area=min_crop_area, flip=flip)
     per_epoch = steps_per_epoch(source, batch_size) * batch_size
     # Python-level epochs (tf.data's shuffle takes its seed as a constant), each cut to

@@ -93,6 +93,9 @@ def add_training_flags(parser, config_class):
     group.add_argument("--randaugment", type=float, nargs=2, metavar=("NUM_OPS", "MAGNITUDE"))
     group.add_argument("--mixup", type=float, help="MixUp alpha (0: off)")
     group.add_argument("--cutmix", type=float, help="CutMix factor (0: off)")
+    group.add_argument("--workers", type=int, help="processes that decode and crop image files where TensorFlow "
+                       "is not installed (default: every core but one; none for arrays); tf.data sizes "
+                       "its own threads")
     group.add_argument("--mixed-precision", action="store_true", help="mixed_bfloat16")
     group.add_argument("--steps-per-execution", type=int)
     group.add_argument("--distribution", choices=distribute.ENGINES)

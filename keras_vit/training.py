@@ -69,6 +69,7 @@ class _TrainingConfig:
     randaugment: tuple = None
     mixup: float = 0.0
     cutmix: float = 0.0
+    workers: int = None  # Decoding processes without TensorFlow; None: data.default_workers.
     mixed_precision: bool = False
     steps_per_execution: int = 1
     distribution: str = "none"
@@ -114,7 +115,8 @@ _RULES = {
                      "model_parallel_size", "lora_rank", *SIZE_FIELDS), _AT_LEAST_1),
     **dict.fromkeys(("label_smoothing", "dropout", "stochastic_depth"), _FRACTION),
     **dict.fromkeys(("holdout_fraction", "ema"), _OPEN_FRACTION),
-    **dict.fromkeys(("warmup_steps", "mixup", "cutmix", "weight_decay", "representation_size"), _NON_NEGATIVE),
+    **dict.fromkeys(("warmup_steps", "mixup", "cutmix", "weight_decay", "representation_size", "workers"),
+                    _NON_NEGATIVE),
     **dict.fromkeys(("learning_rate", "clipnorm"), _POSITIVE),
     "min_crop_area": _bounds(0, 1, low_open=True, words="in (0, 1]"),
 }
@@ -219,10 +221,12 @@ def augmentation_defaults(dataset, min_crop_area=None, flip=None):
 def training_data(
     train_source, eval_source, image_size, batch_size, epochs, initial_epoch=0, seed=0, eval_batch_size=256,
     randaugment=None, mixup=0.0, cutmix=0.0, min_crop_area=0.05, flip=True, images_only=False, multi_process=False,
+    workers=None,
 ):
     """`(stream, validation)`: the augmented batches of epochs `initial_epoch..epochs-1`, and the held-out ones.
 
     Labels are one-hot; `images_only` drops them (masked patch prediction).
+    `workers`: decoding processes without TensorFlow (`data.training_stream`).
     With `multi_process` the last partial held-out batch is left out: JAX
     needs static batch sizes across processes.
     """
@@ -230,7 +234,8 @@ def training_data(
     # A run killed after its last epoch resumes at `epochs`: fit trains nothing, the stream is never read.
     first = min(initial_epoch, epochs - 1)
     stream = data.training_stream(train_source, image_size, batch_size, epochs, first, seed,
-                                  augmenters=augmenters, one_hot=True, min_crop_area=min_crop_area, flip=flip)
+                                  augmenters=augmenters, one_hot=True, min_crop_area=min_crop_area, flip=flip,
+                                  workers=workers)
     if multi_process and eval_source.num_examples % eval_batch_size:
         print(f"note: evaluating {eval_source.num_examples // eval_batch_size * eval_batch_size} "
               f"of {eval_source.num_examples} held-out examples (whole batches only across processes)")
@@ -442,7 +447,7 @@ def train(config):
     stream, validation = training_data(
         train_source, eval_source, config.image_size, config.batch_size, config.epochs, initial_epoch, config.seed,
         config.eval_batch_size, config.randaugment, config.mixup, config.cutmix, min_crop_area, flip,
-        images_only=masked_patch, multi_process=engine.process_count > 1,
+        images_only=masked_patch, multi_process=engine.process_count > 1, workers=config.workers,
     )
     history = model.fit(
         stream,

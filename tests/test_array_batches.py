@@ -85,6 +85,35 @@ def test_a_resumed_numpy_stream_equals_the_uninterrupted_one_and_epochs_differ(d
     assert all(batch.min() >= -1.0 and batch.max() <= 1.0 and batch.dtype == np.float32 for batch in whole)
 
 
+def test_batches_from_two_worker_processes_equal_the_single_process_ones_and_resume(tmp_path, numpy_pipeline):
+    from PIL import Image
+
+    rng = np.random.default_rng(2)
+    for index in range(8):
+        (tmp_path / f"c{index % 2}").mkdir(exist_ok=True)
+        pixels = rng.integers(0, 256, (int(rng.integers(20, 40)), int(rng.integers(20, 40)), 3), dtype="uint8")
+        Image.fromarray(pixels).save(tmp_path / f"c{index % 2}" / f"{index}.jpg")
+    source = data.from_folder(str(tmp_path))
+
+    def stream(workers, initial_epoch=0, mixup=0.0):
+        # MixUp draws from its own seed in the calling process: the same draws, batch after batch, as one process.
+        augmenters = data.make_augmenters(mixup=mixup, seed=1)
+        return list(data.training_stream(source, 12, 2, 3, initial_epoch, seed=4, augmenters=augmenters,
+                                          one_hot=True, workers=workers))
+
+    alone, parallel = stream(0, mixup=0.4), stream(2, mixup=0.4)
+    assert len(alone) == len(parallel) == 12
+    for (images, labels), (theirs, their_labels) in zip(alone, parallel):
+        np.testing.assert_array_equal(images, theirs)
+        np.testing.assert_array_equal(labels, their_labels)
+    assert any(not np.allclose(labels, np.round(labels)) for _, labels in alone)  # the labels were mixed
+    whole, resumed = stream(2), stream(2, initial_epoch=2)
+    assert len(resumed) == 4
+    for (images, labels), (theirs, their_labels) in zip(whole[8:], resumed):
+        np.testing.assert_array_equal(images, theirs)
+        np.testing.assert_array_equal(labels, their_labels)
+
+
 def augmented_statistics(source, augmenters):
     """Per batch: the mean |change| of the pixels against the unaugmented batch, and the mean largest label weight."""
     kwargs = dict(training=True, seed=1, min_crop_area=1.0, flip=False, one_hot=True)
