@@ -1,0 +1,149 @@
+"""keras_vit.randaugment: each TensorFlow op equals Pillow's, the policy's arguments are timm's, and the numpy and
+tf.data pipelines draw the same ops for the same (seed, epoch, example). Nothing here depends on the Keras backend."""
+
+import math
+import os
+
+import numpy as np
+import pytest
+from PIL import Image, ImageEnhance, ImageOps
+
+from keras_vit import randaugment
+from keras_vit.randaugment import RandAugment
+
+tf = pytest.importorskip("tensorflow")
+from keras_vit import tf_randaugment  # noqa: E402 (needs TensorFlow)
+
+pytestmark = pytest.mark.backend_independent
+PHOTO = os.path.join(os.path.dirname(__file__), "fixtures", "photos", "landscape.jpg")
+FILL = 128
+
+
+@pytest.fixture(scope="module")
+def image():
+    """A 32x48 low-contrast photo (levels 40-193), so that AutoContrast and Equalize have work to do."""
+    with Image.open(PHOTO) as photo:
+        small = np.asarray(photo.convert("RGB").resize((48, 32), Image.Resampling.BILINEAR), "float64")
+    return (40 + small * 0.6).astype("uint8")
+
+
+def _affine(picture, matrix):
+    return picture.transform(picture.size, Image.Transform.AFFINE, matrix, resample=Image.Resampling.BILINEAR,
+                             fillcolor=(FILL,) * 3)
+
+
+# The independent definitions: timm's ops (timm/data/auto_augment.py, timm 1.0.31) as Pillow calls.
+PILLOW = {
+    "AutoContrast": lambda p, v: ImageOps.autocontrast(p),
+    "Equalize": lambda p, v: ImageOps.equalize(p),
+    "Invert": lambda p, v: ImageOps.invert(p),
+    "Rotate": lambda p, v: p.rotate(v, resample=Image.Resampling.BILINEAR, fillcolor=(FILL,) * 3),
+    "PosterizeIncreasing": lambda p, v: ImageOps.posterize(p, int(v)),
+    "SolarizeIncreasing": lambda p, v: ImageOps.solarize(p, int(v)),
+    "SolarizeAdd": lambda p, v: p.point([min(255, i + int(v)) if i < 128 else i for i in range(256)] * 3),
+    "ColorIncreasing": lambda p, v: ImageEnhance.Color(p).enhance(v),
+    "ContrastIncreasing": lambda p, v: ImageEnhance.Contrast(p).enhance(v),
+    "BrightnessIncreasing": lambda p, v: ImageEnhance.Brightness(p).enhance(v),
+    "SharpnessIncreasing": lambda p, v: ImageEnhance.Sharpness(p).enhance(v),
+    "ShearX": lambda p, v: _affine(p, (1, v, 0, 0, 1, 0)),
+    "ShearY": lambda p, v: _affine(p, (1, 0, 0, v, 1, 0)),
+    "TranslateXRel": lambda p, v: _affine(p, (1, 0, v * p.size[0], 0, 1, 0)),
+    "TranslateYRel": lambda p, v: _affine(p, (1, 0, 0, 0, 1, v * p.size[1])),
+}
+# Each op at its magnitude-9 arguments (both signs where it has one), and at the ends of its range.
+CASES = [("AutoContrast", None), ("Equalize", None), ("Invert", None), ("Rotate", 27.0), ("Rotate", -27.0),
+         ("Rotate", 13.7), ("PosterizeIncreasing", 1.0), ("PosterizeIncreasing", 4.0), ("SolarizeIncreasing", 26.0),
+         ("SolarizeIncreasing", 256.0), ("SolarizeAdd", 99.0), ("SolarizeAdd", 110.0),
+         *[(name, value) for name in ("ColorIncreasing", "ContrastIncreasing", "BrightnessIncreasing",
+                                      "SharpnessIncreasing") for value in (1.81, 0.19)],
+         *[(name, value) for name in ("ShearX", "ShearY") for value in (0.27, -0.27)],
+         *[(name, value) for name in ("TranslateXRel", "TranslateYRel") for value in (0.405, -0.405)]]
+
+
+@pytest.mark.parametrize("name, value", CASES)
+def test_each_tensorflow_op_equals_pillows_pixel_for_pixel(image, name, value):
+    # Exact for every op: lookup tables and histograms in integers, the blends in float32 truncated as Pillow's
+    # Image.blend, and the bilinear affines in float64 with Pillow's pixel centres, edge clamping and fill.
+    expected = np.asarray(PILLOW[name](Image.fromarray(image), value))
+    ours = tf_randaugment.op(tf.constant(image), name, None if value is None else tf.constant(value, tf.float64), FILL)
+    np.testing.assert_array_equal(ours.numpy(), expected)
+    np.testing.assert_array_equal(np.asarray(randaugment.pillow_op(Image.fromarray(image), name, value, FILL)), expected)
+    assert name == "SolarizeIncreasing" and value == 256 or not np.array_equal(expected, image)  # the op did something
+
+
+def test_posterize_to_zero_bits_is_black_on_both_paths(image):
+    # timm keeps 4 - int(4 m / 10) bits: 0 at m = 10. Pillow 13 refuses 0 bits; older Pillow's mask made it black.
+    ours = tf_randaugment.op(tf.constant(image), "PosterizeIncreasing", tf.constant(0.0, tf.float64))
+    assert not ours.numpy().any()
+    assert not np.asarray(randaugment.pillow_op(Image.fromarray(image), "PosterizeIncreasing", 0.0)).any()
+
+
+# timm's level functions (timm/data/auto_augment.py: _rotate_level_to_arg, _posterize_increasing_level_to_arg,
+# _solarize_increasing_level_to_arg, _solarize_add_level_to_arg, _enhance_increasing_level_to_arg,
+# _shear_level_to_arg, _translate_rel_level_to_arg) at magnitudes 9 and 10, positive sign then negative.
+TIMM_ARGUMENTS = {
+    9: {"Rotate": (27.0, -27.0), "PosterizeIncreasing": (1, 1), "SolarizeIncreasing": (26, 26),
+        "SolarizeAdd": (99, 99), "ColorIncreasing": (1.81, 0.19), "ContrastIncreasing": (1.81, 0.19),
+        "BrightnessIncreasing": (1.81, 0.19), "SharpnessIncreasing": (1.81, 0.19), "ShearX": (0.27, -0.27),
+        "ShearY": (0.27, -0.27), "TranslateXRel": (0.405, -0.405), "TranslateYRel": (0.405, -0.405)},
+    10: {"Rotate": (30.0, -30.0), "PosterizeIncreasing": (0, 0), "SolarizeIncreasing": (0, 0),
+         "SolarizeAdd": (110, 110), "ColorIncreasing": (1.9, 0.1), "ShearX": (0.3, -0.3),
+         "TranslateXRel": (0.45, -0.45)},
+}
+
+
+@pytest.mark.parametrize("magnitude", [9, 10])
+def test_arguments_are_timms_level_functions(magnitude):
+    for name, expected in TIMM_ARGUMENTS[magnitude].items():
+        for negate, value in zip((False, True), expected):
+            assert float(randaugment.argument(name, float(magnitude), negate)) == pytest.approx(value, abs=1e-12)
+            ours = randaugment.argument(name, tf.constant(float(magnitude), tf.float64), tf.constant(negate),
+                                        tf_randaugment._MATH)
+            assert float(ours) == pytest.approx(value, abs=1e-12), name
+    assert [randaugment.argument(name, 9.0, False) for name in ("AutoContrast", "Equalize", "Invert")] == [None] * 3
+    assert len(randaugment.OPS) == 15 and set(randaugment.ARGUMENTS) <= set(randaugment.OPS)
+
+
+KEYS = [(0, 0, 0), (3, 1, 12345), (-7, 99, 2**40), (1, 2, 3), (1, 3, 2)]
+
+
+def test_both_pipelines_draw_the_same_rounds_and_images_for_a_key(image):
+    policy = RandAugment(num_ops=3)
+    for seed, epoch, position in KEYS:
+        theirs = tf_randaugment.rounds(policy, seed, epoch, tf.constant(position, tf.int64))
+        for ours, (op, applied, magnitude, negate) in zip(policy.rounds(seed, epoch, position), theirs, strict=True):
+            assert (ours.op, ours.applied, ours.negate) == (int(op), bool(applied), bool(negate))
+            assert ours.magnitude == pytest.approx(float(magnitude), abs=1e-12)
+        np.testing.assert_array_equal(
+            policy.apply(image, seed, epoch, position),
+            tf_randaugment.apply(policy, tf.constant(image), seed, epoch, tf.constant(position, tf.int64)).numpy())
+
+
+def test_draws_are_fixed_by_the_key_and_follow_the_policy():
+    policy = RandAugment()
+    assert policy.rounds(1, 2, 3) == policy.rounds(1, 2, 3)
+    assert len({tuple(policy.rounds(*key)) for key in KEYS}) == len(KEYS)  # seed, epoch and position all count
+    draws = [draw for position in range(3000) for draw in policy.rounds(0, 0, position)]
+    counts = np.bincount([d.op for d in draws], minlength=15)
+    magnitudes = np.array([d.magnitude for d in draws])
+    # 6000 draws: each op 400 ± 20 (binomial), half applied, half negated, magnitudes N(9, 0.5) clipped to [0, 10].
+    assert counts.min() > 400 - 5 * 20 and counts.max() < 400 + 5 * 20
+    assert abs(np.mean([d.applied for d in draws]) - 0.5) < 0.03 and abs(np.mean([d.negate for d in draws]) - 0.5) < 0.03
+    assert abs(magnitudes.mean() - 9.0) < 0.03 and abs(magnitudes.std() - 0.5) < 0.03 and magnitudes.max() <= 10.0
+
+
+@pytest.mark.parametrize("arguments, message", [
+    (dict(num_ops=0), "RandAugment num_ops must be a whole number of at least 1, got 0."),
+    (dict(num_ops=2.5), "RandAugment num_ops must be a whole number of at least 1, got 2.5."),
+    (dict(magnitude=0.5), "RandAugment magnitude is timm's M, a whole number from 0 to 10 (rand-m9: 9), got 0.5; "
+                          "keras.layers.RandAugment's factor in [0, 1] is not this scale."),
+    (dict(magnitude=11), "RandAugment magnitude is timm's M, a whole number from 0 to 10 (rand-m9: 9), got 11; "
+                         "keras.layers.RandAugment's factor in [0, 1] is not this scale."),
+    (dict(magnitude_std=math.inf), "RandAugment magnitude_std must be a finite number of at least 0, got inf."),
+    (dict(probability=1.5), "RandAugment probability must be in [0, 1], got 1.5."),
+    (dict(fill=256), "RandAugment fill must be a gray level from 0 to 255, got 256."),
+])
+def test_refuses_a_policy_outside_timms_ranges(arguments, message):
+    with pytest.raises(ValueError) as error:
+        RandAugment(**arguments)
+    assert str(error.value) == message
