@@ -6,9 +6,10 @@ these instead of tf.data. The steps are the same ones, computed in numpy:
 an Inception crop sampled as `tf.image.sample_distorted_bounding_box`
 samples it (a uniform aspect ratio, then a uniform height, up to 100
 attempts, else the whole image), a horizontal flip with probability 1/2,
-`keras_vit.arrays.resize`, the Keras augmentation layers on each batch, and
-pixels to [-1, 1]. Randomness is keyed by `(seed, epoch, example)`, so a
-resumed run sees the batches an uninterrupted one would.
+`keras_vit.arrays.resize`, keras_vit's RandAugment on each example (in the
+workers too), the Keras augmentation layers on each batch, and pixels to
+[-1, 1]. Randomness is keyed by `(seed, epoch, example)`, so a resumed run
+sees the batches an uninterrupted one would.
 
 `training_batches(..., workers=N)` decodes and crops in N worker processes
 (a forked `multiprocessing` pool, in batch order with a bounded look-ahead,
@@ -90,8 +91,9 @@ class ArrayBatches(keras.utils.PyDataset):
 
     def __init__(self, source, size, batch_size, training, seed=0, epoch=0, crop_fraction=None, augmenters=(),
                  num_classes=None, one_hot=False, drop_remainder=None, min_crop_area=0.05, flip=True,
-                 images_only=False, eval_transform=None):
+                 images_only=False, eval_transform=None, randaugment=None):
         super().__init__()
+        self.randaugment = randaugment  # a keras_vit.randaugment.RandAugment, applied per example after the flip
         # Evaluation: the model's checkpoint's preprocessing, else keras_vit's own resize (and crop_fraction).
         self.eval_transform = (eval_transform or preprocessing.keras_vit(crop_fraction)).fitted_to(size)
         self.images, self.labels = source.examples
@@ -138,7 +140,8 @@ class ArrayBatches(keras.utils.PyDataset):
         rng = np.random.default_rng((*self.key, int(position)))
         top, left, height, width = sample_crop(image.shape[0], image.shape[1], rng, (self.min_crop_area, 1.0))
         image = arrays.resize(image[top:top + height, left:left + width], self.size)
-        return image[:, ::-1] if self.flip and rng.uniform() < 0.5 else image
+        image = image[:, ::-1] if self.flip and rng.uniform() < 0.5 else image
+        return image if self.randaugment is None else self.randaugment.apply(image, *self.key, position)
 
 
 def mixes_labels(augmenter):

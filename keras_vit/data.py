@@ -29,6 +29,7 @@ from keras_vit import arrays
 from keras_vit.array_batches import ArrayBatches, training_batches
 from keras_vit.arrays import digits  # noqa: F401 (the embedded data set, here too)
 from keras_vit.position_embedding import as_pair
+from keras_vit.randaugment import RandAugment
 
 
 def __getattr__(name):
@@ -360,8 +361,9 @@ def make_dataset(
 
     Training: shuffle (per `seed` and `epoch`), `inception_crop` (keeping at
     least `min_crop_area` of the image), random horizontal flip (if `flip`),
-    then any batched `augmenters` (e.g. `keras.layers.RandAugment`, `MixUp`,
-    `CutMix`; MixUp/CutMix need `one_hot=True`). Evaluation: `eval_transform`
+    then the `augmenters` (`make_augmenters`'): keras_vit's `RandAugment` on each
+    example, then the batched Keras layers (`MixUp`, `CutMix`, need
+    `one_hot=True`; any other Keras augmentation layer). Evaluation: `eval_transform`
     (a model's is `keras_vit.eval_transform(model)`: its checkpoint's own
     preprocessing), by default keras_vit's `resize` with `crop_fraction`.
 
@@ -371,36 +373,48 @@ def make_dataset(
     """
     # A checkpoint's Pillow preprocessing reads files with Pillow too: TensorFlow's JPEG decoder differs by a few levels.
     pillow_eval = not training and eval_transform is not None and not eval_transform.computed_by_tf_image_resize
+    randaugment, augmenters = per_example_augmenter(augmenters)
     if _reads_with_numpy(source) or (pillow_eval and source.examples is not None):
         return ArrayBatches(source, as_pair(image_size, "image_size"), batch_size, training, seed, epoch, crop_fraction,
                             augmenters, num_classes, one_hot, drop_remainder, min_crop_area, flip,
-                            eval_transform=eval_transform)
+                            eval_transform=eval_transform, randaugment=randaugment)
     from keras_vit import tf_data_steps
 
     examples = tf_data_steps.examples(source, as_pair(image_size, "image_size"), training, seed, epoch, crop_fraction,
-                                      min_crop_area, flip, eval_transform)
+                                      min_crop_area, flip, eval_transform, randaugment)
     if drop_remainder is None:
         drop_remainder = training
     return tf_data_steps.batched(examples, batch_size, drop_remainder, num_classes or source.num_classes, one_hot, augmenters)
 
 
 def make_augmenters(randaugment=None, mixup=0.0, cutmix=0.0, seed=0):
-    """Keras-core augmentation layers for the pipeline.
+    """The pipeline's augmentations: keras_vit's RandAugment, then Keras' batched layers.
 
-    `randaugment=(num_ops, magnitude)` adds `RandAugment`; `mixup` / `cutmix`
-    give the Beta-distribution parameters of `MixUp` / `CutMix` (0 = off).
+    `randaugment=(num_ops, magnitude)` adds `keras_vit.randaugment.RandAugment`,
+    timm's `rand-m{magnitude}-n{num_ops}-mstd0.5-inc1` (`(2, 9)`: timm's
+    `rand-m9-mstd0.5-inc1`), applied to each example after its crop and flip and
+    keyed by the pipeline's `(seed, epoch, example)`; `mixup` / `cutmix` give the
+    Beta-distribution parameters of Keras' `MixUp` / `CutMix` (0 = off), drawn from `seed`.
     """
     import keras
 
     layers = []
     if randaugment:
         num_ops, magnitude = randaugment
-        layers.append(keras.layers.RandAugment(value_range=(0, 255), num_ops=num_ops, factor=magnitude, seed=seed))
+        layers.append(RandAugment(num_ops=num_ops, magnitude=magnitude))
     if mixup:
         layers.append(keras.layers.MixUp(alpha=mixup, seed=seed))
     if cutmix:
         layers.append(keras.layers.CutMix(factor=cutmix, seed=seed))
     return layers
+
+
+def per_example_augmenter(augmenters):
+    """`(randaugment, batched)`: the `RandAugment` among `augmenters` (or None) and the Keras layers."""
+    randaugment = [a for a in augmenters if isinstance(a, RandAugment)]
+    if len(randaugment) > 1:
+        raise ValueError(f"{len(randaugment)} RandAugment policies among the augmenters; give one.")
+    return (randaugment or [None])[0], [a for a in augmenters if not isinstance(a, RandAugment)]
 
 
 def images_only(dataset):
@@ -447,10 +461,12 @@ def training_stream(
     if initial_epoch >= epochs:
         raise ValueError(f"initial_epoch {initial_epoch} leaves no epochs before {epochs}.")
     size = as_pair(image_size, "image_size")
+    randaugment, augmenters = per_example_augmenter(augmenters)
     if _reads_with_numpy(source):
         workers = default_workers(source) if workers is None else workers
         return training_batches(source, size, batch_size, epochs, initial_epoch, seed, workers, augmenters=augmenters,
-                                num_classes=num_classes, one_hot=one_hot, min_crop_area=min_crop_area, flip=flip)
+                                num_classes=num_classes, one_hot=one_hot, min_crop_area=min_crop_area, flip=flip,
+                                randaugment=randaugment)
     per_epoch = steps_per_epoch(source, batch_size) * batch_size
     # Python-level epochs (tf.data's shuffle takes its seed as a constant), each cut to
     # whole batches, then batched once: distribution engines can read the batch size.
@@ -458,6 +474,7 @@ def training_stream(
 
     examples = None
     for epoch in range(initial_epoch, epochs):
-        one = tf_data_steps.examples(source, size, True, seed, epoch, None, min_crop_area, flip).take(per_epoch)
+        one = tf_data_steps.examples(source, size, True, seed, epoch, None, min_crop_area, flip,
+                                     randaugment=randaugment).take(per_epoch)
         examples = one if examples is None else examples.concatenate(one)
     return tf_data_steps.batched(examples, batch_size, True, num_classes or source.num_classes, one_hot, augmenters)

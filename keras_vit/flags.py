@@ -16,6 +16,7 @@ import dataclasses
 
 from keras_vit import distribute
 from keras_vit.preprocessing import PILLOW_FILTERS
+from keras_vit.randaugment import RandAugment
 from keras_vit.variants import SMALL_VIT
 
 
@@ -90,7 +91,9 @@ def add_training_flags(parser, config_class):
                        help="Inception crop's smallest area (default 0.05; 0.6 for digits)")
     group.add_argument("--flip", action=argparse.BooleanOptionalAction,
                        help="random horizontal flips (default on; off for digits, which flips change)")
-    group.add_argument("--randaugment", type=float, nargs=2, metavar=("NUM_OPS", "MAGNITUDE"))
+    group.add_argument("--randaugment", type=float, nargs=2, metavar=("NUM_OPS", "MAGNITUDE"),
+                       help="timm's RandAugment rand-mMAGNITUDE-nNUM_OPS-mstd0.5-inc1 on each training example "
+                       "(MAGNITUDE 0-10; 2 9 is timm's rand-m9-mstd0.5-inc1)")
     group.add_argument("--mixup", type=float, help="MixUp alpha (0: off)")
     group.add_argument("--cutmix", type=float, help="CutMix factor (0: off)")
     group.add_argument("--workers", type=int, help="processes that decode and crop image files where TensorFlow "
@@ -116,7 +119,8 @@ def config_from_flags(config_class, args):
     values = {field.name: getattr(args, field.name) for field in dataclasses.fields(config_class)}
     values["image_size"] = image_size_flag(values["image_size"])
     if values["randaugment"]:
-        values["randaugment"] = (int(values["randaugment"][0]), values["randaugment"][1])
+        values["randaugment"] = tuple(int(v) if v == int(v) else v for v in values["randaugment"])
+        RandAugment(*values["randaugment"])  # a policy outside timm's ranges is refused before anything is built
     return config_class(**values)
 
 

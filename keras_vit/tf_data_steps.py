@@ -6,7 +6,7 @@ the same steps in numpy where TensorFlow is not installed).
 
 import tensorflow as tf
 
-from keras_vit import preprocessing
+from keras_vit import preprocessing, tf_randaugment
 from keras_vit.array_batches import mixes_labels
 
 
@@ -86,8 +86,13 @@ def value_range(image, low=-1.0, high=1.0):
     return tf.cast(image, "float32") / 255.0 * (high - low) + low
 
 
-def examples(source, size, training, seed, epoch, crop_fraction, min_crop_area, flip, eval_transform=None):
-    """Per-example preprocessing: uint8 images of `size` (not yet scaled) and labels."""
+def examples(source, size, training, seed, epoch, crop_fraction, min_crop_area, flip, eval_transform=None,
+             randaugment=None):
+    """Per-example preprocessing: uint8 images of `size` (not yet scaled) and labels.
+
+    Training applies `randaugment` (a `keras_vit.randaugment.RandAugment`) after the crop and flip, keyed by
+    `(seed, epoch, example)` as the numpy pipeline keys it.
+    """
     dataset = source.dataset
     if not training:
         transform = (eval_transform or preprocessing.keras_vit(crop_fraction)).fitted_to(size)
@@ -111,6 +116,8 @@ def examples(source, size, training, seed, epoch, crop_fraction, min_crop_area, 
             image = inception_crop(image, size, crop_seed, area_range=(min_crop_area, 1.0))
         if flip:
             image = tf.image.stateless_random_flip_left_right(image, flip_seed)
+        if randaugment is not None:
+            image = tf_randaugment.apply(randaugment, tf.ensure_shape(image, (*size, 3)), seed, epoch, index)
         return tf.ensure_shape(image, (*size, 3)), label
 
     return dataset.enumerate().map(train_step, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)

@@ -126,14 +126,13 @@ def augmented_statistics(source, augmenters):
     return np.asarray(changes), np.asarray(weights)
 
 
-@pytest.mark.parametrize("augmenter", ["randaugment", "mixup", "cutmix"])
-def test_keras_augmentations_give_the_same_statistics_on_both_pipelines(digits, monkeypatch, augmenter):
-    import keras
-
-    if augmenter == "randaugment" and keras.backend.backend() == "jax":
-        pytest.skip("RandAugment runs op by op on JAX arrays (~30 s here); checked on torch and tensorflow")
+@pytest.mark.parametrize("augmenter", [pytest.param("randaugment", marks=pytest.mark.backend_independent), "mixup",
+                                       "cutmix"])
+def test_augmentations_give_the_same_statistics_on_both_pipelines(digits, monkeypatch, augmenter):
+    # keras_vit's RandAugment runs per example, the same ops for the same (seed, epoch, example) on both pipelines
+    # (tests/test_randaugment.py); the two shuffle differently, so here the batches' statistics agree.
     (x, y), _ = digits
-    options = {"randaugment": dict(randaugment=(2, 0.5)), "mixup": dict(mixup=0.4), "cutmix": dict(cutmix=1.0)}
+    options = {"randaugment": dict(randaugment=(2, 9)), "mixup": dict(mixup=0.4), "cutmix": dict(cutmix=1.0)}
     results = {}
     for name in ("tf.data", "numpy"):
         if name == "numpy":

@@ -11,7 +11,7 @@ from keras_vit import data  # noqa: E402
 def test_batched_keras_augmentations_mix_one_hot_labels():
     (x, y), _ = data.digits(image_size=16)
     source = data.from_arrays(x[:64], y[:64])
-    augmenters = data.make_augmenters(randaugment=(2, 0.5), mixup=0.2, cutmix=1.0, seed=1)
+    augmenters = data.make_augmenters(randaugment=(2, 9), mixup=0.2, cutmix=1.0, seed=1)
     assert [type(a).__name__ for a in augmenters] == ["RandAugment", "MixUp", "CutMix"]
     images, labels = next(iter(data.make_dataset(source, 16, 32, training=True, augmenters=augmenters, one_hot=True)))
     labels = labels.numpy()

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from PIL import Image, ImageEnhance, ImageOps
 
-from keras_vit import randaugment
+from keras_vit import data, randaugment
 from keras_vit.randaugment import RandAugment
 
 tf = pytest.importorskip("tensorflow")
@@ -67,7 +67,8 @@ def test_each_tensorflow_op_equals_pillows_pixel_for_pixel(image, name, value):
     expected = np.asarray(PILLOW[name](Image.fromarray(image), value))
     ours = tf_randaugment.op(tf.constant(image), name, None if value is None else tf.constant(value, tf.float64), FILL)
     np.testing.assert_array_equal(ours.numpy(), expected)
-    np.testing.assert_array_equal(np.asarray(randaugment.pillow_op(Image.fromarray(image), name, value, FILL)), expected)
+    pillow = randaugment.pillow_op(Image.fromarray(image), name, value, FILL)
+    np.testing.assert_array_equal(np.asarray(pillow), expected)
     assert name == "SolarizeIncreasing" and value == 256 or not np.array_equal(expected, image)  # the op did something
 
 
@@ -128,7 +129,8 @@ def test_draws_are_fixed_by_the_key_and_follow_the_policy():
     magnitudes = np.array([d.magnitude for d in draws])
     # 6000 draws: each op 400 ± 20 (binomial), half applied, half negated, magnitudes N(9, 0.5) clipped to [0, 10].
     assert counts.min() > 400 - 5 * 20 and counts.max() < 400 + 5 * 20
-    assert abs(np.mean([d.applied for d in draws]) - 0.5) < 0.03 and abs(np.mean([d.negate for d in draws]) - 0.5) < 0.03
+    assert abs(np.mean([d.applied for d in draws]) - 0.5) < 0.03
+    assert abs(np.mean([d.negate for d in draws]) - 0.5) < 0.03
     assert abs(magnitudes.mean() - 9.0) < 0.03 and abs(magnitudes.std() - 0.5) < 0.03 and magnitudes.max() <= 10.0
 
 
@@ -147,3 +149,37 @@ def test_refuses_a_policy_outside_timms_ranges(arguments, message):
     with pytest.raises(ValueError) as error:
         RandAugment(**arguments)
     assert str(error.value) == message
+
+
+def test_make_augmenters_and_the_training_flags_refuse_kerass_old_factor():
+    from keras_vit import flags, training
+
+    assert data.make_augmenters(randaugment=(2, 9)) == [RandAugment(num_ops=2, magnitude=9)]
+    assert flags.parse_config(training.PretrainConfig, ["--randaugment", "2", "9"]).randaugment == (2, 9)
+    with pytest.raises(ValueError, match=r"got 0\.5; keras\.layers\.RandAugment's factor"):
+        data.make_augmenters(randaugment=(2, 0.5))
+    with pytest.raises(ValueError, match=r"got 0\.5; keras\.layers\.RandAugment's factor"):
+        flags.parse_config(training.PretrainConfig, ["--randaugment", "2", "0.5"])
+    with pytest.raises(ValueError, match="num_ops must be a whole number of at least 1, got 2.5"):
+        flags.parse_config(training.PretrainConfig, ["--randaugment", "2.5", "9"])
+
+
+def test_workers_and_a_resumed_stream_augment_each_example_as_one_process(tmp_path, monkeypatch):
+    monkeypatch.setattr(data, "tensorflow_installed", lambda: False)
+    with Image.open(PHOTO) as photo:
+        for index in range(4):
+            (tmp_path / f"c{index % 2}").mkdir(exist_ok=True)
+            photo.convert("RGB").resize((40 + 4 * index, 30)).save(tmp_path / f"c{index % 2}" / f"{index}.jpg")
+    source = data.from_folder(str(tmp_path))
+    augmenters = data.make_augmenters(randaugment=(2, 9))
+
+    def stream(workers, initial_epoch=0, augmenters=augmenters):
+        return [images for images, _ in data.training_stream(source, 16, 2, 2, initial_epoch, seed=3,
+                                                               augmenters=augmenters, workers=workers)]
+
+    alone, parallel, resumed, plain = stream(0), stream(2), stream(0, initial_epoch=1), stream(0, augmenters=())
+    for ours, theirs in zip(alone, parallel, strict=True):
+        np.testing.assert_array_equal(ours, theirs)
+    for ours, theirs in zip(alone[2:], resumed, strict=True):
+        np.testing.assert_array_equal(ours, theirs)
+    assert any(not np.array_equal(ours, theirs) for ours, theirs in zip(alone, plain))
