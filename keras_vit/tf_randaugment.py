@@ -12,6 +12,7 @@ Example (in a tf.data map):
 >>> dataset.enumerate().map(lambda i, image: apply(policy, image, seed=0, epoch=0, position=i))
 """
 
+import functools
 import math
 import types
 
@@ -34,10 +35,10 @@ def mix(value):
     return z ^ tf.bitwise.right_shift(z, _u64(randaugment.SHIFTS[2]))
 
 
-def example_words(seed, epoch, position, count):
-    """`randaugment.example_words` for an int64 `position` tensor: a uint64 vector of `count` words."""
+def example_words(epoch_state, position, count):
+    """`randaugment.example_words` from a uint64 `epoch_state` tensor and an int64 `position` one: `count` words."""
     position = tf.bitcast(tf.cast(position, tf.int64), tf.uint64)
-    state = mix(_u64(randaugment.epoch_state(seed, epoch)) ^ position)
+    state = mix(epoch_state ^ position)
     return mix(state + tf.constant(list(range(count)), tf.uint64))
 
 
@@ -47,7 +48,11 @@ def _uniform(word):
 
 def rounds(policy, seed, epoch, position):
     """`policy.rounds` as tensors: `(op int32, applied bool, magnitude float64, negate bool)` per round."""
-    words = example_words(seed, epoch, position, randaugment.WORDS_PER_ROUND * policy.num_ops)
+    return _rounds(policy, _u64(randaugment.epoch_state(seed, epoch)), position)
+
+
+def _rounds(policy, epoch_state, position):
+    words = example_words(epoch_state, position, randaugment.WORDS_PER_ROUND * policy.num_ops)
     draws = []
     for index in range(policy.num_ops):
         op, apply, first, second, sign = tf.unstack(words[randaugment.WORDS_PER_ROUND * index:][:5])
@@ -62,14 +67,30 @@ def rounds(policy, seed, epoch, position):
 def apply(policy, image, seed, epoch, position):
     """Example `position` (an int64 tensor) of epoch `epoch` augmented: float32 `(height, width, 3)`, whole numbers
     in [0, 255]. A float `image` is rounded to uint8 first (half to even, as the numpy path)."""
-    if image.dtype != tf.uint8:
-        image = tf.cast(tf.clip_by_value(tf.round(image), 0.0, 255.0), tf.uint8)
-    for op, applied, magnitude, negate in rounds(policy, seed, epoch, position):
-        branches = [_branch(name, image, magnitude, negate, policy.fill) for name in randaugment.OPS]
-        unchanged = len(branches)  # a last branch for a round that does not apply
-        branches.append(lambda image=image: image)
-        image = tf.ensure_shape(tf.switch_case(tf.where(applied, op, unchanged), branches), image.shape)
-    return tf.cast(image, tf.float32)
+    image = tf.convert_to_tensor(image)
+    augment = _augment_function(policy, tuple(image.shape), image.dtype)
+    return augment(image, _u64(randaugment.epoch_state(seed, epoch)), tf.cast(position, tf.int64))
+
+
+@functools.lru_cache(maxsize=None)
+def _augment_function(policy, shape, dtype):
+    """`apply` for one policy and image shape as one `tf.function`, traced once: training_stream maps every epoch
+    with it (the epoch enters as its hash state), where tracing the 15 ops anew took most of a second an epoch."""
+
+    signature = [tf.TensorSpec(shape, dtype), tf.TensorSpec([], tf.uint64), tf.TensorSpec([], tf.int64)]
+
+    @tf.function(input_signature=signature)
+    def augment(image, epoch_state, position):
+        if image.dtype != tf.uint8:
+            image = tf.cast(tf.clip_by_value(tf.round(image), 0.0, 255.0), tf.uint8)
+        for op, applied, magnitude, negate in _rounds(policy, epoch_state, position):
+            branches = [_branch(name, image, magnitude, negate, policy.fill) for name in randaugment.OPS]
+            unchanged = len(branches)  # a last branch for a round that does not apply
+            branches.append(lambda image=image: image)
+            image = tf.ensure_shape(tf.switch_case(tf.where(applied, op, unchanged), branches), image.shape)
+        return tf.cast(image, tf.float32)
+
+    return augment
 
 
 def _branch(name, image, magnitude, negate, fill):
