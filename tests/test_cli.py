@@ -171,7 +171,6 @@ def test_predict_and_inspect_take_hf_handles_and_a_headless_folder_needs_no_head
     import tensorflow as tf
 
     import keras_vit
-    from keras_vit import data
 
     cache = hub_cache(tmp_path / "hub", {"timm/deit_test": "timm_family/deit", "timm/dinov2_test": "timm_family/dinov2"})
     for name, value in (("HF_HUB_CACHE", str(cache)), ("HF_HUB_OFFLINE", True)):  # read once, when it is imported
@@ -182,8 +181,9 @@ def test_predict_and_inspect_take_hf_handles_and_a_headless_folder_needs_no_head
 
     (found,) = cli.main(["predict", "--weights", "hf://timm/deit_test", str(image)])
     model = keras_vit.from_pretrained(fixture("timm_family/deit"), classifier_activation=None)
-    pixels = data.value_range(data.resize(tf.io.decode_png(tf.io.read_file(str(image)), channels=3), (32, 32)))
-    logits = keras.ops.convert_to_numpy(model(pixels.numpy()[None])).astype("float64")[0]
+    pixels = keras_vit.eval_transform(model).load(str(image))  # timm's eval transform (test_preprocessing.py)
+    assert model.eval_transform.convention == "timm"
+    logits = keras.ops.convert_to_numpy(model(pixels[None])).astype("float64")[0]
     probabilities = np.exp(logits - logits.max()) / np.exp(logits - logits.max()).sum()
     best = np.argsort(probabilities)[::-1][:5]
     assert [name for name, _ in found] == [str(index) for index in best]
