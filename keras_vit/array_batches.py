@@ -29,13 +29,6 @@ Example:
 >>> images, labels = ArrayBatches(data.from_arrays(x, y), (16, 16), 32, training=True)[0]
 >>> images.shape, labels.shape
 ((32, 16, 16, 3), (32,))
-
-Example:
->>> from keras_vit import arrays, data
->>> (x, y), _ = arrays.digits(image_size=16)
->>> images, labels = ArrayBatches(data.from_arrays(x, y), (16, 16), 32, training=True)[0]
->>> images.shape, labels.shape
-((32, 16, 16, 3), (32,))
 """
 
 import collections
