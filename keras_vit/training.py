@@ -115,8 +115,7 @@ _RULES = {
                      "model_parallel_size", "lora_rank", *SIZE_FIELDS), _AT_LEAST_1),
     **dict.fromkeys(("label_smoothing", "dropout", "stochastic_depth"), _FRACTION),
     **dict.fromkeys(("holdout_fraction", "ema"), _OPEN_FRACTION),
-    **dict.fromkeys(("warmup_steps", "mixup", "cutmix", "weight_decay", "representation_size", "workers"),
-                    _NON_NEGATIVE),
+    **dict.fromkeys(("warmup_steps", "mixup", "cutmix", "weight_decay", "representation_size", "workers"), _NON_NEGATIVE),
     **dict.fromkeys(("learning_rate", "clipnorm"), _POSITIVE),
     "min_crop_area": _bounds(0, 1, low_open=True, words="in (0, 1]"),
 }
@@ -221,8 +220,7 @@ def augmentation_defaults(dataset, min_crop_area=None, flip=None):
 def training_data(
     train_source, eval_source, image_size, batch_size, epochs, initial_epoch=0, seed=0, eval_batch_size=256,
     randaugment=None, mixup=0.0, cutmix=0.0, min_crop_area=0.05, flip=True, images_only=False, multi_process=False,
-    workers=None,
-):
+    workers=None):
     """`(stream, validation)`: the augmented batches of epochs `initial_epoch..epochs-1`, and the held-out ones.
 
     Labels are one-hot; `images_only` drops them (masked patch prediction).
@@ -363,12 +361,11 @@ def check_finite(history, backup_dir=None, learning_rate=None):
 def save_run(encoder, output_dir, class_names=None, process_index=0):
     """Write model.keras (`encoder`), classes.txt (unless `class_names` is None) and learning_curve.png, atomically.
 
-    The model keeps keras_vit's own eval transform, the one its held-out
-    accuracy was measured with. Only the chief (process 0) writes; the others save to a scratch file,
+    Only the chief (process 0) writes; the others save to a scratch file,
     since saving gathers the weights with a collective every process joins.
     """
     durable.kill_point("before-save")
-    if isinstance(encoder, VisionTransformer):  # evaluated here with keras_vit's own resize, not its checkpoint's
+    if isinstance(encoder, VisionTransformer):  # its held-out accuracy is keras_vit's own resize's, not its file's
         encoder.eval_transform = preprocessing.keras_vit()
     if process_index != 0:
         scratch = os.path.join(output_dir, f".process_{process_index}.keras")
