@@ -343,6 +343,9 @@ def from_preprocessor_config(config, where):
     if resample not in filters:
         raise ValueError(f"{where}: resample {resample!r} is not a Pillow filter keras_vit computes "
                          f"({', '.join(f'{n} ({name})' for n, name in filters.items())}).")
+    if "size" not in config:  # the processor's default size: the model's, as its own config states none
+        mode = "center" if shortest_default else "squash"
+        return EvalTransform(None, 1.0, None, mode, filters[resample], True, "transformers")
     resize_kind, resize_size = _size_field(config, "size", shortest_default, where)
     if config.get("do_resize", True) is not True:
         raise ValueError(f"{where}: do_resize {config.get('do_resize')!r}: keras_vit resizes every image to the "
