@@ -92,7 +92,7 @@ class ArrayBatches(keras.utils.PyDataset):
         self.images, self.labels = source.examples
         self.size, self.batch_size, self.training = tuple(size), int(batch_size), training
         self.key = (int(seed), int(epoch))
-        self.crop_fraction, self.augmenters, self.min_crop_area, self.flip = crop_fraction, augmenters, min_crop_area, flip
+        self.augmenters, self.min_crop_area, self.flip = augmenters, min_crop_area, flip
         self.num_classes, self.one_hot, self.images_only = num_classes or source.num_classes, one_hot, images_only
         count = len(self.labels)
         self.order = np.random.default_rng(self.key).permutation(count) if training else np.arange(count)

@@ -63,25 +63,19 @@ def _resample_axis(image, size, axis):
     return low_pixels + (np.take(image, high, axis=axis).astype("float32") - low_pixels) * weight
 
 
-def resize(image, size, crop_fraction=None):
+def resize(image, size):
     """`(height, width, channels)` or `(batch, height, width, channels)` resized bilinearly to `size`, as float32.
 
     Bit-equal to `tf.image.resize(method="bilinear")`: the columns, then
     the rows, each from two source pixels per output pixel, so a 4000x3000
-    photo takes milliseconds and is never converted to floats whole. With
-    `crop_fraction`, resized to `size / crop_fraction` first and then cut to
-    its central `size`, as evaluation does in `keras_vit.data.resize`.
+    photo takes milliseconds and is never converted to floats whole. Crops
+    for evaluation are planned by `keras_vit.EvalTransform`.
 
     Example:
     >>> resize(np.array([[[0], [255]]], "uint8"), (1, 4))[0, :, 0]
     array([  0.  ,  63.75, 191.25, 255.  ], dtype=float32)
     """
     size = tuple(int(s) for s in size)
-    if crop_fraction:
-        larger = tuple(int(round(s / crop_fraction)) for s in size)
-        resized = resize(image, larger)
-        top, left = (larger[0] - size[0]) // 2, (larger[1] - size[1]) // 2
-        return resized[..., top:top + size[0], left:left + size[1], :]
     image = np.asarray(image)
     return _resample_axis(_resample_axis(image, size[1], -2), size[0], -3)
 

@@ -43,7 +43,7 @@ PILLOW_FILTERS = {"nearest": 0, "lanczos": 1, "bilinear": 2, "bicubic": 3, "box"
 CROP_MODES = ("center", "squash")
 # Whose arithmetic decides the sizes and offsets: timm rounds the crop's offset half to even (torchvision's
 # CenterCrop) and floors `size / crop_fraction`; transformers floors the offset; vit_jax and keras_vit floor the
-# offset and round `size / crop_fraction` (`keras_vit.data.resize`).
+# offset and round `size / crop_fraction`.
 CONVENTIONS = ("timm", "transformers", "vit_jax", "keras_vit")
 
 # timm's `PretrainedCfg` fields. Those that change the pixels are computed; the rest are about weights and labels.
@@ -272,7 +272,7 @@ def vit_jax():
 
 
 def keras_vit(crop_fraction=None):
-    """keras_vit's own evaluation (`keras_vit.data.resize`): bilinear, not antialiased, optionally centre-cropped."""
+    """keras_vit's own evaluation: `tf.image.resize`'s bilinear (not antialiased), optionally centre-cropped."""
     return EvalTransform(crop_fraction=crop_fraction or 1.0, convention="keras_vit")
 
 

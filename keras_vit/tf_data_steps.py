@@ -61,13 +61,8 @@ def decode_and_inception_crop(encoded, size, seed, area_range=(0.05, 1.0)):
     return tf.image.resize(crop, size, method="bilinear")
 
 
-def resize(image, size, crop_fraction=None):
-    """Resize for evaluation; with `crop_fraction`, resize then take the central crop."""
-    if crop_fraction:
-        larger = [int(round(s / crop_fraction)) for s in size]
-        image = tf.image.resize(image, larger, method="bilinear")
-        top, left = (larger[0] - size[0]) // 2, (larger[1] - size[1]) // 2
-        return image[top : top + size[0], left : left + size[1]]
+def resize(image, size):
+    """keras_vit's evaluation resize: bilinear, not antialiased (`keras_vit.arrays.resize` is its numpy twin)."""
     return tf.image.resize(image, size, method="bilinear")
 
 
@@ -75,8 +70,9 @@ def eval_step(image, transform):
     """A `keras_vit.preprocessing.EvalTransform` in a tf.data map: `tf.image.resize` where it computes it, else
     the transform's Pillow resize and crop through `tf.numpy_function`. Float pixels in [0, 255]."""
     if transform.computed_by_tf_image_resize:
-        fraction = transform.crop_fraction if transform.crop_fraction < 1.0 else None
-        return resize(image, transform.image_size, fraction)
+        (height, width), (top, left) = transform.plan(*transform.image_size)  # a squash: the same for every image
+        crop_h, crop_w = transform.image_size
+        return resize(image, (height, width))[top:top + crop_h, left:left + crop_w]
     pixels = tf.numpy_function(lambda array: transform.pixels(array).astype("float32"), [image], tf.float32)
     return tf.reshape(pixels, (*transform.image_size, 3))
 
