@@ -1,16 +1,14 @@
 """RandAugment (Cubuk et al., 2019) as timm's `rand-m9-mstd0.5-inc1` defines it, per example, keyed like the crops.
 
-The policy, its random draws and its Pillow ops, for the numpy pipeline
-(`keras_vit.array_batches`); `keras_vit.tf_randaugment` computes the same
-ops in TensorFlow for tf.data, from the same draws.
+The policy, its random draws and its Pillow ops, for both pipelines: the
+numpy one (`keras_vit.array_batches`) calls `RandAugment.apply`, and tf.data
+calls it through `tf.numpy_function` (`keras_vit.tf_data_steps`).
 
 Why not `keras.layers.RandAugment`: it computes every one of its 11 ops on
 the whole batch, for each of its `num_ops` rounds, and keeps the chosen one
 with `where`, so a batch costs 22 full transforms where two are wanted; and it
-picks the ops once per batch, not per image. Mapped over batches of 32 at
-224 px in tf.data on one core, from a JPEG folder, it gave 31-35 images/s
-where timm's loader with `rand-m9-mstd0.5-inc1` gave 490 (this one: 300-330
-on tf.data, 400-440 on the numpy path).
+picks the ops once per batch, not per image (`benchmarks/README.md` has
+the rates).
 
 The ops are timm's "increasing" set (`_RAND_INCREASING_TRANSFORMS` in
 `timm/data/auto_augment.py`), each with its argument at magnitude `m` on
@@ -37,10 +35,9 @@ bits: a black image, as timm gave with Pillow before 13, whose
 `ImageOps.posterize` refuses 0 bits.
 
 The draws of example `position` of epoch `epoch` come from a 64-bit hash
-(SplitMix64) of `(seed, epoch, position)`, integer arithmetic that numpy
-and TensorFlow compute alike, so both pipelines pick the same ops,
-magnitudes and signs for an example, and a resumed run the same as an
-uninterrupted one.
+(SplitMix64) of `(seed, epoch, position)`, not from a random generator's
+state, so parallel workers, both pipelines and a resumed run pick the same
+ops, magnitudes and signs for an example as one uninterrupted process.
 
 Example:
 >>> policy = RandAugment(num_ops=2, magnitude=9)
@@ -77,25 +74,24 @@ MAX_MAGNITUDE = 10  # timm's _LEVEL_DENOM: magnitudes are clipped to [0, 10]
 WORDS_PER_ROUND = 5  # the op, whether it applies, two for the magnitude's normal draw, the sign
 
 
-def argument(name, magnitude, negate, math_ops=np):
+def argument(name, magnitude, negate):
     """Op `name`'s argument at `magnitude` (signed ops negated where `negate`), in float64, as timm computes it.
 
-    `math_ops` gives `floor`, `minimum`, `maximum` and `where`: numpy here,
-    their TensorFlow namesakes in `keras_vit.tf_randaugment`. None for the ops without one.
+    None for the ops without one.
     """
     if name not in ARGUMENTS:
         return None
     kind, scale = ARGUMENTS[name]
     value = magnitude / 10.0 * scale
     if kind == "signed":
-        return math_ops.where(negate, -value, value)
+        return np.where(negate, -value, value)
     if kind == "enhance":
-        return math_ops.maximum(1.0 + math_ops.where(negate, -value, value), 0.1)
+        return np.maximum(1.0 + np.where(negate, -value, value), 0.1)
     if kind == "bits":
-        return 4.0 - math_ops.floor(value)
+        return 4.0 - np.floor(value)
     if kind == "threshold":
-        return 256.0 - math_ops.minimum(math_ops.floor(value), 256.0)
-    return math_ops.minimum(math_ops.floor(value), 128.0)
+        return 256.0 - np.minimum(np.floor(value), 256.0)
+    return np.minimum(np.floor(value), 128.0)
 
 
 # SplitMix64 (Steele, Lea and Flood, 2014): a 64-bit mixing function of integer multiplies, shifts and xors.

@@ -6,7 +6,7 @@ the same steps in numpy where TensorFlow is not installed).
 
 import tensorflow as tf
 
-from keras_vit import preprocessing, tf_randaugment
+from keras_vit import preprocessing
 from keras_vit.array_batches import mixes_labels
 
 
@@ -77,6 +77,15 @@ def eval_step(image, transform):
     return tf.reshape(pixels, (*transform.image_size, 3))
 
 
+def randaugment_step(policy, image, seed, epoch, position):
+    """`policy.apply` (a `keras_vit.randaugment.RandAugment`: Pillow's ops) on example `position` (an int64
+    tensor) through `tf.numpy_function`: the numpy pipeline's code and pixels, and faster than the same ops
+    written as TensorFlow graph ops, each a switch over 15 branches per example (`benchmarks/README.md`)."""
+    augmented = tf.numpy_function(lambda pixels, index: policy.apply(pixels, seed, epoch, int(index)),
+                                  [image, position], tf.float32, stateful=False)
+    return tf.ensure_shape(augmented, image.shape)
+
+
 def value_range(image, low=-1.0, high=1.0):
     """Map [0, 255] pixels to [low, high]."""
     return tf.cast(image, "float32") / 255.0 * (high - low) + low
@@ -113,7 +122,7 @@ def examples(source, size, training, seed, epoch, crop_fraction, min_crop_area, 
         if flip:
             image = tf.image.stateless_random_flip_left_right(image, flip_seed)
         if randaugment is not None:
-            image = tf_randaugment.apply(randaugment, tf.ensure_shape(image, (*size, 3)), seed, epoch, index)
+            image = randaugment_step(randaugment, image, seed, epoch, index)
         return tf.ensure_shape(image, (*size, 3)), label
 
     return dataset.enumerate().map(train_step, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
