@@ -139,8 +139,8 @@ def _layout(values, rotate_half):
     """Per-frequency values `(..., head_dim // 2)` laid out over the head: `[a, a]` (half) or `[a0, a0, a1, a1, ...]`."""
     if rotate_half:
         return ops.concatenate([values, values], axis=-1)
-    shape = ops.shape(values)
-    return ops.reshape(ops.repeat(ops.expand_dims(values, -1), 2, axis=-1), (*shape[:-1], shape[-1] * 2))
+    shape = ops.shape(values)  # stack, not repeat: Keras' torch backend cannot run repeat on its meta device
+    return ops.reshape(ops.stack([values, values], axis=-1), (*shape[:-1], shape[-1] * 2))
 
 
 def _rotated(x, rotate_half):

@@ -186,3 +186,22 @@ def test_a_transformers_dinov3_gated_mlp_other_than_silu_is_refused(tmp_path):
         json.dump(config, f)
     with pytest.raises(CheckpointError, match="use_gated_mlp with hidden_act 'gelu'"):
         keras_vit.from_pretrained(str(folder))
+
+
+@pytest.mark.skipif(keras.backend.backend() != "torch", reason="PyTorch builds layers on its meta device")
+def test_interleaved_rope_models_build_without_running_a_real_forward_pass(monkeypatch):
+    # Keras' torch backend infers shapes on the meta device; an op it cannot run there made Keras fall back to
+    # running every block on real batch-83 tensors while building: minutes for a full-size EVA-02.
+    from keras_vit import rope
+
+    devices = []
+    rotate = rope.rotate_queries_and_keys
+
+    def recording(query, *args, **kwargs):
+        devices.append(query.device.type)
+        return rotate(query, *args, **kwargs)
+
+    monkeypatch.setattr(rope, "rotate_queries_and_keys", recording)
+    model = load("eva02_axial")
+    assert not model.get_config().get("rope_rotate_half", False) and devices
+    assert set(devices) == {"meta"}, devices
