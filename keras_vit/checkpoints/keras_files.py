@@ -12,6 +12,7 @@ import itertools
 import json
 import logging
 import math
+import tempfile
 import zipfile
 
 import keras
@@ -172,14 +173,28 @@ def _check_archive(path, budget=None, quantized=False):
             if broken is None and "model.weights.h5" in names and not quantized:
                 import h5py  # A Keras dependency.
 
-                with archive.open("model.weights.h5") as entry, h5py.File(entry, "r") as weights:
-                    refuse_integer_datasets(weights, path)
+                # Copied out once: h5py seeks, and each seek back in a zip entry re-reads it from its start.
+                with archive.open("model.weights.h5") as entry, tempfile.TemporaryFile() as copy:
+                    _copy_entry(entry, copy, path)
+                    with h5py.File(copy, "r") as weights:
+                        refuse_integer_datasets(weights, path)
     except (zipfile.BadZipFile, OSError, EOFError) as error:
         raise CheckpointError(f"{path} is not a .keras archive (a zip file), or it is truncated: {error}") from error
     if broken is not None:
         raise CheckpointError(f"{path} is corrupt: its entry {broken!r} fails its checksum.")
     if "config.json" not in names:
         raise CheckpointError(f"{path} is a zip file but not a saved Keras model: it has no config.json.")
+
+
+def _copy_entry(entry, copy, path):
+    """A zip `entry` copied into the file `copy`: a write that fails (a full disk) told apart from a broken archive."""
+    while chunk := entry.read(16 << 20):
+        try:
+            copy.write(chunk)
+        except OSError as error:
+            raise CheckpointError(f"{path}: its weights could not be copied to a temporary file in "
+                                  f"{tempfile.gettempdir()} to be checked ({error}); free space there, or set "
+                                  "TMPDIR.") from error
 
 
 def _claimed_budget(path, archive):
