@@ -17,6 +17,7 @@ Example:
 """
 
 import dataclasses
+import math
 
 LAYER_NORM_EPSILON = 1e-6
 # "gelu_tanh": the original Flax checkpoints'; "gelu": exact (timm, DINOv2, OpenCLIP); "quick_gelu":
@@ -170,9 +171,10 @@ class Architecture:
         if self.classifier == "token" and not self.class_token:
             raise ValueError("classifier='token' pools the class token, but class_token=False has none; use "
                              "classifier='gap' or 'map'.")
-        if self.layer_scale is not None and not float(self.layer_scale) > 0:
-            raise ValueError(f"layer_scale is the initial value of the learned scales, a number > 0 "
-                             f"(1e-5 in DINOv2, 1e-6 in DeiT-III), or None for none; got {self.layer_scale!r}.")
+        if self.layer_scale is not None and not float(self.layer_scale) >= 0:
+            raise ValueError(f"layer_scale is the initial value of the learned scales, a number >= 0 "
+                             f"(1e-5 in DINOv2, 1e-6 in DeiT-III, 0 in timm's Eva with init_values 0), or None for "
+                             f"none; got {self.layer_scale!r}.")
         if self.fc_norm and not self.final_norm:
             raise ValueError("fc_norm=True places the final LayerNorm after pooling, but final_norm=False has none.")
         if self.normalization not in NORMALIZATIONS:
@@ -182,10 +184,17 @@ class Architecture:
                              "attention pooling has a LayerNorm (no timm architecture combines the two).")
         if self.rope is not None and self.rope not in ROPE_FORMS:
             raise ValueError(f"Unknown rope {self.rope!r}; expected one of {ROPE_FORMS} or None.")
+        if not math.isfinite(float(self.rope_temperature)) or not float(self.rope_temperature) > 0:
+            raise ValueError(f"rope_temperature must be a finite number > 0, got {self.rope_temperature!r}.")
         if self.rope_grid_indexing not in ("ij", "xy"):
             raise ValueError(f"Unknown rope_grid_indexing {self.rope_grid_indexing!r}; expected 'ij' or 'xy'.")
         if self.rope_reference_grid is not None:
-            object.__setattr__(self, "rope_reference_grid", tuple(int(side) for side in self.rope_reference_grid))
+            sides = tuple(self.rope_reference_grid) if isinstance(self.rope_reference_grid, (list, tuple)) else ()
+            if len(sides) != 2 or not all(isinstance(side, (int, float)) and not isinstance(side, bool) and side > 0
+                                          and side == int(side) for side in sides):
+                raise ValueError(f"rope_reference_grid must be (rows, columns), two positive whole numbers, or None; "
+                                 f"got {self.rope_reference_grid!r}.")
+            object.__setattr__(self, "rope_reference_grid", tuple(int(side) for side in sides))
         if self.resnet_epsilons not in RESNET_EPSILONS:
             raise ValueError(f"Unknown resnet_epsilons {self.resnet_epsilons!r}; expected one of "
                              f"{tuple(RESNET_EPSILONS)}.")

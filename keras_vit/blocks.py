@@ -100,9 +100,9 @@ class TransformerBlock(_QuantizableSublayers, keras.layers.Layer):
     branches. q, k and v are one fused projection (`qkv_bias=False`: without
     bias). `activation` is one of `keras_vit.architecture.ACTIVATIONS`
     (`"swiglu"` halves the first MLP layer's `mlp_dim` outputs);
-    `qk_norm=True` normalises each head's queries and keys; `layer_scale`
-    (an initial value) scales both residual branches by learned
-    per-channel factors. `post_norm=True` normalises each branch's output
+    `qk_norm=True` normalises each head's queries and keys (each half, with
+    differential attention); `layer_scale` (an initial value) scales both
+    residual branches by learned per-channel factors. `post_norm=True` normalises each branch's output
     instead of its input, `x + LN(MSA(x))` then `x + LN(MLP(x))` (timm's
     `ResPostBlock`). `attention_output_norm` and `mlp_hidden_norm` add a
     LayerNorm before the attention's output projection and before the second
@@ -194,8 +194,6 @@ class TransformerBlock(_QuantizableSublayers, keras.layers.Layer):
         if self.parallel and (self.post_norm or self.attention_output_norm or self.mlp_hidden_norm):
             raise ValueError("parallel=True is not supported with post_norm, attention_output_norm or "
                              "mlp_hidden_norm (timm's parallel blocks have none of them).")
-        if self.differential_attention and self.qk_norm:
-            raise ValueError("differential_attention with qk_norm is not supported (no timm architecture has both).")
         if rope is not None and rope not in rope_module.ROPE_FORMS:
             raise ValueError(f"Unknown rope {rope!r}; expected one of {rope_module.ROPE_FORMS} or None.")
         self.rope = rope
@@ -286,9 +284,11 @@ class TransformerBlock(_QuantizableSublayers, keras.layers.Layer):
             self.mlp_norm.build(token_shape)
         self.mlp_hidden.build(token_shape)
         self.mlp_output.build((*token_shape[:-1], self.mlp_dim // 2 if self.activation == "swiglu" else self.mlp_dim))
-        if self.qk_norm:
-            self.query_norm.build((*token_shape[:-1], self.num_heads, self.head_dim))
-            self.key_norm.build((*token_shape[:-1], self.num_heads, self.head_dim))
+        if self.qk_norm:  # differential attention normalises each half-width query and key (timm's DiffAttention)
+            heads = (self.num_heads, 2, self.head_dim // 2) if self.differential_attention else (self.num_heads,
+                                                                                                  self.head_dim)
+            self.query_norm.build((*token_shape[:-1], *heads))
+            self.key_norm.build((*token_shape[:-1], *heads))
         if self.differential_attention:
             # timm's DiffAttention: lambda = exp(q1 . k1) - exp(q2 . k2) + lambda_init, and an RMSNorm (1e-5) per head.
             for name in ("lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2"):
@@ -343,7 +343,7 @@ class TransformerBlock(_QuantizableSublayers, keras.layers.Layer):
         # (see benchmarks/README.md).
         heads = (batch, tokens, self.num_heads, self.head_dim)
         query, key, value = (ops.reshape(part, heads) for part in ops.split(self.qkv(x), 3, axis=-1))
-        if self.qk_norm:
+        if self.qk_norm and not self.differential_attention:
             query, key = self.query_norm(query), self.key_norm(key)
         if self.rope:
             if positions is None:
@@ -379,6 +379,8 @@ class TransformerBlock(_QuantizableSublayers, keras.layers.Layer):
         half = self.head_dim // 2
         pairs = (batch, tokens, self.num_heads, 2, half)
         query, key = ops.reshape(query, pairs), ops.reshape(key, pairs)
+        if self.qk_norm:
+            query, key = self.query_norm(query), self.key_norm(key)
         logits = ops.einsum("bqhpd,bkhpd->bhpqk", query * ops.cast(1.0 / math.sqrt(half), query.dtype), key)
         maps = self._dropout(self.attention_dropout, ops.softmax(ops.cast(logits, "float32"), axis=-1), training)
         first, second = ops.sum(self.lambda_q1 * self.lambda_k1), ops.sum(self.lambda_q2 * self.lambda_k2)

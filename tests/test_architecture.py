@@ -118,8 +118,12 @@ def test_bad_switches_name_the_problem():
     with pytest.raises(ValueError, match=r"Unknown mlp_activation 'relu'; expected one of \('gelu_tanh', 'gelu', "
                                          r"'quick_gelu', 'swiglu'\)"):
         keras_vit.ViT(**SMALL, mlp_activation="relu")
-    with pytest.raises(ValueError, match=r"layer_scale is the initial value of the learned scales, a number > 0"):
-        keras_vit.ViT(**SMALL, layer_scale=0)
+    with pytest.raises(ValueError, match=r"layer_scale is the initial value of the learned scales, a number >= 0"):
+        keras_vit.ViT(**SMALL, layer_scale=-1e-5)
+    with pytest.raises(ValueError, match=r"rope_temperature must be a finite number > 0, got nan"):
+        Architecture(rope="axial", rope_temperature=float("nan"))
+    with pytest.raises(ValueError, match=r"rope_reference_grid must be \(rows, columns\), two positive whole numbers"):
+        Architecture(rope="axial", rope_reference_grid=(16,))
     with pytest.raises(ValueError, match="architecture must be a keras_vit.Architecture, got dict"):
         keras_vit.ViT(**SMALL, architecture={"register_tokens": 4})
     with pytest.raises(ValueError, match="A SwiGLU MLP halves its mlp_dim, which must be even; got 47"):

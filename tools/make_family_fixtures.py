@@ -119,6 +119,12 @@ CASES = {
     # qkv biases in in_proj.bias.
     "parallel_differential": ("vit_dpwee_patch16_reg1_gap_256", dict(SMALL, embed_dim=32, num_heads=2,
                                                                      num_classes=0)),
+    # Both differential blocks with qk_norm: timm normalises each half-width query and key.
+    "differential_qk_norm": ("vit_dwee_patch16_reg1_gap_256", dict(SMALL, depth=1, embed_dim=32, num_heads=2,
+                                                                   num_classes=6, qk_norm=True)),
+    "parallel_differential_qk_norm": ("vit_dpwee_patch16_reg1_gap_256", dict(SMALL, depth=1, embed_dim=32,
+                                                                             num_heads=2, num_classes=0,
+                                                                             qk_norm=True)),
 }
 DYNAMIC_SIZE = (42, 28)  # dinov2_reg's dynamic_img_size images (height, width), a 6x4 grid from a 4x4 table.
 

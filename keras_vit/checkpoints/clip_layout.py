@@ -33,6 +33,7 @@ Example:
 import os
 
 from keras_vit.architecture import Architecture
+from keras_vit.checkpoints.config_fields import checked_fields
 from keras_vit.checkpoints.source import CheckpointError, architecture_from_state, source_from_state
 from keras_vit.checkpoints.tensor_layout import TensorLayout, settings, torch_to_keras
 from keras_vit.checkpoints.state_dict_files import read_state_dict
@@ -143,7 +144,7 @@ def read_vision_tower_folder(folder, config, budget=None):
     if whole:  # CLIPConfig builds the tower from vision_config_dict alone where an older file has one.
         key = "vision_config_dict" if family == "clip" and config.get("vision_config_dict") is not None \
             else "vision_config"
-        vision, where = config.get(key) or {}, f"{where} ({key})"
+        vision, where = checked_fields({key: config.get(key)}, where)[key] or {}, f"{where} ({key})"
         if not isinstance(vision, dict):
             raise CheckpointError(f"{folder}: {key} is a JSON {type(vision).__name__}; transformers writes an "
                                   "object of the vision tower's settings.")

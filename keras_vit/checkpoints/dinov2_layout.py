@@ -108,11 +108,9 @@ def _dinov2_tensors(model_type, fields):
     return architecture, fields["num_hidden_layers"], settings(dict(fields, model_type=model_type), *keys)
 
 
-def _mlp_width(where, fields):
+def _mlp_width(fields):
     """`(field, value, MLP width)` of transformers' Dinov2MLP or Dinov2SwiGLUFFN (gate and value together)."""
     ratio = fields["mlp_ratio"]
-    if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or ratio <= 0:
-        raise CheckpointError(f"{where}: mlp_ratio is {ratio!r}; expected a positive number.")
     width = int(fields["hidden_size"] * ratio)
     if fields["use_swiglu_ffn"]:
         width = 2 * ((int(width * 2 / 3) + 7) // 8 * 8)
@@ -127,7 +125,7 @@ def read_dinov2_folder(folder, config, budget=None):
     weights, fields = transformers_fields(folder, config, CONFIG_DEFAULTS[model_type])
     where = os.path.join(folder, "config.json")
     state = from_dinov2(read_state_dict(weights, budget), weights, _dinov2_tensors(model_type, fields))
-    check_sizes(where, fields, state, _mlp_width(where, fields))
+    check_sizes(where, fields, state, _mlp_width(fields))
     if "num_register_tokens" in fields and state["register_tokens/registers"].shape[1] != fields["num_register_tokens"]:
         raise CheckpointError(f"{where}: num_register_tokens is {fields['num_register_tokens']!r}, but the file "
                               f"holds {state['register_tokens/registers'].shape[1]} register tokens "

@@ -34,7 +34,7 @@ MODEL_TYPES = ("dinov3_vit",)
 CONFIG_DEFAULTS = dict(hidden_size=384, num_hidden_layers=12, num_attention_heads=6, intermediate_size=1536,
                        hidden_act="gelu", layer_norm_eps=1e-5, rope_theta=100.0, image_size=224, patch_size=16,
                        num_channels=3, query_bias=True, key_bias=False, value_bias=True, proj_bias=True, mlp_bias=True,
-                       use_gated_mlp=False, num_register_tokens=0, apply_layernorm=True)
+                       use_gated_mlp=False, num_register_tokens=0)
 # Train-time RoPE coordinate augmentations (transformers applies them in training mode only) and backbone outputs.
 TRAINING_ONLY = ("pos_embed_shift", "pos_embed_jitter", "pos_embed_rescale", "out_features", "out_indices",
                  "stage_names", "reshape_hidden_states")
@@ -92,17 +92,15 @@ def read_dinov3_folder(folder, config, budget=None):
     weights, fields = transformers_fields(folder, dict(config, hidden_act="gelu") if gated else config,
                                           CONFIG_DEFAULTS)
     flags = {key: fields[key] for key in ("query_bias", "key_bias", "value_bias", "proj_bias", "mlp_bias",
-                                          "apply_layernorm", "use_gated_mlp")}
-    wrong = [key for key, value in flags.items() if not isinstance(value, bool)]
-    if wrong:
-        raise CheckpointError(f"{where}: {wrong[0]} is {fields[wrong[0]]!r}; expected true or false.")
+                                          "use_gated_mlp")}
     if flags["query_bias"] != flags["value_bias"] or (flags["key_bias"] and not flags["query_bias"]):
         raise CheckpointError(f"{where}: query_bias {flags['query_bias']}, key_bias {flags['key_bias']} and value_bias "
                               f"{flags['value_bias']}; keras_vit computes q and v biases together, with or without "
                               "one on the keys.")
-    if not (flags["proj_bias"] and flags["mlp_bias"] and flags["apply_layernorm"]):
-        raise CheckpointError(f"{where}: proj_bias, mlp_bias and apply_layernorm must be true (DINOv3's); this config "
-                              f"sets {flags}.")
+    for key in ("proj_bias", "mlp_bias"):
+        if not flags[key]:
+            raise CheckpointError(f"{where}: {key} is false; expected true (keras_vit computes DINOv3's biases on the "
+                                  "attention output and both MLP layers).")
     architecture = Architecture(
         register_tokens=int(fields["num_register_tokens"]), position_embedding=False, layer_scale=1.0,
         qkv_bias=flags["query_bias"], key_bias=flags["key_bias"] or not flags["query_bias"],
@@ -110,6 +108,9 @@ def read_dinov3_folder(folder, config, budget=None):
         rope="dinov3", rope_temperature=float(fields["rope_theta"]), rope_rotate_half=True,
         **IMAGENET_PIXEL_STATISTICS)
     tensors = read_state_dict(weights, budget)
+    registers = tensors.get("embeddings.register_tokens")
+    if registers is not None and registers.shape[1:2] == (0,):  # DINOv3ViTEmbeddings keeps one, empty, without any
+        del tensors["embeddings.register_tokens"]
     layout = _layout(gated, architecture.key_bias)
     state = layout.read(tensors, weights, expected=(architecture, fields["num_hidden_layers"], settings(
         fields, "num_hidden_layers", "num_register_tokens", "use_gated_mlp", "query_bias", "key_bias")))

@@ -387,19 +387,6 @@ def pixel_statistics(mean, std, where, fields=("mean", "std")):
     return found
 
 
-def positive_int_field(fields, key, where, prefix=""):
-    """`fields[key]` of a parsed config file as a positive int (None if absent), else a `CheckpointError`.
-
-    The error names the file (`where`) and the field (`prefix + key`).
-    """
-    value = fields.get(key)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise CheckpointError(f"{where}: {prefix}{key} is {value!r}; expected a positive int.")
-    return value
-
-
 def refuse_non_float(description, found):
     """Raise for weights that are not floating point, `found` as `[(name, dtype)]`; every reader ends here.
 

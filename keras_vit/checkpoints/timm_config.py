@@ -11,7 +11,8 @@ Example:
 """
 
 from keras_vit import preprocessing
-from keras_vit.checkpoints.source import CheckpointError, architecture_from_state, pixel_statistics, positive_int_field
+from keras_vit.checkpoints.config_fields import checked_fields
+from keras_vit.checkpoints.source import CheckpointError, architecture_from_state, pixel_statistics
 from keras_vit.checkpoints.tensor_layout import image_size_of_grid
 from keras_vit.checkpoints.timm_families import (
     ACTIVATIONS,
@@ -23,44 +24,32 @@ from keras_vit.checkpoints.timm_families import (
 )
 
 
-def _is_number(value):
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+# The model_args keywords of timm's VisionTransformer that keras_vit reads (the rest are refused by name).
+VISION_TRANSFORMER_ARGUMENTS = frozenset({*SIZE_KEYWORDS, *INFERENCE_NEUTRAL_KEYWORDS, *DEFAULT_ONLY_KEYWORDS,
+                                          *(set(SWITCH_KEYWORDS) - set(TABLE_ONLY_KEYWORDS))})
 
 
-# What timm takes for each switch keyword in model_args (a JSON value): in words, and the check.
-_FLAG = ("true or false", lambda value: isinstance(value, bool))
-_SWITCH_TYPES = {
-    "reg_tokens": ("a whole number >= 0", lambda value: _is_number(value) and value == int(value) and value >= 0),
-    "init_values": ("a number or null", lambda value: value is None or _is_number(value)),
-    "fc_norm": ("true, false or null", lambda value: value is None or isinstance(value, bool)),
-    "act_layer": ("a name", lambda value: isinstance(value, str)),
-    "global_pool": ("a name", lambda value: isinstance(value, str)),
-}
+def model_args_of(config, where, family="VisionTransformer", computed=VISION_TRANSFORMER_ARGUMENTS):
+    """`config.json`'s `model_args` for timm's `family` class, each value as `config_fields.checked_fields` reads it.
 
-
-def model_args_of(config, where):
-    """`config.json`'s `model_args`, each key one that keras_vit computes (else a `CheckpointError` naming it)."""
+    A key outside `computed`, or one keras_vit computes only at timm's
+    default, is a `CheckpointError` naming it; so is a value of another kind.
+    """
     args = config.get("model_args") or {}
     if not isinstance(args, dict):
         raise CheckpointError(f"{where}: model_args is a JSON {type(args).__name__}; timm writes an object of "
-                              "VisionTransformer arguments ({\"num_heads\": 12, ...}).")
+                              f"{family} arguments ({{\"num_heads\": 12, ...}}).")
     for key, value in args.items():
-        if key in SIZE_KEYWORDS or key in INFERENCE_NEUTRAL_KEYWORDS:
-            continue
-        if key in DEFAULT_ONLY_KEYWORDS:
-            if value != DEFAULT_ONLY_KEYWORDS[key]:
-                raise CheckpointError(f"{where}: model_args.{key} is {value!r}, which keras_vit does not compute "
-                                      f"(only timm's default {DEFAULT_ONLY_KEYWORDS[key]!r}); nothing was loaded.")
-            continue
-        if key not in SWITCH_KEYWORDS or key in TABLE_ONLY_KEYWORDS:
-            raise CheckpointError(f"{where}: model_args.{key} is not a VisionTransformer argument keras_vit "
-                                  "computes; nothing was loaded.")
-        kind, accepted = _SWITCH_TYPES.get(key, _FLAG)
-        if not accepted(value):
-            raise CheckpointError(f"{where}: model_args.{key} is {value!r}; timm takes {kind}.")
-        if key == "act_layer" and value not in ACTIVATIONS:
-            raise CheckpointError(f"{where}: model_args.act_layer is {value!r}; keras_vit computes "
-                                  f"{sorted(name for name in ACTIVATIONS if name)}.")
+        if key not in computed:
+            raise CheckpointError(f"{where}: model_args.{key} is not {'an' if family[0] in 'AEIOU' else 'a'} {family} "
+                                  "argument keras_vit computes; nothing was loaded.")
+        if key in DEFAULT_ONLY_KEYWORDS and value != DEFAULT_ONLY_KEYWORDS[key]:
+            raise CheckpointError(f"{where}: model_args.{key} is {value!r}, which keras_vit does not compute "
+                                  f"(only timm's default {DEFAULT_ONLY_KEYWORDS[key]!r}); nothing was loaded.")
+    args = checked_fields(args, where, "model_args.")
+    if args.get("act_layer") not in ACTIVATIONS:
+        raise CheckpointError(f"{where}: model_args.act_layer is {args['act_layer']!r}; keras_vit computes "
+                              f"{sorted(name for name in ACTIVATIONS if name)}.")
     if args.get("in_chans", 3) != 3:
         raise CheckpointError(f"{where}: model_args.in_chans is {args['in_chans']!r}; keras_vit's models take RGB "
                               "images (3 channels).")
@@ -72,10 +61,8 @@ def checked_sizes(state, entry, args, name, path, where):
     sizes = {}
     for key, default in (("patch_size", entry.patch_size), ("embed_dim", entry.embed_dim), ("depth", entry.depth),
                          ("num_heads", entry.num_heads)):
-        sizes[key] = positive_int_field(args, key, where, "model_args.") or default
+        sizes[key] = args.get(key, default)
     ratio = args.get("mlp_ratio", entry.mlp_ratio)
-    if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not ratio > 0:
-        raise CheckpointError(f"{where}: model_args.mlp_ratio is {ratio!r}; expected a number > 0.")
     kernel, mlp = state["embedding/kernel"], state.get("encoderblock_0/mlp_hidden/kernel")
     found = dict(patch_size=(int(kernel.shape[0]), "patch_embed.proj.weight"),
                  embed_dim=(int(kernel.shape[-1]), "patch_embed.proj.weight"),
@@ -167,8 +154,7 @@ def check_head(state, num_classes, path, where):
     head = state.get("head/kernel")
     if num_classes is None:
         return
-    if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 0:
-        raise CheckpointError(f"{where}: num_classes is {num_classes!r}; expected a whole number >= 0.")
+    checked_fields({"num_classes": num_classes}, where)
     if num_classes and head is None:
         raise CheckpointError(f"{path} lacks head.weight and head.bias, which its config.json's num_classes "
                               f"{num_classes} needs. Nothing was loaded.")
@@ -185,27 +171,18 @@ def grid_of_config(state, architecture, entry, args, pretrained, patch, where):
     that fits none (a file resized after training), read as its own square
     grid.
     """
-    candidates = []
-    size = args.get("img_size")
-    if size is not None:
-        if isinstance(size, int) and not isinstance(size, bool):
-            size = (size, size)
-        if not (isinstance(size, (list, tuple)) and len(size) == 2
-                and all(isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in size)):
-            raise CheckpointError(f"{where}: model_args.img_size is {size!r}; expected a positive int or "
-                                  "[height, width].")
-        candidates.append(tuple(size))
-    input_size = pretrained.get("input_size")
-    if input_size is not None:
-        if not (isinstance(input_size, (list, tuple)) and len(input_size) == 3
-                and all(isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in input_size)):
-            raise CheckpointError(f"{where}: pretrained_cfg.input_size is {input_size!r}; expected [channels, "
-                                  "height, width].")
-        candidates.append(tuple(input_size[1:]))
-    candidates.append(entry.image_size)
+    candidates = configured_image_sizes(args, pretrained, entry, where)
     rows = state["position_embedding/pos_embedding"].shape[1] - architecture.position_prefix_rows
     size = image_size_of_grid(candidates, patch, rows)
     return (None, None) if size is None else ((size[0] // patch, size[1] // patch), size)
+
+
+def configured_image_sizes(args, pretrained, entry, where):
+    """The image sizes a timm config.json states, first to last: `model_args.img_size`, `pretrained_cfg.input_size`
+    (its height and width), the name's (`entry`)."""
+    input_size = checked_fields({"input_size": pretrained.get("input_size")}, where, "pretrained_cfg.")["input_size"]
+    stated = (args.get("img_size"), None if input_size is None else tuple(input_size[1:]), entry.image_size)
+    return [size for size in stated if size is not None]
 
 
 def configured_switches(entry, args, config, keywords, default_pool, where):

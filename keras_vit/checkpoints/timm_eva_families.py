@@ -90,7 +90,9 @@ def eva_switches_to_architecture(switches):
         qkv_bias=bool(switches.get("qkv_bias", True)),
         key_bias=switches.get("attn_type", "eva") == "rope" or not switches.get("qkv_bias", True),
         qk_norm=bool(switches.get("qk_norm", False)),
-        layer_scale=float(switches["init_values"]) if switches.get("init_values") else None,
+        # Eva's blocks make gammas for any init_values but None (0.0 too); its post-norm blocks ignore it.
+        layer_scale=None if switches.get("init_values") is None or switches.get("use_post_norm")
+        else float(switches["init_values"]),
         mlp_activation="swiglu" if switches.get("swiglu_mlp") else "gelu",
         normalization=switches.get("norm_layer", "layer_norm"),
         layer_norm_epsilon=float(switches.get("norm_eps", 1e-6)),
@@ -99,7 +101,8 @@ def eva_switches_to_architecture(switches):
         mlp_hidden_norm=bool(switches.get("scale_mlp", False)),
         rope=rope,
         rope_temperature=float(switches.get("rope_temperature", 10000.0)),
-        rope_grid_offset=float(switches.get("rope_grid_offset", 0.0)),
+        # timm passes rope_grid_offset to its axial and DINOv3 RoPE, not to the mixed one.
+        rope_grid_offset=0.0 if rope == "mixed" else float(switches.get("rope_grid_offset", 0.0)),
         rope_grid_indexing=switches.get("rope_grid_indexing", "ij"),
         rope_reference_grid=None if reference is None else tuple(reference),
         rope_rotate_half=bool(switches.get("rope_rotate_half", False)),

@@ -17,17 +17,13 @@ Example:
 import numpy as np
 
 from keras_vit.architecture import Architecture
-from keras_vit.checkpoints.source import (
-    CheckpointError,
-    positive_int_field,
-    source_from_state,
-    state_of,
-)
+from keras_vit.checkpoints.source import CheckpointError, source_from_state, state_of
 from keras_vit.checkpoints.built_model import architecture_of, native_grid
 from keras_vit.checkpoints.state_dict_files import read_state_dict
 from keras_vit.checkpoints.tensor_layout import BlockRule, TensorLayout, settings
-from keras_vit.checkpoints.timm_config import (check_head, configured_eval_transform, configured_pixel_statistics,
-                                               configured_switches, grid_of_config)
+from keras_vit.checkpoints.timm_config import (check_head, configured_eval_transform, configured_image_sizes,
+                                               configured_pixel_statistics, configured_switches, grid_of_config,
+                                               model_args_of)
 from keras_vit.checkpoints.timm_eva_families import (
     EVA_ARCHITECTURES,
     EVA_KEYWORDS,
@@ -139,31 +135,17 @@ def layout_of(switches, architecture):
     return SEPARATE_QUERY_VALUE_BIASES if architecture.qkv_bias and not architecture.key_bias else SEPARATE
 
 
-def _checked_model_args(config, where):
-    args = config.get("model_args") or {}
-    if not isinstance(args, dict):
-        raise CheckpointError(f"{where}: model_args is a JSON {type(args).__name__}; timm writes an object of Eva "
-                              "arguments ({\"num_heads\": 12, ...}).")
-    # norm_layer and norm_eps are classes in timm, which only a model function sets.
-    known = {*EVA_KEYWORDS, *TRAINING_ONLY_KEYWORDS, *SIZE_KEYWORDS, *INFERENCE_NEUTRAL_KEYWORDS} - {"norm_eps",
-                                                                                                     "norm_layer"}
-    unknown = sorted(set(args) - known)
-    if unknown:
-        raise CheckpointError(f"{where}: model_args.{unknown[0]} is not an Eva argument keras_vit computes; nothing "
-                              "was loaded.")
-    if args.get("in_chans", 3) != 3:
-        raise CheckpointError(f"{where}: model_args.in_chans is {args['in_chans']!r}; keras_vit's models take RGB "
-                              "images (3 channels).")
-    return args
+# The model_args keywords of timm's Eva that keras_vit reads; norm_layer and norm_eps are classes in timm, which
+# only a model function sets.
+EVA_ARGUMENTS = frozenset({*EVA_KEYWORDS, *TRAINING_ONLY_KEYWORDS, *SIZE_KEYWORDS, *INFERENCE_NEUTRAL_KEYWORDS}
+                           - {"norm_eps", "norm_layer"})
 
 
 def _sizes(state, entry, args, switches, name, path, where):
-    sizes = {key: positive_int_field(args, key, where, "model_args.") or default for key, default in (
+    sizes = {key: args.get(key, default) for key, default in (
         ("patch_size", entry.patch_size), ("embed_dim", entry.embed_dim), ("depth", entry.depth),
         ("num_heads", entry.num_heads))}
     ratio = args.get("mlp_ratio", entry.mlp_ratio)
-    if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not ratio > 0:
-        raise CheckpointError(f"{where}: model_args.mlp_ratio is {ratio!r}; expected a number > 0.")
     sizes["mlp_dim"] = eva_mlp_dim(sizes["embed_dim"], ratio, switches)
     kernel = state["embedding/kernel"]
     found = dict(patch_size=(int(kernel.shape[0]), "patch_embed.proj.weight"),
@@ -175,9 +157,12 @@ def _sizes(state, entry, args, switches, name, path, where):
             given = f"model_args.{key}" if key in args else f"timm's {name!r}"
             raise CheckpointError(f"{path}: {tensor} gives {key} {value}, but {given} has {sizes[key]} ({where}); "
                                   "the name, config and tensors disagree. Nothing was loaded.")
-    if sizes["embed_dim"] % sizes["num_heads"]:
-        raise CheckpointError(f"{where}: num_heads {sizes['num_heads']} does not divide the width "
-                              f"{sizes['embed_dim']} of {path}.")
+    pool_heads = switches.get("attn_pool_num_heads") if switches.get("global_pool") == "map" else None
+    for key, heads in (("num_heads", sizes["num_heads"]), ("attn_pool_num_heads", pool_heads)):
+        if heads and sizes["embed_dim"] % heads:
+            given = f"model_args.{key}" if key in args else f"timm's {name!r} {key}"
+            raise CheckpointError(f"{where}: {given} is {heads}, which does not divide the width "
+                                  f"{sizes['embed_dim']} of {path}.")
     return sizes
 
 
@@ -202,8 +187,12 @@ def read_timm_eva(path, budget, config, where):
     architecture, one of `timm_eva_families.EVA_ARCHITECTURES`, into a `WeightsSource`."""
     name = config.get("architecture")
     entry = EVA_ARCHITECTURES[name]
-    args = _checked_model_args(config, where)
+    args = model_args_of(config, where, "Eva", EVA_ARGUMENTS)
     switches = configured_switches(entry, args, config, (*EVA_KEYWORDS, *TRAINING_ONLY_KEYWORDS), "avg", where)
+    if switches.get("rope_type") == "mixed" and switches.get("rope_rotate_half"):
+        given = "model_args.rope_rotate_half" if "rope_rotate_half" in args else f"timm's {name!r} rope_rotate_half"
+        raise CheckpointError(f"{where}: {given} is True with rope_type 'mixed'; expected false (timm's mixed RoPE "
+                              "rotates interleaved pairs).")
     try:
         fields = eva_switches_to_architecture(switches)
     except KeyError as error:
@@ -237,8 +226,7 @@ def read_timm_eva(path, budget, config, where):
     if architecture.position_embedding:
         grid, _ = grid_of_config(state, architecture, entry, args, pretrained, step, where)
     else:
-        size = args.get("img_size") or (pretrained.get("input_size") or (None, *entry.image_size))[1:]
-        size = (size, size) if isinstance(size, int) else tuple(size)
+        size = configured_image_sizes(args, pretrained, entry, where)[0]
         grid = (size[0] // step, size[1] // step)
     source = source_from_state(path, state, grid, sizes["num_heads"], architecture)
     source.position_resize = entry.resize[:2]

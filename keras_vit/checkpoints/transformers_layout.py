@@ -26,13 +26,9 @@ Example:
 import os
 
 from keras_vit.architecture import Architecture
-from keras_vit.checkpoints.source import (
-    CheckpointError,
-    architecture_from_state,
-    class_names_in_order,
-    positive_int_field,
-    source_from_state,
-)
+from keras_vit.checkpoints.config_fields import checked_fields
+from keras_vit.checkpoints.source import (CheckpointError, architecture_from_state, class_names_in_order,
+                                          source_from_state)
 from keras_vit.checkpoints.tensor_layout import QKV, TensorLayout, grid_of_image_sizes, settings
 from keras_vit.checkpoints.state_dict_files import folder_weights, read_state_dict
 
@@ -82,7 +78,7 @@ INFERENCE_IRRELEVANT = {
     "out_features": "Dinov2Backbone's choice of feature maps",
     "out_indices": "Dinov2Backbone's choice of feature maps",
     "stage_names": "Dinov2Backbone's names of feature maps",
-    "apply_layernorm": "Dinov2Backbone's feature maps",
+    "apply_layernorm": "the feature maps of the Backbone classes (Dinov2Backbone, DINOv3ViTBackbone)",
     "reshape_hidden_states": "Dinov2Backbone's feature maps",
     "label2id": "the inverse of id2label",
     "architectures": "the class that saved the file; its tensors show the head",
@@ -105,30 +101,18 @@ def transformers_fields(folder, config, defaults, where=None):
     """`(weights path, fields)` of a transformers folder: its config's `defaults` keys (transformers' default where
     absent or null), the ones every reader reads checked; errors name `where` (default the folder's config.json).
 
-    `fields["image_size"]` is `(height, width)`, `fields["hidden_act"]` keras_vit's `mlp_activation`.
+    Each field is of its kind (`config_fields.FIELD_KINDS`): `fields["image_size"]` is `(height, width)`,
+    `fields["patch_size"]` an int; `fields["hidden_act"]` is keras_vit's `mlp_activation`.
     """
     weights = folder_weights(folder, "transformers")
     where = where or os.path.join(folder, "config.json")
     fields = {key: default if config.get(key) is None else config[key] for key, default in defaults.items()}
+    fields = checked_fields(fields, where)
     activation = fields["hidden_act"]
-    if not isinstance(activation, str) or activation not in _ACTIVATIONS:
+    if activation not in _ACTIVATIONS:
         raise CheckpointError(f"{where}: hidden_act {activation!r} is not a GELU; keras_vit's blocks compute GELU "
                               f"({', '.join(_ACTIVATIONS)}).")
     fields["hidden_act"] = _ACTIVATIONS[activation]
-    for key in ("hidden_size", "num_hidden_layers", "num_attention_heads", "patch_size", "num_channels"):
-        positive_int_field(fields, key, where)
-    size = fields["image_size"]
-    sides = tuple(size) if isinstance(size, (list, tuple)) else (size, size)
-    if len(sides) != 2 or not all(isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in sides):
-        raise CheckpointError(f"{where}: image_size is {size!r}; expected a positive int or [height, width].")
-    fields["image_size"] = sides
-    epsilon = fields["layer_norm_eps"]
-    if isinstance(epsilon, bool) or not isinstance(epsilon, (int, float)) or not 0 < epsilon < 1:
-        raise CheckpointError(f"{where}: layer_norm_eps is {epsilon!r}; expected a small positive number.")
-    fields["layer_norm_eps"] = float(epsilon)
-    for key in ("qkv_bias", "use_swiglu_ffn", "vision_use_head"):
-        if key in fields and not isinstance(fields[key], bool):
-            raise CheckpointError(f"{where}: {key} is {fields[key]!r}; expected true or false.")
     return weights, fields
 
 
