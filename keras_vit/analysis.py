@@ -12,6 +12,7 @@
 The `plot_*` functions write PNG files with matplotlib.
 """
 
+import logging
 import math
 import os
 
@@ -19,18 +20,20 @@ import keras
 import numpy as np
 
 from keras_vit import files
-from keras_vit.checkpoints.source import architecture_of, native_grid
-from keras_vit.functional import native_image_size
+from keras_vit.checkpoints.source import architecture_of
+from keras_vit.functional import sizes_of
 from keras_vit.imagenet import preprocess_input
 from keras_vit.layers import TokenPooling
+
+logger = logging.getLogger("keras_vit")
 
 
 def _numpy(x):
     return np.asarray(keras.ops.convert_to_numpy(x))
 
 
-def _grid_and_prefix(model):
-    return native_grid(model), architecture_of(model).num_prefix_tokens
+def _has_position_table(model):
+    return any(layer.name == "position_embedding" for layer in model.layers)
 
 
 def _is_hybrid(model):
@@ -100,6 +103,9 @@ def rollout_map(rollout, grid_size, num_prefix_tokens=1):
     if num_prefix_tokens < 1:
         raise ValueError("A rollout map needs a class token (num_prefix_tokens >= 1).")
     weights = np.asarray(rollout)[:, 0, num_prefix_tokens:]
+    if weights.shape[-1] != grid_size[0] * grid_size[1]:
+        raise ValueError(f"A rollout over {weights.shape[-1]} patch tokens is no {tuple(grid_size)} grid; pass the "
+                         "grid of the image the attentions came from.")
     maps = weights.reshape(-1, *grid_size)
     low = maps.min(axis=(1, 2), keepdims=True)
     span = maps.max(axis=(1, 2), keepdims=True) - low
@@ -170,6 +176,9 @@ def position_embedding_similarity(model):
     Returns `(rows, cols, rows, cols)`: entry `[i, j]` is the similarity map of
     patch `(i, j)` against the grid, the grid of grids of Figure 7 (centre).
     """
+    if not _has_position_table(model):
+        raise ValueError(f"{model.name!r} has no learned position table (its positions are rotary, RoPE): there is "
+                         "no position-embedding similarity to show.")
     position = model.get_layer("position_embedding")
     grid_size, prefix = tuple(position.grid_size), position.num_prefix_tokens  # The table's rows, not the sequence's
     table = _numpy(position.pos_embedding)[0, prefix:].astype("float64")
@@ -344,14 +353,20 @@ def plot_attention_overlay(image, attention_map, path):
 
 
 def inspect(model, image, output_dir):
-    """Write every figure for one model and one image (`[-1, 1]` or uint8) to `output_dir`."""
+    """Write every figure for one model and one image (`[-1, 1]` or uint8) to `output_dir`.
+
+    The maps are on the image's own patch grid (a dynamic-resolution model
+    takes any size); a model without a learned position table (RoPE) has no
+    position-embedding figure, which is said.
+    """
 
     os.makedirs(output_dir, exist_ok=True)
     image = np.asarray(image)
     model_input = preprocess_input(image) if image.dtype == np.uint8 else image
     attentions = attention_weights(model, model_input[None])
-    grid_size, prefix = _grid_and_prefix(model)
-    patch_size = native_image_size(model)[0] // grid_size[0]  # In pixels, also for a hybrid.
+    patch_size = sizes_of(model).pixels_per_patch  # In pixels, also for a hybrid.
+    grid_size = (image.shape[0] // patch_size, image.shape[1] // patch_size)  # The image's, not the table's
+    prefix = architecture_of(model).num_prefix_tokens
     written = {}
     if architecture_of(model).class_token:  # Rollout follows the class token's row.
         heat = rollout_map(attention_rollout(attentions), grid_size, prefix)[0]
@@ -360,8 +375,13 @@ def inspect(model, image, output_dir):
     distances = mean_attention_distance(attentions, grid_size, patch_size, prefix)
     written["mean_attention_distance"] = os.path.join(output_dir, "mean_attention_distance.png")
     plot_mean_attention_distance(distances, written["mean_attention_distance"])
-    written["position_embedding_similarity"] = os.path.join(output_dir, "position_embedding_similarity.png")
-    plot_position_embedding_similarity(position_embedding_similarity(model), written["position_embedding_similarity"])
+    if _has_position_table(model):
+        written["position_embedding_similarity"] = os.path.join(output_dir, "position_embedding_similarity.png")
+        plot_position_embedding_similarity(position_embedding_similarity(model),
+                                           written["position_embedding_similarity"])
+    else:
+        logger.warning("No position-embedding similarity figure: the model's positions are rotary (RoPE), with no "
+                       "learned table to compare.")
     if not _is_hybrid(model):  # A hybrid's filters see no pixels.
         written["embedding_filters"] = os.path.join(output_dir, "embedding_filters.png")
         plot_embedding_filters(embedding_filters(model), written["embedding_filters"])

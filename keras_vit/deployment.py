@@ -10,8 +10,9 @@ what a ViT needs around it:
   one cannot export LayerNorm's shape (a `SymbolicValueError`) or int8's
   division;
 - on JAX, a model that was only used through `predict` counts as called;
-- a dynamic-resolution model exports on JAX and PyTorch at the size its
-  position table was trained at (TensorFlow keeps height and width open);
+- a dynamic-resolution model keeps height and width open on TensorFlow and
+  PyTorch (whole patches); on JAX, whose exporters cannot, it exports at the
+  size its position table was trained at, and says so;
 - LoRA adapters are merged into the kernels first (equal outputs, plain ops);
 - a SavedModel keeps the model's precision (`dtype=`); ONNX and LiteRT take
   float32 models (their CPU runtimes have no bfloat16 convolution);
@@ -28,6 +29,7 @@ Example:
 """
 
 import importlib.util
+import logging
 import os
 import warnings
 
@@ -37,6 +39,7 @@ from keras_vit import files
 from keras_vit.keras_internals import has_been_called, sublayers
 from keras_vit.lora import merge_lora
 
+logger = logging.getLogger("keras_vit")
 FORMATS = ("onnx", "litert", "tf_saved_model")
 BACKENDS = {"onnx": ("jax", "tensorflow", "torch"), "litert": ("tensorflow",), "tf_saved_model": ("jax", "tensorflow")}
 # The packages each format needs on each backend (import names).
@@ -89,7 +92,7 @@ def check_format(format, quantize=None):
 
 
 def export_model(model, filepath, format="tf_saved_model", verbose=None, input_signature=None, quantize=None,
-                 native_image_size=None, **kwargs):
+                 native_image_size=None, patch_pixels=None, **kwargs):
     """Write `model` to `filepath` as `format` ("onnx", "litert" or "tf_saved_model"); returns `filepath`.
 
     Args:
@@ -103,7 +106,10 @@ def export_model(model, filepath, format="tf_saved_model", verbose=None, input_s
             for ONNX and SavedModel, LiteRT's own dynamic-range int8 for LiteRT
             (its converter does not take Keras' int8 matmuls).
         native_image_size: `(height, width)` a dynamic-resolution model exports
-            at on JAX and PyTorch (`keras_vit.functional.native_image_size`).
+            at on JAX (`keras_vit.functional.native_image_size`), and PyTorch
+            traces it at.
+        patch_pixels: the pixels one patch spans, whose multiples a
+            dynamic-resolution model's ONNX file takes on PyTorch.
         **kwargs: passed to Keras' exporter (for LiteRT, converter settings).
     """
     if format not in FORMATS:
@@ -139,12 +145,12 @@ def export_model(model, filepath, format="tf_saved_model", verbose=None, input_s
 
         kwargs.setdefault("optimizations", [tf.lite.Optimize.DEFAULT])
     if input_signature is None:
-        input_signature = [_default_input_spec(model, native_image_size)]
+        input_signature = [_default_input_spec(model, native_image_size, filepath)]
     if not has_been_called(model):  # Keras' ONNX export asks for it; `predict` on JAX never sets it.
         model(keras.KerasTensor(input_signature[0].shape, dtype=input_signature[0].dtype))
     with files.atomic_path(filepath) as path:
         if format == "onnx" and keras.backend.backend() == "torch":
-            _export_onnx_torch(model, path, input_signature[0], verbose)
+            _export_onnx_torch(model, path, input_signature[0], verbose, native_image_size, patch_pixels)
         else:
             keras.Model.export(model, path, format=format, verbose=bool(verbose), input_signature=input_signature,
                                **kwargs)
@@ -173,24 +179,37 @@ def _plain_copy(model, quantize):
     return model
 
 
-def _default_input_spec(model, native_image_size):
-    """The model's input with a dynamic batch; on JAX and PyTorch a dynamic-resolution model's native size."""
+def _default_input_spec(model, native_image_size, filepath):
+    """The model's input with a dynamic batch; on JAX a dynamic-resolution model's native size, said."""
     shape = tuple(model.inputs[0].shape)
-    if None in shape[1:3] and keras.backend.backend() != "tensorflow" and native_image_size:
+    if None in shape[1:3] and keras.backend.backend() == "jax" and native_image_size:
         shape = (None, *native_image_size, shape[3])
+        # Measured: jax2onnx cannot reshape by a product of symbolic sizes (the patch grid's rows times columns).
+        logger.warning("%s takes images of any size, but the JAX backend exports it at one: %s takes %dx%d images; "
+                       "export it on the tensorflow or torch backend to keep height and width open.", model.name,
+                       filepath, *native_image_size)
     return keras.InputSpec(shape=shape, dtype=model.inputs[0].dtype, name=model.inputs[0].name)
 
 
-def _export_onnx_torch(model, path, spec, verbose):
-    """PyTorch's dynamo ONNX exporter with a dynamic batch (Keras' TorchScript path fails on a ViT)."""
+def _export_onnx_torch(model, path, spec, verbose, native_image_size, patch_pixels):
+    """PyTorch's dynamo ONNX exporter with a dynamic batch (Keras' TorchScript path fails on a ViT).
+
+    A dynamic-resolution model is traced at its native size, its height and
+    width left open as multiples of `patch_pixels`.
+    """
     import torch
 
-    batch = torch.export.Dim("batch", min=1)
-    sample = torch.zeros((2, *spec.shape[1:]), dtype=getattr(torch, spec.dtype))
+    axes = {0: torch.export.Dim("batch", min=1)}
+    size = spec.shape[1:3]
+    if None in size:
+        rows, cols = torch.export.Dim("rows", min=1), torch.export.Dim("cols", min=1)
+        axes.update({1: patch_pixels * rows, 2: patch_pixels * cols})
+        size = native_image_size
+    sample = torch.zeros((2, *size, spec.shape[3]), dtype=getattr(torch, spec.dtype))
     model.eval()
     # A Keras layer's forward takes *args, so its dynamic shapes are one tuple per positional argument.
     program = torch.onnx.export(model, (sample,), dynamo=True, input_names=[spec.name or "images"],
-                                dynamic_shapes=(({0: batch},),), verbose=bool(verbose))
+                                dynamic_shapes=((axes,),), verbose=bool(verbose))
     program.optimize()
     program.save(path)
 

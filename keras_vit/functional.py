@@ -152,7 +152,7 @@ class VisionTransformer(keras.Model):
         """
         return deployment.export_model(self, filepath, format=format, verbose=verbose,
                                        input_signature=input_signature, native_image_size=native_image_size(self),
-                                       **kwargs)
+                                       patch_pixels=sizes_of(self).pixels_per_patch, **kwargs)
 
     def call(self, inputs, *args, **kwargs):
         # Keras' JAX trainer calls `call` directly, without the input check of `__call__`: every entry point and
@@ -197,13 +197,15 @@ class VisionTransformer(keras.Model):
                 fix = f"they have {found[-1]} channels"
             raise ValueError(f"Images of shape {found} are not RGB channels-last {expected}; {fix}.")
         if len(found) == 4 and expected[1:3] == DYNAMIC:
-            # A TensorFlow graph traced with unknown sizes cannot check them; a "valid" convolution would crop.
-            sizes = sizes_of(self)
+            # A TensorFlow graph traced with unknown sizes cannot check them; a "valid" convolution would crop,
+            # which only a model built with drop_remainder=True asks for.
+            sizes, crop = sizes_of(self), self.get_layer("embedding").drop_remainder
             for size, axis in zip(found[1:3], ("height", "width")):
-                if size is not None and size % sizes.pixels_per_patch:
+                if size is not None and (size < sizes.pixels_per_patch if crop else size % sizes.pixels_per_patch):
                     what = f"the patch size {sizes.patch_size}" if sizes.resnet_layers is None else \
                         f"the {sizes.pixels_per_patch} pixels one patch spans"
-                    raise ValueError(f"Image {axis} {size} is not divisible by {what} (input shape {found}).")
+                    raise ValueError(f"Image {axis} {size} is {'smaller than' if crop else 'not divisible by'} {what} "
+                                     f"(input shape {found}).")
         compatible = len(found) == 4 and all(e is None or f is None or e == f for e, f in zip(expected, found))
         if not compatible:
             raise ValueError(

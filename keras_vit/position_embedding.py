@@ -156,9 +156,10 @@ def traced_interpolation_matrix(in_size, out_size, interpolation="bicubic", anti
     """
     if interpolation not in INTERPOLATIONS:
         raise ValueError(f"Unknown interpolation {interpolation!r}; expected one of {INTERPOLATIONS}.")
-    scale = float(in_size) / ops.cast(out_size, "float32")
-    out_index = ops.cast(ops.arange(out_size), "float32")[:, None]
-    in_index = ops.cast(ops.arange(in_size), "float32")[None, :]
+    out_index = ops.expand_dims(ops.arange(0, out_size, 1, dtype="float32"), 1)
+    # The size counted from the graph's own tensor: a symbolic size made a tensor is fixed by torch's exporter.
+    scale = float(in_size) / ops.sum(ops.ones_like(out_index))
+    in_index = ops.expand_dims(ops.arange(0, in_size, 1, dtype="float32"), 0)
     last = float(in_size - 1)
     if antialias:
         taps, kernel = (2, lambda x: ops.maximum(0.0, 1.0 - ops.abs(x))) if interpolation == "bilinear" else (

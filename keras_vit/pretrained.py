@@ -90,7 +90,8 @@ def from_pretrained(source, **overrides):
     position grid), architecture (`keras_vit.Architecture`: prefix tokens,
     norms, biases, activation, pooling), pre-logits and class count are
     read from the files, and a `.keras` model's precision (`dtype`), head
-    activation and position-embedding resize. A file without a head (DINOv2,
+    activation, position-embedding resize and dynamic resolution
+    (`image_size=(None, None)`). A file without a head (DINOv2,
     CLIP and SigLIP towers) builds the feature model timm's forward gives
     (`include_top=False`, the file's pooling), and a `.keras` model without
     its top the same model again (its own `pooling`, `None` included),
@@ -127,7 +128,9 @@ def from_pretrained(source, **overrides):
                               "variant's; pass num_heads= (keras-vit: --num-heads).")
     sizes = checkpoint.sizes or Variant(int(kernel.shape[0]), hidden, checkpoint.num_layers, num_heads,
                                         int(mlp.shape[-1]))
-    options = dict(dataclasses.asdict(sizes), num_heads=num_heads, image_size=checkpoint.image_size or 224)
+    saved = checkpoint.layout or {}  # A .keras model's: its pooling without a top, its dynamic resolution
+    options = dict(dataclasses.asdict(sizes), num_heads=num_heads,
+                   image_size=saved.get("image_size") or checkpoint.image_size or 224)
     if checkpoint.input_size is not None:  # A stated size that patches do not divide: the file's model drops the rest.
         options["drop_remainder"] = True
     if checkpoint.dtype_policy:  # A .keras model keeps its precision and its head's activation unless told.
@@ -137,7 +140,6 @@ def from_pretrained(source, **overrides):
     if "head/kernel" not in state and "classes" not in overrides and "include_top" not in overrides:
         # A .keras model without its top pools as it did (None: its token sequence); any other file without a
         # head as timm's forward with num_classes=0: the pooled features, fc_norm included.
-        saved = checkpoint.layout or {}
         options.update(include_top=False, pooling=saved.get("pooling", checkpoint.classifier))
     options.update(overrides)
     return ViT(weights=checkpoint, **options)

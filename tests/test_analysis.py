@@ -178,6 +178,35 @@ def test_inspect_writes_every_figure(tmp_path):
         assert open(path, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
 
 
+def test_inspect_of_a_dynamic_model_maps_the_images_own_grid(tmp_path, monkeypatch):
+    # A 16x64 image is a 2x8 grid of 8-pixel patches; the table's native grid is 4x4 (as many patches).
+    model = small_model(image_size=(None, None))
+    image = np.random.default_rng(7).uniform(-1, 1, (16, 64, 3)).astype("float32")
+    drawn = {}
+    monkeypatch.setattr(analysis, "plot_attention_overlay", lambda image, heat, path: drawn.update(heat=heat))
+    monkeypatch.setattr(analysis, "plot_mean_attention_distance", lambda distances, path: drawn.update(d=distances))
+    analysis.inspect(model, image, str(tmp_path))
+    attentions = analysis.attention_weights(model, image[None])
+    np.testing.assert_allclose(drawn["heat"], analysis.rollout_map(analysis.attention_rollout(attentions), (2, 8))[0])
+    np.testing.assert_allclose(drawn["d"], analysis.mean_attention_distance(attentions, (2, 8), 8))
+    with pytest.raises(ValueError, match=r"A rollout over 16 patch tokens is no \(3, 3\) grid"):
+        analysis.rollout_map(analysis.attention_rollout(attentions), (3, 3))
+
+
+@pytest.mark.parametrize("folder", ["transformers_dinov3", "timm_eva/sbb_registers"])
+def test_inspect_of_a_rope_model_without_a_position_table_says_it_skips_that_figure(folder, tmp_path, caplog):
+    model = keras_vit.from_pretrained(fixture(folder))
+    size = model.input_shape[1:3] if None not in model.input_shape[1:3] else (48, 48)
+    image = np.random.default_rng(8).integers(0, 256, (*size, 3), dtype=np.uint8)
+    written = analysis.inspect(model, image, str(tmp_path))
+    rollout = ["attention_rollout"] if folder == "transformers_dinov3" else []  # SBB's pools without a class token
+    assert sorted(written) == rollout + ["embedding_filters", "mean_attention_distance"]
+    assert "No position-embedding similarity figure: the model's positions are rotary (RoPE), with no learned " \
+           "table to compare." in caplog.text
+    with pytest.raises(ValueError, match="has no learned position table"):
+        analysis.position_embedding_similarity(model)
+
+
 def test_hybrid_attention_weights_and_figures_start_from_its_resnet(tmp_path):
     model = keras_vit.ViT(image_size=32, **SMALL_HYBRID, weights=fixture("hybrid_token.npz"))
     images = np.random.default_rng(6).uniform(-1, 1, (1, 32, 32, 3)).astype("float32")

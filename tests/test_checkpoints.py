@@ -71,7 +71,7 @@ def test_features_without_top_equal_the_classifiers_pooled_tokens():
 # --- Adapting to a new resolution or head ---------------------------------------
 
 
-@pytest.mark.parametrize("image_size,grid", [(48, (6, 6)), ((48, 64), (6, 8))])
+@pytest.mark.parametrize("image_size,grid", [(48, (6, 6)), ((48, 64), (6, 8)), ((16, 64), (2, 8))])
 def test_loading_at_new_size_resizes_position_embeddings_and_says_so(image_size, grid, caplog):
     model = load("vit_token", image_size=image_size)
     table = npz_arrays()["Transformer/posembed_input/pos_embedding"]

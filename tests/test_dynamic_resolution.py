@@ -87,13 +87,13 @@ def test_keras_round_trip_keeps_the_resize_and_the_outputs(timm_dynamic, tmp_pat
     model = dynamic(position_embedding_interpolation="bilinear", position_embedding_antialias=True)
     path = tmp_path / "dynamic.keras"
     model.save(path)
-    reloaded = keras.saving.load_model(path)
-    layer = reloaded.get_layer("position_embedding")
-    assert (layer.interpolation, layer.antialias, layer.grid_size) == ("bilinear", True, (4, 4))
-    assert reloaded.input_shape == (None, None, None, 3)
-    for key in SIZES:
-        images = timm_dynamic[f"images_{key}"]
-        np.testing.assert_array_equal(predict(reloaded, images), predict(model, images))
+    for reloaded in (keras.saving.load_model(path), keras_vit.from_pretrained(str(path))):
+        layer = reloaded.get_layer("position_embedding")
+        assert (layer.interpolation, layer.antialias, layer.grid_size) == ("bilinear", True, (4, 4))
+        assert reloaded.input_shape == (None, None, None, 3)
+        for key in SIZES:
+            images = timm_dynamic[f"images_{key}"]
+            np.testing.assert_array_equal(predict(reloaded, images), predict(model, images))
 
 
 @pytest.mark.parametrize("image_size", [(32, 32), (24, 40)])
@@ -113,6 +113,16 @@ def test_size_that_does_not_divide_into_patches_is_refused_on_every_path():
     hybrid = dynamic("hybrid_token", SMALL_HYBRID)
     with pytest.raises(ValueError, match=r"Image width 36 is not divisible by the 8 pixels one patch spans"):
         hybrid.predict(np.zeros((1, 32, 36, 3), "float32"), verbose=0)
+
+
+def test_drop_remainder_crops_any_size_as_a_model_built_for_that_size():
+    images = np.random.default_rng(5).uniform(-1, 1, (2, 36, 44, 3)).astype("float32")
+    fixed = keras_vit.ViT(image_size=(36, 44), **SMALL, **LOGITS, weights=fixture("vit_token.npz"), drop_remainder=True)
+    model = dynamic(drop_remainder=True)
+    np.testing.assert_allclose(predict(model, images), predict(fixed, images), atol=1e-5, rtol=0)
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(model(images)), predict(fixed, images), atol=1e-5, rtol=0)
+    with pytest.raises(ValueError, match=r"Image height 4 is smaller than the patch size 8"):
+        model.predict(np.zeros((1, 4, 40, 3), "float32"), verbose=0)
 
 
 def test_bad_dynamic_options_are_refused_with_the_fix():

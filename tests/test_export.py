@@ -144,14 +144,18 @@ def test_lora_model_exports_merged_with_equal_outputs(tmp_path):
     assert_served_like_keras(model, "onnx", tmp_path)
 
 
-def test_dynamic_resolution_model_exports(tmp_path):
+def test_dynamic_resolution_model_exports(tmp_path, caplog):
     model = random_model(image_size=(None, None))
     native = keras_vit.functional.native_image_size(model)
-    if BACKEND == "tensorflow":  # height and width stay open
-        batches = [images(2, size=32), images(1, size=48)]
-    else:  # exported at the table's own size
+    if BACKEND != "jax":  # height and width stay open: another size, and a grid of as many patches (16x64)
+        batches = [images(2, size=32), images(1, size=48),
+                   np.random.default_rng(4).uniform(-1, 1, (1, 16, 64, 3)).astype("float32")]
+    else:  # jax2onnx cannot: exported at the table's own size, which it says
         batches = [images(2, size=native[0]), images(1, size=native[0], seed=2)]
     assert_served_like_keras(model, "onnx", tmp_path, batches=batches)
+    said = f"vit takes images of any size, but the JAX backend exports it at one: {tmp_path / 'vit.onnx'} takes " \
+           f"{native[0]}x{native[1]} images; export it on the tensorflow or torch backend"
+    assert (said in caplog.text) == (BACKEND == "jax")
 
 
 @pytest.mark.skipif(BACKEND != "tensorflow", reason="LiteRT is exported through TensorFlow")

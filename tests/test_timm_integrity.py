@@ -159,17 +159,37 @@ def test_resize_default_is_timms_antialiased_bicubic_and_flexivits_bilinear():
     assert checkpoints.read_folder(os.path.join(FAMILY, "flexivit")).position_resize == ("bilinear", False)
 
 
-@pytest.mark.parametrize("case", ["deit", "flexivit"])
-@pytest.mark.parametrize("size", [48, 24])
+@pytest.mark.parametrize("case,size", [("deit", 48), ("deit", 24), ("flexivit", 48), ("flexivit", 24),
+                                       ("deit", (16, 64)), ("deit", (64, 16)), ("flexivit", (16, 64))])
 def test_loading_at_another_size_gives_timms_own_load_at_that_size(case, size):
-    # timm's checkpoint_filter_fn: bicubic with antialias (deit), bilinear without (FlexiViT).
+    # timm's checkpoint_filter_fn: bicubic with antialias (deit), bilinear without (FlexiViT). A 2x8 or 8x2 grid
+    # has as many patches as the file's 4x4, and timm resamples it all the same.
+    key = f"{size[0]}x{size[1]}" if isinstance(size, tuple) else size
     with np.load(fixture("timm_resize_reference.npz")) as data:
-        images, outputs = data[f"{case}/{size}/images"], data[f"{case}/{size}/outputs"]
+        images, outputs = data[f"{case}/{key}/images"], data[f"{case}/{key}/outputs"]
+    model = keras_vit.from_pretrained(os.path.join(FAMILY, case), image_size=size, classifier_activation=None)
+    np.testing.assert_allclose(np.asarray(model.predict(timm_pixels(images, case), verbose=0)), outputs, atol=1e-5,
+                               rtol=0)
+
+
+def timm_pixels(images, case):
+    """keras_vit's [-1, 1] input of images in timm's normalised space, by the folder's statistics."""
     with open(os.path.join(FAMILY, case, "config.json")) as f:
         statistics = json.load(f)["pretrained_cfg"]
-    images = ((images * np.array(statistics["std"]) + np.array(statistics["mean"])) * 2 - 1).astype("float32")
-    model = keras_vit.from_pretrained(os.path.join(FAMILY, case), image_size=size, classifier_activation=None)
-    np.testing.assert_allclose(np.asarray(model.predict(images, verbose=0)), outputs, atol=1e-5, rtol=0)
+    return ((images * np.array(statistics["std"]) + np.array(statistics["mean"])) * 2 - 1).astype("float32")
+
+
+def test_a_non_square_file_loaded_transposed_gives_timms_own_load(tmp_path):
+    # tools/make_timm_resize_fixture.py: the deit file resized by timm to 24x40 (3x5), loaded by timm at 40x24.
+    with np.load(fixture("timm_resize_reference.npz")) as data:
+        table, images, outputs = (data[key] for key in ("deit/24x40/pos_embed", "deit_24x40/40x24/images",
+                                                        "deit_24x40/40x24/outputs"))
+    folder = copy("deit", tmp_path, model_args={"img_size": [24, 40]}, pretrained_cfg={"input_size": [3, 24, 40]})
+    save_file(dict(load_file(folder / "model.safetensors"), pos_embed=table), folder / "model.safetensors",
+              metadata={"format": "pt"})
+    model = keras_vit.from_pretrained(str(folder), image_size=(40, 24), classifier_activation=None)
+    np.testing.assert_allclose(np.asarray(model.predict(timm_pixels(images, "deit"), verbose=0)), outputs, atol=1e-5,
+                               rtol=0)
 
 
 def test_norms_without_biases_are_rmsnorms_and_must_be_the_architectures(tmp_path):
@@ -194,6 +214,17 @@ def test_norms_without_biases_are_rmsnorms_and_must_be_the_architectures(tmp_pat
     save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
     refused(folder, r"it keeps its SwiGLU packed in blocks.0.mlp.fc1.weight where the architecture's has fc1_g and "
                     r"fc1_x")
+
+
+def test_a_table_that_does_not_fit_the_configs_img_size_is_refused(tmp_path):
+    # 1 + 25 rows (a 5x5 grid, 40 px) beside model_args.img_size 32 (4x4): not read as a 40-pixel model.
+    folder = copy("deit", tmp_path)
+    tensors = load_file(folder / "model.safetensors")
+    tensors["pos_embed"] = np.zeros((1, 26, 24), "float32")
+    save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
+    refused(folder, r"deit/config.json: model_args.img_size is \[32, 32\], a 4x4 grid of 8-pixel patches, but the "
+                    r"file's position table has 26 rows, 25 of them for patches \(a 5x5 grid: 40 px\); set it to the "
+                    r"size the table was trained at. Nothing was loaded.$")
 
 
 def test_a_table_of_no_square_grid_says_the_file_states_no_grid(tmp_path):

@@ -207,6 +207,20 @@ def vision(**fields):
     return lambda config: config["vision_config"].update(fields)
 
 
+@pytest.mark.backend_independent
+@pytest.mark.parametrize("case, change, where", [
+    ("transformers_vit", lambda config: config.update(image_size=40), "config.json"),
+    ("transformers_dinov2", lambda config: config.update(image_size=40), "config.json"),
+    ("transformers_siglip", vision(image_size=40), "config.json (vision_config)")])
+def test_a_table_that_does_not_fit_the_configs_image_size_is_refused(case, change, where, tmp_path):
+    # transformers refuses these too (a size mismatch of the position embeddings); keras_vit would read 32 px.
+    folder = changed_folder(tmp_path, case, change=change)
+    rows = 16 if case == "transformers_siglip" else 17
+    refused(folder, f"{{folder}}/{where}: image_size is [40, 40], a 5x5 grid of 8-pixel patches, but the file's "
+                    f"position table has {rows} rows, 16 of them for patches (a 4x4 grid: 32 px); set it to the size "
+                    "the table was trained at. Nothing was loaded.")
+
+
 SIGLIP_HEAD = ("['head.attention.in_proj_bias', 'head.attention.in_proj_weight', 'head.attention.out_proj.bias', "
                "'head.attention.out_proj.weight', 'head.layernorm.bias', '...'] (names after 'vision_model.').")
 
@@ -401,7 +415,7 @@ def test_resize_at_load_matches_transformers_interpolate_pos_encoding(case):
     # tools/make_family_fixtures.py --only resize: transformers' outputs at other sizes than the folder's 32,
     # interpolating the 4x4 position grid itself (bicubic; with antialias for Dinov2WithRegisters only).
     with np.load(fixture("transformers_resize_reference.npz")) as data:
-        for size in ("64x64", "24x24", "48x24"):
+        for size in ("64x64", "24x24", "48x24", "16x64"):  # 2x8: as many patches as the 4x4 file, resized too
             height, width = map(int, size.split("x"))
             model = keras_vit.from_pretrained(fixture(case), image_size=(height, width), classifier_activation=None)
             np.testing.assert_allclose(predict(model, data[f"images/{size}"]), data[f"{case}/{size}"], atol=1e-5,

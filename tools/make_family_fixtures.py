@@ -485,8 +485,8 @@ def write_vision_towers():
 
 
 # (height, width) of the resize references: twice the fixtures' 4x4 grid, a smaller grid (where antialias
-# matters) and a non-square one.
-RESIZE_SIZES = ((64, 64), (24, 24), (48, 24))
+# matters), a non-square one and a 2x8 one (as many patches as 4x4: interpolated all the same).
+RESIZE_SIZES = ((64, 64), (24, 24), (48, 24), (16, 64))
 RESIZE_CASES = {  # case -> (model class, whether the folder is a whole image-text model)
     "transformers_vit": ("ViTForImageClassification", False),
     "transformers_dinov2": ("Dinov2Model", False),

@@ -152,7 +152,8 @@ def read_vision_tower_folder(folder, config, budget=None):
     state = from_vision_tower(read_state_dict(weights, budget), weights, _tower_tensors(model_type, fields))
     check_sizes(where, fields, state)
     table = state["position_embedding/pos_embedding"]
-    grid = configured_grid(fields, table.shape[1] - ("class_token/cls" in state))
+    prefix_rows = int("class_token/cls" in state)
+    grid = configured_grid(fields, table.shape[1] - prefix_rows, where, prefix_rows)
     architecture = architecture_from_state(state, grid, mlp_activation=fields["hidden_act"],
                                            layer_norm_epsilon=fields["layer_norm_eps"],
                                            class_token_position_embedding=True)

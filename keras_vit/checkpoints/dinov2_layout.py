@@ -130,7 +130,8 @@ def read_dinov2_folder(folder, config, budget=None):
         raise CheckpointError(f"{where}: num_register_tokens is {fields['num_register_tokens']!r}, but the file "
                               f"holds {state['register_tokens/registers'].shape[1]} register tokens "
                               "(embeddings.register_tokens).")
-    grid = configured_grid(fields, state["position_embedding/pos_embedding"].shape[1])
+    # The file's table has the class token's row too, which the reader folds into the class token.
+    grid = configured_grid(fields, state["position_embedding/pos_embedding"].shape[1], where, 1)
     architecture = architecture_from_state(state, grid, mlp_activation=fields["hidden_act"],
                                            layer_norm_epsilon=fields["layer_norm_eps"],
                                            class_token_position_embedding=False, layer_scale=1.0)

@@ -47,7 +47,8 @@ def read_keras(path, budget=None):
     `budget` (a `WeightBudget`) bounds its size by the model it is meant
     for; without one, by the model its own `config.json` describes. Its
     `layout` says whether the saved model has its top and how it pools
-    without one, and `position_resize` how it resizes its position table.
+    without one, and its `image_size` if it takes any (`(None, None)`), and
+    `position_resize` how it resizes its position table.
     """
     if _declares_quantization(path):
         raise CheckpointError(f"{path} holds a model quantized by Keras (model.quantize): its 8-bit kernels are no "
@@ -72,6 +73,8 @@ def read_keras(path, budget=None):
     pooling = "map" if "attention_pool" in names else getattr(saved.get_layer("pool"), "method", None) \
         if "pool" in names else None
     source.layout = dict(include_top=True) if "head" in names else dict(include_top=False, pooling=pooling)
+    if tuple(saved.input_shape[1:3]) == (None, None):  # Dynamic resolution, which the tensors cannot show
+        source.layout["image_size"] = (None, None)
     source.class_names = getattr(saved, "class_names", None)
     source.eval_transform = getattr(saved, "eval_transform", None)
     source.dtype_policy = precision if precision in PRECISIONS else None  # An int8 model's is its own

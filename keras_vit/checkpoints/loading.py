@@ -269,6 +269,13 @@ def _adapt_patch_embedding(variables, state, name, notes):
 
 
 def _adapt_position_embedding(model, state, source, notes):
+    """Resize the file's position table from its grid to the model's: the one decision, made from the two grids.
+
+    The file's grid is what its reader says (its config's, else the table's
+    square); a table of as many rows on another grid (4x4 to 2x8) is
+    resized too, as timm's own load at that size does. A table of no square
+    grid whose file states none can only be taken as the model's own.
+    """
     key = "position_embedding/pos_embedding"
     if key not in state:
         return
@@ -283,8 +290,9 @@ def _adapt_position_embedding(model, state, source, notes):
             f"{source.description}: '{key}' has shape {tuple(table.shape)} but the model "
             f"expects {target}."
         )
-    if tuple(table.shape) == target:
-        return
+    grid = None if source.grid_size is None else tuple(source.grid_size)
+    if grid == tuple(layer.grid_size) or (grid is None and tuple(table.shape) == target):
+        return  # Same grid: any other difference (prefix rows) is the shape check's to report.
     prefix = layer.num_prefix_tokens
     try:
         resized = resize_position_embeddings(

@@ -392,10 +392,21 @@ def image_size_of_grid(image_sizes, patch, patches):
     return next((tuple(size) for size in image_sizes if (size[0] // patch) * (size[1] // patch) == patches), None)
 
 
-def grid_of_image_sizes(image_sizes, patch, patches):
-    """The patch grid of `image_size_of_grid`'s size, or None."""
-    size = image_size_of_grid(image_sizes, patch, patches)
-    return None if size is None else (size[0] // patch, size[1] // patch)
+def check_table_fits(rows, prefix_rows, image_size, patch, field):
+    """Refuse a position table of `rows` rows (`prefix_rows` of them the prefix tokens') that the `image_size` a
+    config builds its model at does not fit; `field` names the file and the field.
+
+    Example:
+    >>> check_table_fits(17, 1, (64, 64), 16, "config.json: image_size")
+    """
+    grid, patches = (image_size[0] // patch, image_size[1] // patch), rows - prefix_rows
+    if grid[0] * grid[1] == patches:
+        return
+    side = int(round(max(patches, 0) ** 0.5))
+    square = f" (a {side}x{side} grid: {side * patch} px)" if side and side * side == patches else ""
+    raise CheckpointError(f"{field} is {list(image_size)}, a {grid[0]}x{grid[1]} grid of {patch}-pixel patches, but "
+                          f"the file's position table has {rows} rows, {patches} of them for patches{square}; set it "
+                          "to the size the table was trained at. Nothing was loaded.")
 
 
 def settings(fields, *keys):

@@ -13,7 +13,7 @@ Example:
 from keras_vit import preprocessing
 from keras_vit.checkpoints.config_fields import checked_fields
 from keras_vit.checkpoints.source import CheckpointError, architecture_from_state, pixel_statistics
-from keras_vit.checkpoints.tensor_layout import image_size_of_grid
+from keras_vit.checkpoints.tensor_layout import check_table_fits, image_size_of_grid
 from keras_vit.checkpoints.timm_families import (
     ACTIVATIONS,
     DEFAULT_ONLY_KEYWORDS,
@@ -169,10 +169,15 @@ def grid_of_config(state, architecture, entry, args, pretrained, patch, where):
 
     The first of those whose grid the table fits; `(None, None)` for a table
     that fits none (a file resized after training), read as its own square
-    grid.
+    grid. A table that does not fit the `model_args.img_size` it is built
+    with is refused, as transformers refuses a table of another
+    `image_size`.
     """
     candidates = configured_image_sizes(args, pretrained, entry, where)
     rows = state["position_embedding/pos_embedding"].shape[1] - architecture.position_prefix_rows
+    if args.get("img_size") is not None:
+        check_table_fits(rows + architecture.position_prefix_rows, architecture.position_prefix_rows, candidates[0],
+                         patch, f"{where}: model_args.img_size")
     size = image_size_of_grid(candidates, patch, rows)
     return (None, None) if size is None else ((size[0] // patch, size[1] // patch), size)
 

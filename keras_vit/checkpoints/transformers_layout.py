@@ -29,7 +29,7 @@ from keras_vit.architecture import Architecture
 from keras_vit.checkpoints.config_fields import checked_fields
 from keras_vit.checkpoints.source import (CheckpointError, architecture_from_state, class_names_in_order,
                                           source_from_state)
-from keras_vit.checkpoints.tensor_layout import QKV, TensorLayout, grid_of_image_sizes, settings
+from keras_vit.checkpoints.tensor_layout import QKV, TensorLayout, check_table_fits, settings
 from keras_vit.checkpoints.state_dict_files import folder_weights, read_state_dict
 
 # transformers name (after "encoder.layer.{i}.") -> keras_vit name (after "encoderblock_{i}/").
@@ -160,9 +160,12 @@ def from_transformers(tensors, description="checkpoint", expected=None):
     return state
 
 
-def configured_grid(fields, patches):
-    """The patch grid of the config's `image_size` where the table has its `patches` rows, else None."""
-    return grid_of_image_sizes([fields["image_size"]], fields["patch_size"], patches)
+def configured_grid(fields, patches, where, prefix_rows=0):
+    """The patch grid of the config's `image_size`, which the table's `patches` rows (after its `prefix_rows`)
+    must fit, as transformers' own load requires; `where` names the config in the refusal."""
+    (height, width), patch = fields["image_size"], fields["patch_size"]
+    check_table_fits(patches + prefix_rows, prefix_rows, (height, width), patch, f"{where}: image_size")
+    return (height // patch, width // patch)
 
 
 def _vit_tensors(fields):
@@ -189,7 +192,7 @@ def read_transformers_folder(folder, config, budget=None):
     if "head/kernel" in state and isinstance(labels, (dict, list)) and len(labels) != state["head/kernel"].shape[-1]:
         raise CheckpointError(f"{where}: id2label names {len(labels)} classes, but the file's classifier has "
                               f"{state['head/kernel'].shape[-1]} outputs.")
-    grid = configured_grid(fields, state["position_embedding/pos_embedding"].shape[1] - 1)
+    grid = configured_grid(fields, state["position_embedding/pos_embedding"].shape[1] - 1, where, 1)
     architecture = architecture_from_state(state, grid, mlp_activation=fields["hidden_act"],
                                            layer_norm_epsilon=fields["layer_norm_eps"],
                                            class_token_position_embedding=True)
