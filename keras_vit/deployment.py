@@ -148,7 +148,9 @@ def export_model(model, filepath, format="tf_saved_model", verbose=None, input_s
         input_signature = [_default_input_spec(model, native_image_size, filepath)]
     if not has_been_called(model):  # Keras' ONNX export asks for it; `predict` on JAX never sets it.
         model(keras.KerasTensor(input_signature[0].shape, dtype=input_signature[0].dtype))
-    with files.atomic_path(filepath) as path:
+    # ONNX's exporters write weights over their thresholds to `<file>.data`, which the `.onnx` names.
+    writing = files.atomic_path_with_sidecars if format == "onnx" else files.atomic_path
+    with writing(filepath) as path:
         if format == "onnx" and keras.backend.backend() == "torch":
             _export_onnx_torch(model, path, input_signature[0], verbose, native_image_size, patch_pixels)
         else:

@@ -70,6 +70,34 @@ def atomic_path(target):
     fsync_path(os.path.dirname(os.path.abspath(target)))
 
 
+@contextlib.contextmanager
+def atomic_path_with_sidecars(target):
+    """`atomic_path` for a writer that also writes files named after its file (ONNX's external `<name>.data`).
+
+    Yields `target`'s name inside a hidden temporary folder beside it, so
+    what the written file refers to by name is named as it will be. Once
+    the block has written it, each sidecar is flushed and renamed beside
+    `target` first, then `target` itself; if the block raises, the folder
+    is removed and `target` keeps its old contents.
+    """
+    folder = temporary_name(target)
+    remove(folder)  # Left by a killed writer of this process id.
+    os.makedirs(folder)
+    name = os.path.basename(target)
+    try:
+        yield os.path.join(folder, name)
+        if not os.path.isfile(os.path.join(folder, name)):
+            raise RuntimeError(f"Nothing was written to {os.path.join(folder, name)}.")
+        destination = os.path.dirname(os.path.abspath(target))
+        for written in sorted(set(os.listdir(folder)) - {name}) + [name]:  # `target` last
+            os.chmod(os.path.join(folder, written), user_file_mode())
+            fsync_path(os.path.join(folder, written))
+            os.replace(os.path.join(folder, written), os.path.join(destination, written))
+        fsync_path(destination)
+    finally:
+        remove(folder)
+
+
 def sha256_of(path, chunk=1 << 20):
     """The sha256 of a file's bytes, as a hex string (read `chunk` bytes at a time)."""
     digest = hashlib.sha256()

@@ -7,6 +7,7 @@ the Keras model to 1e-4.
 
 import importlib.util
 import os
+import shutil
 import subprocess
 import sys
 import warnings
@@ -220,6 +221,19 @@ def test_failed_export_keeps_the_previous_file_whole(tmp_path, monkeypatch):
         random_model().export(str(path), format="onnx")
     assert path.read_bytes() == b"the previous export"
     assert os.listdir(tmp_path) == ["vit.onnx"]
+
+
+@pytest.mark.skipif(BACKEND != "jax", reason="jax2onnx writes each tensor of 1 MB or more to <file>.data; the other "
+                                             "exporters do so only past 2 GB")
+def test_onnx_external_data_has_the_visible_files_name_and_travels_with_it(tmp_path):
+    # It was written beside the temporary name (.tmp-<pid>-vit.onnx.data), which the renamed .onnx still named.
+    model = keras_vit.ViT(image_size=32, **SMALL, classes=6000, classifier_activation=None)  # a 1.1 MB head
+    (tmp_path / "export").mkdir()
+    model.export(str(tmp_path / "export" / "vit.onnx"), format="onnx", verbose=False)
+    assert sorted(os.listdir(tmp_path / "export")) == ["vit.onnx", "vit.onnx.data"]
+    shutil.copytree(tmp_path / "export", tmp_path / "copy")
+    (served,) = run_onnx(tmp_path / "copy" / "vit.onnx", [images(2)])
+    np.testing.assert_allclose(served, predict(model, images(2)), atol=TOLERANCE, rtol=0)
 
 
 def test_cli_export_writes_beside_the_model_and_matches_it(tmp_path, capsys):
