@@ -8,6 +8,7 @@ recomputed on the new grid), so the coordinates are tested, not one grid.
 
 import json
 import os
+import re
 
 import keras
 import numpy as np
@@ -171,6 +172,24 @@ def test_rope_files_that_disagree_with_their_config_are_refused(tmp_path):
     sapiens = copy_case("dinov3", tmp_path, change_config=lambda c: c.update(architecture="vit_base_patch16_sapiens2"))
     with pytest.raises(CheckpointError, match="grouped-query attention"):
         keras_vit.from_pretrained(sapiens)
+
+
+@pytest.mark.backend_independent
+@pytest.mark.parametrize("case", ["timm_eva/eva02_axial", "timm_family/deit"])
+def test_no_pooling_is_refused_as_timm_then_gives_every_tokens_logits(case, tmp_path):
+    # timm's global_pool '' maps every token through the head, (batch, tokens, classes); keras_vit's models pool.
+    import shutil
+
+    folder = tmp_path / "unpooled"
+    shutil.copytree(fixture(case), folder)
+    config = json.loads((folder / "config.json").read_text())
+    config["model_args"]["global_pool"] = ""
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(CheckpointError, match=f"^{re.escape(str(folder / 'config.json'))}: global_pool is ''; timm "
+                                              r"then gives an output for every token, unpooled, which keras_vit's "
+                                              r"models do not: set it to 'token', 'avg' or 'map' \(keras_vit.features."
+                                              r"feature_extractor gives the tokens\).$"):
+        keras_vit.from_pretrained(str(folder))
 
 
 @pytest.mark.backend_independent

@@ -212,7 +212,11 @@ def configured_switches(entry, args, config, keywords, default_pool, where):
     """The switches of a named architecture `entry` with `model_args` (`args`) over it, and the pool checked."""
     switches = {**entry.switches, **{key: args[key] for key in keywords if key in args}}
     pool = args.get("global_pool", config.get("global_pool", switches.get("global_pool", default_pool)))
-    if pool not in ("", "token", "avg", "map"):
+    if pool == "":  # timm's no pooling: its head maps every token, and the model gives (batch, tokens, classes)
+        raise CheckpointError(f"{where}: global_pool is ''; timm then gives an output for every token, unpooled, "
+                              "which keras_vit's models do not: set it to 'token', 'avg' or 'map' "
+                              "(keras_vit.features.feature_extractor gives the tokens).")
+    if pool not in ("token", "avg", "map"):
         raise CheckpointError(f"{where}: global_pool is {pool!r}; keras_vit pools by 'token', 'avg' or 'map'.")
     switches["global_pool"] = pool
     return switches

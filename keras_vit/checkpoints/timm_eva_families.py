@@ -64,8 +64,6 @@ def eva_switches_to_architecture(switches):
     """
     pool = switches.get("global_pool", "avg")
     class_token = switches.get("class_token", True)
-    if pool == "":
-        pool = "token" if class_token else "avg"
     fc_norm = switches.get("use_fc_norm")
     fc_norm = pool == "avg" if fc_norm is None else fc_norm
     final_norm = switches.get("use_post_transformer_norm")

@@ -408,8 +408,6 @@ def timm_switches_to_architecture(switches):
     """
     pool = switches.get("global_pool", "token")
     class_token = switches.get("class_token", True)
-    if pool == "":  # timm's no pooling: the token sequence; keras_vit pools as the tokens allow
-        pool = "token" if class_token else "avg"
     fc_norm = switches.get("fc_norm")
     if fc_norm is None:
         fc_norm = pool == "avg"
