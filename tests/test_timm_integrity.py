@@ -213,6 +213,12 @@ def test_model_args_switches_take_timms_types_and_timms_null_defaults(tmp_path):
     refused(folder, r"reg_gap/config.json: model_args.reg_tokens is '4'; timm takes a whole number >= 0.$")
     folder = copy("deit", tmp_path / "3", model_args={"qkv_bias": 1})
     refused(folder, r"deit/config.json: model_args.qkv_bias is 1; timm takes true or false.$")
+    # timm takes attn_layer by name, as its differential model functions set it (and save_timm's keywords).
+    folder = copy("differential", tmp_path / "4", model_args={"attn_layer": "diff"})
+    assert checkpoints.architecture_of(keras_vit.from_pretrained(str(folder))).differential_attention
+    folder = copy("deit", tmp_path / "5", model_args={"attn_layer": "flash"})
+    refused(folder, r"deit/config.json: model_args.attn_layer is 'flash'; timm takes '', 'attn' or 'diff' \(the names "
+                    r"of its ATTN_LAYERS keras_vit computes\).$")
 
 
 def test_a_beit3_block_without_its_inner_attention_norm_is_refused(tmp_path):

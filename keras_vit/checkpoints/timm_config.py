@@ -20,6 +20,8 @@ from keras_vit.checkpoints.timm_families import (
     SIZE_KEYWORDS,
     SWITCH_KEYWORDS,
     TABLE_ONLY_KEYWORDS,
+    timm_mlp_dim,
+    timm_mlp_pieces,
 )
 
 
@@ -35,6 +37,8 @@ _SWITCH_TYPES = {
     "fc_norm": ("true, false or null", lambda value: value is None or isinstance(value, bool)),
     "act_layer": ("a name", lambda value: isinstance(value, str)),
     "global_pool": ("a name", lambda value: isinstance(value, str)),
+    "attn_layer": ("'', 'attn' or 'diff' (the names of its ATTN_LAYERS keras_vit computes)",
+                   lambda value: value in ("", "attn", "diff")),
 }
 
 
@@ -81,8 +85,8 @@ def checked_sizes(state, entry, args, name, path, where):
                  embed_dim=(int(kernel.shape[-1]), "patch_embed.proj.weight"),
                  depth=(len({key.split("/")[0] for key in state if key.startswith("encoderblock_")}), "blocks.*"))
     if mlp is not None:
-        pieces = 2 if entry.switches.get("mlp_layer") == "swiglu" else 1  # fc1_g and fc1_x, each of the ratio
-        sizes["mlp_dim"] = pieces * int(sizes["embed_dim"] * ratio)
+        pieces = timm_mlp_pieces(entry.switches)  # fc1_g and fc1_x, each of the ratio, or one fc1
+        sizes["mlp_dim"] = timm_mlp_dim(sizes["embed_dim"], ratio, entry.switches)
         found["mlp_dim"] = (int(mlp.shape[-1]), "blocks.0.mlp.fc1.weight" if pieces == 1 else
                             "blocks.0.mlp.fc1_g.weight and fc1_x.weight")
     if "conv_stem_0/kernel" in state:  # timm's patch 1 is over the ConvStem, whose last convolution is ours
