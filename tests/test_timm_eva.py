@@ -8,6 +8,7 @@ recomputed on the new grid), so the coordinates are tested, not one grid.
 
 import json
 import os
+import re
 
 import keras
 import numpy as np
@@ -141,11 +142,22 @@ def test_an_attention_pooled_eva_without_prefix_tokens_rebuilds_as_its_own_name(
 
 
 @pytest.mark.backend_independent
-def test_save_timm_refuses_a_rope_model_without_its_eva_name(tmp_path):
+def test_save_timm_refuses_what_the_named_eva_does_not_rebuild(tmp_path):
     with pytest.raises(CheckpointError, match="pass architecture= the Eva name it is"):
         checkpoints.save_timm(load("dinov3"), str(tmp_path / "w.safetensors"))
-    with pytest.raises(CheckpointError, match=r"timm's 'eva02_tiny_patch14_224' sets .*rope='axial'"):
+    with pytest.raises(CheckpointError, match=r"timm's 'eva02_tiny_patch14_224' builds .*rope='axial'"):
         checkpoints.save_timm(load("dinov3"), str(tmp_path / "w.safetensors"), architecture="eva02_tiny_patch14_224")
+    # Eva's blocks always have output biases: timm's strict load would miss attn.proj.bias and mlp.fc*.bias.
+    name = "vit_small_patch16_dinov3"
+    switches = eva_switches_to_architecture(EVA_ARCHITECTURES[name].switches)
+    model = keras_vit.ViT(image_size=32, patch_size=16, hidden_size=32, num_layers=1, num_heads=2, mlp_dim=128,
+                          classes=4, architecture=keras_vit.Architecture(**dict(switches, projection_bias=False)))
+    path = str(tmp_path / "w.safetensors")
+    with pytest.raises(CheckpointError, match=f"^{re.escape(path)}: timm's 'vit_small_patch16_dinov3' builds "
+                                              r"projection_bias=True where vit has projection_bias=False; pass "
+                                              r"architecture= a timm name that builds the same model. Nothing was "
+                                              r"written.$"):
+        checkpoints.save_timm(model, path, architecture=name)
     assert not os.listdir(tmp_path)
 
 
@@ -183,6 +195,24 @@ def test_rope_files_that_disagree_with_their_config_are_refused(tmp_path):
     sapiens = copy_case("dinov3", tmp_path, change_config=lambda c: c.update(architecture="vit_base_patch16_sapiens2"))
     with pytest.raises(CheckpointError, match="grouped-query attention"):
         keras_vit.from_pretrained(sapiens)
+
+
+@pytest.mark.backend_independent
+@pytest.mark.parametrize("case", ["timm_eva/eva02_axial", "timm_family/deit"])
+def test_no_pooling_is_refused_as_timm_then_gives_every_tokens_logits(case, tmp_path):
+    # timm's global_pool '' maps every token through the head, (batch, tokens, classes); keras_vit's models pool.
+    import shutil
+
+    folder = tmp_path / "unpooled"
+    shutil.copytree(fixture(case), folder)
+    config = json.loads((folder / "config.json").read_text())
+    config["model_args"]["global_pool"] = ""
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(CheckpointError, match=f"^{re.escape(str(folder / 'config.json'))}: global_pool is ''; timm "
+                                              r"then gives an output for every token, unpooled, which keras_vit's "
+                                              r"models do not: set it to 'token', 'avg' or 'map' \(keras_vit.features."
+                                              r"feature_extractor gives the tokens\).$"):
+        keras_vit.from_pretrained(str(folder))
 
 
 @pytest.mark.backend_independent

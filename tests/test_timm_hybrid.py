@@ -52,7 +52,7 @@ def test_timm_hybrid_saves_back_in_timms_names_and_reloads_from_keras(case, refe
         with pytest.raises(CheckpointError, match=r"ConvStem has widths \(8, 8\) before a 24-wide ViT, but timm's "
                                                   r"'vit_base_mci_224' builds \(192, 192\) before 768 and takes no"):
             checkpoints.save_timm(model, tmp_path / "model.safetensors", architecture=architecture)
-        written = checkpoints.timm_layout.to_timm(model, architecture)
+        written = checkpoints.to_timm(model, architecture)
         original = load_file(os.path.join(HYBRID, case, "model.safetensors"))
         assert sorted(written) == sorted(original)
         for name in original:

@@ -241,6 +241,11 @@ def test_model_args_switches_take_timms_null_defaults(tmp_path):
     # Values of another kind: test_malformed_files.py::test_a_config_field_of_another_kind_is_refused_in_one_line...
     folder = copy("reg_gap", tmp_path, model_args={"fc_norm": None, "init_values": 1e-5})  # timm's own defaults
     assert checkpoints.architecture_of(keras_vit.from_pretrained(str(folder))).fc_norm
+    # timm takes attn_layer by name, as its differential model functions set it (and save_timm's keywords).
+    folder = copy("differential", tmp_path / "4", model_args={"attn_layer": "diff"})
+    assert checkpoints.architecture_of(keras_vit.from_pretrained(str(folder))).differential_attention
+    folder = copy("deit", tmp_path / "5", model_args={"attn_layer": "flash"})
+    refused(folder, r"deit/config.json: model_args.attn_layer is 'flash'; expected one of '', 'attn', 'diff'.$")
 
 
 def test_a_beit3_block_without_its_inner_attention_norm_is_refused(tmp_path):

@@ -4,7 +4,8 @@
 - `source`: `WeightsSource`, the one internal state every layout is read into;
 - `flax_npz`: the original Flax `.npz` layout (vision_transformer, big_vision), read and written;
 - `keras_files`: Keras' `.keras` and `.weights.h5` files;
-- `timm_layout`: timm's ViT state dicts (`.safetensors`, `.bin`/`.pth`) and Hub folders, read and written;
+- `timm_layout`: timm's ViT state dicts (`.safetensors`, `.bin`/`.pth`) and Hub folders, read;
+- `timm_writer`: `save_timm`, written in timm's names, and the `timm.create_model` keywords that rebuild a model;
 - `timm_families`: what a timm architecture name says that its tensors cannot (heads, activation, epsilon);
 - `transformers_layout`: Hugging Face transformers' `ViTForImageClassification` / `ViTModel` folders;
 - `dinov2_layout`: transformers' `Dinov2Model` / `Dinov2WithRegistersModel` folders;
@@ -36,7 +37,8 @@ from keras_vit.checkpoints.clip_layout import from_vision_tower, read_vision_tow
 from keras_vit.checkpoints.dinov2_layout import from_dinov2, read_dinov2_folder
 from keras_vit.checkpoints.source import CheckpointError, WeightsSource, architecture_of, state_of
 from keras_vit.checkpoints.dinov3_layout import read_dinov3_folder
-from keras_vit.checkpoints.timm_layout import from_timm, read_timm, read_timm_folder, save_timm, timm_arguments, to_timm
+from keras_vit.checkpoints.timm_layout import from_timm, read_timm, read_timm_folder
+from keras_vit.checkpoints.timm_writer import save_timm, timm_arguments, to_timm
 from keras_vit.checkpoints.transformers_layout import from_transformers, read_transformers_folder
 
 __all__ = [

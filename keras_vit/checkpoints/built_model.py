@@ -75,6 +75,15 @@ def native_grid(model):
     return tuple(layer.grid_size)
 
 
+def native_image_size(model, step):
+    """`[height, width]` of the images a keras_vit model takes: its input's, or with dynamic resolution its native
+    grid's times `step`, the `(height, width)` of the pixels one patch covers."""
+    size = tuple(model.input_shape[1:3])
+    if None in size:
+        size = tuple(side * pixels for side, pixels in zip(native_grid(model), step))
+    return [int(side) for side in size]
+
+
 def _rope_settings(rotary, block):
     """The RoPE fields of `Architecture` from a model's `RotaryPositions` layer and first block (empty without)."""
     if rotary is None:

@@ -88,7 +88,7 @@ FIELD_KINDS = {
     "class_token": FLAG, "reg_tokens": COUNT, "no_embed_class": FLAG, "global_pool": NAME,
     "fc_norm": FLAG.or_null(OPTIONAL_FLAG), "pre_norm": FLAG, "final_norm": FLAG, "qkv_bias": FLAG, "qk_norm": FLAG,
     "init_values": LAYER_SCALE.or_null(), "act_layer": NAME.or_null(), "scale_attn_norm": FLAG,
-    "scale_mlp_norm": FLAG, "pool_include_prefix": FLAG, "proj_bias": FLAG,
+    "scale_mlp_norm": FLAG, "pool_include_prefix": FLAG, "proj_bias": FLAG, "attn_layer": one_of("", "attn", "diff"),
     # timm's Eva switches.
     "num_reg_tokens": COUNT, "use_abs_pos_emb": FLAG, "use_fc_norm": FLAG.or_null(OPTIONAL_FLAG),
     "use_post_transformer_norm": FLAG.or_null(OPTIONAL_FLAG), "use_pre_transformer_norm": FLAG, "qkv_fused": FLAG,

@@ -21,6 +21,8 @@ from keras_vit.checkpoints.timm_families import (
     SIZE_KEYWORDS,
     SWITCH_KEYWORDS,
     TABLE_ONLY_KEYWORDS,
+    timm_mlp_dim,
+    timm_mlp_pieces,
 )
 
 
@@ -68,8 +70,8 @@ def checked_sizes(state, entry, args, name, path, where):
                  embed_dim=(int(kernel.shape[-1]), "patch_embed.proj.weight"),
                  depth=(len({key.split("/")[0] for key in state if key.startswith("encoderblock_")}), "blocks.*"))
     if mlp is not None:
-        pieces = 2 if entry.switches.get("mlp_layer") == "swiglu" else 1  # fc1_g and fc1_x, each of the ratio
-        sizes["mlp_dim"] = pieces * int(sizes["embed_dim"] * ratio)
+        pieces = timm_mlp_pieces(entry.switches)  # fc1_g and fc1_x, each of the ratio, or one fc1
+        sizes["mlp_dim"] = timm_mlp_dim(sizes["embed_dim"], ratio, entry.switches)
         found["mlp_dim"] = (int(mlp.shape[-1]), "blocks.0.mlp.fc1.weight" if pieces == 1 else
                             "blocks.0.mlp.fc1_g.weight and fc1_x.weight")
     if "conv_stem_0/kernel" in state:  # timm's patch 1 is over the ConvStem, whose last convolution is ours
@@ -194,7 +196,11 @@ def configured_switches(entry, args, config, keywords, default_pool, where):
     """The switches of a named architecture `entry` with `model_args` (`args`) over it, and the pool checked."""
     switches = {**entry.switches, **{key: args[key] for key in keywords if key in args}}
     pool = args.get("global_pool", config.get("global_pool", switches.get("global_pool", default_pool)))
-    if pool not in ("", "token", "avg", "map"):
+    if pool == "":  # timm's no pooling: its head maps every token, and the model gives (batch, tokens, classes)
+        raise CheckpointError(f"{where}: global_pool is ''; timm then gives an output for every token, unpooled, "
+                              "which keras_vit's models do not: set it to 'token', 'avg' or 'map' "
+                              "(keras_vit.features.feature_extractor gives the tokens).")
+    if pool not in ("token", "avg", "map"):
         raise CheckpointError(f"{where}: global_pool is {pool!r}; keras_vit pools by 'token', 'avg' or 'map'.")
     switches["global_pool"] = pool
     return switches

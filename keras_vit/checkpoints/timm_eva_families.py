@@ -39,16 +39,6 @@ def _eva(patch_size, image_size, embed_dim, depth, num_heads, mlp_ratio=4.0, **s
     return TimmArchitecture(patch_size, sides, embed_dim, depth, num_heads, mlp_ratio, switches, DEFAULT_RESIZE)
 
 
-def eva_mlp_dim(embed_dim, mlp_ratio, switches):
-    """keras_vit's width of the MLP's first layer: timm's `int(dim * mlp_ratio)`, rounded up to `swiglu_align_to`,
-    twice for a SwiGLU (packed `fc1`, or `fc1_g` and `fc1_x`)."""
-    hidden = int(embed_dim * mlp_ratio)
-    if not switches.get("swiglu_mlp"):
-        return hidden
-    align = switches.get("swiglu_align_to") or 0
-    return 2 * (hidden + (-hidden % align if align else 0))
-
-
 def eva_unpacked_swiglu(switches):
     """Whether timm builds the SwiGLU as `fc1_g` and `fc1_x` (with `scale_mlp` or `swiglu_align_to`), not one `fc1`."""
     return bool(switches.get("swiglu_mlp")) and bool(switches.get("scale_mlp") or switches.get("swiglu_align_to"))
@@ -64,8 +54,6 @@ def eva_switches_to_architecture(switches):
     """
     pool = switches.get("global_pool", "avg")
     class_token = switches.get("class_token", True)
-    if pool == "":
-        pool = "token" if class_token else "avg"
     fc_norm = switches.get("use_fc_norm")
     fc_norm = pool == "avg" if fc_norm is None else fc_norm
     final_norm = switches.get("use_post_transformer_norm")

@@ -18,7 +18,7 @@ import numpy as np
 
 from keras_vit.architecture import Architecture
 from keras_vit.checkpoints.source import CheckpointError, source_from_state, state_of
-from keras_vit.checkpoints.built_model import architecture_of, native_grid
+from keras_vit.checkpoints.built_model import architecture_of, native_image_size
 from keras_vit.checkpoints.state_dict_files import read_state_dict
 from keras_vit.checkpoints.tensor_layout import BlockRule, TensorLayout, settings
 from keras_vit.checkpoints.timm_config import (check_head, configured_eval_transform, configured_image_sizes,
@@ -28,11 +28,10 @@ from keras_vit.checkpoints.timm_eva_families import (
     EVA_ARCHITECTURES,
     EVA_KEYWORDS,
     TRAINING_ONLY_KEYWORDS,
-    eva_mlp_dim,
     eva_switches_to_architecture,
     eva_unpacked_swiglu,
 )
-from keras_vit.checkpoints.timm_families import INFERENCE_NEUTRAL_KEYWORDS, SIZE_KEYWORDS
+from keras_vit.checkpoints.timm_families import INFERENCE_NEUTRAL_KEYWORDS, SIZE_KEYWORDS, timm_mlp_dim, timm_mlp_ratio
 
 
 def _pairs(prefix, path):
@@ -120,14 +119,6 @@ SEPARATE_QUERY_VALUE_BIASES = TensorLayout(
     rules=(_query_value_rule("attn.q_proj.bias", "attn.v_proj.bias"),), hint=_HINT)
 
 
-# The Architecture fields a name of timm's Eva class sets, which a model saved under that name must have.
-_COMPARED = ("class_token", "register_tokens", "class_token_position_embedding", "position_embedding", "classifier",
-             "fc_norm", "final_norm", "norm_pre", "patch_bias", "qkv_bias", "key_bias", "qk_norm", "mlp_activation",
-             "normalization", "layer_norm_epsilon", "post_norm", "attention_output_norm", "mlp_hidden_norm", "rope",
-             "rope_temperature", "rope_grid_offset", "rope_grid_indexing", "rope_reference_grid", "rope_rotate_half",
-             "pool_include_prefix", "attention_pool_heads", "attention_pool_mlp_ratio")
-
-
 def layout_of(switches, architecture):
     """The `TensorLayout` of an Eva architecture's file."""
     if switches.get("qkv_fused", True):
@@ -146,7 +137,7 @@ def _sizes(state, entry, args, switches, name, path, where):
         ("patch_size", entry.patch_size), ("embed_dim", entry.embed_dim), ("depth", entry.depth),
         ("num_heads", entry.num_heads))}
     ratio = args.get("mlp_ratio", entry.mlp_ratio)
-    sizes["mlp_dim"] = eva_mlp_dim(sizes["embed_dim"], ratio, switches)
+    sizes["mlp_dim"] = timm_mlp_dim(sizes["embed_dim"], ratio, switches)
     kernel = state["embedding/kernel"]
     found = dict(patch_size=(int(kernel.shape[0]), "patch_embed.proj.weight"),
                  embed_dim=(int(kernel.shape[-1]), "patch_embed.proj.weight"),
@@ -182,9 +173,9 @@ def _split_frequencies(frequencies, architecture, sizes, path):
             for index in range(sizes["depth"])}
 
 
-def read_timm_eva(path, budget, config, where):
-    """Read a timm `Eva` state dict whose `config.json` (parsed as `config`, read from `where`) names its
-    architecture, one of `timm_eva_families.EVA_ARCHITECTURES`, into a `WeightsSource`."""
+def configured_eva_architecture(config, where):
+    """`(entry, model_args, switches, pretrained_cfg, Architecture)` of a timm `config.json` (parsed, read from
+    `where`) naming one of `EVA_ARCHITECTURES`: the model it describes, before any tensor is read."""
     name = config.get("architecture")
     entry = EVA_ARCHITECTURES[name]
     args = model_args_of(config, where, "Eva", EVA_ARGUMENTS)
@@ -199,12 +190,20 @@ def read_timm_eva(path, budget, config, where):
         raise CheckpointError(f"{where}: {error} is not a setting keras_vit computes.") from None
     pretrained, statistics = configured_pixel_statistics(config, where)
     fields.update(statistics)
-    transform = configured_eval_transform(config, where)
     try:
         architecture = Architecture(**fields)
     except ValueError as error:
         raise CheckpointError(f"{where}: timm's {name!r} with these model_args is no model keras_vit can build: "
                               f"{error}") from None
+    return entry, args, switches, pretrained, architecture
+
+
+def read_timm_eva(path, budget, config, where):
+    """Read a timm `Eva` state dict whose `config.json` (parsed as `config`, read from `where`) names its
+    architecture, one of `timm_eva_families.EVA_ARCHITECTURES`, into a `WeightsSource`."""
+    name = config.get("architecture")
+    entry, args, switches, pretrained, architecture = configured_eva_architecture(config, where)
+    transform = configured_eval_transform(config, where)
     tensors = read_state_dict(path, budget)
     frequencies = tensors.pop("rope.freqs", None)
     layout = layout_of(switches, architecture)
@@ -235,39 +234,21 @@ def read_timm_eva(path, budget, config, where):
 
 
 def eva_arguments(model, architecture):
-    """The keywords of `timm.create_model(architecture, **kwargs)` that rebuild `model`, for a name of timm's `Eva`
-    class whose switches are the model's (a `CheckpointError` says which differs)."""
+    """The keywords of `timm.create_model(architecture, **kwargs)` with the sizes of `model`, for a name of timm's
+    `Eva` class (`timm_writer.timm_arguments` checks that they rebuild it)."""
     entry = EVA_ARCHITECTURES[architecture]
-    named = Architecture(**eva_switches_to_architecture(entry.switches))
-    found = architecture_of(model)
-    differs = [field for field in _COMPARED if getattr(named, field) != getattr(found, field)]
-    if (named.layer_scale is None) != (found.layer_scale is None):
-        differs.append("layer_scale")
-    if differs:
-        raise CheckpointError(f"timm's {architecture!r} sets " + ", ".join(
-            f"{field}={getattr(named, field)!r}" for field in differs) + f", but {model.name} has " + ", ".join(
-            f"{getattr(found, field)!r}" for field in differs) + "; pass architecture= an Eva name that sets the same.")
     block = model.get_layer("encoderblock_0")
     embed = int(model.get_layer("embedding").kernel.shape[-1])
-    hidden = block.mlp_dim // (2 if found.mlp_activation == "swiglu" else 1)
-    ratio = hidden / embed
-    if int(embed * ratio) != hidden:
-        ratio = (hidden + 0.5) / embed
-    if eva_mlp_dim(embed, ratio, entry.switches) != block.mlp_dim:
-        raise CheckpointError(f"{model.name}'s MLP is {block.mlp_dim} wide, which timm's {architecture!r} (its "
-                              f"swiglu_align_to {entry.switches.get('swiglu_align_to')}) cannot build.")
     patch = tuple(model.get_layer("embedding").kernel.shape[:2])
-    grid = native_grid(model)
     head = [layer for layer in model.layers if layer.name == "head"]
-    return dict(img_size=[grid[0] * patch[0], grid[1] * patch[1]], patch_size=patch[0], embed_dim=embed,
+    return dict(img_size=native_image_size(model, patch), patch_size=patch[0], embed_dim=embed,
                 depth=sum(layer.name.startswith("encoderblock_") for layer in model.layers),
-                num_heads=int(block.num_heads), mlp_ratio=ratio, num_classes=int(head[0].kernel.shape[-1]) if head
-                else 0)
+                num_heads=int(block.num_heads), mlp_ratio=timm_mlp_ratio(embed, block.mlp_dim, entry.switches),
+                num_classes=int(head[0].kernel.shape[-1]) if head else 0)
 
 
 def to_timm_eva(model, architecture):
     """`model`'s weights as the state dict of timm's `Eva` `architecture` (numpy arrays, PyTorch's shapes)."""
-    eva_arguments(model, architecture)
     entry = EVA_ARCHITECTURES[architecture]
     found = architecture_of(model)
     state = state_of(model)

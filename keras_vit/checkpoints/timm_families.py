@@ -34,8 +34,9 @@ SWITCH_KEYWORDS = ("class_token", "reg_tokens", "no_embed_class", "global_pool",
                    "final_norm", "qkv_bias", "qk_norm", "init_values", "act_layer", "norm_eps", "mlp_layer",
                    "block_fn", "scale_attn_norm", "scale_mlp_norm", "pool_include_prefix", "proj_bias", "norm_layer",
                    "embed_norm_layer", "attn_layer")
-# Switches only a model function sets (classes in timm, names here): never taken from model_args.
-TABLE_ONLY_KEYWORDS = ("norm_eps", "mlp_layer", "norm_layer", "embed_norm_layer", "attn_layer")
+# Switches only a model function sets (classes in timm, names here): never taken from model_args. timm also
+# takes attn_layer by name ('diff'), so model_args may set that one.
+TABLE_ONLY_KEYWORDS = ("norm_eps", "mlp_layer", "norm_layer", "embed_norm_layer")
 INFERENCE_NEUTRAL_KEYWORDS = ("drop_rate", "pos_drop_rate", "patch_drop_rate", "proj_drop_rate", "attn_drop_rate",
                               "drop_path_rate", "weight_init", "fix_init", "dynamic_img_size")
 # Keywords keras_vit computes only at timm's default value (a file that changes them is refused).
@@ -78,9 +79,40 @@ class TimmArchitecture:
 
     @property
     def mlp_dim(self):
-        """keras_vit's width of the MLP's first layer: timm's `int(dim * mlp_ratio)`, which a packed SwiGLU halves
-        and an unpacked one (AIMv2's `fc1_g`, `fc1_x`) has twice."""
-        return int(self.embed_dim * self.mlp_ratio) * (2 if self.switches.get("mlp_layer") == "swiglu" else 1)
+        """keras_vit's width of the MLP's first layer, as timm builds it at the name's own sizes."""
+        return timm_mlp_dim(self.embed_dim, self.mlp_ratio, self.switches)
+
+
+def timm_mlp_pieces(switches):
+    """How many of timm's MLP widths `int(dim * mlp_ratio)` keras_vit's first MLP layer holds, by the switches.
+
+    Two where timm sizes a SwiGLU by each half (AIMv2's `SwiGLU`, `fc1_g`
+    and `fc1_x`; every `swiglu_mlp` of timm's Eva), one where the width is
+    the whole layer (a plain MLP, DINOv2 giant's `SwiGLUPacked`, which
+    halves it).
+    """
+    return 2 if switches.get("mlp_layer") == "swiglu" or switches.get("swiglu_mlp") else 1
+
+
+def timm_mlp_dim(embed_dim, mlp_ratio, switches):
+    """keras_vit's width of the first MLP layer timm builds with `switches` (of either family): timm's
+    `int(dim * mlp_ratio)`, rounded up to an Eva SwiGLU's `swiglu_align_to`, `timm_mlp_pieces` times."""
+    width = int(embed_dim * mlp_ratio)
+    align = switches.get("swiglu_align_to") if switches.get("swiglu_mlp") else None
+    return timm_mlp_pieces(switches) * (width + (-width % align if align else 0))
+
+
+def timm_mlp_ratio(embed_dim, mlp_dim, switches):
+    """The `mlp_ratio` with which timm's architecture of `switches` builds keras_vit's `mlp_dim`-wide MLP (where
+    `timm_mlp_dim` gives it back; else no ratio does).
+
+    Example:
+    >>> timm_mlp_ratio(24, 132, {"mlp_layer": "swiglu"}), timm_mlp_ratio(24, 132, {"mlp_layer": "swiglu_packed"})
+    (2.75, 5.5)
+    """
+    width = mlp_dim // timm_mlp_pieces(switches)
+    ratio = width / embed_dim
+    return ratio if int(embed_dim * ratio) == width else (width + 0.5) / embed_dim  # timm's int() gives `width`
 
 
 def _timm(patch_size, image_size, embed_dim, depth, num_heads, mlp_ratio=4.0, resize=DEFAULT_RESIZE,
@@ -408,8 +440,6 @@ def timm_switches_to_architecture(switches):
     """
     pool = switches.get("global_pool", "token")
     class_token = switches.get("class_token", True)
-    if pool == "":  # timm's no pooling: the token sequence; keras_vit pools as the tokens allow
-        pool = "token" if class_token else "avg"
     fc_norm = switches.get("fc_norm")
     if fc_norm is None:
         fc_norm = pool == "avg"

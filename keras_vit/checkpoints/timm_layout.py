@@ -1,4 +1,4 @@
-"""timm's layout: a `VisionTransformer` state dict, read and written.
+"""timm's layout: a `VisionTransformer` state dict, and reading it (`timm_writer` writes it).
 
 timm stores PyTorch tensors under its module names (`blocks.0.attn.qkv.weight`,
 ...): dense kernels as `(out, in)`, the patch convolution as `(out, in, h, w)`.
@@ -15,7 +15,6 @@ the architecture's family (`timm_families`). timm's ResNet hybrids
 Example:
 >>> from keras_vit import checkpoints
 >>> source = checkpoints.read_timm("model.safetensors")  # doctest: +SKIP
->>> checkpoints.save_timm(model, "vit.safetensors")  # doctest: +SKIP
 """
 
 import logging
@@ -26,39 +25,28 @@ import numpy as np
 from keras_vit.checkpoints.source import (
     CheckpointError,
     architecture_from_state,
-    architecture_of,
     class_names_in_order,
     preview,
     conv_stem_widths_of,
     resnet_layers_of,
     source_from_state,
-    state_of,
-    warn_unkept_pixel_statistics,
 )
 from keras_vit import preprocessing
 from keras_vit.architecture import Architecture
-from keras_vit.checkpoints.state_dict_files import _safetensors, folder_weights, read_state_dict
+from keras_vit.checkpoints.state_dict_files import folder_weights, read_state_dict
 from keras_vit.checkpoints.timm_config import (check_head, check_tensors_agree, checked_sizes,
                                                configured_eval_transform, configured_pixel_statistics, configured_switches, grid_of_config,
                                                model_args_of)
 from keras_vit.checkpoints.tensor_layout import BlockRule, TensorLayout, keras_to_torch, settings, torch_to_keras
 from keras_vit.checkpoints.timm_eva_families import EVA_ARCHITECTURES
-from keras_vit.checkpoints.timm_eva_layout import eva_arguments, read_timm_eva, to_timm_eva
+from keras_vit.checkpoints.timm_eva_layout import read_timm_eva
 from keras_vit.checkpoints.timm_families import (
     DEFAULT_RESIZE,
     SWITCH_KEYWORDS,
     timm_architecture,
     timm_switches_to_architecture,
 )
-from keras_vit.checkpoints.timm_hybrid import (
-    BACKBONE,
-    backbone_from_timm,
-    check_backbone_agrees,
-    check_timm_rebuilds_backbone,
-    conv_stem_to_timm,
-    timm_backbone_name,
-)
-from keras_vit.files import atomic_path
+from keras_vit.checkpoints.timm_hybrid import BACKBONE, backbone_from_timm, check_backbone_agrees
 from keras_vit.variants import CONV_STEM_STRIDE, resnet_stride
 
 logger = logging.getLogger("keras_vit")
@@ -228,193 +216,26 @@ def from_timm(tensors, description="checkpoint"):
     return state
 
 
-def to_timm(model, architecture=None):
-    """A keras_vit model's weights as a timm ViT state dict of numpy arrays (refuses what timm cannot express)."""
-    names = {v.path for v in model.weights}
-    if any("lora_" in name for name in names):
-        raise CheckpointError(f"{model.name} has LoRA adapters, which timm's VisionTransformer does not have: call "
-                              "keras_vit.merge_lora(model) first, then save_timm.")
-    hybrid = resnet_layers_of(names)
-    if hybrid is not None and architecture_of(model).resnet_epsilons != "timm":
-        raise CheckpointError(f"{model.name}'s ResNet computes the original Flax epsilons, timm's hybrids others: "
-                              "timm would compute other outputs; save it with checkpoints.save_npz instead.")
-    if "pre_logits/kernel" in names:
-        raise CheckpointError("timm's VisionTransformer has no pre-logits layer (representation_size); "
-                              "build the model with representation_size=0, or save it with checkpoints.save_npz.")
-    state = state_of(model)
-    backbone = {path: state.pop(path) for path in list(state) if hybrid is not None
-                and timm_backbone_name(path, stem_only=hybrid == ())}
-    stem = {name: np.ascontiguousarray(value if value.dtype == np.int64 else value.astype("float32"))
-            for name, value in conv_stem_to_timm(state, keras_to_torch).items()} \
-        if conv_stem_widths_of(state) is not None else {}
-    unpacked = architecture is not None and \
-        timm_architecture(architecture, "save_timm").switches.get("mlp_layer") == "swiglu"
-    tensors = LAYOUT.write(state, unpacked=unpacked, architecture=architecture_of(model))
-    tensors.update(stem)
-    for path, value in backbone.items():
-        name = timm_backbone_name(path, stem_only=hybrid == ())
-        tensors[name] = np.ascontiguousarray(keras_to_torch(name, value).astype("float32"))
-    return tensors
-
-
-# Where a model needs what only one of timm's model functions sets, one such architecture to name.
-_NAMED_ONLY = {"layer_norm_epsilon": ("LayerNorm epsilon {:g}", "vit_base_patch16_clip_224 (CLIP's 1e-5)"),
-               "swiglu": ("a SwiGLU MLP", "vit_giant_patch14_dinov2 (a packed SwiGLU MLP)"),
-               "post_norm": ("post-norm blocks", "vit_base_patch16_rpn_224 (timm's ResPostBlock)"),
-               "rms_norm": ("RMSNorms", "aimv2_large_patch14_224 (AIMv2's RmsNorm)"),
-               "patch_norm": ("a patch-embedding norm", "aimv2_large_patch14_224 (AIMv2's embed_norm_layer)"),
-               "parallel": ("parallel blocks", "vit_pwee_patch16_reg1_gap_256 (timm's ParallelScalingBlock)")}
-
-
-def timm_arguments(model, architecture=None):
-    """The keywords of `timm.create_model(architecture or "vit_base_patch16_224", **kwargs)` that rebuild `model`.
-
-    The sizes (`img_size`, `patch_size`, `embed_dim`, `depth`, `num_heads`,
-    `mlp_ratio`, `num_classes`) and every switch (class and register tokens,
-    `no_embed_class`, `global_pool`, norms, biases, layer scale, activation).
-    A LayerNorm epsilon other than 1e-6 and a SwiGLU MLP are set only by
-    timm's model functions, which take them as classes, not keywords: for
-    those, name an `architecture` of `timm_families.ARCHITECTURES` that sets
-    the same (CLIP's 1e-5, DINOv2 giant's SwiGLU). What timm's
-    `VisionTransformer` cannot build at all (a patch bias beside `pre_norm`,
-    none without it) is a `CheckpointError` that says why.
-
-    Example:
-    >>> import keras_vit
-    >>> model = keras_vit.ViT(image_size=32, patch_size=8, hidden_size=24, num_layers=1, num_heads=3,
-    ...                       mlp_dim=48, register_tokens=2, class_token_position_embedding=False)
-    >>> timm_arguments(model)["reg_tokens"], timm_arguments(model)["no_embed_class"]
-    (2, True)
-    """
-    found = architecture_of(model)
-    if architecture in EVA_ARCHITECTURES:
-        return eva_arguments(model, architecture)
-    if found.rope or not found.key_bias or not found.position_embedding:
-        raise CheckpointError(f"{model.name} has RoPE, no key bias or no position table, as timm's Eva class: pass "
-                              "architecture= the Eva name it is (eva02_base_patch14_224, vit_base_patch16_dinov3, ...).")
-    if found.patch_bias == found.norm_pre:
-        raise CheckpointError(
-            f"{model.name} has {'a' if found.patch_bias else 'no'} patch bias {'and' if found.norm_pre else 'but no'} "
-            "norm_pre; timm's VisionTransformer has a patch bias exactly when it has no pre_norm, so it cannot build "
-            "this model.")
-    pools = {"token": "token", "gap": "avg", "map": "map"}
-    activations = {"gelu": "gelu", "gelu_tanh": "gelu_tanh", "quick_gelu": "quick_gelu"}
-    block = model.get_layer("encoderblock_0")
-    embed = int(model.get_layer("embedding").kernel.shape[-1])
-    hidden = int(block.mlp_dim)  # the first MLP layer's width: both halves of a SwiGLU, as timm's GluMlp
-    ratio = hidden / embed
-    if int(embed * ratio) != hidden:  # timm's int(dim * mlp_ratio) must give the width back
-        ratio = (hidden + 0.5) / embed
-    patch = tuple(model.get_layer("embedding").kernel.shape[:2])
-    resnet = resnet_layers_of({v.path for v in model.weights})
-    stem = conv_stem_widths_of({variable.path: variable for variable in model.weights})
-    stride = CONV_STEM_STRIDE if stem is not None else 1 if resnet is None else resnet_stride(resnet)
-    position = model.get_layer("position_embedding") if "position_embedding" in [
-        layer.name for layer in model.layers] else None
-    grid = getattr(position, "grid_size", None)
-    head = [layer for layer in model.layers if layer.name == "head"]
-    arguments = dict(
-        img_size=[grid[0] * patch[0] * stride, grid[1] * patch[1] * stride] if grid else None,
-        patch_size=patch[0] if patch[0] == patch[1] else list(patch),
-        embed_dim=embed, depth=sum(layer.name.startswith("encoderblock_") for layer in model.layers),
-        num_heads=int(block.num_heads), mlp_ratio=ratio,
-        num_classes=int(head[0].kernel.shape[-1]) if head else 0,
-        class_token=found.class_token, reg_tokens=found.register_tokens,
-        no_embed_class=not found.class_token_position_embedding, global_pool=pools[found.classifier],
-        fc_norm=found.fc_norm, final_norm=found.final_norm, pre_norm=found.norm_pre, qkv_bias=found.qkv_bias,
-        qk_norm=found.qk_norm, init_values=found.layer_scale, scale_attn_norm=found.attention_output_norm,
-        scale_mlp_norm=found.mlp_hidden_norm, pool_include_prefix=found.pool_include_prefix,
-        proj_bias=found.projection_bias,
-    )
-    if found.differential_attention and not found.parallel:  # DiffParallelScalingBlock has its own
-        arguments["attn_layer"] = "diff"
-    if arguments["img_size"] is None:
-        del arguments["img_size"]
-    needs_name = [key for key, needed in (("layer_norm_epsilon", found.layer_norm_epsilon != 1e-6),
-                                          ("swiglu", found.mlp_activation == "swiglu"),
-                                          ("post_norm", found.post_norm),
-                                          ("parallel", found.parallel),
-                                          ("rms_norm", found.normalization == "rms_norm"),
-                                          ("patch_norm", found.patch_norm)) if needed]
-    if stem is not None:
-        arguments["patch_size"] = 1  # timm's HybridEmbed patches the ConvStem's output, its last convolution ours
-        if architecture is None:
-            raise CheckpointError(f"{model.name} has MobileCLIP's ConvStem, which only timm's model function builds; "
-                                  "pass architecture='vit_base_mci_224'.")
-    if resnet is not None and architecture is None:
-        raise CheckpointError(f"{model.name} is a hybrid, which only timm's model functions build; pass "
-                              "architecture= the timm hybrid it is (vit_base_r50_s16_224, ..., vit_tiny_r_s16_p8_224).")
-    if architecture is None:
-        if needs_name:
-            raise CheckpointError(
-                f"{model.name} has " + " and ".join(_NAMED_ONLY[key][0].format(found.layer_norm_epsilon)
-                                                    for key in needs_name)
-                + ", which timm's VisionTransformer takes only from a model function: pass architecture= a timm "
-                "name that sets the same, such as " + " or ".join(_NAMED_ONLY[key][1] for key in needs_name) + ".")
-        arguments["act_layer"] = activations[found.mlp_activation]
-        return arguments
-    entry = timm_architecture(architecture, "timm_arguments")
-    if resnet is not None or entry.resnet_layers is not None:
-        if resnet is None:
-            raise CheckpointError(f"timm's {architecture!r} is a hybrid, but {model.name} is a plain ViT.")
-        check_timm_rebuilds_backbone(resnet, int(model.get_layer("conv_root").kernel.shape[-1]),
-                                     found.resnet_epsilons, entry, architecture, model.name)
-    if (stem is not None) != entry.conv_stem:
-        raise CheckpointError(f"timm's {architecture!r} {'has' if entry.conv_stem else 'has no'} ConvStem, but "
-                              f"{model.name} {'has' if stem is not None else 'has none'}.")
-    if stem is not None and (stem, embed) != (entry.conv_stem_widths, entry.embed_dim):
-        raise CheckpointError(f"{model.name}'s ConvStem has widths {stem} before a {embed}-wide ViT, but timm's "
-                              f"{architecture!r} builds {entry.conv_stem_widths} before {entry.embed_dim} and takes no "
-                              "argument for them, so timm.create_model cannot rebuild this model.")
-    named = timm_switches_to_architecture(entry.switches)
-    if named["post_norm"] != found.post_norm:
-        raise CheckpointError(f"timm's {architecture!r} has {'post' if named['post_norm'] else 'pre'}-norm blocks, "
-                              f"but {model.name} has {'post' if found.post_norm else 'pre'}-norm blocks.")
-    for field, what in (("normalization", "norms"), ("patch_norm", "patch-embedding norm"), ("parallel", "parallel "
-                        "blocks"), ("differential_attention", "differential attention")):
-        if named[field] != getattr(found, field):
-            raise CheckpointError(f"timm's {architecture!r} has {what} {named[field]!r}, but {model.name} has "
-                                  f"{getattr(found, field)!r}; pass architecture= a timm name that sets the same.")
-    if named["layer_norm_epsilon"] != found.layer_norm_epsilon or \
-            (named["mlp_activation"] == "swiglu") != (found.mlp_activation == "swiglu"):
-        raise CheckpointError(
-            f"timm's {architecture!r} sets LayerNorm epsilon {named['layer_norm_epsilon']:g} and "
-            f"{'a SwiGLU' if named['mlp_activation'] == 'swiglu' else 'a plain'} MLP, but {model.name} has "
-            f"{found.layer_norm_epsilon:g} and {'a SwiGLU' if found.mlp_activation == 'swiglu' else 'a plain'} MLP.")
-    if found.mlp_activation != "swiglu":
-        arguments["act_layer"] = activations[found.mlp_activation]
-    return arguments
-
-
-def save_timm(model, path, architecture=None):
-    """Write `model` as a timm `VisionTransformer` state dict (`.safetensors`) that timm loads with `strict=True`.
-
-    Build the timm model with `timm.create_model(architecture or
-    "vit_base_patch16_224", **timm_arguments(model, architecture))`, then
-    `timm.models.load_checkpoint(model, path, strict=True)`. A model that
-    those keywords cannot rebuild exactly is refused before anything is
-    written, with the reason (`timm_arguments`).
-
-    Example:
-    >>> import keras_vit
-    >>> model = keras_vit.ViT(image_size=32, patch_size=8, hidden_size=24, num_layers=1, num_heads=3,
-    ...                       mlp_dim=48, classes=5)
-    >>> save_timm(model, "/tmp/vit.safetensors")  # doctest: +SKIP
-    """
-    if not str(path).endswith(".safetensors"):
-        raise CheckpointError(f"save_timm writes a .safetensors file; got {path}.")
-    if architecture in EVA_ARCHITECTURES:
-        timm_arguments(model, architecture)  # Refuses what timm cannot rebuild.
-        tensors = to_timm_eva(model, architecture)
-    else:  # to_timm first: its refusals (LoRA, a Flax-epsilon ResNet) name the fix more precisely
-        tensors = to_timm(model, architecture)
-        timm_arguments(model, architecture)
-    warn_unkept_pixel_statistics(model, "timm reads them from the folder's config.json (pretrained_cfg mean and "
-                                        "std), and so does keras_vit.from_pretrained")
-    save_file = _safetensors().save_file
-    with atomic_path(os.fspath(path)) as temporary:
-        save_file(tensors, temporary, metadata={"format": "pt"})
-    return path
+def configured_architecture(config, where, resnet_epsilons=None):
+    """`(entry, model_args, switches, pretrained_cfg, Architecture)` of a timm `config.json` (parsed, read from
+    `where`) naming one of `timm_families.ARCHITECTURES`: the model it describes, before any tensor is read."""
+    name = config.get("architecture")
+    entry = timm_architecture(name, where)
+    args = model_args_of(config, where)
+    switches = configured_switches(entry, args, config, SWITCH_KEYWORDS, "token", where)
+    try:
+        fields = timm_switches_to_architecture(switches)
+    except KeyError as error:  # an act_layer or pool the checks above let through
+        raise CheckpointError(f"{where}: {error} is not a setting keras_vit computes.") from None
+    pretrained, statistics = configured_pixel_statistics(config, where)
+    fields.update(statistics)
+    try:
+        architecture = Architecture(**fields, **({} if resnet_epsilons is None else
+                                                 {"resnet_epsilons": resnet_epsilons}))
+    except ValueError as error:  # model_args that contradict the named architecture's switches
+        raise CheckpointError(f"{where}: timm's {name!r} with these model_args is no model keras_vit can build: "
+                              f"{error}") from None
+    return entry, args, switches, pretrained, architecture
 
 
 def read_timm(path, budget=None, config=None, config_path=None):
@@ -438,22 +259,9 @@ def read_timm(path, budget=None, config=None, config_path=None):
         return source
     where = config_path or path
     name = config.get("architecture")
-    entry = timm_architecture(name, where)
-    check_backbone_agrees(state, entry, name, path)
-    args = model_args_of(config, where)
-    switches = configured_switches(entry, args, config, SWITCH_KEYWORDS, "token", where)
-    try:
-        fields = timm_switches_to_architecture(switches)
-    except KeyError as error:  # an act_layer or pool the checks above let through
-        raise CheckpointError(f"{where}: {error} is not a setting keras_vit computes.") from None
-    pretrained, statistics = configured_pixel_statistics(config, where)
-    fields.update(statistics)
+    check_backbone_agrees(state, timm_architecture(name, where), name, path)
+    entry, args, switches, pretrained, architecture = configured_architecture(config, where, epsilons)
     transform = configured_eval_transform(config, where)
-    try:
-        architecture = Architecture(**fields, **({} if epsilons is None else {"resnet_epsilons": epsilons}))
-    except ValueError as error:  # model_args that contradict the named architecture's switches
-        raise CheckpointError(f"{where}: timm's {name!r} with these model_args is no model keras_vit can build: "
-                              f"{error}") from None
     sizes = checked_sizes(state, entry, args, name, path, where)
     check_tensors_agree(state, architecture, name, path,
                         unpacked=(switches.get("mlp_layer") == "swiglu", "blocks.0.mlp.fc1_g.weight" in tensors))
