@@ -17,7 +17,8 @@ import os
 
 import keras
 
-from keras_vit.checkpoints import CheckpointError, read_quantized_keras
+from keras_vit.checkpoints import CheckpointError, architecture_of, load_keras, source_of_saved
+from keras_vit.keras_internals import sublayers
 from keras_vit.models import ViT, read_checkpoint
 from keras_vit.variants import VARIANTS, Variant
 
@@ -95,10 +96,12 @@ def from_pretrained(source, **overrides):
     CLIP and SigLIP towers) builds the feature model timm's forward gives
     (`include_top=False`, the file's pooling), and a `.keras` model without
     its top the same model again (its own `pooling`, `None` included),
-    unless `classes=` asks for a new head. A `.keras` model with LoRA
-    adapters loads with them merged into its kernels; one that Keras
-    quantized (`model.quantize("int8")`) is returned as Keras loads it, and
-    overrides that would need it rebuilt are refused.
+    unless `classes=` asks for a new head. A `.keras` model is returned as
+    Keras loads it (after the file's checks) unless overrides ask for
+    another model or it holds LoRA adapters, which are merged into its
+    kernels in a rebuilt model; one that Keras quantized
+    (`model.quantize("int8")`) is never rebuilt, and overrides that would
+    need it rebuilt are refused.
 
     Example:
     >>> from keras_vit import checkpoints
@@ -113,10 +116,14 @@ def from_pretrained(source, **overrides):
     path = os.fspath(source)
     if path.startswith(HF_PREFIX):
         path = resolve_handle(path)
-    quantized = read_quantized_keras(path) if path.endswith(".keras") else None
-    if quantized is not None:
-        return _as_saved(quantized, path, overrides)
-    checkpoint = read_pretrained(path, num_heads=overrides.get("num_heads"))
+    if path.endswith(".keras"):
+        saved = load_keras(path)
+        if _as_saved(saved, path, overrides):
+            return saved
+        checkpoint = source_of_saved(saved, path)
+        del saved
+    else:
+        checkpoint = read_pretrained(path, num_heads=overrides.get("num_heads"))
     state = checkpoint.state
     kernel, mlp = state.get("embedding/kernel"), state.get("encoderblock_0/mlp_hidden/kernel")
     if kernel is None or mlp is None:
@@ -146,7 +153,14 @@ def from_pretrained(source, **overrides):
 
 
 def _as_saved(model, path, overrides):
-    """A quantized `.keras` model as Keras loaded it, unless `overrides` ask for another model, which needs a rebuild."""
+    """Whether from_pretrained returns the `.keras` model as Keras loaded it: unless `overrides` ask for another
+    model, or it holds LoRA adapters to merge. A model Keras quantized has no float weights to rebuild from."""
+    quantized = any(getattr(layer, "quantization_mode", None) for layer in sublayers(model))
+    if not quantized:
+        try:
+            architecture_of(model)
+        except ValueError:  # Not a plain keras_vit ViT: read its state, as any other file's
+            return False
     names = {layer.name for layer in model.layers}
     saved = dict(num_heads=model.get_layer("encoderblock_0").num_heads, include_top="head" in names,
                  image_size=tuple(model.input_shape[1:3]))
@@ -163,9 +177,11 @@ def _as_saved(model, path, overrides):
         return value == saved[key]
 
     rebuild = [f"{key}={value!r}" for key, value in overrides.items() if key not in saved or not same(key, value)]
+    if not quantized:
+        return not rebuild and not any(getattr(layer, "lora_enabled", False) for layer in sublayers(model))
     if rebuild:
         raise CheckpointError(
             f"{path} holds a model quantized by Keras (model.quantize), which from_pretrained returns as saved: "
             f"{', '.join(rebuild)} would need it rebuilt, and its 8-bit kernels load into no other model. Pass "
             "them to from_pretrained of the float model, then quantize that (model.quantize('int8')).")
-    return model
+    return True

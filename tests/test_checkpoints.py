@@ -370,13 +370,34 @@ def test_reading_a_keras_file_reads_its_weights_about_as_often_as_kerass_loader(
     assert counted["bytes"] <= kerass + 3 * size, (counted["bytes"] / size, kerass / size)
 
 
+def test_a_keras_file_is_returned_as_keras_loads_it_unless_asked_for_another_model(tmp_path, monkeypatch):
+    # Building the model again and copying the weights in doubled the time of keras.saving.load_model (ViT-L).
+    from keras_vit import pretrained
+
+    images, logits = reference("vit_token")
+    path = str(tmp_path / "vit.keras")
+    load("vit_token").save(path)
+    build = pretrained.ViT
+    built = []
+    monkeypatch.setattr(pretrained, "ViT", lambda **options: built.append(options) or build(**options))
+    same = keras_vit.from_pretrained(path, classes=10, image_size=32)
+    assert not built
+    np.testing.assert_allclose(predict(same, images), logits, atol=1e-5)
+    assert keras_vit.from_pretrained(path, classes=3).output_shape == (None, 3) and len(built) == 1
+
+
 @pytest.mark.backend_independent
 def test_a_full_temporary_disk_is_named_not_blamed_on_the_keras_file(tmp_path, monkeypatch):
     import errno
     import tempfile
 
-    path = str(tmp_path / "vit.keras")
-    load("vit_token").save(path)
+    stored = str(tmp_path / "stored.keras")
+    load("vit_token").save(stored)
+    path = str(tmp_path / "vit.keras")  # compressed, as a zip tool may rewrite it: its weights are copied out
+    with zipfile.ZipFile(stored) as source, zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as target:
+        for name in source.namelist():
+            target.writestr(name, source.read(name))
+    assert keras_vit.from_pretrained(path).count_params() == keras_vit.from_pretrained(stored).count_params()
 
     class FullDisk(io.BytesIO):
         def write(self, data):

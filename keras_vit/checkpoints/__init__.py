@@ -23,7 +23,7 @@ Example:
 """
 
 from keras_vit.checkpoints.flax_npz import from_flax, read_npz, save_npz, to_flax
-from keras_vit.checkpoints.keras_files import read_keras, read_quantized_keras, read_weights_h5
+from keras_vit.checkpoints.keras_files import load_keras, read_keras, read_weights_h5, source_of_saved
 from keras_vit.checkpoints.loading import check_finite, load_into, read_folder, read_weights
 from keras_vit.checkpoints.registry import (
     Checkpoint,
@@ -57,9 +57,9 @@ __all__ = [
     "from_transformers",
     "from_vision_tower",
     "load_into",
+    "load_keras",
     "read_keras",
     "read_npz",
-    "read_quantized_keras",
     "read_dinov3_folder",
     "read_timm",
     "read_dinov2_folder",
@@ -72,6 +72,7 @@ __all__ = [
     "register",
     "save_npz",
     "save_timm",
+    "source_of_saved",
     "state_of",
     "timm_arguments",
     "to_flax",

@@ -2,16 +2,19 @@
 
 A `.keras` file carries its architecture, so its grid and head count are
 read from the saved layers; one that Keras quantized (`model.quantize`) is
-loaded as saved (`read_quantized_keras`), its 8-bit kernels being no
-weights for another model. A `.weights.h5` file carries none: its layout
+loaded as saved (`load_keras`), its 8-bit kernels being no weights for
+another model. A `.weights.h5` file carries none: its layout
 (sizes, grid, head) is inferred from the stored shapes, and
 `keras_vit.models.read_checkpoint` builds a model of that layout to load it.
 """
 
+import contextlib
+import io
 import itertools
 import json
 import logging
 import math
+import struct
 import tempfile
 import zipfile
 
@@ -55,7 +58,11 @@ def read_keras(path, budget=None):
                               "weights to load into another model. Load it as saved, with keras_vit.from_pretrained "
                               "or keras.saving.load_model.")
     _check_archive(path, budget)
-    saved = _load(path)
+    return source_of_saved(_load(path), path)
+
+
+def source_of_saved(saved, path):
+    """The `WeightsSource` of a float keras_vit model loaded from the `.keras` file `path` (LoRA merged)."""
     grid = num_heads = precision = architecture = resize = None
     try:
         grid = native_grid(saved)
@@ -86,25 +93,26 @@ def read_keras(path, budget=None):
     return source
 
 
-def read_quantized_keras(path, budget=None):
-    """The model of a `.keras` file that Keras quantized (`model.quantize("int8")`), loaded as saved; None if float.
+def load_keras(path, budget=None):
+    """The keras_vit model of a `.keras` file, loaded by Keras as saved, after the archive's checks.
 
-    Its integer kernels are no float state that another model could load, so
-    Keras' own loader rebuilds the saved model, after the archive's checks;
-    its floating-point weights must be finite, and it must be a keras_vit ViT.
+    Float or quantized by Keras (`model.quantize("int8")`, whose integer
+    kernels are no float state that another model could load). Its
+    floating-point weights must be finite, and a quantized one must be a
+    keras_vit ViT.
     """
-    if not _declares_quantization(path):
-        return None
-    _check_archive(path, budget, quantized=True)
+    quantized = _declares_quantization(path)
+    _check_archive(path, budget, quantized=quantized)
     saved = _load(path)
     bad = [variable.path for variable in saved.weights if "float" in str(variable.dtype)
            and not np.all(np.isfinite(keras.ops.convert_to_numpy(variable)))]
     if bad:
         raise CheckpointError(f"{path} holds NaN or infinite weights in {len(bad)} variables: {preview(bad)}.")
-    try:
-        architecture_of(saved)
-    except ValueError as error:
-        raise CheckpointError(f"{path} holds a quantized model that is not a keras_vit ViT: {error}") from None
+    if quantized:
+        try:
+            architecture_of(saved)
+        except ValueError as error:
+            raise CheckpointError(f"{path} holds a quantized model that is not a keras_vit ViT: {error}") from None
     return saved
 
 
@@ -176,17 +184,66 @@ def _check_archive(path, budget=None, quantized=False):
             if broken is None and "model.weights.h5" in names and not quantized:
                 import h5py  # A Keras dependency.
 
-                # Copied out once: h5py seeks, and each seek back in a zip entry re-reads it from its start.
-                with archive.open("model.weights.h5") as entry, tempfile.TemporaryFile() as copy:
-                    _copy_entry(entry, copy, path)
-                    with h5py.File(copy, "r") as weights:
-                        refuse_integer_datasets(weights, path)
+                with _seekable_weights(archive, path) as entry, h5py.File(entry, "r") as weights:
+                    refuse_integer_datasets(weights, path)
     except (zipfile.BadZipFile, OSError, EOFError) as error:
         raise CheckpointError(f"{path} is not a .keras archive (a zip file), or it is truncated: {error}") from error
     if broken is not None:
         raise CheckpointError(f"{path} is corrupt: its entry {broken!r} fails its checksum.")
     if "config.json" not in names:
         raise CheckpointError(f"{path} is a zip file but not a saved Keras model: it has no config.json.")
+
+
+@contextlib.contextmanager
+def _seekable_weights(archive, path):
+    """`model.weights.h5` of an opened `.keras` zip as a file h5py can seek in cheaply.
+
+    h5py seeks, and a seek back in a zip entry re-reads it from its start.
+    Keras stores the entry uncompressed: then its bytes are read in place
+    (the checksums were tested already); a compressed one is copied out once.
+    """
+    info = archive.getinfo("model.weights.h5")
+    if info.compress_type == zipfile.ZIP_STORED:
+        with open(path, "rb") as file:
+            file.seek(info.header_offset)
+            header = file.read(30)  # The local file header: its name and extra field precede the data.
+            if len(header) < 30 or header[:4] != b"PK\x03\x04":
+                raise zipfile.BadZipFile("the weights' local header is missing")
+            name_length, extra_length = struct.unpack("<HH", header[26:30])
+            yield _Window(file, info.header_offset + 30 + name_length + extra_length, info.file_size)
+        return
+    with archive.open(info) as entry, tempfile.TemporaryFile() as copy:
+        _copy_entry(entry, copy, path)
+        copy.seek(0)
+        yield copy
+
+
+class _Window(io.RawIOBase):
+    """Bytes `start .. start + size` of an open binary `file`, as a seekable read-only file."""
+
+    def __init__(self, file, start, size):
+        super().__init__()
+        self.file, self.start, self.size, self.position = file, start, size, 0
+
+    def readable(self):
+        return True
+
+    def seekable(self):
+        return True
+
+    def seek(self, offset, whence=io.SEEK_SET):
+        self.position = max(0, {io.SEEK_SET: 0, io.SEEK_CUR: self.position, io.SEEK_END: self.size}[whence] + offset)
+        return self.position
+
+    def tell(self):
+        return self.position
+
+    def readinto(self, buffer):
+        count = max(0, min(len(buffer), self.size - self.position))
+        self.file.seek(self.start + self.position)
+        count = self.file.readinto(memoryview(buffer)[:count])
+        self.position += count
+        return count
 
 
 def _copy_entry(entry, copy, path):
