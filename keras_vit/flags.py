@@ -1,11 +1,12 @@
 """The flags of `keras-vit pretrain` / `finetune` and of the examples, in one place.
 
-Each training flag is a field of `training.PretrainConfig` or
-`training.FinetuneConfig` (`--image-size` is `image_size`) and takes its
-default from there; `keras_vit.cli` adds the commands' own flags.
+Each training flag is a field of `configs.PretrainConfig` or
+`configs.FinetuneConfig` (`--image-size` is `image_size`, `configs.flag`)
+and takes its default from there; `keras_vit.cli` adds the commands' own
+flags. Nothing here imports Keras.
 
 Example:
->>> from keras_vit.training import PretrainConfig
+>>> from keras_vit.configs import PretrainConfig
 >>> config = parse_config(PretrainConfig, ["--epochs", "3"])
 >>> config.epochs, config.image_size
 (3, 16)
@@ -14,7 +15,7 @@ Example:
 import argparse
 import dataclasses
 
-from keras_vit import distribute
+from keras_vit.configs import ENGINES
 from keras_vit.preprocessing import PILLOW_FILTERS
 from keras_vit.randaugment import RandAugment
 from keras_vit.variants import SMALL_VIT
@@ -24,15 +25,28 @@ def add_model_flags(parser):
     group = parser.add_argument_group("model")
     group.add_argument("--model", help="a named variant, e.g. ViT_B16 (default: the size flags below, "
                        "or the sizes saved in --weights)")
-    group.add_argument("--weights", help="a named checkpoint, a .npz / .keras / .weights.h5 / .safetensors file, "
-                       "a timm or transformers folder, or hf://org/name")
+    group.add_argument("--weights", type=weights_flag,
+                       help="a named checkpoint, a .npz / .keras / .weights.h5 / .safetensors file, a timm or "
+                       "transformers folder, hf://org/name, or none (random initialisation)")
     add_image_size_flag(group)
+    add_drop_remainder_flag(group)
     digits = "default: the digits ViT's {}, or the sizes of --model / --weights"
     group.add_argument("--patch-size", type=int, help=digits.format(SMALL_VIT.patch_size))
     group.add_argument("--hidden-size", type=int, help=digits.format(SMALL_VIT.hidden_size))
     group.add_argument("--num-layers", type=int, help=digits.format(SMALL_VIT.num_layers))
     group.add_argument("--num-heads", type=int, help=digits.format(SMALL_VIT.num_heads))
     group.add_argument("--mlp-dim", type=int, help=digits.format(SMALL_VIT.mlp_dim))
+
+
+def weights_flag(value):
+    """`--weights none` (any case) is None, a random initialisation; any other value is a name or a path."""
+    return None if value.lower() == "none" else value
+
+
+def add_drop_remainder_flag(parser):
+    parser.add_argument("--drop-remainder", action="store_true",
+                        help="an --image-size the patch size does not divide: leave out the last rows and columns "
+                        "that fill no patch, as timm does")
 
 
 def add_eval_transform_flags(parser):
@@ -101,7 +115,7 @@ def add_training_flags(parser, config_class):
                        "its own threads")
     group.add_argument("--mixed-precision", action="store_true", help="mixed_bfloat16")
     group.add_argument("--steps-per-execution", type=int)
-    group.add_argument("--distribution", choices=distribute.ENGINES)
+    group.add_argument("--distribution", choices=ENGINES)
     group.add_argument("--model-parallel-size", type=int)
     group.add_argument("--tpu", help="TPU name or address for --distribution tpu")
     group.add_argument("--seed", type=int)
