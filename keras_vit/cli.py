@@ -12,9 +12,7 @@ user chose none, before Keras reads it.
 """
 
 import argparse
-import difflib
 import inspect
-import re
 import sys
 
 from keras_vit import configs, flags, startup
@@ -31,77 +29,10 @@ INFERENCE_DEFAULTS = {
 }
 
 
-class Parser(argparse.ArgumentParser):
-    """argparse with one-line errors, and the closest flags of the command for an unknown one."""
-
-    def error(self, message):
-        self.exit(2, f"{self.prog}: error: {message}\n")
-
-    def parse_args(self, args=None, namespace=None):
-        parsed, unknown = self.parse_known_args(args, namespace)
-        if unknown:
-            command = getattr(self, "commands", {}).get(getattr(parsed, "command", None), self)
-            command.error(unknown_arguments(unknown, command))
-        return parsed
-
-
-def close_flags(name, parser):
-    """The flags of `parser` that `name` (an unknown flag) may have meant: `--lr` -> `--learning-rate`."""
-    known = [option for option in parser._option_string_actions if option.startswith("--")]
-    wanted = "--" + name.lstrip("-").replace("_", "-")
-    if wanted in known:
-        return [wanted]
-    initials = [option for option in known if "".join(word[0] for word in option[2:].split("-")) == wanted[2:]]
-    return initials or difflib.get_close_matches(wanted, known, n=2, cutoff=0.6)
-
-
-def unknown_arguments(arguments, parser):
-    """One line for arguments `parser` does not take: each unknown flag with the flags it may have meant."""
-    unknown = [argument.split("=", 1)[0] for argument in arguments if re.match(r"-+[A-Za-z]", argument)]
-    if not unknown:
-        return f"unrecognized arguments: {' '.join(arguments)}"
-    listed = f"{parser.prog} --help lists the flags"
-    if len(unknown) == 1:
-        close = close_flags(unknown[0], parser)
-        return f"unknown flag {unknown[0]}; " + (f"did you mean {' or '.join(close)}?" if close else listed)
-    described = [f"{name} (did you mean {' or '.join(close)}?)" if (close := close_flags(name, parser)) else name
-                 for name in unknown]
-    return f"unknown flags {', '.join(described)}; {listed}"
-
-
-# A keyword argument named in a message: `name=value`, `name=` or `name=(24, 40)`, in backquotes or not.
-_KEYWORD = re.compile(r"`?\b([a-z][a-z0-9_]*)=(\(\d+, \d+\)|'[^']*'|\"[^\"]*\"|[\w+\-/:]+(?:\.\w+)*)?`?")
-
-
-def in_flags(message, parser):
-    """`message` with each keyword argument that is a flag of `parser` written as that flag.
-
-    `pass num_heads=3` -> `pass --num-heads 3`; `drop_remainder=True` ->
-    `--drop-remainder`; `weights=PATH` -> `--weights PATH`. Library errors
-    advise keywords; the command's user types flags. Keywords `parser` does
-    not take stay as they are.
-    """
-    def as_flag(match):
-        name, value = match.group(1), match.group(2)
-        action = parser._option_string_actions.get(configs.flag(name))
-        if action is None:
-            return match.group(0)
-        if action.nargs == 0:  # a switch: `drop_remainder=True`
-            return configs.flag(name) if value in (None, "True") else match.group(0)
-        if value is None:
-            return configs.flag(name)
-        value = value.strip("'\"")
-        value = "none" if value == "None" else re.sub(r"\((\d+), (\d+)\)", r"\1x\2", value)
-        return f"{configs.flag(name)} {value}"
-
-    return _KEYWORD.sub(as_flag, message)
-
-
 def build_parser():
-    parser = Parser(prog="keras-vit", description=__doc__.splitlines()[0])
+    parser = flags.Parser(prog="keras-vit", description=__doc__.splitlines()[0])
     parser.add_argument("--debug", action="store_true", help="show the full traceback of an error")
     commands = parser.add_subparsers(dest="command", required=True)
-    parser.commands = commands.choices
 
     pretrain = commands.add_parser("pretrain", help="train a ViT from scratch (Adam, weight decay, warmup)")
     flags.add_config_flags(pretrain, configs.PretrainConfig)
@@ -172,16 +103,17 @@ def announce(note):
 def run(args):
     """Run parsed command-line `args`; Keras is imported only now, once its backend is chosen."""
     startup.choose_backend(announce)
+    config = None
     if args.command in ("pretrain", "finetune"):
         config_class = configs.PretrainConfig if args.command == "pretrain" else configs.FinetuneConfig
-        config = flags.config_from_flags(config_class, args)  # bad values are refused before Keras loads
-        from keras_vit import api, training  # noqa: F401 (api registers every class a .keras file may name)
-
-        return training.train(config)
-    if getattr(args, "model", None):
+        config = flags.config_from_flags(config_class, args)
+    elif getattr(args, "model", None):
         named_variant(args.model)  # An unknown name is the error, not a missing default file.
-    from keras_vit import api, inference  # noqa: F401
+    # Bad flag values are refused above, before Keras loads; `api` registers every class a .keras file may name.
+    from keras_vit import api, inference, training  # noqa: F401
 
+    if config is not None:
+        return training.train(config)
     if args.command == "export":
         return inference.export(args.source, args.output, args.format, args.quantize, args.num_heads)
     function = getattr(inference, args.command)
@@ -207,7 +139,7 @@ USER_ERRORS = (ValueError, ImportError, FileNotFoundError, FileExistsError, IsAD
 def console_main(argv=None):
     """The `keras-vit` entry point: exit status 0 on success, 2 with one line for a user error (--debug: traceback).
 
-    The line names flags where the error names keyword arguments (`in_flags`).
+    The line names flags where the error names keyword arguments (`flags.in_flags`).
     """
     argv = sys.argv[1:] if argv is None else argv
     parser = build_parser()
@@ -218,7 +150,7 @@ def console_main(argv=None):
         if "--debug" in argv:
             raise
         message = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        print(f"keras-vit: error: {in_flags(message, parser.commands[args.command])}", file=sys.stderr)
+        print(f"keras-vit: error: {flags.in_flags(message, parser.command(args.command))}", file=sys.stderr)
         return 2
     return 0
 

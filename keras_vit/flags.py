@@ -3,7 +3,9 @@
 Each training flag is a field of `configs.PretrainConfig` or
 `configs.FinetuneConfig` (`--image-size` is `image_size`, `configs.flag`)
 and takes its default from there; `keras_vit.cli` adds the commands' own
-flags. Nothing here imports Keras.
+flags. `Parser` gives an unknown flag the closest known ones, and
+`in_flags` writes the keyword arguments a library error advises as flags.
+Nothing here imports Keras.
 
 Example:
 >>> from keras_vit.configs import PretrainConfig
@@ -14,11 +16,86 @@ Example:
 
 import argparse
 import dataclasses
+import difflib
+import re
 
-from keras_vit.configs import ENGINES
+from keras_vit.configs import ENGINES, flag
 from keras_vit.preprocessing import PILLOW_FILTERS
 from keras_vit.randaugment import RandAugment
 from keras_vit.variants import SMALL_VIT
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with one-line errors, and the closest flags of the command for an unknown one."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+    def parse_args(self, args=None, namespace=None):
+        parsed, unknown = self.parse_known_args(args, namespace)
+        if unknown:
+            command = self.command(getattr(parsed, "command", None))
+            command.error(unknown_arguments(unknown, command))
+        return parsed
+
+    def command(self, name):
+        """The parser of the sub-command `name`, or this parser where it has none of that name."""
+        for action in self._actions:
+            if isinstance(action, argparse._SubParsersAction) and name in action.choices:
+                return action.choices[name]
+        return self
+
+
+def close_flags(name, parser):
+    """The flags of `parser` that `name` (an unknown flag) may have meant: `--lr` -> `--learning-rate`."""
+    known = [option for option in parser._option_string_actions if option.startswith("--")]
+    wanted = "--" + name.lstrip("-").replace("_", "-")
+    if wanted in known:
+        return [wanted]
+    initials = [option for option in known if "".join(word[0] for word in option[2:].split("-")) == wanted[2:]]
+    return initials or difflib.get_close_matches(wanted, known, n=2, cutoff=0.6)
+
+
+def unknown_arguments(arguments, parser):
+    """One line for arguments `parser` does not take: each unknown flag with the flags it may have meant."""
+    unknown = [argument.split("=", 1)[0] for argument in arguments if re.match(r"-+[A-Za-z]", argument)]
+    if not unknown:
+        return f"unrecognized arguments: {' '.join(arguments)}"
+    listed = f"{parser.prog} --help lists the flags"
+    if len(unknown) == 1:
+        close = close_flags(unknown[0], parser)
+        return f"unknown flag {unknown[0]}; " + (f"did you mean {' or '.join(close)}?" if close else listed)
+    described = [f"{name} (did you mean {' or '.join(close)}?)" if (close := close_flags(name, parser)) else name
+                 for name in unknown]
+    return f"unknown flags {', '.join(described)}; {listed}"
+
+
+# A keyword argument named in a message: `name=value`, `name=` or `name=(24, 40)`, in backquotes or not.
+_KEYWORD = re.compile(r"`?\b([a-z][a-z0-9_]*)=(\(\d+, \d+\)|'[^']*'|\"[^\"]*\"|[\w+\-/:]+(?:\.\w+)*)?`?")
+
+
+def in_flags(message, parser):
+    """`message` with each keyword argument that is a flag of `parser` written as that flag.
+
+    `pass num_heads=3` -> `pass --num-heads 3`; `drop_remainder=True` ->
+    `--drop-remainder`; `weights=PATH` -> `--weights PATH`. Library errors
+    advise keywords; the command's user types flags. Keywords `parser` does
+    not take stay as they are.
+    """
+    def as_flag(match):
+        name, value = match.group(1), match.group(2)
+        action = parser._option_string_actions.get(flag(name))
+        if action is None:
+            return match.group(0)
+        if action.nargs == 0:  # a switch: `drop_remainder=True`
+            return flag(name) if value in (None, "True") else match.group(0)
+        if value is None:
+            return flag(name)
+        value = value.strip("'\"")
+        value = "none" if value == "None" else re.sub(r"\((\d+), (\d+)\)", r"\1x\2", value)
+        return f"{flag(name)} {value}"
+
+    return _KEYWORD.sub(as_flag, message)
 
 
 def add_model_flags(parser):
@@ -161,5 +238,5 @@ def image_size_flag(value):
 
 def parse_config(config_class, argv=None, description=None):
     """Parse command-line flags (`sys.argv[1:]` by default) into a `config_class`."""
-    parser = add_config_flags(argparse.ArgumentParser(description=description), config_class)
+    parser = add_config_flags(Parser(description=description), config_class)
     return config_from_flags(config_class, parser.parse_args(argv))

@@ -15,7 +15,7 @@ from PIL import Image
 pytest.importorskip("tensorflow")
 
 from conftest import fixture  # noqa: E402
-from keras_vit import checkpoints, cli, distribute, inference, startup  # noqa: E402
+from keras_vit import checkpoints, cli, distribute, flags, inference, startup  # noqa: E402
 from keras_vit.checkpoints import download  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -350,7 +350,7 @@ def test_a_mistyped_flag_gets_one_line_with_the_flags_it_may_mean(capsys, argume
 ])
 @pytest.mark.backend_independent
 def test_keyword_arguments_in_a_message_are_written_as_the_commands_flags(message, command, in_flags):
-    assert cli.in_flags(message, cli.build_parser().commands[command]) == in_flags
+    assert flags.in_flags(message, cli.build_parser().command(command)) == in_flags
 
 
 def image_folder(folder, counts, size=(20, 20)):
