@@ -378,6 +378,8 @@ def test_each_user_error_is_one_line_that_names_the_flag_to_change(tmp_path, mon
     for arguments, line in [
         (["pretrain", "--dataset", "pictures/"],  # a path: not read as a tensorflow-datasets name
          r"Image folder not found: pictures/; check the path given as --dataset\."),
+        (["pretrain", "--dataset", "photos/cats/0.jpg"],
+         r"--dataset photos/cats/0\.jpg is a file; an image folder holds one sub-folder of images per class\."),
         (["pretrain", "--image-size", "30"], r"image_size \(30, 30\) is not divisible by patch_size 4; pass "
                                              r"--drop-remainder to leave out the last rows and columns that fill no "
                                              r"patch, as timm does\."),
