@@ -3,65 +3,18 @@
 Example:
 >>> import keras_vit
 >>> model = keras_vit.ViT_B16(weights=None, image_size=224, classes=10)
+
+The Keras backend is the one chosen with KERAS_BACKEND or keras.json. With
+none chosen and TensorFlow, Keras' default, not installed (Keras would fail
+to import), importing keras_vit takes JAX or PyTorch and says which in a
+warning: `keras_vit.startup.choose_backend`.
 """
 
-from keras_vit import analysis, kernels, layers, recipes, resnet  # recipes registers the optimizers saved in .keras files
-from keras_vit.checkpoints import Checkpoint, CheckpointError, available_weights
-from keras_vit.features import feature_extractor
-from keras_vit.functional import eval_transform
-from keras_vit.imagenet import decode_predictions, preprocess_input
-from keras_vit.lora import enable_lora, merge_lora
-from keras_vit.masked_patch import MaskedPatchPretrainer, PatchCorruption, mean_colour_bins
-from keras_vit.models import (
-    ViT,
-    ViT_B8,
-    ViT_B16,
-    ViT_B32,
-    ViT_H14,
-    ViT_L16,
-    ViT_L32,
-    ViT_R26_B32,
-    ViT_R26_S32,
-    ViT_R50_B16,
-    ViT_R50_L32,
-    ViT_S16,
-    ViT_S32,
-    ViT_Ti16,
-)
-from keras_vit.position_embedding import resize_patch_embedding, resize_position_embeddings
-from keras_vit.preprocessing import EvalTransform
-from keras_vit.pretrained import from_pretrained
-from keras_vit.architecture import Architecture
-from keras_vit.variants import VARIANTS, Variant, decode_variant
+from keras_vit import startup
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "Checkpoint",
-    "CheckpointError",
-    "MaskedPatchPretrainer",
-    "PatchCorruption",
-    "Architecture",
-    "EvalTransform",
-    "VARIANTS",
-    "ViT",
-    "Variant",
-    "analysis",
-    "available_weights",
-    "decode_predictions",
-    "decode_variant",
-    "enable_lora",
-    "eval_transform",
-    "feature_extractor",
-    "from_pretrained",
-    "kernels",
-    "layers",
-    "mean_colour_bins",
-    "merge_lora",
-    "preprocess_input",
-    "recipes",
-    "resnet",
-    "resize_patch_embedding",
-    "resize_position_embeddings",
-    *VARIANTS,
-]
+if not startup.started_as_command():  # the command imports the API after parsing its flags: see keras_vit.cli
+    startup.choose_backend(startup.log)  # before Keras is first imported
+    from keras_vit.api import *  # noqa: E402,F401,F403
+    from keras_vit.api import __all__  # noqa: E402,F401

@@ -308,11 +308,12 @@ def _folder_source(root, split, shard, class_names, holdout_fraction):
         return from_folder(root, shard, class_names)
     if not 0.0 < holdout_fraction < 1.0:
         raise ValueError(f"holdout_fraction must be between 0 and 1, got {holdout_fraction}.")
-    logger.warning(
-        "%s has no train/test sub-folders: the %r split is %s %.0f%% of each class's images, chosen the same way "
-        "on every run; set the size with holdout_fraction (--holdout-fraction).",
-        root, split, "all but a held-out" if split == "train" else "a held-out", 100 * holdout_fraction,
-    )
+    if split != "train":  # said once, with the held-out split, which every training run reads too
+        logger.warning(
+            "%s has no train/test sub-folders: the %r split is a held-out %.0f%% of each class's images, and "
+            "'train' the rest, chosen the same way on every run; set the size with holdout_fraction "
+            "(--holdout-fraction).", root, split, 100 * holdout_fraction,
+        )
     return from_folder(root, shard, class_names, holdout=(split, holdout_fraction))
 
 
@@ -338,6 +339,11 @@ def load_source(name, split, data_dir=None, image_size=32, shard=None, class_nam
         return from_arrays(images, labels, DIGITS_CLASSES, tuple(str(i) for i in range(10)), "digits")
     if os.path.isdir(name):
         return _folder_source(name, split, shard, class_names, holdout_fraction)
+    if os.path.exists(name):
+        raise ValueError(f"dataset={name!r} is a file; an image folder holds one sub-folder of images per class.")
+    first = name.replace("\\", "/").split("/")[0]
+    if name.endswith(("/", "\\")) or name.startswith((".", "~", "/", "\\")) or (first != name and os.path.isdir(first)):
+        raise FileNotFoundError(f"Image folder not found: {name}; check the path given as dataset=.")
     return from_tfds(name, split, data_dir=data_dir, shard=shard)
 
 
@@ -432,7 +438,8 @@ def steps_per_epoch(source, batch_size):
     steps = source.num_examples // batch_size
     if steps < 1:
         raise ValueError(
-            f"Batch size {batch_size} is larger than the {source.num_examples} training examples."
+            f"Batch size {batch_size} is larger than the {source.num_examples} training examples; pass "
+            f"batch_size={source.num_examples} or less."
         )
     return steps
 

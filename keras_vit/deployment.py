@@ -36,11 +36,11 @@ import warnings
 import keras
 
 from keras_vit import files
+from keras_vit.configs import FORMATS, QUANTIZE_MODES
 from keras_vit.keras_internals import has_been_called, sublayers
 from keras_vit.lora import merge_lora
 
 logger = logging.getLogger("keras_vit")
-FORMATS = ("onnx", "litert", "tf_saved_model")
 BACKENDS = {"onnx": ("jax", "tensorflow", "torch"), "litert": ("tensorflow",), "tf_saved_model": ("jax", "tensorflow")}
 # The packages each format needs on each backend (import names).
 _PACKAGES = {
@@ -56,8 +56,6 @@ _WHY_NOT = {
     ("litert", "torch"): "keras_vit supports LiteRT through TensorFlow, the converter its parity is tested with",
     ("tf_saved_model", "torch"): "Keras exports a PyTorch model to a SavedModel only through torch_xla",
 }
-QUANTIZE_MODES = ("int8",)
-
 
 def default_path(model_path, format):
     """Where `keras-vit export` writes: beside the model, `vit.keras` -> `vit.onnx`, `vit.tflite`, `vit_saved_model/`."""

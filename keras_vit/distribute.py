@@ -15,7 +15,8 @@ import threading
 
 import keras
 
-ENGINES = ("none", "mirrored", "tpu", "data_parallel", "model_parallel", "multi_host")
+from keras_vit.configs import ENGINES
+
 # Seconds to find and initialise a TPU; TensorFlow's resolver and connect have no timeout of their own.
 TPU_TIMEOUT = 300.0
 # The attention and MLP kernels are split over the "model" mesh axis (Megatron style:

@@ -1,11 +1,14 @@
 """The flags of `keras-vit pretrain` / `finetune` and of the examples, in one place.
 
-Each training flag is a field of `training.PretrainConfig` or
-`training.FinetuneConfig` (`--image-size` is `image_size`) and takes its
-default from there; `keras_vit.cli` adds the commands' own flags.
+Each training flag is a field of `configs.PretrainConfig` or
+`configs.FinetuneConfig` (`--image-size` is `image_size`, `configs.flag`)
+and takes its default from there; `keras_vit.cli` adds the commands' own
+flags. `Parser` gives an unknown flag the closest known ones, and
+`in_flags` writes the keyword arguments a library error advises as flags.
+Nothing here imports Keras.
 
 Example:
->>> from keras_vit.training import PretrainConfig
+>>> from keras_vit.configs import PretrainConfig
 >>> config = parse_config(PretrainConfig, ["--epochs", "3"])
 >>> config.epochs, config.image_size
 (3, 16)
@@ -13,26 +16,114 @@ Example:
 
 import argparse
 import dataclasses
+import difflib
+import re
 
-from keras_vit import distribute
+from keras_vit.configs import ENGINES, flag
 from keras_vit.preprocessing import PILLOW_FILTERS
 from keras_vit.randaugment import RandAugment
 from keras_vit.variants import SMALL_VIT
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with one-line errors, and the closest flags of the command for an unknown one."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+    def parse_args(self, args=None, namespace=None):
+        parsed, unknown = self.parse_known_args(args, namespace)
+        if unknown:
+            command = self.command(getattr(parsed, "command", None))
+            command.error(unknown_arguments(unknown, command))
+        return parsed
+
+    def command(self, name):
+        """The parser of the sub-command `name`, or this parser where it has none of that name."""
+        for action in self._actions:
+            if isinstance(action, argparse._SubParsersAction) and name in action.choices:
+                return action.choices[name]
+        return self
+
+
+def close_flags(name, parser):
+    """The flags of `parser` that `name` (an unknown flag) may have meant: `--lr` -> `--learning-rate`."""
+    known = [option for option in parser._option_string_actions if option.startswith("--")]
+    wanted = "--" + name.lstrip("-").replace("_", "-")
+    if wanted in known:
+        return [wanted]
+    initials = [option for option in known if "".join(word[0] for word in option[2:].split("-")) == wanted[2:]]
+    return initials or difflib.get_close_matches(wanted, known, n=2, cutoff=0.6)
+
+
+def unknown_arguments(arguments, parser):
+    """One line for arguments `parser` does not take: each unknown flag with the flags it may have meant."""
+    unknown = [argument.split("=", 1)[0] for argument in arguments if re.match(r"-+[A-Za-z]", argument)]
+    if not unknown:
+        return f"unrecognized arguments: {' '.join(arguments)}"
+    listed = f"{parser.prog} --help lists the flags"
+    if len(unknown) == 1:
+        close = close_flags(unknown[0], parser)
+        return f"unknown flag {unknown[0]}; " + (f"did you mean {' or '.join(close)}?" if close else listed)
+    described = [f"{name} (did you mean {' or '.join(close)}?)" if (close := close_flags(name, parser)) else name
+                 for name in unknown]
+    return f"unknown flags {', '.join(described)}; {listed}"
+
+
+# A keyword argument named in a message: `name=value`, `name=` or `name=(24, 40)`, in backquotes or not.
+_KEYWORD = re.compile(r"`?\b([a-z][a-z0-9_]*)=(\(\d+, \d+\)|'[^']*'|\"[^\"]*\"|[\w+\-/:]+(?:\.\w+)*)?`?")
+
+
+def in_flags(message, parser):
+    """`message` with each keyword argument that is a flag of `parser` written as that flag.
+
+    `pass num_heads=3` -> `pass --num-heads 3`; `drop_remainder=True` ->
+    `--drop-remainder`; `weights=PATH` -> `--weights PATH`. Library errors
+    advise keywords; the command's user types flags. Keywords `parser` does
+    not take stay as they are.
+    """
+    def as_flag(match):
+        name, value = match.group(1), match.group(2)
+        action = parser._option_string_actions.get(flag(name))
+        if action is None:
+            return match.group(0)
+        if action.nargs == 0:  # a switch: `drop_remainder=True`
+            return flag(name) if value in (None, "True") else match.group(0)
+        if value is None:
+            return flag(name)
+        value = value.strip("'\"")
+        value = "none" if value == "None" else re.sub(r"\((\d+), (\d+)\)", r"\1x\2", value)
+        return f"{flag(name)} {value}"
+
+    return _KEYWORD.sub(as_flag, message)
 
 
 def add_model_flags(parser):
     group = parser.add_argument_group("model")
     group.add_argument("--model", help="a named variant, e.g. ViT_B16 (default: the size flags below, "
                        "or the sizes saved in --weights)")
-    group.add_argument("--weights", help="a named checkpoint, a .npz / .keras / .weights.h5 / .safetensors file, "
-                       "a timm or transformers folder, or hf://org/name")
+    group.add_argument("--weights", type=weights_flag,
+                       help="a named checkpoint, a .npz / .keras / .weights.h5 / .safetensors file, a timm or "
+                       "transformers folder, hf://org/name, or none (random initialisation)")
     add_image_size_flag(group)
+    add_drop_remainder_flag(group)
     digits = "default: the digits ViT's {}, or the sizes of --model / --weights"
     group.add_argument("--patch-size", type=int, help=digits.format(SMALL_VIT.patch_size))
     group.add_argument("--hidden-size", type=int, help=digits.format(SMALL_VIT.hidden_size))
     group.add_argument("--num-layers", type=int, help=digits.format(SMALL_VIT.num_layers))
     group.add_argument("--num-heads", type=int, help=digits.format(SMALL_VIT.num_heads))
     group.add_argument("--mlp-dim", type=int, help=digits.format(SMALL_VIT.mlp_dim))
+
+
+def weights_flag(value):
+    """`--weights none` (any case) is None, a random initialisation; any other value is a name or a path."""
+    return None if value.lower() == "none" else value
+
+
+def add_drop_remainder_flag(parser):
+    parser.add_argument("--drop-remainder", action="store_true",
+                        help="an --image-size the patch size does not divide: leave out the last rows and columns "
+                        "that fill no patch, as timm does")
 
 
 def add_eval_transform_flags(parser):
@@ -101,7 +192,7 @@ def add_training_flags(parser, config_class):
                        "its own threads")
     group.add_argument("--mixed-precision", action="store_true", help="mixed_bfloat16")
     group.add_argument("--steps-per-execution", type=int)
-    group.add_argument("--distribution", choices=distribute.ENGINES)
+    group.add_argument("--distribution", choices=ENGINES)
     group.add_argument("--model-parallel-size", type=int)
     group.add_argument("--tpu", help="TPU name or address for --distribution tpu")
     group.add_argument("--seed", type=int)
@@ -147,5 +238,5 @@ def image_size_flag(value):
 
 def parse_config(config_class, argv=None, description=None):
     """Parse command-line flags (`sys.argv[1:]` by default) into a `config_class`."""
-    parser = add_config_flags(argparse.ArgumentParser(description=description), config_class)
+    parser = add_config_flags(Parser(description=description), config_class)
     return config_from_flags(config_class, parser.parse_args(argv))

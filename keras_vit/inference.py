@@ -14,11 +14,12 @@ import keras
 import numpy as np
 
 from keras_vit import arrays, checkpoints, data, deployment, files, pretrained
+from keras_vit.configs import check_sizes_agree, model_sizes
 from keras_vit.functional import eval_transform, native_image_size, sizes_of
 from keras_vit.imagenet import imagenet_labels
 from keras_vit.models import ViT
 from keras_vit.position_embedding import as_pair
-from keras_vit.training import accuracy_metrics, check_sizes_agree, model_sizes
+from keras_vit.training import accuracy_metrics
 from keras_vit.variants import SMALL_VIT, Variant
 
 
@@ -27,7 +28,7 @@ def _given(sizes):
     return dataclasses.asdict(sizes) if isinstance(sizes, Variant) else dict(sizes or {})
 
 
-def load_for_inference(weights, model=None, image_size=None, sizes=None, needs_head=True):
+def load_for_inference(weights, model=None, image_size=None, sizes=None, needs_head=True, drop_remainder=False):
     """A model from `weights` (what `keras_vit.from_pretrained` reads, or a named checkpoint), refused if any is NaN.
 
     `sizes` (a `Variant`, or a dict of some of its fields) build a model for
@@ -35,7 +36,11 @@ def load_for_inference(weights, model=None, image_size=None, sizes=None, needs_h
     they must agree. `image_size` defaults to the checkpoint's own (else 32).
     With `needs_head=False`, a file without a head builds a model without
     one (its token sequence), for tools that read attention, not classes.
+    `drop_remainder` builds an `image_size` the patches do not divide.
     """
+    if weights is None:
+        raise ValueError("weights=None is an untrained model, with nothing to show: pass weights=PATH, a trained "
+                         "model or checkpoint.")
     given = _given(sizes)
     if weights.endswith(".keras") and os.path.exists(weights):
         network = keras.saving.load_model(weights, compile=False)
@@ -52,7 +57,7 @@ def load_for_inference(weights, model=None, image_size=None, sizes=None, needs_h
     default = dataclasses.replace(SMALL_VIT, **given)
     sizes = model_sizes(model, source, default, given)
     return ViT(image_size=image_size, **sizes.__dict__, weights=source, classifier_activation=None,
-               include_top=not headless)
+               include_top=not headless, drop_remainder=drop_remainder)
 
 
 def _check_has_classifier(model, weights):
@@ -75,14 +80,14 @@ def outputs_logits(model):
 
 def evaluate(weights="runs/finetune/model.keras", dataset="digits", eval_split="test", data_dir=None,
              eval_batch_size=256, verbose=1, model=None, image_size=None, sizes=None, crop_fraction=None,
-             interpolation=None):
+             interpolation=None, drop_remainder=False):
     """Top-1 and top-5 of a saved model on a data-set split; prints both and returns Keras' results dict.
 
     Images are preprocessed as the checkpoint's library evaluates it
     (`keras_vit.eval_transform`), with `crop_fraction` or `interpolation`
     in place of its own where given.
     """
-    network = load_for_inference(weights, model, image_size, sizes)
+    network = load_for_inference(weights, model, image_size, sizes, drop_remainder=drop_remainder)
     _check_has_classifier(network, weights)
     image_size = native_image_size(network)
     num_classes = network.output_shape[-1]
@@ -137,7 +142,7 @@ def class_names(model, weights=None, labels=None):
 
 
 def predict(images, weights="runs/finetune/model.keras", labels=None, crop_fraction=None, model=None,
-            image_size=None, sizes=None, interpolation=None):
+            image_size=None, sizes=None, interpolation=None, drop_remainder=False):
     """Print the top-5 classes of each image file; returns `[(name, probability)] * 5` per image.
 
     Each photo is preprocessed as the checkpoint's library evaluates it
@@ -145,7 +150,7 @@ def predict(images, weights="runs/finetune/model.keras", labels=None, crop_fract
     image processor, vit_jax's squash), with `crop_fraction` or
     `interpolation` in place of its own where given.
     """
-    network = load_for_inference(weights, model, image_size, sizes)
+    network = load_for_inference(weights, model, image_size, sizes, drop_remainder=drop_remainder)
     _check_has_classifier(network, weights)
     transform = eval_transform(network, crop_fraction=crop_fraction, interpolation=interpolation)
     names = class_names(network, weights, labels)
@@ -168,11 +173,11 @@ def predict(images, weights="runs/finetune/model.keras", labels=None, crop_fract
 
 
 def inspect(image, weights="runs/finetune/model.keras", output_dir="runs/inspect", model=None, image_size=None,
-            sizes=None):
+            sizes=None, drop_remainder=False):
     """Write attention rollout, mean attention distance, position-embedding and filter plots of one image file."""
     from keras_vit import analysis
 
-    network = load_for_inference(weights, model, image_size, sizes, needs_head=False)
+    network = load_for_inference(weights, model, image_size, sizes, needs_head=False, drop_remainder=drop_remainder)
     if not os.path.exists(image):
         raise FileNotFoundError(f"Image not found: {image}")
     pixels = np.clip(np.round(eval_transform(network).pixels(arrays.open_rgb(image))), 0, 255).astype("uint8")
@@ -182,7 +187,7 @@ def inspect(image, weights="runs/finetune/model.keras", output_dir="runs/inspect
     return written
 
 
-def convert(weights, output, model=None, image_size=None, classes=None, num_heads=None):
+def convert(weights, output, model=None, image_size=None, classes=None, num_heads=None, drop_remainder=False):
     """Convert a checkpoint (what `from_pretrained` reads, or a name with `model`) to a `.keras` file.
 
     `image_size` and `classes` default to the checkpoint's own, `num_heads`
@@ -201,7 +206,8 @@ def convert(weights, output, model=None, image_size=None, classes=None, num_head
             "name its variant with `model` (--model), e.g. ViT_B16, or pass `num_heads` (--num-heads)."
         )
     image_size = image_size or source.image_size or 224
-    network = ViT(image_size=image_size, **sizes.__dict__, weights=source, classes=classes)
+    network = ViT(image_size=image_size, **sizes.__dict__, weights=source, classes=classes,
+                  drop_remainder=drop_remainder)
     with files.atomic_path(output) as path:  # A failed write keeps any earlier file whole.
         network.save(path)
     print(f"wrote {output}: {network.name}, {network.count_params():,} parameters, {image_size} px")

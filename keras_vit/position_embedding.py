@@ -29,6 +29,8 @@ import keras
 import numpy as np
 from keras import ops
 
+from keras_vit.variants import as_pair
+
 INTERPOLATIONS = ("bilinear", "bicubic")
 
 
@@ -118,25 +120,6 @@ def interpolation_matrix(
         return np.eye(out_size)
     build = _antialiased_matrix if antialias else _plain_matrix
     return build(in_size, out_size, interpolation, align_corners)
-
-
-def as_pair(value, name):
-    """`7` -> `(7, 7)`; a `(height, width)` pair of positive ints is returned as a tuple.
-
-    Strings, floats and booleans are refused rather than coerced: `"32"` is
-    not `(3, 2)`.
-    """
-
-    def is_int(v):
-        return isinstance(v, numbers.Integral) and not isinstance(v, bool)
-
-    pair = (value, value) if is_int(value) else value
-    if isinstance(pair, (str, bytes)) or not isinstance(pair, (tuple, list)) or len(pair) != 2 \
-            or not all(is_int(v) for v in pair):
-        raise ValueError(f"{name} must be an int or (height, width) of ints, got {value!r}.")
-    if min(pair) < 1:
-        raise ValueError(f"{name} must be positive, got {value!r}.")
-    return (int(pair[0]), int(pair[1]))
 
 
 def _traced_cubic(x, a):

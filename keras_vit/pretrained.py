@@ -132,7 +132,7 @@ def from_pretrained(source, **overrides):
     num_heads = overrides.pop("num_heads", None) or checkpoint.num_heads
     if num_heads is None:
         raise CheckpointError(f"{path} does not store its head count and its width {hidden} is no named "
-                              "variant's; pass num_heads= (keras-vit: --num-heads).")
+                              "variant's; pass num_heads=N.")
     sizes = checkpoint.sizes or Variant(int(kernel.shape[0]), hidden, checkpoint.num_layers, num_heads,
                                         int(mlp.shape[-1]))
     saved = checkpoint.layout or {}  # A .keras model's: its pooling without a top, its dynamic resolution

@@ -15,167 +15,21 @@ under a temporary name and renamed into place.
 """
 
 import csv
-import dataclasses
 import importlib
 import os
-import typing
 
 import keras
 import numpy as np
 
 from keras_vit import data, distribute, durable, files, preprocessing, recipes
+from keras_vit.configs import (  # noqa: F401 (public here too)
+    SIZE_FIELDS, FinetuneConfig, PretrainConfig, check_sizes_agree, model_sizes)
 from keras_vit.durable import backup_dir, resumed_epoch  # noqa: F401 (public here too)
 from keras_vit.lora import enable_lora
 from keras_vit.masked_patch import MaskedPatchPretrainer
 from keras_vit.functional import VisionTransformer, check_image_size
 from keras_vit.models import ViT
-from keras_vit.position_embedding import as_pair
 from keras_vit.pretrained import read_pretrained
-from keras_vit.variants import SMALL_VIT, named_variant
-
-
-@dataclasses.dataclass
-class _TrainingConfig:
-    """The settings pretraining and fine-tuning share; each field is a flag of the same name."""
-
-    # Model: a named variant, else the checkpoint's sizes, else the five size fields.
-    model: str = None
-    weights: str = None
-    image_size: tuple = 32  # An int or (height, width); a (height, width) pair once made.
-    # None: the digits ViT's (SMALL_VIT); a value given with `model` or sized `weights` must agree.
-    patch_size: int = None
-    hidden_size: int = None
-    num_layers: int = None
-    num_heads: int = None
-    mlp_dim: int = None
-    # Data.
-    dataset: str = "digits"
-    data_dir: str = None
-    train_split: str = "train"
-    eval_split: str = "test"
-    holdout_fraction: float = 0.2
-    eval_batch_size: int = 256
-    verbose: int = 1
-    # Training.
-    batch_size: int = 64
-    target_batch_size: int = None
-    clipnorm: float = 1.0
-    label_smoothing: float = 0.0
-    dropout: float = 0.0
-    stochastic_depth: float = 0.0
-    classifier: str = None
-    min_crop_area: float = None
-    flip: bool = None
-    randaugment: tuple = None
-    mixup: float = 0.0
-    cutmix: float = 0.0
-    workers: int = None  # Decoding processes without TensorFlow; None: data.default_workers.
-    mixed_precision: bool = False
-    steps_per_execution: int = 1
-    distribution: str = "none"
-    model_parallel_size: int = 2
-    tpu: str = None
-    seed: int = 0
-    overwrite: bool = False
-
-    def __post_init__(self):
-        self.image_size = as_pair(self.image_size, "image_size")
-        for name, value in vars(self).items():
-            if value is None or name not in _RULES:
-                continue
-            low, high, allowed = _RULES[name]
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not low(value) or not high(value):
-                raise ValueError(f"--{name.replace('_', '-')} must be {allowed}, got {value!r}.")
-        if self.model:
-            named_variant(self.model)
-
-    def sizes(self, checkpoint=None):
-        """The `Variant` to build: `model`, else the checkpoint's, else the size fields (the digits ViT's)."""
-        given = {name: getattr(self, name) for name in SIZE_FIELDS if getattr(self, name) is not None}
-        return model_sizes(self.model, checkpoint, dataclasses.replace(SMALL_VIT, **given), given)
-
-
-SIZE_FIELDS = ("patch_size", "hidden_size", "num_layers", "num_heads", "mlp_dim")
-
-
-def _bounds(low=None, high=None, low_open=False, high_open=False, words=""):
-    above = (lambda v: True) if low is None else (lambda v: v > low) if low_open else (lambda v: v >= low)
-    below = (lambda v: True) if high is None else (lambda v: v < high) if high_open else (lambda v: v <= high)
-    return above, below, words
-
-
-_AT_LEAST_1 = _bounds(1, words="at least 1")
-_FRACTION = _bounds(0, 1, high_open=True, words="in [0, 1)")
-_OPEN_FRACTION = _bounds(0, 1, low_open=True, high_open=True, words="between 0 and 1")
-_NON_NEGATIVE = _bounds(0, words="at least 0")
-_POSITIVE = _bounds(0, low_open=True, words="positive")
-# The numeric settings and the values that make sense for each; None (where allowed) means the default.
-_RULES = {
-    **dict.fromkeys(("batch_size", "target_batch_size", "eval_batch_size", "epochs", "steps_per_execution",
-                     "model_parallel_size", "lora_rank", *SIZE_FIELDS), _AT_LEAST_1),
-    **dict.fromkeys(("label_smoothing", "dropout", "stochastic_depth"), _FRACTION),
-    **dict.fromkeys(("holdout_fraction", "ema"), _OPEN_FRACTION),
-    **dict.fromkeys(("warmup_steps", "mixup", "cutmix", "weight_decay", "representation_size", "workers"), _NON_NEGATIVE),
-    **dict.fromkeys(("learning_rate", "clipnorm"), _POSITIVE),
-    "min_crop_area": _bounds(0, 1, low_open=True, words="in (0, 1]"),
-}
-
-
-@dataclasses.dataclass
-class PretrainConfig(_TrainingConfig):
-    """`keras-vit pretrain`: the paper's Adam recipe; by default the small digits ViT at 16 px."""
-
-    stage: typing.ClassVar[str] = "pretrain"
-    image_size: int = 16
-    output_dir: str = "runs/pretrain"
-    epochs: int = 60
-    learning_rate: float = 1e-3
-    warmup_steps: int = 100
-    objective: str = "classification"
-    weight_decay: float = 0.1
-    decay: str = "linear"
-    representation_size: int = 0
-
-
-@dataclasses.dataclass
-class FinetuneConfig(_TrainingConfig):
-    """`keras-vit finetune`: the paper's SGD recipe with a zero head; by default runs/pretrain at 32 px."""
-
-    stage: typing.ClassVar[str] = "finetune"
-    weights: str = "runs/pretrain/model.keras"
-    output_dir: str = "runs/finetune"
-    epochs: int = 10
-    learning_rate: float = 0.01
-    warmup_steps: int = 20
-    ema: float = None
-    lora_rank: int = None  # LoRA adapters of this rank on every block's qkv; only they and the head train
-
-
-def model_sizes(model=None, checkpoint=None, default=SMALL_VIT, given=None):
-    """The `Variant` to build: the named `model`, else the checkpoint's sizes, else `default`.
-
-    `given` are sizes the user set explicitly (`{"hidden_size": 32}`); they
-    must agree with the named or saved sizes, which they would otherwise
-    silently lose to.
-    """
-    if model:
-        chosen, source = named_variant(model), f"--model {model}"
-    elif checkpoint is not None and checkpoint.sizes is not None:
-        chosen, source = checkpoint.sizes, f"--weights {checkpoint.description}"
-    else:
-        return default
-    check_sizes_agree(chosen, source, given)
-    return chosen
-
-
-def check_sizes_agree(sizes, source, given):
-    """Raise if a size the user set (`given`, e.g. `{"hidden_size": 32}`) differs from `sizes`, which `source` has."""
-    for name, value in (given or {}).items():
-        if getattr(sizes, name) != value:
-            raise ValueError(
-                f"--{name.replace('_', '-')} {value} disagrees with {source}, whose {name} is "
-                f"{getattr(sizes, name)}; leave the size flags out to use its sizes."
-            )
 
 
 def setup(seed=0, distribution="none", model_parallel_size=2, tpu=None):
@@ -361,7 +215,8 @@ def check_finite(history, backup_dir=None, learning_rate=None):
 def save_run(encoder, output_dir, class_names=None, process_index=0):
     """Write model.keras (`encoder`), classes.txt (unless `class_names` is None) and learning_curve.png, atomically.
 
-    Only the chief (process 0) writes; the others save to a scratch file,
+    Prints where the model and its log (log.csv, written during training)
+    are. Only the chief (process 0) writes; the others save to a scratch file,
     since saving gathers the weights with a collective every process joins.
     """
     durable.kill_point("before-save")
@@ -379,6 +234,10 @@ def save_run(encoder, output_dir, class_names=None, process_index=0):
     if class_names is not None:
         files.write_text(os.path.join(output_dir, "classes.txt"), "".join(f"{name}\n" for name in class_names))
     plot_learning_curve(os.path.join(output_dir, "log.csv"), os.path.join(output_dir, "learning_curve.png"))
+    beside = [name for name in ("classes.txt", "learning_curve.png", "tensorboard")
+              if os.path.exists(os.path.join(output_dir, name))]
+    print(f"wrote {os.path.join(output_dir, 'model.keras')} and its log {os.path.join(output_dir, 'log.csv')}"
+          + (f" (beside them: {', '.join(beside)})" if beside else ""))
 
 
 def report(results):
@@ -407,10 +266,16 @@ def train(config):
     durable.check_output_dir(config.output_dir, config.overwrite, config.weights, engine.process_index)
 
     checkpoint = None
+    if config.weights == FinetuneConfig.weights and not os.path.exists(config.weights):
+        raise FileNotFoundError(
+            f"Weights file not found: {config.weights}, finetune's default --weights (what `keras-vit pretrain` "
+            "writes): run `keras-vit pretrain` first, or pass --weights none (a random initialisation), --weights "
+            "PATH (a .keras, .npz or .safetensors file, a timm or transformers folder), --weights hf://org/name, "
+            "or a named checkpoint such as --model ViT_B16 --weights imagenet21k.")
     if config.weights:
         checkpoint = read_pretrained(config.weights, config.model, config.image_size, config.num_heads, config.verbose)
     sizes = config.sizes(checkpoint)
-    check_image_size(config.image_size, sizes)
+    check_image_size(config.image_size, sizes, config.drop_remainder)
     train_source, eval_source = load_sources(config.dataset, config.image_size, config.train_split,
                                              config.eval_split, config.data_dir, config.holdout_fraction)
     num_classes = train_source.num_classes
@@ -424,7 +289,7 @@ def train(config):
             image_size=config.image_size, **sizes.__dict__, classes=num_classes, include_top=not masked_patch,
             weights=checkpoint, representation_size=getattr(config, "representation_size", 0),
             classifier=config.classifier, dropout_rate=config.dropout, stochastic_depth_rate=config.stochastic_depth,
-            classifier_activation=None, name=f"vit_{stage}", dtype=dtype,
+            classifier_activation=None, name=f"vit_{stage}", dtype=dtype, drop_remainder=config.drop_remainder,
         )
         if stage == "finetune":
             zero_head(encoder)

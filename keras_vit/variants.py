@@ -2,8 +2,8 @@
 
 `Variant` holds a model's sizes, `decode_variant("B/16")` turns a name into
 them, and `VARIANTS` is the table of named variants (the paper's Table 1,
-the Ti and S sizes of the released checkpoints, and the ResNet+ViT hybrids).
-This module imports nothing from the rest of the package.
+the Ti and S sizes of the released checkpoints, and the ResNet+ViT hybrids);
+`as_pair` reads an image or patch size. This module imports nothing from the rest of the package.
 
 Example:
 >>> decode_variant("S/16").hidden_size
@@ -14,6 +14,7 @@ Example:
 
 import dataclasses
 import difflib
+import numbers
 
 
 # MobileCLIP's convolutional stem before the patches: a 4x4/4 and a 2x2/2 convolution.
@@ -123,3 +124,22 @@ def variant_name(sizes):
 
 # The digits example's model: a small ViT for the embedded 8x8 digits (keras_vit.arrays), upsampled to 16 or 32 px.
 SMALL_VIT = Variant(patch_size=4, hidden_size=64, num_layers=4, num_heads=4, mlp_dim=128)
+
+
+def as_pair(value, name):
+    """`7` -> `(7, 7)`; a `(height, width)` pair of positive ints is returned as a tuple.
+
+    Strings, floats and booleans are refused rather than coerced: `"32"` is
+    not `(3, 2)`.
+    """
+
+    def is_int(v):
+        return isinstance(v, numbers.Integral) and not isinstance(v, bool)
+
+    pair = (value, value) if is_int(value) else value
+    if isinstance(pair, (str, bytes)) or not isinstance(pair, (tuple, list)) or len(pair) != 2 \
+            or not all(is_int(v) for v in pair):
+        raise ValueError(f"{name} must be an int or (height, width) of ints, got {value!r}.")
+    if min(pair) < 1:
+        raise ValueError(f"{name} must be positive, got {value!r}.")
+    return (int(pair[0]), int(pair[1]))

@@ -1,16 +1,24 @@
 """The keras-vit command as a user meets it: defaults in --help, one-line errors, validated flags."""
 
+import inspect
+import json
 import os
+import re
+import subprocess
 import sys
 
 import keras
 import numpy as np
 import pytest
+from PIL import Image
 
 pytest.importorskip("tensorflow")
 
 from conftest import fixture  # noqa: E402
-from keras_vit import cli, distribute  # noqa: E402
+from keras_vit import checkpoints, cli, distribute, flags, inference, startup  # noqa: E402
+from keras_vit.checkpoints import download  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 BACKEND = keras.backend.backend()
 SMALL_RUN = ["--verbose", "0", "--hidden-size", "32", "--num-layers", "1", "--num-heads", "2", "--mlp-dim", "64",
@@ -30,7 +38,14 @@ def test_a_user_error_is_one_line_and_exit_status_2(capsys, tmp_path):
 
 
 @pytest.mark.backend_independent
-def test_help_shows_every_default():
+def test_help_shows_every_default_and_the_inference_defaults_are_the_functions_own():
+    # The parser holds the inference commands' defaults so that parsing imports no Keras; they must be the library's.
+    required = {"predict": ["a.png"], "inspect": ["a.png"], "convert": ["a.npz", "a.keras"], "export": ["a.keras"]}
+    for name in ("evaluate", "predict", "inspect", "convert", "export"):
+        args = cli.build_parser().parse_args([name, *required.get(name, [])])
+        for parameter in inspect.signature(getattr(inference, name)).parameters.values():
+            if parameter.default is not inspect.Parameter.empty and parameter.name != "sizes":
+                assert getattr(args, parameter.name) == parameter.default, (name, parameter.name)
     parser = cli.build_parser()
     commands = next(a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction").choices
     assert "(default: runs/pretrain/model.keras)" in commands["finetune"].format_help()
@@ -196,3 +211,206 @@ def test_predict_and_inspect_take_hf_handles_and_a_headless_folder_needs_no_head
                                "position_embedding_similarity"]
     assert keras_vit_log.text == ""
     assert capsys.readouterr().out.splitlines()[-4:] == [f"wrote {written[name]}" for name in written]
+
+
+# --- A new user's install: the backend, --help, and messages that name the flag to change ---------------------
+
+BACKEND_MODULES = ("keras", "tensorflow", "jax", "torch")
+# sitecustomize for a fresh process: the modules in $BLOCKED cannot be imported, as if not installed, and at exit
+# the names of BACKEND_MODULES that were imported go to the file $IMPORTED.
+SITECUSTOMIZE = f"""
+import atexit, json, os, sys
+for name in filter(None, os.environ.get("BLOCKED", "").split(",")):
+    sys.modules[name] = None
+if os.environ.get("IMPORTED"):
+    atexit.register(lambda: open(os.environ["IMPORTED"], "w").write(json.dumps(
+        [name for name in {BACKEND_MODULES!r} if sys.modules.get(name) is not None])))
+"""
+# The console script pip writes for `keras-vit = "keras_vit.cli:console_main"`.
+CONSOLE_SCRIPT = """import sys
+from keras_vit.cli import console_main
+if __name__ == '__main__':
+    sys.argv[0] = sys.argv[0].removesuffix('.exe')
+    sys.exit(console_main())
+"""
+
+
+def command(tmp_path, arguments, blocked=(), keras_json=None, entry=("-m", "keras_vit"), **env):
+    """Run `python -m keras_vit` (`entry`: "script" for the console script) in a fresh process without
+    KERAS_BACKEND or a keras.json; returns the finished process and the backend modules it imported."""
+    site = tmp_path / "site"
+    site.mkdir(exist_ok=True)
+    (site / "sitecustomize.py").write_text(SITECUSTOMIZE)
+    home = tmp_path / "keras_home"
+    home.mkdir(exist_ok=True)
+    if keras_json:
+        (home / "keras.json").write_text(json.dumps(keras_json))
+    environ = {name: value for name, value in os.environ.items() if name != "KERAS_BACKEND"}
+    environ.update(PYTHONPATH=os.pathsep.join([str(site), ROOT]), KERAS_HOME=str(home), BLOCKED=",".join(blocked),
+                   IMPORTED=str(tmp_path / "imported.json"), **env)
+    if entry == "script":
+        (tmp_path / "keras-vit").write_text(CONSOLE_SCRIPT)
+        entry = [str(tmp_path / "keras-vit")]
+    done = subprocess.run([sys.executable, *entry, *arguments], env=environ, cwd=tmp_path, capture_output=True,
+                          text=True, timeout=300)
+    return done, json.loads((tmp_path / "imported.json").read_text())
+
+
+@pytest.mark.parametrize("arguments,entry", [(["--help"], "script"), (["finetune", "--help"], ("-m", "keras_vit")),
+                                             (["pretrain", "--lr", "0.1"], "script")])
+@pytest.mark.backend_independent
+def test_help_and_a_mistyped_flag_import_no_backend(tmp_path, arguments, entry):
+    done, imported = command(tmp_path, arguments, entry=entry)
+    assert done.returncode == (2 if "--lr" in arguments else 0), done.stderr
+    assert imported == []
+
+
+def note(backend):
+    return (f"keras-vit: KERAS_BACKEND is not set and TensorFlow is not installed; using {backend} "
+            "(set KERAS_BACKEND=jax|torch|tensorflow to choose).\n")
+
+
+BAD_BATCH = "keras-vit: error: --batch-size must be at least 1, got 0.\n"
+
+
+@pytest.mark.parametrize("blocked,keras_json,env,stderr", [
+    (["tensorflow"], None, {}, note("jax") + BAD_BATCH),
+    (["tensorflow", "jax"], None, {}, note("torch") + BAD_BATCH),
+    # Keras writes "tensorflow" into a new keras.json itself: that is no choice.
+    (["tensorflow"], {"backend": "tensorflow"}, {}, note("jax") + BAD_BATCH),
+    (["tensorflow"], {"backend": "torch"}, {}, BAD_BATCH),
+    (["tensorflow", "jax", "torch"], None, {},
+     "keras-vit: error: KERAS_BACKEND is not set and none of jax, torch, tensorflow is installed: pip install "
+     "'keras-vision-transformer[jax]' (or [torch] or [tensorflow]), then set KERAS_BACKEND=jax|torch|tensorflow if "
+     "more than one is installed.\n"),
+    (["torch"], None, {"KERAS_BACKEND": "torch"},
+     "keras-vit: error: KERAS_BACKEND=torch, but torch is not installed: pip install "
+     "'keras-vision-transformer[torch]', or set KERAS_BACKEND=jax|torch|tensorflow to choose; installed: jax, "
+     "tensorflow.\n"),
+])
+@pytest.mark.backend_independent
+def test_without_tensorflow_the_command_takes_an_installed_backend_and_says_so(tmp_path, blocked, keras_json, env,
+                                                                                stderr):
+    if not all(startup.installed(backend) for backend in startup.BACKENDS):
+        pytest.skip("needs jax, torch and tensorflow installed, to hide some of them")
+    done, imported = command(tmp_path, ["pretrain", "--batch-size", "0"], blocked, keras_json, **env)
+    assert (done.returncode, done.stderr) == (2, stderr)
+    assert imported == []  # the flags were refused before Keras was imported
+
+
+@pytest.mark.backend_independent
+def test_without_tensorflow_the_command_runs_on_jax(tmp_path):
+    if not startup.installed("jax"):
+        pytest.skip("jax is not installed")
+    done, imported = command(tmp_path, ["convert", fixture("vit_token.npz"), str(tmp_path / "vit.keras")],
+                             ["tensorflow"])
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == note("jax")
+    assert done.stdout.startswith(f"wrote {tmp_path / 'vit.keras'}: ")
+    assert "jax" in imported and "tensorflow" not in imported
+
+
+@pytest.mark.backend_independent
+def test_import_keras_vit_without_tensorflow_takes_jax_and_warns(tmp_path):
+    if not startup.installed("jax"):
+        pytest.skip("jax is not installed")
+    done, imported = command(tmp_path, [], ["tensorflow"],
+                             entry=("-c", "import keras_vit, keras; print(keras.backend.backend())"))
+    assert (done.returncode, done.stdout, done.stderr) == (0, "jax\n", note("jax").removeprefix("keras-vit: "))
+
+
+@pytest.mark.parametrize("arguments,line", [
+    (["pretrain", "--lr", "0.1"], "keras-vit pretrain: error: unknown flag --lr; did you mean --learning-rate?"),
+    (["finetune", "--image_size", "24"],
+     "keras-vit finetune: error: unknown flag --image_size; did you mean --image-size?"),
+    (["pretrain", "--batchsize=8"],
+     "keras-vit pretrain: error: unknown flag --batchsize; did you mean --batch-size or --patch-size?"),
+    (["evaluate", "--foo", "1", "--bar"],
+     "keras-vit evaluate: error: unknown flags --foo, --bar; keras-vit evaluate --help lists the flags"),
+    ([], "keras-vit: error: the following arguments are required: "
+         "{pretrain,finetune,evaluate,predict,inspect,convert,export}"),
+])
+@pytest.mark.backend_independent
+def test_a_mistyped_flag_gets_one_line_with_the_flags_it_may_mean(capsys, arguments, line):
+    with pytest.raises(SystemExit) as exit:
+        cli.console_main(arguments)
+    assert (exit.value.code, capsys.readouterr().err) == (2, line + "\n")
+
+
+@pytest.mark.parametrize("message,command,in_flags", [
+    ("pass num_heads=3.", "finetune", "pass --num-heads 3."),
+    ("pass drop_remainder=True to leave", "pretrain", "pass --drop-remainder to leave"),
+    ("pass `drop_remainder=True`", "evaluate", "pass --drop-remainder"),
+    ("pass classifier='gap' (the file's pooling), or class_token=False.", "finetune",
+     "pass --classifier gap (the file's pooling), or class_token=False."),
+    ("pass weights=PATH, its path, or", "predict", "pass --weights PATH, its path, or"),
+    ("check the path given as dataset=.", "pretrain", "check the path given as --dataset."),
+    ("image_size=(24, 40) and weights=None", "finetune", "--image-size 24x40 and --weights none"),
+    ("pass quantize='int8'", "pretrain", "pass quantize='int8'"),  # not a flag of pretrain
+])
+@pytest.mark.backend_independent
+def test_keyword_arguments_in_a_message_are_written_as_the_commands_flags(message, command, in_flags):
+    assert flags.in_flags(message, cli.build_parser().command(command)) == in_flags
+
+
+def image_folder(folder, counts, size=(20, 20)):
+    rng = np.random.default_rng(0)
+    for name, count in counts.items():
+        (folder / name).mkdir(parents=True)
+        for i in range(count):
+            Image.fromarray(rng.integers(0, 256, (*size, 3), np.uint8)).save(folder / name / f"{i}.jpg")
+    return folder
+
+
+HELD_OUT = "has no train/test sub-folders: the 'test' split is a held-out 20% of each class's images"
+TINY = ["--patch-size", "4", "--hidden-size", "16", "--num-layers", "1", "--num-heads", "2", "--mlp-dim", "32",
+        "--verbose", "0"]
+
+
+@pytest.mark.backend_independent
+def test_each_user_error_is_one_line_that_names_the_flag_to_change(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    folder = str(image_folder(tmp_path / "photos", {"cats": 3, "dogs": 3}))
+    unreachable = checkpoints.Checkpoint("test-offline", "ViT_Ti16", 32, "http://127.0.0.1:9/offline.npz", classes=10)
+    checkpoints.register(unreachable)
+    monkeypatch.setattr(download, "RETRIES", 0)
+    cache = re.escape(os.path.join(checkpoints.cache_dir(), unreachable.filename))
+    for arguments, line in [
+        (["pretrain", "--dataset", "pictures/"],  # a path: not read as a tensorflow-datasets name
+         r"Image folder not found: pictures/; check the path given as --dataset\."),
+        (["pretrain", "--dataset", "photos/cats/0.jpg"],
+         r"--dataset photos/cats/0\.jpg is a file; an image folder holds one sub-folder of images per class\."),
+        (["pretrain", "--image-size", "30"], r"image_size \(30, 30\) is not divisible by patch_size 4; pass "
+                                             r"--drop-remainder to leave out the last rows and columns that fill no "
+                                             r"patch, as timm does\."),
+        (["pretrain", "--dataset", folder, "--batch-size", "64"],
+         r"Batch size 64 is larger than the 4 training examples; pass --batch-size 4 or less\."),
+        (["finetune"], r"Weights file not found: runs/pretrain/model\.keras, finetune's default --weights \(what "
+                       r"`keras-vit pretrain` writes\): run `keras-vit pretrain` first, or pass --weights none \(a "
+                       r"random initialisation\), --weights PATH \(a \.keras, \.npz or \.safetensors file, a timm or "
+                       r"transformers folder\), --weights hf://org/name, or a named checkpoint such as --model "
+                       r"ViT_B16 --weights imagenet21k\."),
+        (["finetune", "--model", "ViT_Ti16", "--weights", "test-offline"],
+         r"Could not get weights 'test-offline' for ViT_Ti16 from http://127\.0\.0\.1:9/offline\.npz: .* Nothing was "
+         rf"cached\. If this machine is offline, download the file elsewhere and pass --weights PATH, its path, or "
+         rf"place it at {cache}\."),
+    ]:
+        assert cli.console_main([*arguments, "--output-dir", str(tmp_path / "run"), *TINY]) == 2, arguments
+        assert re.fullmatch(f"keras-vit: error: {line}\n", capsys.readouterr().err), arguments
+
+
+@pytest.mark.backend_independent
+def test_finetune_trains_a_folder_from_scratch_and_says_where_it_wrote(tmp_path, capsys, keras_vit_log):
+    folder = image_folder(tmp_path / "photos", {"cats": 5, "dogs": 5})
+    out = tmp_path / "run"
+    # 18 px is no multiple of the 4 px patches: --drop-remainder leaves out the last 2 rows and columns.
+    assert cli.console_main(["finetune", "--dataset", str(folder), "--weights", "none", "--image-size", "18",
+                             "--drop-remainder", "--epochs", "1", "--batch-size", "4", "--warmup-steps", "1",
+                             "--output-dir", str(out), *TINY]) == 0
+    *_, wrote, accuracy = capsys.readouterr().out.strip().splitlines()
+    assert re.fullmatch(rf"wrote {re.escape(str(out / 'model.keras'))} and its log "
+                        rf"{re.escape(str(out / 'log.csv'))}( \(beside them: classes.txt, .*\))?", wrote), wrote
+    assert re.fullmatch(r"top-1 accuracy: \d\.\d{4}", accuracy)
+    assert keras.saving.load_model(out / "model.keras").input_shape == (None, 18, 18, 3)
+    assert (out / "classes.txt").read_text() == "cats\ndogs\n"
+    assert keras_vit_log.text.count(HELD_OUT) == 1  # said once, not once per split

@@ -347,8 +347,8 @@ def headless_state_dict(tmp_path):
 def test_export_and_convert_take_the_head_count_their_errors_ask_for(tmp_path, capsys):
     path = headless_state_dict(tmp_path)
     assert cli.console_main(["export", path]) == 2
-    assert "does not store its head count and its width 24 is no named variant's; pass num_heads= (keras-vit: " \
-           "--num-heads)." in capsys.readouterr().err
+    assert "does not store its head count and its width 24 is no named variant's; pass --num-heads N." in \
+           capsys.readouterr().err
     assert cli.console_main(["convert", path, str(tmp_path / "vit.keras")]) == 2
     assert "or pass `num_heads` (--num-heads)" in capsys.readouterr().err
     assert cli.console_main(["convert", path, str(tmp_path / "vit.keras"), "--num-heads", "3"]) == 0

@@ -216,6 +216,6 @@ def fetch(checkpoint, verbose=None):
     except download.DownloadError as error:
         raise CheckpointError(
             f"Could not get weights {checkpoint.name!r} for {checkpoint.variant} from {checkpoint.url}: {error} "
-            f"Nothing was cached. If this machine is offline, download the file elsewhere and pass its path "
-            f"as weights=, or place it at {target}."
+            f"Nothing was cached. If this machine is offline, download the file elsewhere and pass "
+            f"weights=PATH, its path, or place it at {target}."
         ) from error

@@ -1,0 +1,172 @@
+"""The settings of the `keras-vit` commands: their defaults, their bounds and the values each takes.
+
+`train(PretrainConfig(...))` and `train(FinetuneConfig(...))` run a whole
+job (`keras_vit.training`); each field is a flag of the same name
+(`keras_vit.flags`). This module imports only the standard library and
+`keras_vit.variants`, so the command reads and checks its flags before it
+imports Keras.
+"""
+
+import dataclasses
+import typing
+
+from keras_vit.variants import SMALL_VIT, as_pair, named_variant
+
+# The values of `distribution` (`keras_vit.distribute`), and the formats and quantizations of `keras-vit export`
+# (`keras_vit.deployment`).
+ENGINES = ("none", "mirrored", "tpu", "data_parallel", "model_parallel", "multi_host")
+FORMATS = ("onnx", "litert", "tf_saved_model")
+QUANTIZE_MODES = ("int8",)
+
+
+def flag(name):
+    """The command-line flag of a setting: `flag("image_size")` is `"--image-size"`."""
+    return "--" + name.replace("_", "-")
+
+
+@dataclasses.dataclass
+class _TrainingConfig:
+    """The settings pretraining and fine-tuning share; each field is a flag of the same name."""
+
+    # Model: a named variant, else the checkpoint's sizes, else the five size fields.
+    model: str = None
+    weights: str = None
+    image_size: tuple = 32  # An int or (height, width); a (height, width) pair once made.
+    drop_remainder: bool = False  # an image_size the patches do not divide: leave out the last rows and columns
+    # None: the digits ViT's (SMALL_VIT); a value given with `model` or sized `weights` must agree.
+    patch_size: int = None
+    hidden_size: int = None
+    num_layers: int = None
+    num_heads: int = None
+    mlp_dim: int = None
+    # Data.
+    dataset: str = "digits"
+    data_dir: str = None
+    train_split: str = "train"
+    eval_split: str = "test"
+    holdout_fraction: float = 0.2
+    eval_batch_size: int = 256
+    verbose: int = 1
+    # Training.
+    batch_size: int = 64
+    target_batch_size: int = None
+    clipnorm: float = 1.0
+    label_smoothing: float = 0.0
+    dropout: float = 0.0
+    stochastic_depth: float = 0.0
+    classifier: str = None
+    min_crop_area: float = None
+    flip: bool = None
+    randaugment: tuple = None
+    mixup: float = 0.0
+    cutmix: float = 0.0
+    workers: int = None  # Decoding processes without TensorFlow; None: data.default_workers.
+    mixed_precision: bool = False
+    steps_per_execution: int = 1
+    distribution: str = "none"
+    model_parallel_size: int = 2
+    tpu: str = None
+    seed: int = 0
+    overwrite: bool = False
+
+    def __post_init__(self):
+        self.image_size = as_pair(self.image_size, "image_size")
+        for name, value in vars(self).items():
+            if value is None or name not in _RULES:
+                continue
+            low, high, allowed = _RULES[name]
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not low(value) or not high(value):
+                raise ValueError(f"{flag(name)} must be {allowed}, got {value!r}.")
+        if self.model:
+            named_variant(self.model)
+
+    def sizes(self, checkpoint=None):
+        """The `Variant` to build: `model`, else the checkpoint's, else the size fields (the digits ViT's)."""
+        given = {name: getattr(self, name) for name in SIZE_FIELDS if getattr(self, name) is not None}
+        return model_sizes(self.model, checkpoint, dataclasses.replace(SMALL_VIT, **given), given)
+
+
+SIZE_FIELDS = ("patch_size", "hidden_size", "num_layers", "num_heads", "mlp_dim")
+
+
+def _bounds(low=None, high=None, low_open=False, high_open=False, words=""):
+    above = (lambda v: True) if low is None else (lambda v: v > low) if low_open else (lambda v: v >= low)
+    below = (lambda v: True) if high is None else (lambda v: v < high) if high_open else (lambda v: v <= high)
+    return above, below, words
+
+
+_AT_LEAST_1 = _bounds(1, words="at least 1")
+_FRACTION = _bounds(0, 1, high_open=True, words="in [0, 1)")
+_OPEN_FRACTION = _bounds(0, 1, low_open=True, high_open=True, words="between 0 and 1")
+_NON_NEGATIVE = _bounds(0, words="at least 0")
+_POSITIVE = _bounds(0, low_open=True, words="positive")
+# The numeric settings and the values that make sense for each; None (where allowed) means the default.
+_RULES = {
+    **dict.fromkeys(("batch_size", "target_batch_size", "eval_batch_size", "epochs", "steps_per_execution",
+                     "model_parallel_size", "lora_rank", *SIZE_FIELDS), _AT_LEAST_1),
+    **dict.fromkeys(("label_smoothing", "dropout", "stochastic_depth"), _FRACTION),
+    **dict.fromkeys(("holdout_fraction", "ema"), _OPEN_FRACTION),
+    **dict.fromkeys(("warmup_steps", "mixup", "cutmix", "weight_decay", "representation_size", "workers"), _NON_NEGATIVE),
+    **dict.fromkeys(("learning_rate", "clipnorm"), _POSITIVE),
+    "min_crop_area": _bounds(0, 1, low_open=True, words="in (0, 1]"),
+}
+
+
+@dataclasses.dataclass
+class PretrainConfig(_TrainingConfig):
+    """`keras-vit pretrain`: the paper's Adam recipe; by default the small digits ViT at 16 px."""
+
+    stage: typing.ClassVar[str] = "pretrain"
+    image_size: int = 16
+    output_dir: str = "runs/pretrain"
+    epochs: int = 60
+    learning_rate: float = 1e-3
+    warmup_steps: int = 100
+    objective: str = "classification"
+    weight_decay: float = 0.1
+    decay: str = "linear"
+    representation_size: int = 0
+
+
+@dataclasses.dataclass
+class FinetuneConfig(_TrainingConfig):
+    """`keras-vit finetune`: the paper's SGD recipe with a zero head; by default runs/pretrain at 32 px.
+
+    `weights=None` starts from a random initialisation.
+    """
+
+    stage: typing.ClassVar[str] = "finetune"
+    weights: str = "runs/pretrain/model.keras"  # what `keras-vit pretrain` writes
+    output_dir: str = "runs/finetune"
+    epochs: int = 10
+    learning_rate: float = 0.01
+    warmup_steps: int = 20
+    ema: float = None
+    lora_rank: int = None  # LoRA adapters of this rank on every block's qkv; only they and the head train
+
+
+def model_sizes(model=None, checkpoint=None, default=SMALL_VIT, given=None):
+    """The `Variant` to build: the named `model`, else the checkpoint's sizes, else `default`.
+
+    `given` are sizes the user set explicitly (`{"hidden_size": 32}`); they
+    must agree with the named or saved sizes, which they would otherwise
+    silently lose to.
+    """
+    if model:
+        chosen, source = named_variant(model), f"--model {model}"
+    elif checkpoint is not None and checkpoint.sizes is not None:
+        chosen, source = checkpoint.sizes, f"--weights {checkpoint.description}"
+    else:
+        return default
+    check_sizes_agree(chosen, source, given)
+    return chosen
+
+
+def check_sizes_agree(sizes, source, given):
+    """Raise if a size the user set (`given`, e.g. `{"hidden_size": 32}`) differs from `sizes`, which `source` has."""
+    for name, value in (given or {}).items():
+        if getattr(sizes, name) != value:
+            raise ValueError(
+                f"{flag(name)} {value} disagrees with {source}, whose {name} is "
+                f"{getattr(sizes, name)}; leave the size flags out to use its sizes."
+            )

@@ -1,0 +1,109 @@
+"""What happens before Keras is imported: the choice of its backend, and whether this process is the command.
+
+Keras reads `KERAS_BACKEND` (else `backend` in keras.json, else TensorFlow)
+once, when it is first imported, and fails there if that backend is not
+installed. `choose_backend` keeps any choice the user made and fills in the
+one gap: nothing chosen and TensorFlow not installed, as after
+`pip install 'keras-vision-transformer[jax]'`. This module imports only the
+standard library, so the `keras-vit` command can parse its flags, and answer
+`--help`, without importing any backend.
+"""
+
+import importlib.util
+import json
+import logging
+import os
+import sys
+
+# Keras' backends that keras_vit supports, in the order one is taken when TensorFlow, Keras' default, is missing.
+BACKENDS = ("jax", "torch", "tensorflow")
+COMMAND = "keras-vit"
+CHOOSE = "set KERAS_BACKEND=jax|torch|tensorflow to choose"
+
+
+def log(note):
+    """Say `note` as a library does: a warning of the "keras_vit" logger (on stderr unless logging is set up)."""
+    logging.getLogger("keras_vit").warning(note)
+
+
+def installed(backend):
+    """Whether the package of `backend` ("jax", "torch" or "tensorflow") can be imported, without importing it."""
+    return importlib.util.find_spec(backend) is not None
+
+
+def _keras_json_backend():
+    """`(path, backend)` of the keras.json Keras will read, or `(path, None)`; the same file Keras finds."""
+    if "KERAS_HOME" in os.environ:
+        folder = os.environ["KERAS_HOME"]
+    else:
+        home = os.path.expanduser("~")
+        folder = os.path.join(home if os.access(home, os.W_OK) else "/tmp", ".keras")
+    path = os.path.expanduser(os.path.join(folder, "keras.json"))
+    try:
+        with open(path) as f:
+            config = json.load(f)
+    except (OSError, ValueError):
+        return path, None
+    return path, config.get("backend") if isinstance(config, dict) else None
+
+
+def choose_backend(say):
+    """Set `KERAS_BACKEND` where Keras would otherwise import a TensorFlow that is not installed, and `say` which.
+
+    A backend named by `KERAS_BACKEND` or keras.json is kept (an error if it
+    is one of `BACKENDS` and not installed). With neither, or keras.json's
+    `"tensorflow"` (which Keras writes there itself on its first import),
+    and no TensorFlow, the first installed of JAX and PyTorch is taken and
+    `say` gets a one-line note saying so. Raises `ImportError` (one line)
+    when no backend is installed. Once Keras is imported this does nothing.
+    """
+    if "keras" in sys.modules:
+        return
+    path, saved = _keras_json_backend()
+    wanted, where = os.environ.get("KERAS_BACKEND"), "KERAS_BACKEND={}"
+    if not wanted and saved and saved != "tensorflow":
+        wanted, where = saved, f'{path} sets "backend": "{{}}"'
+    available = [backend for backend in BACKENDS if installed(backend)]
+    if wanted:
+        if wanted in BACKENDS and wanted not in available:
+            others = f"; installed: {', '.join(available)}" if available else ""
+            raise ImportError(f"{where.format(wanted)}, but {wanted} is not installed: "
+                              f"pip install 'keras-vision-transformer[{wanted}]', or {CHOOSE}{others}.")
+        return None
+    if "tensorflow" in available:
+        return None
+    if not available:
+        raise ImportError(f"KERAS_BACKEND is not set and none of {', '.join(BACKENDS)} is installed: pip install "
+                          "'keras-vision-transformer[jax]' (or [torch] or [tensorflow]), then set "
+                          "KERAS_BACKEND=jax|torch|tensorflow if more than one is installed.")
+    os.environ["KERAS_BACKEND"] = available[0]
+    say(f"KERAS_BACKEND is not set and TensorFlow is not installed; using {available[0]} ({CHOOSE}).")
+
+
+def started_as_command():
+    """Whether this process runs `keras-vit` (the console script) or `python -m keras_vit`.
+
+    The command parses its flags before it imports Keras, so
+    `keras_vit/__init__` leaves the imports of the public API to it.
+    """
+    program = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else ""
+    for ending in ("-script.pyw", "-script.py", ".exe"):  # the launchers pip writes on Windows
+        program = program.removesuffix(ending)
+    if program == COMMAND:
+        return True
+    return _module_run() in ("keras_vit", "keras_vit.cli")
+
+
+def _module_run():
+    """The module of `python [options] -m MODULE ...`, or None (a script, `-c`, or the interactive prompt)."""
+    arguments = iter(getattr(sys, "orig_argv", ())[1:])
+    for argument in arguments:
+        if argument == "-m":
+            return next(arguments, None)
+        if argument.startswith("-m"):
+            return argument[2:]
+        if argument in ("-X", "-W", "--check-hash-based-pycs"):  # options that take the next argument
+            next(arguments, None)
+        elif argument == "-c" or not argument.startswith("-"):
+            return None
+    return None
