@@ -209,8 +209,8 @@ def _image_problem(path):
     if not tensorflow_installed():
         try:
             arrays.decode_image(path)
-        except (OSError, ValueError, SyntaxError) as error:
-            return str(error).splitlines()[0]
+        except arrays.UndecodableImage as error:
+            return error.reason
         return None
     tf = _tf()
     try:
