@@ -86,6 +86,7 @@ class ArrayBatches(keras.utils.PyDataset):
                  num_classes=None, one_hot=False, drop_remainder=None, min_crop_area=0.05, flip=True,
                  images_only=False, eval_transform=None, randaugment=None):
         super().__init__()
+        check_label_mixing(augmenters, one_hot)
         self.randaugment = randaugment  # a keras_vit.randaugment.RandAugment, applied per example after the flip
         # Evaluation: the model's checkpoint's preprocessing, else keras_vit's own resize (and crop_fraction).
         self.eval_transform = (eval_transform or preprocessing.keras_vit(crop_fraction)).fitted_to(size)
@@ -142,6 +143,15 @@ def mixes_labels(augmenter):
     return type(augmenter).__name__ in ("MixUp", "CutMix")
 
 
+def check_label_mixing(augmenters, one_hot):
+    """Refuse MixUp and CutMix on integer labels: Keras' layers mix one-hot labels, and would mix integer ones
+    into a `(batch, batch)` matrix."""
+    for augmenter in augmenters:
+        if mixes_labels(augmenter) and not one_hot:
+            raise ValueError(f"{type(augmenter).__name__} mixes one-hot labels, but one_hot=False gives integer labels "
+                             "(mixed into a (batch, batch) matrix): pass one_hot=True, with a categorical loss.")
+
+
 def apply_augmenter(augmenter, images, labels):
     """A Keras augmentation layer on a numpy batch of [0, 255] images (MixUp and CutMix mix the labels too)."""
     if mixes_labels(augmenter):
@@ -157,7 +167,12 @@ def training_batches(source, size, batch_size, epochs, initial_epoch=0, seed=0, 
     which gets the same batches in the same order.
     """
     passes = [ArrayBatches(source, size, batch_size, True, seed, epoch, drop_remainder=True, **options)
-              for epoch in range(initial_epoch, epochs)]
+              for epoch in range(initial_epoch, epochs)]  # made here, so that bad options fail at the call
+    return _batches(passes, source, size, batch_size, seed, workers, options)
+
+
+def _batches(passes, source, size, batch_size, seed, workers, options):
+    """`training_batches`' generator."""
     keys = [(number, index) for number, batches in enumerate(passes) for index in range(len(batches))]
     if not workers or "fork" not in multiprocessing.get_all_start_methods():  # the workers share memory by forking
         for number, index in keys:
@@ -169,8 +184,8 @@ def training_batches(source, size, batch_size, epochs, initial_epoch=0, seed=0, 
     slots = workers + 2  # a bounded look-ahead: a batch a worker, the next one queued, and the one read here
     ring = mmap.mmap(-1, slots * batch_size * size[0] * size[1] * 3 * 4)
     buffers = np.frombuffer(ring, "float32").reshape(slots, batch_size, *size, 3)
-    plain = [ArrayBatches(source, size, batch_size, True, seed, epoch, drop_remainder=True,
-                          **dict(options, augmenters=())) for epoch in range(initial_epoch, epochs)]
+    plain = [ArrayBatches(source, size, batch_size, True, seed, batches.key[1], drop_remainder=True,
+                          **dict(options, augmenters=())) for batches in passes]
     with warnings.catch_warnings():
         # JAX warns of any fork; these workers run numpy and Pillow only, never a JAX (or TensorFlow) op.
         warnings.filterwarnings("ignore", "os.fork", RuntimeWarning)

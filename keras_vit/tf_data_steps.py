@@ -7,7 +7,7 @@ the same steps in numpy where TensorFlow is not installed).
 import tensorflow as tf
 
 from keras_vit import preprocessing, tf_randaugment
-from keras_vit.array_batches import mixes_labels
+from keras_vit.array_batches import check_label_mixing, mixes_labels
 
 
 
@@ -125,6 +125,7 @@ def examples(source, size, training, seed, epoch, crop_fraction, min_crop_area, 
 
 def batched(dataset, batch_size, drop_remainder, num_classes, one_hot, augmenters):
     """Batch, then the batched steps: one-hot labels, augmenters, pixels to [-1, 1]."""
+    check_label_mixing(augmenters, one_hot)
     dataset = dataset.batch(batch_size, drop_remainder=drop_remainder)
     if one_hot:
         dataset = dataset.map(lambda x, y: (x, tf.one_hot(y, num_classes)))

@@ -170,3 +170,23 @@ def test_an_image_folder_reads_the_same_without_tensorflow(tmp_path, monkeypatch
     for (images, labels), index in zip(expected, range(len(ours))):
         np.testing.assert_allclose(ours[index][0], images, atol=1e-5)
         np.testing.assert_array_equal(ours[index][1], labels)
+
+
+@pytest.mark.backend_independent
+@pytest.mark.parametrize("layer", ["MixUp", "CutMix"])
+def test_mixup_and_cutmix_refuse_integer_labels_on_both_pipelines(digits, monkeypatch, layer):
+    # Keras' layers mix one-hot labels; integer ones came out as a (batch, batch) matrix, with no word.
+    (x, y), _ = digits
+    augmenters = data.make_augmenters(**{"MixUp": {"mixup": 0.4}, "CutMix": {"cutmix": 1.0}}[layer])
+    message = (rf"^{layer} mixes one-hot labels, but one_hot=False gives integer labels \(mixed into a \(batch, batch\) "
+               r"matrix\): pass one_hot=True, with a categorical loss\.$")
+    for numpy_path in (False, True):
+        monkeypatch.setattr(data, "tensorflow_installed", lambda: not numpy_path)
+        source = data.from_arrays(x[:64], y[:64])
+        with pytest.raises(ValueError, match=message):
+            data.make_dataset(source, 16, 32, training=True, augmenters=augmenters)
+        with pytest.raises(ValueError, match=message):
+            data.training_stream(source, 16, 32, epochs=1, augmenters=augmenters)
+        images, labels = next(iter(data.make_dataset(source, 16, 32, training=True, augmenters=augmenters,
+                                                     one_hot=True)))
+        assert np.shape(labels) == (32, 10)
