@@ -35,6 +35,12 @@ def mix(value):
     return z ^ tf.bitwise.right_shift(z, _u64(randaugment.SHIFTS[2]))
 
 
+def epoch_state(seed, epoch, domain=randaugment.DOMAIN):
+    """`randaugment.epoch_state` as a uint64 tensor, of an epoch that may be an int64 tensor."""
+    seed_state = randaugment.mix((int(seed) & randaugment.MASK) ^ domain)
+    return mix(_u64(seed_state) ^ tf.bitcast(tf.cast(epoch, tf.int64), tf.uint64))
+
+
 def example_words(epoch_state, position, count):
     """`randaugment.example_words` from a uint64 `epoch_state` tensor and an int64 `position` one: `count` words."""
     position = tf.bitcast(tf.cast(position, tf.int64), tf.uint64)
@@ -65,11 +71,12 @@ def _rounds(policy, epoch_state, position):
 
 
 def apply(policy, image, seed, epoch, position):
-    """Example `position` (an int64 tensor) of epoch `epoch` augmented: float32 `(height, width, 3)`, whole numbers
-    in [0, 255]. A float `image` is rounded to uint8 first (half to even, as the numpy path)."""
+    """Example `position` (an int64 tensor) of epoch `epoch` (an int or int64 tensor) augmented: float32
+    `(height, width, 3)`, whole numbers in [0, 255]. A float `image` is rounded to uint8 first (half to even, as the
+    numpy path)."""
     image = tf.convert_to_tensor(image)
     augment = _augment_function(policy, tuple(image.shape), image.dtype)
-    return augment(image, _u64(randaugment.epoch_state(seed, epoch)), tf.cast(position, tf.int64))
+    return augment(image, epoch_state(seed, epoch), tf.cast(position, tf.int64))
 
 
 @functools.lru_cache(maxsize=None)
