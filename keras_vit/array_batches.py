@@ -2,14 +2,23 @@
 
 Where TensorFlow is not installed (`pip install "keras-vision-transformer[jax]"`
 or `[torch]`), `keras_vit.data.make_dataset` and `training_stream` give
-these instead of tf.data. The steps are the same ones, computed in numpy:
-an Inception crop sampled as `tf.image.sample_distorted_bounding_box`
-samples it (a uniform aspect ratio, then a uniform height, up to 100
-attempts, else the whole image), a horizontal flip with probability 1/2,
-`keras_vit.arrays.resize`, keras_vit's RandAugment on each example (in the
-workers too), the Keras augmentation layers on each batch, and pixels to
-[-1, 1]. Randomness is keyed by `(seed, epoch, example)`, so a resumed run
-sees the batches an uninterrupted one would.
+these instead of tf.data. The steps are the same ones, computed in numpy,
+with the same draws: the epoch's order of the examples (`example_order`), the
+Inception crop's box and the flip that tf.data draws for the same `(seed,
+epoch, example)` (`keras_vit.philox` computes TensorFlow's stateless
+sampler), `keras_vit.arrays.resize` (tf.image.resize's bilinear, bit for
+bit), keras_vit's RandAugment on each example (in the workers too), the
+Keras augmentation layers on each batch, and pixels to [-1, 1]. For arrays
+and PNG, GIF or BMP folders the two pipelines give the same training
+batches before the Keras layers; JPEGs differ by a few levels (Pillow's
+decoder and TensorFlow's), and MixUp and CutMix draw from their layer's own
+seed, the same distribution but not the same draws. A resumed run sees the
+batches an uninterrupted one would.
+
+An image file that cannot be decoded mid-epoch is skipped with a note
+naming it: in training the next example of the epoch's order takes its
+place (batches stay full, and equal on both pipelines); in evaluation it is
+left out.
 
 `training_batches(..., workers=N)` decodes and crops in N worker processes
 (a forked `multiprocessing` pool, in batch order with a bounded look-ahead,
@@ -32,6 +41,8 @@ Example:
 """
 
 import collections
+import functools
+import logging
 import math
 import mmap
 import multiprocessing
@@ -41,36 +52,31 @@ import warnings
 import keras
 import numpy as np
 
-from keras_vit import arrays, preprocessing
+from keras_vit import arrays, philox, preprocessing, randaugment
 
 
-def sample_crop(height, width, rng, area_range=(0.05, 1.0), aspect_range=(3 / 4, 4 / 3), max_attempts=100):
-    """`(top, left, crop_height, crop_width)` as TensorFlow's `sample_distorted_bounding_box` samples it."""
-    min_area, max_area = area_range[0] * height * width, area_range[1] * height * width
-    for _ in range(max_attempts):
-        aspect = rng.uniform(*aspect_range)
-        low = int(np.rint(math.sqrt(min_area / aspect)))
-        high = int(np.rint(math.sqrt(max_area / aspect)))
-        if np.rint(high * aspect) > width:
-            high = int((width + 0.5 - 1e-7) / aspect)
-            high -= int(np.rint(high * aspect) > width)
-        high = min(high, height)
-        low = min(low, high)
-        crop_height = low + (int(rng.integers(0, high - low + 1)) if low < high else 0)
-        crop_width = int(np.rint(crop_height * aspect))
-        if crop_width * crop_height < min_area:
-            crop_height += 1
-            crop_width = int(np.rint(crop_height * aspect))
-        if crop_width * crop_height > max_area:
-            crop_height -= 1
-            crop_width = int(np.rint(crop_height * aspect))
-        area = crop_width * crop_height
-        if min_area <= area <= max_area and 0 < crop_width <= width and 0 < crop_height <= height:
-            # TensorFlow draws the offset from [0, room), never the last position (unless there is no room).
-            top = int(rng.integers(0, height - crop_height)) if crop_height < height else 0
-            left = int(rng.integers(0, width - crop_width)) if crop_width < width else 0
-            return top, left, crop_height, crop_width
-    return 0, 0, height, width
+logger = logging.getLogger("keras_vit")
+
+# An example's crop is drawn from the seed pair (seed * EPOCH_STRIDE + epoch, its position in the epoch), its flip
+# from the same pair with FLIP_OFFSET added to the position, on both pipelines.
+EPOCH_STRIDE, FLIP_OFFSET = 1_000_003, 1 << 40
+ORDER_DOMAIN = 0x4F524452  # "ORDR": the order's hash differs from RandAugment's draws for the same key
+SKIPPED = "note: skipped {}, which cannot be decoded as an image"
+
+
+def epoch_key(seed, epoch):
+    """The first half of the seed pairs of epoch `epoch`'s crops and flips."""
+    return int(seed) * EPOCH_STRIDE + int(epoch)
+
+
+@functools.lru_cache(maxsize=4)
+def example_order(count, seed, epoch):
+    """Epoch `epoch`'s order of `count` examples: sorted by a 64-bit hash of `(seed, epoch, example)` (SplitMix64,
+    `keras_vit.randaugment.mix`), which tf.data computes alike (`keras_vit.tf_data_steps.example_order`). Read-only."""
+    state = np.uint64(randaugment.epoch_state(seed, epoch, ORDER_DOMAIN))
+    order = np.argsort(randaugment.mix(state ^ np.arange(count, dtype="uint64")).view("int64"), kind="stable")
+    order.flags.writeable = False
+    return order
 
 
 class ArrayBatches(keras.utils.PyDataset):
@@ -86,6 +92,7 @@ class ArrayBatches(keras.utils.PyDataset):
                  num_classes=None, one_hot=False, drop_remainder=None, min_crop_area=0.05, flip=True,
                  images_only=False, eval_transform=None, randaugment=None):
         super().__init__()
+        check_label_mixing(augmenters, one_hot)
         self.randaugment = randaugment  # a keras_vit.randaugment.RandAugment, applied per example after the flip
         # Evaluation: the model's checkpoint's preprocessing, else keras_vit's own resize (and crop_fraction).
         self.eval_transform = (eval_transform or preprocessing.keras_vit(crop_fraction)).fitted_to(size)
@@ -95,9 +102,14 @@ class ArrayBatches(keras.utils.PyDataset):
         self.augmenters, self.min_crop_area, self.flip = augmenters, min_crop_area, flip
         self.num_classes, self.one_hot, self.images_only = num_classes or source.num_classes, one_hot, images_only
         count = len(self.labels)
-        self.order = np.random.default_rng(self.key).permutation(count) if training else np.arange(count)
         drop = training if drop_remainder is None else drop_remainder
         self.batches = count // self.batch_size if drop else math.ceil(count / self.batch_size)
+
+    @property
+    def order(self):
+        """The source rows in this pass's order: `example_order` in training, the source's in evaluation."""
+        count = len(self.labels)
+        return example_order(count, *self.key) if self.training else np.arange(count)
 
     def __len__(self):
         return self.batches
@@ -109,10 +121,11 @@ class ArrayBatches(keras.utils.PyDataset):
         """Batch `index` before the batched steps: float pixels in [0, 255] of `size`, and labels."""
         if not 0 <= index < self.batches:
             raise IndexError(f"batch {index} of {self.batches}")
-        rows = self.order[index * self.batch_size:(index + 1) * self.batch_size]
-        images = np.stack([self.example(position, row) for position, row in
-                           zip(range(index * self.batch_size, index * self.batch_size + len(rows)), rows)])
-        labels = self.labels[rows]
+        positions = range(index * self.batch_size, min((index + 1) * self.batch_size, len(self.labels)))
+        examples = [self.example(position) for position in positions]
+        examples = [example for example in examples if example is not None]  # evaluation leaves out broken files
+        images = np.stack([image for image, _ in examples]) if examples else np.zeros((0, *self.size, 3), "float32")
+        labels = self.labels[[row for _, row in examples]]
         if self.one_hot:
             labels = np.eye(self.num_classes, dtype="float32")[labels]
         return images, labels
@@ -124,22 +137,56 @@ class ArrayBatches(keras.utils.PyDataset):
         images = np.asarray(images, "float32") / 127.5 - 1.0
         return (images,) if self.images_only else (images, labels)
 
-    def example(self, position, row):
-        """The `position`-th example of this pass (source row `row`), as float pixels in [0, 255] of `size`."""
+    def example(self, position):
+        """The `position`-th example of this pass as `(float pixels in [0, 255] of size, its source row)`; None in
+        evaluation for a file that cannot be decoded."""
         if not self.training:
-            image = self.images[row] if isinstance(self.images, np.ndarray) else arrays.open_rgb(self.images[row])
-            return self.eval_transform.pixels(image)
-        image = self.images[row] if isinstance(self.images, np.ndarray) else arrays.decode_image(self.images[row])
-        rng = np.random.default_rng((*self.key, int(position)))
-        top, left, height, width = sample_crop(image.shape[0], image.shape[1], rng, (self.min_crop_area, 1.0))
+            try:
+                image = self.images[position] if self.in_memory else arrays.open_rgb(self.images[position])
+            except arrays.UndecodableImage as error:
+                logger.warning("%s (%s); left out of the evaluation", SKIPPED.format(error.path), error.reason)
+                return None
+            return self.eval_transform.pixels(image), position
+        image, row = self.decodable(position)
+        top, left, height, width = philox.sample_crop(*image.shape[:2], (epoch_key(*self.key), position),
+                                                      (self.min_crop_area, 1.0))
         image = arrays.resize(image[top:top + height, left:left + width], self.size)
-        image = image[:, ::-1] if self.flip and rng.uniform() < 0.5 else image
-        return image if self.randaugment is None else self.randaugment.apply(image, *self.key, position)
+        if self.flip and philox.stateless_uniform((epoch_key(*self.key), position + FLIP_OFFSET)) < 0.5:
+            image = image[:, ::-1]
+        return (image if self.randaugment is None else self.randaugment.apply(image, *self.key, position)), row
+
+    @property
+    def in_memory(self):
+        return isinstance(self.images, np.ndarray)
+
+    def decodable(self, position):
+        """`(pixels, row)` of the training example at `position`: its row in the order, or where that file cannot be
+        decoded, the next row in the order that can (a note names each file skipped), as tf.data picks it."""
+        order = self.order
+        for step in range(len(order)):
+            row = int(order[(position + step) % len(order)])
+            if self.in_memory:
+                return self.images[row], row
+            try:
+                return arrays.decode_image(self.images[row]), row
+            except arrays.UndecodableImage as error:
+                logger.warning("%s (%s); the next example of the epoch took its place", SKIPPED.format(error.path),
+                               error.reason)
+        raise ValueError(f"None of the {len(order)} image files can be decoded; the first is {self.images[0]}.")
 
 
 def mixes_labels(augmenter):
     """Whether a Keras augmentation layer mixes labels as well as images (MixUp, CutMix)."""
     return type(augmenter).__name__ in ("MixUp", "CutMix")
+
+
+def check_label_mixing(augmenters, one_hot):
+    """Refuse MixUp and CutMix on integer labels: Keras' layers mix one-hot labels, and would mix integer ones
+    into a `(batch, batch)` matrix."""
+    for augmenter in augmenters:
+        if mixes_labels(augmenter) and not one_hot:
+            raise ValueError(f"{type(augmenter).__name__} mixes one-hot labels, but one_hot=False gives integer labels "
+                             "(mixed into a (batch, batch) matrix): pass one_hot=True, with a categorical loss.")
 
 
 def apply_augmenter(augmenter, images, labels):
@@ -157,7 +204,12 @@ def training_batches(source, size, batch_size, epochs, initial_epoch=0, seed=0, 
     which gets the same batches in the same order.
     """
     passes = [ArrayBatches(source, size, batch_size, True, seed, epoch, drop_remainder=True, **options)
-              for epoch in range(initial_epoch, epochs)]
+              for epoch in range(initial_epoch, epochs)]  # made here, so that bad options fail at the call
+    return _batches(passes, source, size, batch_size, seed, workers, options)
+
+
+def _batches(passes, source, size, batch_size, seed, workers, options):
+    """`training_batches`' generator."""
     keys = [(number, index) for number, batches in enumerate(passes) for index in range(len(batches))]
     if not workers or "fork" not in multiprocessing.get_all_start_methods():  # the workers share memory by forking
         for number, index in keys:
@@ -169,8 +221,8 @@ def training_batches(source, size, batch_size, epochs, initial_epoch=0, seed=0, 
     slots = workers + 2  # a bounded look-ahead: a batch a worker, the next one queued, and the one read here
     ring = mmap.mmap(-1, slots * batch_size * size[0] * size[1] * 3 * 4)
     buffers = np.frombuffer(ring, "float32").reshape(slots, batch_size, *size, 3)
-    plain = [ArrayBatches(source, size, batch_size, True, seed, epoch, drop_remainder=True,
-                          **dict(options, augmenters=())) for epoch in range(initial_epoch, epochs)]
+    plain = [ArrayBatches(source, size, batch_size, True, seed, batches.key[1], drop_remainder=True,
+                          **dict(options, augmenters=())) for batches in passes]
     with warnings.catch_warnings():
         # JAX warns of any fork; these workers run numpy and Pillow only, never a JAX (or TensorFlow) op.
         warnings.filterwarnings("ignore", "os.fork", RuntimeWarning)

@@ -4,7 +4,8 @@ Training images get an Inception-style random resized crop and a horizontal
 flip; evaluation images are resized (optionally centre-cropped). Pixels end
 in [-1, 1], as the original models expect. Randomness is stateless and keyed
 by `(seed, epoch, example index)`, so a run is reproducible and a resumed run
-sees exactly the batches an uninterrupted one would have.
+sees exactly the batches an uninterrupted one would have. An image file
+that cannot be decoded is skipped where it is met, with a note naming it.
 
 The pipeline reads as a chain of named steps, like big_vision's
 `decode|inception_crop(224)|flip_lr|value_range(-1, 1)`:
@@ -55,11 +56,12 @@ class Source:
 
     `num_examples` is known for arrays, folders and tfds splits; `class_names`
     when the source names its classes. Arrays and folders also keep
-    `examples`, `(uint8 images or file paths, int labels)`, which
+    `examples`, `(uint8 images or file paths, int labels)`, which training
+    reads in both pipelines (tf.data decodes only a file's crop window) and
     `keras_vit.array_batches` reads where TensorFlow is not installed (then
-    `dataset` is None). A folder's `files` is a `tf.data.Dataset` of
-    `(file name, label)`: training reads each file itself and decodes only
-    its crop window (`dataset` decodes whole images, for evaluation).
+    `dataset` is None). A folder's `dataset` decodes whole images, for
+    evaluation; a file that cannot be decoded comes as a 1x1 image labelled
+    -1, which `make_dataset` leaves out.
     """
 
     dataset: object
@@ -68,7 +70,6 @@ class Source:
     class_names: tuple = None
     name: str = ""
     examples: tuple = None
-    files: object = None
 
 
 def _tf():
@@ -145,13 +146,6 @@ def from_tfds(name, split, data_dir=None, shard=None):
     return Source(dataset, examples, label.num_classes, tuple(label.names), name)
 
 
-def decode_image_tensor(path):
-    """In a tf.data map: an image file (JPEG, PNG, GIF's first frame, BMP) as uint8 `(height, width, 3)`, grey
-    made RGB. Eager code decodes with `keras_vit.arrays.decode_image`, which needs no TensorFlow."""
-    tf = _tf()
-    return tf.io.decode_image(tf.io.read_file(path), channels=3, expand_animations=False)
-
-
 def _as_rgb(image):
     tf = _tf()
     if image.shape[-1] == 1:
@@ -209,12 +203,14 @@ def _image_problem(path):
     if not tensorflow_installed():
         try:
             arrays.decode_image(path)
-        except (OSError, ValueError, SyntaxError) as error:
-            return str(error).splitlines()[0]
+        except arrays.UndecodableImage as error:
+            return error.reason
         return None
+    from keras_vit import tf_data_steps
+
     tf = _tf()
     try:
-        decode_image_tensor(path)
+        tf_data_steps.decode(tf.io.read_file(path))
     except (tf.errors.InvalidArgumentError, tf.errors.OutOfRangeError, tf.errors.DataLossError) as error:
         return error.message.splitlines()[0]
     return None
@@ -228,8 +224,10 @@ def from_folder(path, shard=None, class_names=None, holdout=None):
     `holdout=(split, fraction)` keeps a stratified, deterministic part of
     every class for a held-out split (`"test"`), and the rest for `"train"`.
     Images in nested sub-folders count for their class; hidden files and
-    folders are skipped, and so are files that cannot be decoded (named in
-    the log).
+    folders are skipped, and so are files whose first or last bytes show them
+    broken (named in the log). Reading every file whole here would cost what
+    an epoch costs; a file that fails to decode later is skipped where the
+    pipeline meets it, with a note naming it (`keras_vit.array_batches`).
     """
     if not os.path.isdir(path):
         raise FileNotFoundError(f"Image folder not found: {path}")
@@ -275,13 +273,14 @@ def from_folder(path, shard=None, class_names=None, holdout=None):
         index, count = shard
         files, labels = files[index::count], labels[index::count]
 
-    def decode(file, label):
-        return decode_image_tensor(file), label
-
     labels = np.asarray(labels, "int64")
-    names = _tf().data.Dataset.from_tensor_slices((files, labels)) if tensorflow_installed() else None
-    return Source(names and names.map(decode), len(files), len(class_names), class_names,
-                  os.path.basename(os.path.normpath(path)), examples=(files, labels), files=names)
+    dataset = None
+    if tensorflow_installed():
+        from keras_vit import tf_data_steps
+
+        dataset = tf_data_steps.decoded_files(files, labels)
+    return Source(dataset, len(files), len(class_names), class_names, os.path.basename(os.path.normpath(path)),
+                  examples=(files, labels))
 
 
 def _held_out_part(files, class_name, split, fraction):
@@ -390,7 +389,9 @@ def make_dataset(
                                       min_crop_area, flip, eval_transform, randaugment)
     if drop_remainder is None:
         drop_remainder = training
-    return tf_data_steps.batched(examples, batch_size, drop_remainder, num_classes or source.num_classes, one_hot, augmenters)
+    folder = source.examples is not None and not isinstance(source.examples[0], np.ndarray)
+    return tf_data_steps.batched(examples, batch_size, drop_remainder, num_classes or source.num_classes, one_hot,
+                                 augmenters, left_out=folder and not training)
 
 
 def make_augmenters(randaugment=None, mixup=0.0, cutmix=0.0, seed=0):
@@ -475,13 +476,10 @@ def training_stream(
                                 num_classes=num_classes, one_hot=one_hot, min_crop_area=min_crop_area, flip=flip,
                                 randaugment=randaugment)
     per_epoch = steps_per_epoch(source, batch_size) * batch_size
-    # Python-level epochs (tf.data's shuffle takes its seed as a constant), each cut to
-    # whole batches, then batched once: distribution engines can read the batch size.
+    # The epochs one after another, each cut to whole batches, then batched once: distribution engines can read
+    # the batch size.
     from keras_vit import tf_data_steps
 
-    examples = None
-    for epoch in range(initial_epoch, epochs):
-        one = tf_data_steps.examples(source, size, True, seed, epoch, None, min_crop_area, flip,
-                                     randaugment=randaugment).take(per_epoch)
-        examples = one if examples is None else examples.concatenate(one)
+    examples = tf_data_steps.training_examples(source, size, seed, range(initial_epoch, epochs), per_epoch,
+                                               min_crop_area, flip, randaugment)
     return tf_data_steps.batched(examples, batch_size, True, num_classes or source.num_classes, one_hot, augmenters)

@@ -110,9 +110,10 @@ def mix(value):
     return z ^ (z >> SHIFTS[2])
 
 
-def epoch_state(seed, epoch):
-    """The hash state of `(seed, epoch)`; an example's state mixes in its position (`example_words`)."""
-    return mix(mix((int(seed) & MASK) ^ DOMAIN) ^ (int(epoch) & MASK))
+def epoch_state(seed, epoch, domain=DOMAIN):
+    """The hash state of `(seed, epoch)`; an example's state mixes in its position (`example_words`). Another
+    `domain` gives other draws from the same key (`keras_vit.array_batches.example_order`'s)."""
+    return mix(mix((int(seed) & MASK) ^ domain) ^ (int(epoch) & MASK))
 
 
 def example_words(seed, epoch, position, count):

@@ -1,10 +1,13 @@
 """keras_vit.arrays: the TF-free image path (Pillow decoding, tf.image.resize's bilinear in numpy, the digits),
 against TensorFlow and scikit-learn as references, and `predict` run where TensorFlow cannot be imported."""
 
+import io
 import os
+import struct
 import subprocess
 import sys
 import textwrap
+import zlib
 
 import numpy as np
 import pytest
@@ -61,20 +64,97 @@ def test_the_shipped_digits_are_scikit_learns_and_split_per_class_by_seed():
         arrays.digits(test_fraction=1.5)
 
 
-@pytest.mark.parametrize("mode, suffix", [("RGB", ".png"), ("L", ".png"), ("RGBA", ".png"), ("P", ".gif"),
-                                          ("RGB", ".bmp")])
-def test_decode_image_gives_what_tensorflow_decodes(mode, suffix, tmp_path):
-    tf = pytest.importorskip("tensorflow")
+def png(samples, colour_type, bits, extra=b""):
+    """A PNG of `samples` (height, width, channels) at `bits` per sample, written chunk by chunk: Pillow writes no
+    16-bit colour, and no 2- or 4-bit grey."""
+    def chunk(kind, body):
+        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+
+    height, width = samples.shape[:2]
+    if bits < 8:
+        rows = [np.packbits(np.unpackbits(row.astype("uint8")[:, None], axis=1)[:, 8 - bits:]) for row in samples[..., 0]]
+    else:
+        rows = [row.astype(">u2" if bits == 16 else "uint8") for row in samples]
+    header = struct.pack(">IIBBBBB", width, height, bits, colour_type, 0, 0, 0)
+    pixels = zlib.compress(b"".join(b"\x00" + row.tobytes() for row in rows))
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + extra + chunk(b"IDAT", pixels) + chunk(b"IEND", b"")
+
+
+def pillow_file(mode, format, **options):
     from PIL import Image
 
-    pixels = np.random.default_rng(1).integers(0, 256, (9, 7, 4), dtype="uint8")
-    image = Image.fromarray(pixels, "RGBA").convert(mode)
-    path = str(tmp_path / f"image{suffix}")
-    image.save(path)
-    expected = tf.io.decode_image(tf.io.read_file(path), channels=3, expand_animations=False).numpy()
-    decoded = arrays.decode_image(path)
-    assert decoded.dtype == np.uint8 and decoded.shape == (9, 7, 3)
+    image = Image.fromarray(np.random.default_rng(1).integers(0, 256, (9, 7, 4), dtype="uint8"), "RGBA").convert(mode)
+    if mode == "CMYK":  # flat 8x8 blocks, which every JPEG decoder decodes exactly
+        blocks = np.random.default_rng(1).integers(0, 256, (4, 4, 4), dtype="uint8")
+        image = Image.fromarray(np.repeat(np.repeat(blocks, 8, axis=0), 8, axis=1), "CMYK")
+    encoded = io.BytesIO()
+    image.save(encoded, format, **options)
+    return encoded.getvalue()
+
+
+def sixteen_bits(channels):
+    return np.random.default_rng(channels).integers(0, 65536, (20, 30, channels), dtype="uint16")
+
+
+DECODED_FILES = {  # name: the file's bytes, each a mode Pillow opens
+    "rgb.png": lambda: pillow_file("RGB", "PNG"),
+    "grey.png": lambda: pillow_file("L", "PNG"),
+    "rgba.png": lambda: pillow_file("RGBA", "PNG"),
+    "grey_alpha.png": lambda: pillow_file("LA", "PNG"),
+    "bilevel.png": lambda: pillow_file("1", "PNG"),
+    "palette_transparent.png": lambda: pillow_file("P", "PNG", transparency=3),
+    "palette_4bit.png": lambda: pillow_file("P", "PNG", bits=4),
+    "grey_2bit.png": lambda: png(sixteen_bits(1) >> 14, 0, 2),
+    "grey_16bit.png": lambda: png(sixteen_bits(1), 0, 16),
+    "grey_16bit_transparent.png": lambda: png(sixteen_bits(1), 0, 16,
+                                              b"\x00\x00\x00\x02tRNS\x12\x34" + struct.pack(">I", zlib.crc32(b"tRNS\x12\x34"))),
+    "grey_alpha_16bit.png": lambda: png(sixteen_bits(2), 4, 16),
+    "rgb_16bit.png": lambda: png(sixteen_bits(3), 2, 16),
+    "rgba_16bit.png": lambda: png(sixteen_bits(4), 6, 16),
+    "palette.gif": lambda: pillow_file("P", "GIF"),
+    "palette_transparent.gif": lambda: pillow_file("P", "GIF", transparency=3),
+    "rgb.bmp": lambda: pillow_file("RGB", "BMP"),
+    "cmyk.jpg": lambda: pillow_file("CMYK", "JPEG", quality=100, subsampling=0),
+}
+
+
+@pytest.mark.parametrize("name", DECODED_FILES)
+def test_decode_image_gives_what_tensorflow_decodes(name, tmp_path):
+    # The 16-bit grey PNG turned 99.6% of its pixels to 255 (Pillow's I;16 to RGB clips), the transparent GIF's
+    # pixels kept their palette colour and CMYK rounded where TensorFlow floors.
+    tf = pytest.importorskip("tensorflow")
+
+    path = tmp_path / name
+    path.write_bytes(DECODED_FILES[name]())
+    expected = tf.io.decode_image(tf.io.read_file(str(path)), channels=3, expand_animations=False).numpy()
+    decoded = arrays.decode_image(str(path))
+    assert decoded.dtype == np.uint8 and decoded.shape == expected.shape
     np.testing.assert_array_equal(decoded, expected)
+    np.testing.assert_array_equal(np.asarray(arrays.open_rgb(str(path))), expected)
+
+
+def test_16_bit_pgm_samples_and_float_and_broken_files(tmp_path):
+    from PIL import Image
+
+    samples = sixteen_bits(1)[..., 0]
+    (tmp_path / "grey.pgm").write_bytes(b"P5 30 20 65535\n" + samples.astype(">u2").tobytes())
+    (tmp_path / "grey_16bit.png").write_bytes(png(samples[..., None], 0, 16))
+    assert Image.open(tmp_path / "grey.pgm").mode == "I"
+    np.testing.assert_array_equal(arrays.decode_image(str(tmp_path / "grey.pgm")),
+                                  arrays.decode_image(str(tmp_path / "grey_16bit.png")))
+    Image.fromarray(samples.astype("float32")).save(tmp_path / "float.tif")
+    with pytest.raises(ValueError, match=r"^\S+float\.tif holds 32-bit float pixels \(Pillow mode F\), which have no "
+                                         r"8-bit scale: save it with 8 or 16 bits per sample\.$"):
+        arrays.decode_image(str(tmp_path / "float.tif"))
+    Image.fromarray(samples.astype("int32") * 4).save(tmp_path / "wide.tif")
+    with pytest.raises(ValueError, match=r"wide\.tif holds 32-bit integer pixels \(\d+ to 2\d+\), beyond 16 bits: "):
+        arrays.decode_image(str(tmp_path / "wide.tif"))
+    whole = png(samples[..., None], 0, 16)
+    idat = whole.index(b"IDAT") + 4
+    (tmp_path / "broken.png").write_bytes(whole[:idat + 10] + b"\xff" * 8 + whole[idat + 18:])
+    with pytest.raises(ValueError, match=r"^\S+broken\.png cannot be decoded as an image \(.+\); remove or replace "
+                                         r"the file\.$"):
+        arrays.decode_image(str(tmp_path / "broken.png"))
 
 
 def test_the_digits_job_and_predict_run_where_tensorflow_and_scikit_learn_cannot_be_imported(tmp_path):
