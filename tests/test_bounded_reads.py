@@ -138,3 +138,75 @@ def test_weights_h5_declaring_far_more_than_it_stores_is_refused(tmp_path, quick
                                chunks=(1 << 20,), compression="gzip")
     with pytest.raises(CheckpointError, match=f"{path} declares 300,000,000 bytes of arrays in a [0-9,]+-byte file"):
         read(path)
+
+
+@pytest.fixture(scope="module")
+def timm_file(tmp_path_factory):
+    """A timm `.safetensors` file of a model whose largest tensor is a tenth of the file."""
+    import keras_vit
+
+    model = keras_vit.ViT(image_size=32, patch_size=8, hidden_size=192, num_layers=4, num_heads=3, mlp_dim=384,
+                          classes=10)
+    path = tmp_path_factory.mktemp("lean") / "model.safetensors"
+    checkpoints.save_timm(model, path)
+    return str(path)
+
+
+def test_reads_a_safetensors_file_one_tensor_per_mapping(timm_file, monkeypatch):
+    """Pages read through a mapping stay in memory until it closes: one mapping for every tensor holds the file twice."""
+    pytest.importorskip("safetensors")
+    from keras_vit.checkpoints import state_dict_files
+
+    opened, read = state_dict_files._safetensors_open, []
+
+    def counting(path):
+        handle = opened(path)
+        get_tensor, reads = handle.get_tensor, []
+        read.append(reads)
+
+        class Counted:
+            def __enter__(self):
+                handle.__enter__()
+                return self
+
+            def __exit__(self, *exc):
+                return handle.__exit__(*exc)
+
+            def __getattr__(self, name):
+                return getattr(handle, name)
+
+            def get_tensor(self, name):
+                reads.append(name)
+                return get_tensor(name)
+
+        return Counted()
+
+    monkeypatch.setattr(state_dict_files, "_safetensors_open", counting)
+    state = state_dict_files.read_state_dict(timm_file)
+    assert len(state) > 20
+    assert max(map(len, read)) == 1
+
+
+def test_loads_into_a_model_without_a_second_copy_of_the_state(timm_file):
+    """The checked tensors are cast one at a time as each is assigned, never all held at once beside the state."""
+    import tracemalloc
+
+    import keras_vit
+    from keras_vit.checkpoints import loading
+
+    source = checkpoints.read_weights(timm_file, None, (32, 32))
+    model = keras_vit.ViT(image_size=32, patch_size=8, hidden_size=192, num_layers=4, num_heads=3, mlp_dim=384,
+                          classes=10)
+    state_bytes = sum(np.asarray(value).nbytes for value in source.state.values())
+    largest = max(np.asarray(value).nbytes for value in source.state.values())
+    assert largest < state_bytes / 8
+    tracemalloc.start()
+    try:
+        loading.load_into(model, source)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < state_bytes / 4, (peak, state_bytes)
+    loaded = {variable.path: np.asarray(variable) for variable in model.weights}
+    for key in ("encoderblock_0/qkv/kernel", "embedding/kernel", "head/bias"):
+        np.testing.assert_array_equal(loaded[key], source.state[key])

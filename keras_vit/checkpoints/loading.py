@@ -201,29 +201,32 @@ def load_into(model, source):
         raise CheckpointError(
             f"{name} has {len(unexpected)} weights the model lacks: {preview(unexpected, 8)}."
         )
-    cast = {}
-    for key, value in state.items():
-        if key not in variables:
-            continue
+    loaded = [key for key in state if key in variables]
+    for key in loaded:  # Every tensor is checked before any variable is assigned.
+        value = state[key]
         if tuple(value.shape) != tuple(variables[key].shape):
             raise CheckpointError(
                 f"{name}: '{key}' has shape {tuple(value.shape)} but the model expects "
                 f"{tuple(variables[key].shape)}{_apparent_size(state)}."
             )
         # Checked after the cast: 1e39 is finite in float64 but not in float32, 1e5 not in float16.
-        with np.errstate(over="ignore"):
-            cast[key] = value.astype(variables[key].dtype)
-        if not np.all(np.isfinite(cast[key])):
+        if not np.all(np.isfinite(_cast(value, variables[key].dtype))):
             if not np.all(np.isfinite(value)):
                 raise CheckpointError(f"{name}: '{key}' holds NaN or infinite values.")
             raise CheckpointError(
                 f"{name}: '{key}' holds values up to {np.max(np.abs(value)):.3g}, beyond the range of the "
                 f"model's {variables[key].dtype} variables."
             )
-    for key, value in cast.items():
-        variables[key].assign(value)
+    for key in loaded:  # Cast again, one at a time: the state is never held twice.
+        variables[key].assign(_cast(state[key], variables[key].dtype))
     for note in notes:
         logger.warning(note)
+
+
+def _cast(value, dtype):
+    """`value` as `dtype`, copied only where the dtypes differ."""
+    with np.errstate(over="ignore"):
+        return np.asarray(value).astype(dtype, copy=False)
 
 
 def _is_floating(array):

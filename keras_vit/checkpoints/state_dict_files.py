@@ -65,10 +65,9 @@ def safetensors_header(path, budget=None):
 def read_state_dict(path, budget=None):
     """A timm state dict file as `{name: numpy array}`: `.safetensors`, or `.bin`/`.pth` through torch."""
     if str(path).endswith(".safetensors"):
-        safetensors_header(path, budget)
+        names = safetensors_header(path, budget)
         try:
-            with _safetensors_open(path) as f:
-                return {name: f.get_tensor(name) for name in f.keys()}
+            return {name: _read_tensor(path, name) for name in names}
         except Exception as error:  # safetensors' SafetensorError: the file changed since its header was read
             raise CheckpointError(f"{path} is not a readable .safetensors file: {error}") from error
     size = require_regular_file(path).st_size
@@ -92,6 +91,17 @@ def read_state_dict(path, budget=None):
         raise CheckpointError(f"{path} holds a {type(loaded).__name__}, not a state dict of tensors.")
     return {name: tensor.float().numpy() if tensor.is_floating_point() else tensor.numpy()
             for name, tensor in loaded.items()}
+
+
+def _read_tensor(path, name):
+    """One tensor of a `.safetensors` file, read through a mapping of the file that is closed at once.
+
+    The pages a mapping reads stay in the process's memory until it is
+    closed: reading every tensor through one mapping would hold the file
+    twice, once mapped and once as arrays.
+    """
+    with _safetensors_open(path) as f:
+        return f.get_tensor(name)
 
 
 def _safetensors_open(path):
