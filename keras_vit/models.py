@@ -141,7 +141,7 @@ def ViT(
         position_embedding_interpolation: `"bicubic"` or `"bilinear"`: how the
             position embeddings are resized, to a checkpoint's new grid and,
             with dynamic resolution, to each input's grid. Default: what the
-            checkpoint's library does at load (README), else `"bicubic"`.
+            checkpoint's library does at load (docs/checkpoints.md), else `"bicubic"`.
         position_embedding_antialias: resize with torch's anti-aliased kernels
             (with `"bicubic"`, timm's `dynamic_img_size`); default as above.
         drop_remainder: take an `image_size` that patches do not divide, as
