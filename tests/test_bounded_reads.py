@@ -206,7 +206,9 @@ def test_loads_into_a_model_without_a_second_copy_of_the_state(timm_file):
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
-    assert peak < state_bytes / 4, (peak, state_bytes)
+    # A second copy of the state is state_bytes (the old code: 1.04x); a backend's own buffers for one tensor
+    # come on top of the tensor cast (TensorFlow: 0.28x here).
+    assert peak < state_bytes / 2, (peak, state_bytes)
     loaded = {variable.path: np.asarray(variable) for variable in model.weights}
     for key in ("encoderblock_0/qkv/kernel", "embedding/kernel", "head/bias"):
         np.testing.assert_array_equal(loaded[key], source.state[key])
