@@ -19,8 +19,8 @@ import numpy as np
 
 import keras_vit
 from keras_vit import data
-from keras_vit.functional import native_image_size
-from keras_vit.inference import outputs_logits
+from keras_vit.model.vision_transformer import native_image_size
+from keras_vit.tools.inference import outputs_logits
 
 
 def load(path, dtype):

@@ -10,7 +10,7 @@ reads it the way training does, with the Inception crop and a flip, to
 
 - tf.data: `keras_vit.data.training_stream` with TensorFlow (the crop window
   decoded from each file's bytes);
-- numpy: the same where TensorFlow is not installed (`keras_vit.array_batches`,
+- numpy: the same where TensorFlow is not installed (`keras_vit.data.array_batches`,
   its default `workers`: every core but one);
 - timm: `create_transform(224, is_training=True)` (its defaults add
   ColorJitter 0.4) under a torch `DataLoader`, `num_workers=0` on one core,

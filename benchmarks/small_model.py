@@ -12,7 +12,7 @@ augmentation pipeline's. An epoch is timed from Keras' `on_epoch_begin` to
 and the median epoch time is reported with the ratio.
 
 --without-attention adds a third model, keras_vit with every block's
-attention replaced by its values (`keras_vit.kernels.attention` returning
+attention replaced by its values (`keras_vit.layers.kernels.attention` returning
 `value`): not a ViT, but the bound on what a faster attention could give,
 measured in the same rounds.
 """
@@ -26,8 +26,9 @@ import numpy as np
 import tensorflow as tf
 
 import keras_vit
-from keras_vit import data, kernels
-from keras_vit.variants import SMALL_VIT
+from keras_vit import data
+from keras_vit.layers import kernels
+from keras_vit.model.variants import SMALL_VIT
 
 
 def build(contender):

@@ -21,9 +21,10 @@ import os
 import keras
 
 import keras_vit
-from keras_vit import data, durable, recipes, training
-from keras_vit.flags import parse_config
-from keras_vit.models import check_image_size, read_checkpoint
+from keras_vit import data, training
+from keras_vit.applications.vit import check_image_size, read_checkpoint
+from keras_vit.cli.flags import parse_config
+from keras_vit.training import durable, recipes
 
 config = parse_config(training.FinetuneConfig, description=__doc__.splitlines()[0])
 

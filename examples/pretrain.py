@@ -2,7 +2,7 @@
 
 With no flags this is the digits example: it runs offline on the embedded
 digits (UCI's handwritten digits, shipped with keras_vit, upsampled), trains the small ViT
-(`keras_vit.variants.SMALL_VIT`) at 16 px for 60 epochs and saves it to
+(`keras_vit.model.variants.SMALL_VIT`) at 16 px for 60 epochs and saves it to
 runs/pretrain/model.keras for examples/finetune.py:
 
     python examples/pretrain.py
@@ -20,9 +20,10 @@ import os
 import keras
 
 import keras_vit
-from keras_vit import data, durable, recipes, training
-from keras_vit.flags import parse_config
-from keras_vit.models import check_image_size, read_checkpoint
+from keras_vit import data, training
+from keras_vit.applications.vit import check_image_size, read_checkpoint
+from keras_vit.cli.flags import parse_config
+from keras_vit.training import durable, recipes
 
 config = parse_config(training.PretrainConfig, description=__doc__.splitlines()[0])
 masked_patch = config.objective == "masked-patch"  # self-supervised: predict corrupted patches' colours

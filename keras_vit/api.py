@@ -6,14 +6,9 @@ which imports it once its flags are parsed and its backend chosen
 keras_vit names, so that `keras.saving.load_model` finds them.
 """
 
-from keras_vit import analysis, kernels, layers, recipes, resnet  # recipes registers the optimizers saved in .keras files
-from keras_vit.checkpoints import Checkpoint, CheckpointError, available_weights
-from keras_vit.features import feature_extractor
-from keras_vit.functional import eval_transform
-from keras_vit.imagenet import decode_predictions, preprocess_input
-from keras_vit.lora import enable_lora, merge_lora
-from keras_vit.masked_patch import MaskedPatchPretrainer, PatchCorruption, mean_colour_bins
-from keras_vit.models import (
+from keras_vit import layers
+from keras_vit.applications.pretrained import from_pretrained
+from keras_vit.applications.vit import (
     ViT,
     ViT_B8,
     ViT_B16,
@@ -29,14 +24,26 @@ from keras_vit.models import (
     ViT_S32,
     ViT_Ti16,
 )
-from keras_vit.position_embedding import resize_patch_embedding, resize_position_embeddings
-from keras_vit.preprocessing import EvalTransform
-from keras_vit.pretrained import from_pretrained
-from keras_vit.architecture import Architecture
-from keras_vit.variants import VARIANTS, Variant, decode_variant
+from keras_vit.checkpoints import Checkpoint, CheckpointError, available_weights
+from keras_vit.data.imagenet import decode_predictions, preprocess_input
+from keras_vit.data.preprocessing import EvalTransform
+from keras_vit.layers import kernels, resnet  # noqa: F401 (registers the layers a .keras file names)
+from keras_vit.layers.position_embedding import resize_patch_embedding, resize_position_embeddings
+from keras_vit.model.architecture import Architecture
+from keras_vit.model.lora import enable_lora, merge_lora
+from keras_vit.model.variants import VARIANTS, Variant, decode_variant
+from keras_vit.model.vision_transformer import eval_transform
+from keras_vit.tools import analysis
+from keras_vit.tools.features import feature_extractor
+from keras_vit.training import distribute, durable, recipes  # recipes registers the optimizers saved in .keras files
+from keras_vit.training.masked_patch import MaskedPatchPretrainer, PatchCorruption, mean_colour_bins
 
+# Modules that moved into subpackages (issue 46), still reachable as `keras_vit.<name>` since the guides import
+# them so (`from keras_vit import recipes`): `keras_vit.training.{recipes,distribute,durable}`,
+# `keras_vit.tools.analysis` and `keras_vit.layers.{kernels,resnet}` are their homes.
+MOVED_MODULES = ["analysis", "distribute", "durable", "kernels", "recipes", "resnet"]
 
-__all__ = [
+__all__ = MOVED_MODULES + [
     "Checkpoint",
     "CheckpointError",
     "MaskedPatchPretrainer",
@@ -46,7 +53,6 @@ __all__ = [
     "VARIANTS",
     "ViT",
     "Variant",
-    "analysis",
     "available_weights",
     "decode_predictions",
     "decode_variant",
@@ -54,13 +60,10 @@ __all__ = [
     "eval_transform",
     "feature_extractor",
     "from_pretrained",
-    "kernels",
     "layers",
     "mean_colour_bins",
     "merge_lora",
     "preprocess_input",
-    "recipes",
-    "resnet",
     "resize_patch_embedding",
     "resize_position_embeddings",
     *VARIANTS,

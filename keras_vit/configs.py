@@ -2,18 +2,19 @@
 
 `train(PretrainConfig(...))` and `train(FinetuneConfig(...))` run a whole
 job (`keras_vit.training`); each field is a flag of the same name
-(`keras_vit.flags`). This module imports only the standard library and
-`keras_vit.variants`, so the command reads and checks its flags before it
+(`keras_vit.cli.flags`). This module imports only the standard library and
+`keras_vit.model.variants`, so the command reads and checks its flags before it
 imports Keras.
 """
 
 import dataclasses
 import typing
 
-from keras_vit.variants import SMALL_VIT, as_pair, named_variant
+from keras_vit.model.variants import SMALL_VIT, named_variant
+from keras_vit.utils.shapes import as_pair
 
-# The values of `distribution` (`keras_vit.distribute`), and the formats and quantizations of `keras-vit export`
-# (`keras_vit.deployment`).
+# The values of `distribution` (`keras_vit.training.distribute`), and the formats and quantizations of `keras-vit export`
+# (`keras_vit.model.deployment`).
 ENGINES = ("none", "mirrored", "tpu", "data_parallel", "model_parallel", "multi_host")
 FORMATS = ("onnx", "litert", "tf_saved_model")
 QUANTIZE_MODES = ("int8",)

@@ -18,7 +18,7 @@ ACCUMULATION, UPDATES, BATCH = 4, 5, 8
 
 
 def schedule():
-    from keras_vit import recipes
+    from keras_vit.training import recipes
 
     return recipes.WarmupDecay(0.01, total_steps=UPDATES, warmup_steps=1, decay="linear")
 
@@ -27,7 +27,7 @@ def measure(engine_name="none"):
     import keras
     import numpy as np
 
-    from keras_vit import distribute, recipes
+    from keras_vit.training import distribute, recipes
 
     engine = distribute.setup(engine_name)
     with engine.scope():

@@ -32,7 +32,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402  (input pipeline only)
 
 import keras_vit  # noqa: E402
-from keras_vit import distribute, recipes  # noqa: E402
+from keras_vit.training import distribute, recipes  # noqa: E402
 
 engine = distribute.setup(engine_name, model_parallel_size=2)
 keras.utils.set_random_seed(0)

@@ -4,11 +4,11 @@ import os
 import keras
 import numpy as np
 import pytest
+from conftest import SMALL, SMALL_HYBRID, fixture, predict
+from test_layers import numpy_block
 
 import keras_vit
-from conftest import SMALL, SMALL_HYBRID, fixture, predict
-from keras_vit import analysis
-from test_layers import numpy_block
+from keras_vit.tools import analysis
 
 
 def small_model(**kwargs):

@@ -1,10 +1,11 @@
-"""keras_vit.array_batches, the pipeline without TensorFlow, against tf.data's: the same distribution of crops,
+"""keras_vit.data.array_batches, the pipeline without TensorFlow, against tf.data's: the same distribution of crops,
 flips and augmentations, the same evaluation batches, and a resumed stream equal to an uninterrupted one."""
 
 import numpy as np
 import pytest
 
-from keras_vit import array_batches, arrays, data
+from keras_vit import data
+from keras_vit.data import array_batches, arrays
 
 tf = pytest.importorskip("tensorflow")  # the reference pipeline
 
@@ -23,7 +24,7 @@ def numpy_pipeline(monkeypatch):
 @pytest.mark.backend_independent
 def test_crops_and_flips_are_tensorflows_stateless_draws_bit_for_bit():
     # The numpy pipeline drew its own crops (the same distribution, other boxes) and flips from numpy's generator.
-    from keras_vit import philox
+    from keras_vit.data import philox
 
     rng = np.random.default_rng(1)
     for index in range(600):

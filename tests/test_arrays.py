@@ -1,4 +1,4 @@
-"""keras_vit.arrays: the TF-free image path (Pillow decoding, tf.image.resize's bilinear in numpy, the digits),
+"""keras_vit.data.arrays: the TF-free image path (Pillow decoding, tf.image.resize's bilinear in numpy, the digits),
 against TensorFlow and scikit-learn as references, and `predict` run where TensorFlow cannot be imported."""
 
 import io
@@ -12,7 +12,7 @@ import zlib
 import numpy as np
 import pytest
 
-from keras_vit import arrays
+from keras_vit.data import arrays
 
 pytestmark = pytest.mark.backend_independent  # numpy and Pillow only; the subprocess below picks its backend
 
@@ -166,7 +166,8 @@ def test_the_digits_job_and_predict_run_where_tensorflow_and_scikit_learn_cannot
         import sys
         sys.modules["tensorflow"] = None  # any import of it now fails
         sys.modules["sklearn"] = None
-        from keras_vit import cli, inference
+        from keras_vit import cli
+        from keras_vit.tools import inference
         top1 = cli.main(["pretrain", "--epochs", "1", "--output-dir", {str(tmp_path / "run")!r}, "--image-size", "16",
                          "--patch-size", "4", "--hidden-size", "16", "--num-layers", "1", "--num-heads", "2",
                          "--mlp-dim", "32", "--verbose", "0"])

@@ -6,9 +6,9 @@ import zipfile
 import keras
 import numpy as np
 import pytest
+from conftest import SMALL, fixture, predict, reference
 
 import keras_vit
-from conftest import SMALL, fixture, predict, reference
 from keras_vit import CheckpointError, checkpoints, resize_position_embeddings
 
 LOGITS = dict(classifier_activation=None)
@@ -372,7 +372,7 @@ def test_reading_a_keras_file_reads_its_weights_about_as_often_as_kerass_loader(
 
 def test_a_keras_file_is_returned_as_keras_loads_it_unless_asked_for_another_model(tmp_path, monkeypatch):
     # Building the model again and copying the weights in doubled the time of keras.saving.load_model (ViT-L).
-    from keras_vit import pretrained
+    from keras_vit.applications import pretrained
 
     images, logits = reference("vit_token")
     path = str(tmp_path / "vit.keras")

@@ -103,7 +103,7 @@ def write_photos(folder, count=6):
 
 
 def test_training_decodes_only_the_crop_window_with_the_pixels_of_a_whole_decode(tmp_path):
-    from keras_vit import tf_data_steps
+    from keras_vit.data import tf_data_steps
 
     write_photos(tmp_path)
     for path in sorted(tmp_path.glob("*/*")):

@@ -16,7 +16,7 @@ import keras
 import numpy as np
 import pytest
 
-from keras_vit import distribute
+from keras_vit.training import distribute
 
 WORKER = os.path.join(os.path.dirname(__file__), "distributed_worker.py")
 BACKEND = keras.backend.backend()

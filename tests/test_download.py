@@ -16,13 +16,15 @@ import zipfile
 
 import numpy as np
 import pytest
+from conftest import SMALL, fixture, predict, reference
 
 import keras_vit
-from conftest import SMALL, fixture, predict, reference
 from keras_vit import Checkpoint, CheckpointError, checkpoints
-from keras_vit.checkpoints import download, source
+from keras_vit.checkpoints import source
 
 # Download, verification and cache logic: the file a reader gets cannot depend on the backend (the
+from keras_vit.checkpoints.hub import download
+
 # loaded model's logits are checked on every backend in test_checkpoints.py).
 pytestmark = pytest.mark.backend_independent
 
@@ -227,7 +229,7 @@ def test_documented_checkpoint_table_matches_the_registry():
             for variant in group.strip("; ").split(", "):
                 claimed.setdefault(f"ViT_{variant.strip()}", {})[name] = [int(s) for s in sizes.split(", ")]
     published = {}
-    for checkpoint in checkpoints.registry.published():
+    for checkpoint in checkpoints.hub.registry.published():
         published.setdefault(checkpoint.variant, {}).setdefault(checkpoint.name, []).append(checkpoint.image_size)
     assert claimed == {v: {n: sorted(s) for n, s in names.items()} for v, names in published.items()}
 

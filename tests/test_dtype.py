@@ -3,9 +3,9 @@
 import keras
 import numpy as np
 import pytest
+from conftest import SMALL, fixture, predict, reference
 
 import keras_vit
-from conftest import SMALL, fixture, predict, reference
 
 # bfloat16 keeps 8 bits of mantissa: logits move by a few hundredths, the classes do not.
 TOLERANCE = 0.05
@@ -59,16 +59,16 @@ def test_models_built_at_once_in_two_threads_keep_their_own_precision_and_never_
     """Each layer gets the model's dtype=; the global policy, seen from inside a build, stays as it was."""
     import threading
 
-    import keras_vit.builder
+    import keras_vit.model.graph
 
-    seen, together, real = [], threading.Barrier(2, timeout=60), keras_vit.builder.PatchEmbedding
+    seen, together, real = [], threading.Barrier(2, timeout=60), keras_vit.model.graph.PatchEmbedding
 
     def patch_embedding_when_both_are_building(*args, **kwargs):
         together.wait()  # Both builds are under way here.
         seen.append(keras.config.dtype_policy().name)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(keras_vit.builder, "PatchEmbedding", patch_embedding_when_both_are_building)
+    monkeypatch.setattr(keras_vit.model.graph, "PatchEmbedding", patch_embedding_when_both_are_building)
     models = {}
 
     def build(dtype):

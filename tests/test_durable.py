@@ -1,6 +1,6 @@
 """Nothing lost: training state and outputs survive kill -9 at exact moments, a full disk and a NaN loss.
 
-The killed runs are real processes (`KERAS_VIT_TEST_KILL_AT`, see keras_vit.durable); the reruns and the
+The killed runs are real processes (`KERAS_VIT_TEST_KILL_AT`, see keras_vit.training.durable); the reruns and the
 uninterrupted reference run in this process. Two epochs of a tiny ViT on the digits at 16 px.
 """
 
@@ -17,8 +17,10 @@ import pytest
 tf = pytest.importorskip("tensorflow")
 
 from conftest import shared_run  # noqa: E402
-from keras_vit import cli, data, files, training  # noqa: E402
+
+from keras_vit import cli, data, training  # noqa: E402
 from keras_vit.checkpoints import save_npz  # noqa: E402
+from keras_vit.utils import files
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BACKEND = keras.backend.backend()
@@ -212,7 +214,7 @@ def test_atomic_writes_leave_the_old_file_whole_when_writing_fails(tmp_path, mon
 @pytest.mark.backend_independent
 def test_figures_and_converted_models_are_replaced_whole_or_not_at_all(tmp_path, monkeypatch):
     pytest.importorskip("matplotlib")
-    from keras_vit import analysis, inference
+    from keras_vit.tools import analysis, inference
 
     figure_path = tmp_path / "distances.png"
     analysis.plot_mean_attention_distance(np.ones((2, 3)), str(figure_path))
@@ -224,8 +226,8 @@ def test_figures_and_converted_models_are_replaced_whole_or_not_at_all(tmp_path,
     inference.convert(str(source), str(converted))
     good_model = converted.read_bytes()
 
-    import matplotlib.figure
     import keras
+    import matplotlib.figure
 
     def full_disk(self, path, *args, **kwargs):
         open(path, "wb").write(b"\x89PNG half")

@@ -3,9 +3,9 @@
 import keras
 import numpy as np
 import pytest
+from conftest import SMALL, SMALL_HYBRID, fixture, predict
 
 import keras_vit
-from conftest import SMALL, SMALL_HYBRID, fixture, predict
 
 LOGITS = dict(classifier_activation=None)
 SIZES = ("24x40", "48x48", "32x32")
@@ -133,8 +133,8 @@ def test_bad_dynamic_options_are_refused_with_the_fix():
 
 
 def test_tools_that_need_one_size_use_the_size_the_table_was_trained_at(tmp_path):
-    from keras_vit import inference
-    from keras_vit.functional import native_image_size
+    from keras_vit.model.vision_transformer import native_image_size
+    from keras_vit.tools import inference
 
     model = dynamic()
     assert native_image_size(model) == (32, 32)

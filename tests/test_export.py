@@ -15,10 +15,11 @@ import warnings
 import keras
 import numpy as np
 import pytest
+from conftest import SMALL, fixture, predict
 
 import keras_vit
-from conftest import SMALL, fixture, predict
-from keras_vit import cli, deployment
+from keras_vit import cli
+from keras_vit.model import deployment
 
 BACKEND = keras.backend.backend()
 TOLERANCE = 1e-4
@@ -147,7 +148,7 @@ def test_lora_model_exports_merged_with_equal_outputs(tmp_path):
 
 def test_dynamic_resolution_model_exports(tmp_path, caplog):
     model = random_model(image_size=(None, None))
-    native = keras_vit.functional.native_image_size(model)
+    native = keras_vit.model.vision_transformer.native_image_size(model)
     if BACKEND != "jax":  # height and width stay open: another size, and a grid of as many patches (16x64)
         batches = [images(2, size=32), images(1, size=48),
                    np.random.default_rng(4).uniform(-1, 1, (1, 16, 64, 3)).astype("float32")]

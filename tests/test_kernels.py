@@ -3,10 +3,9 @@ import math
 import keras
 import numpy as np
 import pytest
-
-from keras_vit import kernels
-from keras_vit.layers import TransformerBlock
 from test_layers import layer_norm_pair
+
+from keras_vit.layers import TransformerBlock, kernels
 
 
 def numpy_attention_and_gradients(q, k, v, d_output):
@@ -319,7 +318,7 @@ def test_blocks_take_torchs_fused_linear_and_attention_only_on_pytorch_with_the_
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "mixed_bfloat16", "float16"])
 def test_fused_linear_keeps_keras_dense_results_in_half_precision_and_with_lora(monkeypatch, dtype):
-    from keras_vit.dense import Dense
+    from keras_vit.layers.dense import Dense
 
     x = np.random.default_rng(17).normal(size=(3, 4, 16)).astype("float32")
     ours, keras_dense = (kind(24, dtype=dtype, bias_initializer="glorot_uniform") for kind in (Dense, keras.layers.Dense))

@@ -9,9 +9,9 @@ import zipfile
 
 import numpy as np
 import pytest
+from conftest import SMALL, fixture
 
 import keras_vit
-from conftest import SMALL, fixture
 from keras_vit import CheckpointError, checkpoints, cli
 
 pytest.importorskip("safetensors")
@@ -247,9 +247,15 @@ def test_a_config_field_of_another_kind_is_refused_in_one_line_naming_it(source,
 
 @pytest.mark.backend_independent
 def test_every_config_field_the_readers_read_has_one_kind():
-    from keras_vit.checkpoints import clip_layout, dinov2_layout, dinov3_layout, timm_config, timm_eva_layout
-    from keras_vit.checkpoints import timm_eva_families, timm_families, transformers_layout
     from keras_vit.checkpoints.config_fields import FIELD_KINDS
+    from keras_vit.checkpoints.timm import config as timm_config
+    from keras_vit.checkpoints.timm import eva_families as timm_eva_families
+    from keras_vit.checkpoints.timm import eva_layout as timm_eva_layout
+    from keras_vit.checkpoints.timm import families as timm_families
+    from keras_vit.checkpoints.transformers import clip as clip_layout
+    from keras_vit.checkpoints.transformers import dinov2 as dinov2_layout
+    from keras_vit.checkpoints.transformers import dinov3 as dinov3_layout
+    from keras_vit.checkpoints.transformers import vit as transformers_layout
 
     # Dropout, initialisation and train-time RoPE augmentations are not read; keywords computed only at timm's
     # default are compared with it; id2label only names the classes (other JSON gives no names, not another model).
@@ -327,9 +333,9 @@ def test_every_checkpoint_error_is_a_one_line_cli_error(tmp_path, capsys, monkey
     def broken(*args, **kwargs):
         raise CheckpointError("x.safetensors: something is wrong\nwith a second line")
 
-    import keras_vit.pretrained
+    import keras_vit.applications.pretrained
 
-    monkeypatch.setattr(keras_vit.pretrained, "from_pretrained", broken)  # what `export` reads a checkpoint with
+    monkeypatch.setattr(keras_vit.applications.pretrained, "from_pretrained", broken)  # what `export` reads a checkpoint with
     assert cli.console_main(["export", "x.safetensors"]) == 2
     assert capsys.readouterr().err == "keras-vit: error: x.safetensors: something is wrong\n"
 

@@ -3,9 +3,9 @@ import json
 import keras
 import numpy as np
 import pytest
+from conftest import SMALL, fixture, predict
 
 import keras_vit
-from conftest import SMALL, fixture, predict
 
 
 def small(**kwargs):
@@ -230,7 +230,7 @@ def test_model_class_survives_a_keras_round_trip(tmp_path):
     path = str(tmp_path / "vit.keras")
     small().save(path)
     loaded = keras.saving.load_model(path)
-    assert isinstance(loaded, keras_vit.models.VisionTransformer)
+    assert isinstance(loaded, keras_vit.applications.vit.VisionTransformer)
     with pytest.raises(ValueError, match="is incompatible with the layer"):
         loaded.predict(np.zeros((1, 36, 36, 3), "float32"), verbose=0)
 

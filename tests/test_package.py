@@ -84,11 +84,39 @@ def test_the_cycle_finder_sees_function_local_imports(tmp_path):
     assert find_cycle(graph) == ["keras_vit.a", "keras_vit.b", "keras_vit.a"]
 
 
-def test_checkpoints_never_import_the_model():
-    graph = import_graph()
-    for name, targets in graph.items():
-        if name.startswith("keras_vit.checkpoints"):
-            assert not {"keras_vit.models", "keras_vit.training"} & targets, name
+# The package's layers, lowest first: a module imports only from its own rank or a lower one.
+RANKS = (
+    ("keras_vit.startup", "keras_vit.utils"),
+    ("keras_vit.layers", "keras_vit.data"),
+    ("keras_vit.model", "keras_vit.configs"),
+    ("keras_vit.checkpoints",),
+    ("keras_vit.applications",),
+    ("keras_vit.training",),
+    ("keras_vit.tools",),
+    ("keras_vit.cli", "keras_vit.api", "keras_vit.__main__", "keras_vit"),
+)
+
+
+def rank_of(module):
+    """The rank of `module`: the longest package prefix in `RANKS` that names it."""
+    ranks = {prefix: rank for rank, prefixes in enumerate(RANKS) for prefix in prefixes}
+    prefixes = [prefix for prefix in ranks if module == prefix or module.startswith(prefix + ".")]
+    return ranks[max(prefixes, key=len)]
+
+
+def imports_running_upwards(graph):
+    return sorted((name, target) for name, targets in graph.items() for target in targets
+                  if rank_of(target) > rank_of(name))
+
+
+def test_imports_run_one_way_layers_model_checkpoints_applications_training_tools():
+    assert imports_running_upwards(import_graph()) == []
+
+
+def test_the_rank_check_sees_an_upward_import():
+    assert imports_running_upwards({"keras_vit.layers.blocks": {"keras_vit.model.architecture"},
+                                    "keras_vit.model.graph": {"keras_vit.layers.blocks"}}) == [
+        ("keras_vit.layers.blocks", "keras_vit.model.architecture")]
 
 
 def test_no_module_is_over_500_lines():
@@ -102,7 +130,7 @@ def test_a_keras_without_a_private_attribute_keras_vit_reads_says_the_tested_ran
 
     import keras
 
-    from keras_vit import keras_internals
+    from keras_vit.utils import keras_internals
 
     with pytest.raises(RuntimeError, match=rf"^keras_vit reads Keras' private object._kernel, which Keras "
                                            rf"{re.escape(keras.__version__)} does not have; keras_vit is tested with "
@@ -117,7 +145,7 @@ def test_a_keras_without_a_private_attribute_keras_vit_reads_says_the_tested_ran
 def test_a_keras_without_an_optimizer_hook_the_recipes_override_refuses_to_build_them(monkeypatch):
     import keras
 
-    from keras_vit import recipes
+    from keras_vit.training import recipes
 
     recipes.finetuning_optimizer(0.1)
     monkeypatch.delattr(keras.src.optimizers.base_optimizer.BaseOptimizer, "_clip_gradients")

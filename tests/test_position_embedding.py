@@ -2,10 +2,10 @@ import keras
 import numpy as np
 import pytest
 import scipy.ndimage
-
 from conftest import fixture
+
 from keras_vit import resize_patch_embedding, resize_position_embeddings
-from keras_vit.position_embedding import interpolation_matrix
+from keras_vit.layers.position_embedding import interpolation_matrix
 
 
 @pytest.fixture(scope="module")
@@ -143,7 +143,7 @@ def test_patch_resize_errors_name_the_problem():
 @pytest.mark.backend_independent
 def test_a_numpy_table_is_resized_in_float64_on_the_host_not_by_device_matrix_products(monkeypatch):
     """At load time a TPU's float32 einsum would be one bfloat16 pass: the table is resized in float64 numpy."""
-    from keras_vit import position_embedding
+    from keras_vit.layers import position_embedding
 
     def on_the_device(*args, **kwargs):
         raise AssertionError("a numpy table went through keras.ops.einsum")

@@ -1,4 +1,4 @@
-"""Each checkpoint's own eval preprocessing (`keras_vit.preprocessing`) against the reference libraries' pixels.
+"""Each checkpoint's own eval preprocessing (`keras_vit.data.preprocessing`) against the reference libraries' pixels.
 
 The fixtures (tools/make_preprocessing_fixtures.py, in a side venv) hold three real photos at ImageNet's sizes,
 the configs timm's and transformers' own writers wrote, and the pixels their eval transforms made of each photo:
@@ -13,10 +13,11 @@ import numpy as np
 import pytest
 
 import keras_vit
-from keras_vit import arrays, cli, preprocessing
+from keras_vit import cli
 from keras_vit.checkpoints import CheckpointError
-from keras_vit.inference import outputs_logits
+from keras_vit.data import arrays, preprocessing
 from keras_vit.layers import InputNormalization
+from keras_vit.tools.inference import outputs_logits
 
 pytestmark = pytest.mark.backend_independent  # Pillow and numpy; the model runs in float32 the same way everywhere
 

@@ -8,9 +8,9 @@ import sys
 
 import numpy as np
 import pytest
+from conftest import fixture, predict
 
 import keras_vit
-from conftest import fixture, predict
 from keras_vit import CheckpointError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -72,7 +72,7 @@ def test_a_handle_downloads_every_file_the_folder_readers_open(monkeypatch):
     asked = {}
     monkeypatch.setattr(huggingface_hub, "snapshot_download",
                         lambda repo, revision=None, allow_patterns=None: asked.setdefault("patterns", allow_patterns))
-    keras_vit.pretrained.resolve_handle("hf://google/siglip-base-patch16-224")
+    keras_vit.applications.pretrained.resolve_handle("hf://google/siglip-base-patch16-224")
     for folder in ("transformers_clip_vision", "transformers_siglip", "transformers_vit",
                    os.path.join("timm_family", "deit")):
         for name in os.listdir(fixture(folder)):
@@ -152,4 +152,4 @@ def test_a_map_model_without_its_attention_pool_is_still_a_map_model(tmp_path):
     with pytest.raises(ValueError, match=r"^'vit' returns its token sequence, without the attention pooling \(MAP\) its "
                                          r"head pools with; build it with include_top=False, pooling='map' for its "
                                          r"features\.$"):
-        keras_vit.analysis.feature_model(built)
+        keras_vit.tools.analysis.feature_model(built)

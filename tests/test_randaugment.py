@@ -1,4 +1,4 @@
-"""keras_vit.randaugment: each op is timm's Pillow call, the policy's arguments are timm's, and the numpy and
+"""keras_vit.data.randaugment: each op is timm's Pillow call, the policy's arguments are timm's, and the numpy and
 tf.data pipelines augment an example alike for the same (seed, epoch, example). Nothing here depends on the Keras
 backend."""
 
@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 from PIL import Image, ImageEnhance, ImageOps
 
-from keras_vit import data, randaugment
-from keras_vit.randaugment import RandAugment
+from keras_vit import data
+from keras_vit.data import randaugment
+from keras_vit.data.randaugment import RandAugment
 
 pytestmark = pytest.mark.backend_independent
 PHOTO = os.path.join(os.path.dirname(__file__), "fixtures", "photos", "landscape.jpg")
@@ -154,7 +155,8 @@ def test_refuses_a_policy_outside_timms_ranges(arguments, message):
 
 
 def test_make_augmenters_and_the_training_flags_refuse_kerass_old_factor():
-    from keras_vit import flags, training
+    from keras_vit import training
+    from keras_vit.cli import flags
 
     assert data.make_augmenters(randaugment=(2, 9)) == [RandAugment(num_ops=2, magnitude=9)]
     assert flags.parse_config(training.PretrainConfig, ["--randaugment", "2", "9"]).randaugment == (2, 9)

@@ -5,7 +5,7 @@ import keras
 import numpy as np
 import pytest
 
-from keras_vit import recipes
+from keras_vit.training import recipes
 
 
 def test_warmup_then_linear_and_cosine_decay():

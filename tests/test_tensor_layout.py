@@ -10,12 +10,16 @@ import shutil
 
 import numpy as np
 import pytest
+from conftest import fixture
 
 import keras_vit
-from conftest import fixture
 from keras_vit import CheckpointError
-from keras_vit.architecture import Architecture
-from keras_vit.checkpoints import clip_layout, dinov2_layout, tensor_layout, timm_layout, transformers_layout
+from keras_vit.checkpoints import tensor_layout
+from keras_vit.checkpoints.timm import layout as timm_layout
+from keras_vit.checkpoints.transformers import clip as clip_layout
+from keras_vit.checkpoints.transformers import dinov2 as dinov2_layout
+from keras_vit.checkpoints.transformers import vit as transformers_layout
+from keras_vit.model.architecture import Architecture
 
 pytestmark = pytest.mark.backend_independent
 LAYOUTS = [timm_layout.LAYOUT, transformers_layout.LAYOUT, dinov2_layout.LAYOUT, clip_layout.LAYOUT]

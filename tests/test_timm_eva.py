@@ -13,13 +13,13 @@ import re
 import keras
 import numpy as np
 import pytest
+from conftest import fixture
 
 import keras_vit
-from conftest import fixture
 from keras_vit import CheckpointError, checkpoints
 from keras_vit.checkpoints.state_dict_files import read_state_dict
-from keras_vit.checkpoints.timm_eva_families import EVA_ARCHITECTURES, eva_switches_to_architecture
-from keras_vit.rope import RotaryPositions, grid_coordinates, rope_frequencies
+from keras_vit.checkpoints.timm.eva_families import EVA_ARCHITECTURES, eva_switches_to_architecture
+from keras_vit.layers.rope import RotaryPositions, grid_coordinates, rope_frequencies
 
 REFERENCE = np.load(fixture("timm_eva_reference.npz"))
 with open(fixture("timm_eva/cases.json")) as f:
@@ -101,9 +101,9 @@ def test_rope_model_tools_keep_its_outputs(tmp_path):
     model.save(tmp_path / "m.keras")
     again = keras.saving.load_model(tmp_path / "m.keras")
     np.testing.assert_allclose(again.predict(images, verbose=0), expected, atol=TOLERANCE, rtol=0)
-    features = keras_vit.features.feature_extractor(model, (0, 1))(images)
+    features = keras_vit.tools.features.feature_extractor(model, (0, 1))(images)
     assert [tuple(f.shape) for f in features] == [(2, 3, 3, 32)] * 2
-    attentions = keras_vit.analysis.attention_weights(model, images)
+    attentions = keras_vit.tools.analysis.attention_weights(model, images)
     assert [a.shape for a in attentions] == [(2, 2, 10, 10)] * 2
     np.testing.assert_allclose(attentions[0].sum(-1), 1.0, atol=1e-5)
     adapted = keras_vit.enable_lora(model, rank=2)
@@ -163,6 +163,7 @@ def test_save_timm_refuses_what_the_named_eva_does_not_rebuild(tmp_path):
 
 def copy_case(case, tmp_path, change_tensors=None, change_config=None):
     import shutil
+
     from safetensors.numpy import save_file
 
     folder = tmp_path / f"{case}_{len(os.listdir(tmp_path))}"
@@ -210,7 +211,7 @@ def test_no_pooling_is_refused_as_timm_then_gives_every_tokens_logits(case, tmp_
     (folder / "config.json").write_text(json.dumps(config))
     with pytest.raises(CheckpointError, match=f"^{re.escape(str(folder / 'config.json'))}: global_pool is ''; timm "
                                               r"then gives an output for every token, unpooled, which keras_vit's "
-                                              r"models do not: set it to 'token', 'avg' or 'map' \(keras_vit.features."
+                                              r"models do not: set it to 'token', 'avg' or 'map' \(keras_vit.tools.features."
                                               r"feature_extractor gives the tokens\).$"):
         keras_vit.from_pretrained(str(folder))
 
@@ -234,7 +235,7 @@ def test_a_transformers_dinov3_gated_mlp_other_than_silu_is_refused(tmp_path):
 def test_interleaved_rope_models_build_without_running_a_real_forward_pass(monkeypatch):
     # Keras' torch backend infers shapes on the meta device; an op it cannot run there made Keras fall back to
     # running every block on real batch-83 tensors while building: minutes for a full-size EVA-02.
-    from keras_vit import rope
+    from keras_vit.layers import rope
 
     devices = []
     rotate = rope.rotate_queries_and_keys

@@ -11,9 +11,9 @@ import shutil
 import keras
 import numpy as np
 import pytest
+from conftest import fixture, predict
 
 import keras_vit
-from conftest import fixture, predict
 from keras_vit import CheckpointError, checkpoints
 
 pytest.importorskip("safetensors")
@@ -160,11 +160,11 @@ def test_plain_deit_folders_are_read_and_distilled_ones_named(tmp_path):
 
 def test_attention_maps_and_inspect_read_the_model_with_registers(reference, tmp_path):
     model = load(os.path.join(FAMILY, "dinov2_reg"))
-    attentions = keras_vit.analysis.attention_weights(model, reference["dinov2_reg/images"])
+    attentions = keras_vit.tools.analysis.attention_weights(model, reference["dinov2_reg/images"])
     assert [a.shape for a in attentions] == [(2, 3, 21, 21)] * 2  # class token, 4 registers, 4x4 patches
     np.testing.assert_allclose(attentions[0].sum(-1), 1.0, atol=1e-5)
     pixels = ((reference["dinov2_reg/images"][0] + 1) * 127.5).astype("uint8")
-    written = keras_vit.analysis.inspect(model, pixels, str(tmp_path))
+    written = keras_vit.tools.analysis.inspect(model, pixels, str(tmp_path))
     assert {"attention_rollout", "mean_attention_distance", "position_embedding_similarity"} <= set(written)
 
 
@@ -182,7 +182,7 @@ def test_onnx_export_of_family_models_keeps_timms_outputs(case, reference, tmp_p
 
 @pytest.mark.backend_independent
 def test_family_table_gives_what_the_tensors_cannot(tmp_path):
-    from keras_vit.checkpoints.timm_families import timm_architecture, timm_switches_to_architecture
+    from keras_vit.checkpoints.timm.families import timm_architecture, timm_switches_to_architecture
 
     assert timm_architecture("vit_giant_patch14_reg4_dinov2").num_heads == 24
     assert timm_architecture("vit_giant_patch14_reg1_tipsv2").num_heads == 24
@@ -225,7 +225,7 @@ def test_new_block_options_work_with_attention_maps_lora_int8_and_keras_files(ca
     model = load(os.path.join(FAMILY, case))
     images, expected = reference[f"{case}/images"], reference[f"{case}/outputs"]
     assert getattr(checkpoints.architecture_of(model), switch)
-    attentions = keras_vit.analysis.attention_weights(model, images)
+    attentions = keras_vit.tools.analysis.attention_weights(model, images)
     assert [a.shape for a in attentions] == attention_shapes
     total = 1.0  # a softmax map's rows sum to 1; differential attention's to 1 - lambda (its second map's weight)
     if switch == "differential_attention":

@@ -1,5 +1,5 @@
 """timm's hybrids load exactly: the ResNet ones (`vit_*_r50_*`, `vit_*_r26_*`, `vit_tiny_r_s16_p8_*`) into keras_vit's
-ResNet hybrid, MobileCLIP's (`vit_base_mci_224`) into `keras_vit.conv_stem`.
+ResNet hybrid, MobileCLIP's (`vit_base_mci_224`) into `keras_vit.layers.conv_stem`.
 
 The folders in `fixtures/timm_hybrid/` were written by timm's own `save_for_hf` from tiny hybrids with random
 values in every tensor and read back by timm (`tools/timm_hybrid_fixtures.py`); the references are timm's.
@@ -12,9 +12,9 @@ import shutil
 import keras
 import numpy as np
 import pytest
+from conftest import fixture
 
 import keras_vit
-from conftest import fixture
 from keras_vit import CheckpointError, checkpoints
 
 pytest.importorskip("safetensors")
@@ -173,3 +173,13 @@ def test_a_conv_stem_that_is_not_whole_or_not_the_names_is_refused(tmp_path):
     assert str(error.value) == (
         f"{folder}/model.safetensors holds a hybrid on MobileCLIP's ConvStem (patch_embed.backbone.0.conv, 1.conv, "
         "2.conv), but timm's 'vit_base_patch16_224' is a plain ViT (no patch_embed.backbone.*). Nothing was loaded.")
+
+
+@pytest.mark.backend_independent
+def test_the_stems_convolutions_span_the_stride_the_sizes_table_counts():
+    import math
+
+    from keras_vit.layers import conv_stem
+    from keras_vit.model import variants
+
+    assert math.prod(conv_stem.KERNELS) == variants.CONV_STEM_STRIDE

@@ -8,9 +8,9 @@ import sys
 
 import numpy as np
 import pytest
+from conftest import fixture, predict
 
 import keras_vit
-from conftest import fixture, predict
 from keras_vit import CheckpointError, checkpoints
 
 pytest.importorskip("safetensors")
@@ -193,5 +193,5 @@ def test_folder_that_is_not_a_timm_vit_says_what_it_holds(tmp_path):
     config = json.loads((folder / "config.json").read_text())
     (folder / "config.json").write_text(json.dumps(dict(config, architecture="resnet50")))
     with pytest.raises(CheckpointError, match=r"timm's 'resnet50' is not one of the \d+ timm ViT architectures keras_vit "
-                                              r"computes \(keras_vit.checkpoints.timm_families.ARCHITECTURES"):
+                                              r"computes \(keras_vit.checkpoints.timm.families.ARCHITECTURES"):
         keras_vit.ViT(**TIMM, weights=str(folder))

@@ -8,12 +8,12 @@ alone: no model is built.
 import json
 
 import pytest
-
 from conftest import fixture
+
 from keras_vit import CheckpointError
-from keras_vit.checkpoints import timm_families
-from keras_vit.checkpoints.timm_eva_families import EVA_ARCHITECTURES
-from keras_vit.checkpoints.timm_families import ARCHITECTURES, timm_architecture
+from keras_vit.checkpoints.timm import families as timm_families
+from keras_vit.checkpoints.timm.eva_families import EVA_ARCHITECTURES
+from keras_vit.checkpoints.timm.families import ARCHITECTURES, timm_architecture
 
 pytestmark = pytest.mark.backend_independent
 

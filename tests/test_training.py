@@ -14,8 +14,10 @@ import pytest
 tf = pytest.importorskip("tensorflow")
 
 from conftest import SMALL, fixture, reference, shared_run  # noqa: E402
-from keras_vit import CheckpointError, cli, data, inference, training  # noqa: E402
-from keras_vit.variants import SMALL_VIT, VARIANTS, Variant  # noqa: E402
+
+from keras_vit import CheckpointError, cli, data, training  # noqa: E402
+from keras_vit.model.variants import SMALL_VIT, VARIANTS, Variant  # noqa: E402
+from keras_vit.tools import inference
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BACKEND = keras.backend.backend()

@@ -7,9 +7,9 @@ import shutil
 import keras
 import numpy as np
 import pytest
+from conftest import fixture, predict
 
 import keras_vit
-from conftest import fixture, predict
 from keras_vit import CheckpointError, cli
 
 pytest.importorskip("safetensors")
@@ -373,7 +373,9 @@ def test_a_head_count_that_does_not_divide_the_width_names_config_json_and_the_f
 def test_every_transformers_config_field_is_computed_checked_or_irrelevant_at_inference():
     # tools/make_family_fixtures.py --only fields records each config class's fields and defaults from
     # transformers' own source; a field the readers neither read nor list as irrelevant is a decision not made.
-    from keras_vit.checkpoints import clip_layout, dinov2_layout, transformers_layout
+    from keras_vit.checkpoints.transformers import clip as clip_layout
+    from keras_vit.checkpoints.transformers import dinov2 as dinov2_layout
+    from keras_vit.checkpoints.transformers import vit as transformers_layout
 
     with open(fixture("transformers_config_fields.json")) as f:
         recorded = json.load(f)

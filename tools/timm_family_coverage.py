@@ -174,7 +174,7 @@ def timm_switches(model):
 
 
 def keras_switches(kmodel):
-    from keras_vit.checkpoints.source import architecture_of
+    from keras_vit.model.description import architecture_of
 
     architecture = dataclasses.asdict(architecture_of(kmodel))
     names = {layer.name for layer in kmodel.layers}

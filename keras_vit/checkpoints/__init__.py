@@ -1,20 +1,21 @@
 """Checkpoints: where published weights live, each file layout, and loading into a model.
 
-- `registry`: the named published checkpoints (`available_weights`) and their download;
 - `source`: `WeightsSource`, the one internal state every layout is read into;
+- `tensor_layout`: layouts as declared tables, and the one converter that applies them;
+- `config_fields`: the kind of every config field read from timm and transformers;
+- `state_dict_files`: `.safetensors` and PyTorch files as `{name: array}`;
 - `flax_npz`: the original Flax `.npz` layout (vision_transformer, big_vision), read and written;
 - `keras_files`: Keras' `.keras` and `.weights.h5` files;
-- `timm_layout`: timm's ViT state dicts (`.safetensors`, `.bin`/`.pth`) and Hub folders, read;
-- `timm_writer`: `save_timm`, written in timm's names, and the `timm.create_model` keywords that rebuild a model;
-- `timm_families`: what a timm architecture name says that its tensors cannot (heads, activation, epsilon);
-- `transformers_layout`: Hugging Face transformers' `ViTForImageClassification` / `ViTModel` folders;
-- `dinov2_layout`: transformers' `Dinov2Model` / `Dinov2WithRegistersModel` folders;
-- `clip_layout`: the vision towers of transformers' CLIP and SigLIP folders;
 - `loading`: `read_weights` for any name or path, and `load_into`, which adapts
-  heads and position embeddings and assigns all or nothing.
+  heads and position embeddings and assigns all or nothing;
+- `timm/`: timm's layouts: `layout` (its `VisionTransformer`), `eva_layout` (its `Eva`), `families` and
+  `eva_families` (what an architecture name sets), `hybrid` (ResNet and conv stems), `config` (its
+  `config.json`), `writer` (`save_timm`);
+- `transformers/`: `vit`, `clip` (CLIP and SigLIP vision towers), `dinov2`, `dinov3`;
+- `hub/`: `registry` (the named published checkpoints, `available_weights`) and `download` (the cache).
 
-This package never imports `keras_vit.models`: the model is built there and
-handed in.
+Imports run one way: this package reads `keras_vit.model` and never imports
+`keras_vit.applications`, where the model is built and handed in.
 
 Example:
 >>> from keras_vit import checkpoints
@@ -23,9 +24,7 @@ Example:
 """
 
 from keras_vit.checkpoints.flax_npz import from_flax, read_npz, save_npz, to_flax
-from keras_vit.checkpoints.keras_files import load_keras, read_keras, read_weights_h5, source_of_saved
-from keras_vit.checkpoints.loading import check_finite, load_into, read_folder, read_weights
-from keras_vit.checkpoints.registry import (
+from keras_vit.checkpoints.hub.registry import (
     Checkpoint,
     available_weights,
     cache_dir,
@@ -33,13 +32,16 @@ from keras_vit.checkpoints.registry import (
     find_checkpoint,
     register,
 )
-from keras_vit.checkpoints.clip_layout import from_vision_tower, read_vision_tower_folder
-from keras_vit.checkpoints.dinov2_layout import from_dinov2, read_dinov2_folder
-from keras_vit.checkpoints.source import CheckpointError, WeightsSource, architecture_of, state_of
-from keras_vit.checkpoints.dinov3_layout import read_dinov3_folder
-from keras_vit.checkpoints.timm_layout import from_timm, read_timm, read_timm_folder
-from keras_vit.checkpoints.timm_writer import save_timm, timm_arguments, to_timm
-from keras_vit.checkpoints.transformers_layout import from_transformers, read_transformers_folder
+from keras_vit.checkpoints.keras_files import load_keras, read_keras, read_weights_h5, source_of_saved
+from keras_vit.checkpoints.loading import check_finite, load_into, read_folder, read_weights
+from keras_vit.checkpoints.source import CheckpointError, WeightsSource, state_of
+from keras_vit.checkpoints.timm.layout import from_timm, read_timm, read_timm_folder
+from keras_vit.checkpoints.timm.writer import save_timm, timm_arguments, to_timm
+from keras_vit.checkpoints.transformers.clip import from_vision_tower, read_vision_tower_folder
+from keras_vit.checkpoints.transformers.dinov2 import from_dinov2, read_dinov2_folder
+from keras_vit.checkpoints.transformers.dinov3 import read_dinov3_folder
+from keras_vit.checkpoints.transformers.vit import from_transformers, read_transformers_folder
+from keras_vit.model.description import architecture_of
 
 __all__ = [
     "Checkpoint",

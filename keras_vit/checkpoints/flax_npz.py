@@ -13,9 +13,7 @@ import zipfile
 
 import numpy as np
 
-from keras_vit import preprocessing
 from keras_vit.checkpoints.source import (
-    UNIT,
     CheckpointError,
     architecture_from_state,
     check_declared_size,
@@ -25,7 +23,9 @@ from keras_vit.checkpoints.source import (
     state_of,
     warn_unkept_pixel_statistics,
 )
-from keras_vit.files import atomic_path
+from keras_vit.data import preprocessing
+from keras_vit.model.description import UNIT
+from keras_vit.utils.files import atomic_path
 
 _PREFIXES = ("", "opt/target/", "params/", "params/img/")
 

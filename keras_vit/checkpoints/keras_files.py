@@ -5,7 +5,7 @@ read from the saved layers; one that Keras quantized (`model.quantize`) is
 loaded as saved (`load_keras`), its 8-bit kernels being no weights for
 another model. A `.weights.h5` file carries none: its layout
 (sizes, grid, head) is inferred from the stored shapes, and
-`keras_vit.models.read_checkpoint` builds a model of that layout to load it.
+`keras_vit.applications.vit.read_checkpoint` builds a model of that layout to load it.
 """
 
 import contextlib
@@ -24,9 +24,7 @@ import numpy as np
 from keras_vit.checkpoints.source import (
     CheckpointError,
     WeightsSource,
-    architecture_of,
     check_declared_size,
-    native_grid,
     preview,
     refuse_non_float,
     require_regular_file,
@@ -34,10 +32,11 @@ from keras_vit.checkpoints.source import (
     state_of,
     weight_budget,
 )
-from keras_vit.architecture import Architecture
-from keras_vit.keras_internals import stored_kernel, sublayers
 from keras_vit.layers import PRECISIONS
-from keras_vit.variants import Variant
+from keras_vit.model.architecture import Architecture
+from keras_vit.model.description import architecture_of, native_grid
+from keras_vit.model.variants import Variant
+from keras_vit.utils.keras_internals import stored_kernel, sublayers
 
 logger = logging.getLogger("keras_vit")
 
@@ -291,8 +290,8 @@ def read_weights_h5(path, budget=None):
 
     The file holds no architecture, so the saved model's depth, head and
     position grid are inferred from its shapes into `layout` (the options
-    of `keras_vit.builder.ModelOptions`); the arrays are read by a model of
-    that layout (`keras_vit.models.read_checkpoint`). The head count is not
+    of `keras_vit.model.graph.ModelOptions`); the arrays are read by a model of
+    that layout (`keras_vit.applications.vit.read_checkpoint`). The head count is not
     stored in the file. `budget` (a `WeightBudget`) bounds the file's size
     and the bytes its arrays declare by the model it is meant for.
     """

@@ -16,33 +16,32 @@ import os
 import keras
 import numpy as np
 
-from keras_vit import preprocessing
-from keras_vit.checkpoints.clip_layout import MODEL_TYPES as VISION_TOWER_TYPES
-from keras_vit.checkpoints.clip_layout import read_vision_tower_folder
-from keras_vit.checkpoints.dinov2_layout import MODEL_TYPES as DINOV2_TYPES
-from keras_vit.checkpoints.dinov2_layout import read_dinov2_folder
-from keras_vit.checkpoints.dinov3_layout import MODEL_TYPES as DINOV3_TYPES
-from keras_vit.checkpoints.dinov3_layout import read_dinov3_folder
 from keras_vit.checkpoints.flax_npz import read_npz
+from keras_vit.checkpoints.hub.registry import fetch, find_checkpoint
 from keras_vit.checkpoints.keras_files import read_keras, read_weights_h5
-from keras_vit.checkpoints.registry import fetch, find_checkpoint
-from keras_vit.checkpoints.timm_layout import read_timm, read_timm_folder
-from keras_vit.checkpoints.transformers_layout import read_transformers_folder
 from keras_vit.checkpoints.source import (
     BLOCK,
     CheckpointError,
     WeightsSource,
-    conv_stem_widths_of,
     pixel_statistics,
     preview,
     read_json_object,
     refuse_non_float,
     require_regular_file,
-    resnet_layers_of,
     weight_budget,
 )
-from keras_vit.position_embedding import resize_patch_embedding, resize_position_embeddings
-from keras_vit.variants import VARIANTS, width_name
+from keras_vit.checkpoints.timm.layout import read_timm, read_timm_folder
+from keras_vit.checkpoints.transformers.clip import MODEL_TYPES as VISION_TOWER_TYPES
+from keras_vit.checkpoints.transformers.clip import read_vision_tower_folder
+from keras_vit.checkpoints.transformers.dinov2 import MODEL_TYPES as DINOV2_TYPES
+from keras_vit.checkpoints.transformers.dinov2 import read_dinov2_folder
+from keras_vit.checkpoints.transformers.dinov3 import MODEL_TYPES as DINOV3_TYPES
+from keras_vit.checkpoints.transformers.dinov3 import read_dinov3_folder
+from keras_vit.checkpoints.transformers.vit import read_transformers_folder
+from keras_vit.data import preprocessing
+from keras_vit.layers.position_embedding import resize_patch_embedding, resize_position_embeddings
+from keras_vit.model.description import conv_stem_widths_of, resnet_layers_of
+from keras_vit.model.variants import VARIANTS, width_name
 
 logger = logging.getLogger("keras_vit")
 

@@ -16,9 +16,9 @@ import stat
 
 import keras
 
-from keras_vit.architecture import IMAGENET_PIXEL_STATISTICS, Architecture
-from keras_vit.checkpoints.built_model import architecture_of, native_grid  # noqa: F401 (read here by many)
-from keras_vit.variants import CONV_STEM_STRIDE, Variant, resnet_stride
+from keras_vit.model.architecture import IMAGENET_PIXEL_STATISTICS, Architecture
+from keras_vit.model.description import architecture_of, conv_stem_widths_of, resnet_layers_of
+from keras_vit.model.variants import CONV_STEM_STRIDE, Variant, resnet_stride
 
 
 class CheckpointError(ValueError):
@@ -114,7 +114,7 @@ def weight_budget(sizes, classes=None):
     """The `WeightBudget` of a model of `sizes` (a `Variant`) with `classes` outputs.
 
     Example:
-    >>> from keras_vit.variants import VARIANTS
+    >>> from keras_vit.model.variants import VARIANTS
     >>> weight_budget(VARIANTS["ViT_B16"]).limit > 8 * 86_000_000
     True
     """
@@ -144,8 +144,8 @@ class WeightsSource:
 
     `state` maps variable paths to arrays. A `.weights.h5` file holds no
     architecture: it is read as `state=None` with the `layout` (the
-    `keras_vit.builder.ModelOptions` its shapes imply) until a model of that
-    layout loads it (`keras_vit.models.read_checkpoint`). A `.keras` file's
+    `keras_vit.model.graph.ModelOptions` its shapes imply) until a model of that
+    layout loads it (`keras_vit.applications.vit.read_checkpoint`). A `.keras` file's
     `layout` holds the options its saved layers show and its tensors cannot
     (`include_top`, `pooling`).
     """
@@ -170,7 +170,7 @@ class WeightsSource:
     resize_align_corners: bool = False  # That resize maps corner to corner (RADIO v3's, in timm).
     # The image size its config states where patches do not divide it (timm's so400m/14 at 384 px, a 27x27 grid).
     input_size: tuple = None
-    # How its library preprocesses a photo for evaluation (`keras_vit.preprocessing.EvalTransform`); None: keras_vit's own.
+    # How its library preprocesses a photo for evaluation (`keras_vit.data.preprocessing.EvalTransform`); None: keras_vit's own.
     eval_transform: object = None
 
     @property
@@ -223,27 +223,7 @@ class WeightsSource:
 
 
 BLOCK = re.compile(r"encoderblock_(\d+)/")
-UNIT = re.compile(r"block(\d+)_unit(\d+)/")
 
-
-def conv_stem_widths_of(state):
-    """The widths of MobileCLIP's convolutional stem that keras_vit-named `state` holds (None: no such stem)."""
-    kernels = [state.get(f"conv_stem_{index}/kernel") for index in range(2)]
-    if any(kernel is None for kernel in kernels):
-        return None
-    return tuple(int(kernel.shape[-1]) for kernel in kernels)
-
-
-def resnet_layers_of(names):
-    """The bottleneck units per ResNet stage that keras_vit variable `names` hold (None: no ResNet)."""
-    if "conv_root/kernel" not in names:
-        return None
-    units = {}
-    for match in map(UNIT.match, names):
-        if match:
-            stage, unit = int(match.group(1)), int(match.group(2))
-            units[stage] = max(units.get(stage, 0), unit)
-    return tuple(units[stage] for stage in sorted(units))
 
 
 def source_from_state(description, state, grid_size=None, num_heads=None, architecture=None):

@@ -1,0 +1,1 @@
+"""`ViT`, the named variants and `from_pretrained`: models with or without checkpoint weights."""

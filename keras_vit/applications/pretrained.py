@@ -1,0 +1,187 @@
+"""`from_pretrained`: a model whose sizes, head and GELU come from the checkpoint itself.
+
+`keras_vit.ViT(weights=...)` builds the sizes you give and loads a file into
+them; `from_pretrained` reads the file first and builds what it holds: an
+original `.npz`, a `.keras` file, a timm state dict or Hub folder, or an
+`hf://org/name` handle, which `huggingface_hub` resolves into its own cache
+(and, once cached, offline).
+
+Example:
+>>> import keras_vit
+>>> model = keras_vit.from_pretrained("hf://timm/vit_base_patch16_224.augreg2_in21k_ft_in1k")  # doctest: +SKIP
+>>> model = keras_vit.from_pretrained("/data/ViT-B_16.npz", classes=37)  # doctest: +SKIP
+"""
+
+import dataclasses
+import os
+
+import keras
+
+from keras_vit.applications.vit import ViT, read_checkpoint
+from keras_vit.checkpoints import CheckpointError, architecture_of, load_keras, source_of_saved
+from keras_vit.model.variants import VARIANTS, Variant
+from keras_vit.utils.keras_internals import sublayers
+
+HF_PREFIX = "hf://"
+# The files a ViT repository on the Hub may hold that keras_vit reads (transformers keeps the pixel
+# statistics in preprocessor_config.json).
+_HUB_FILES = ["config.json", "preprocessor_config.json", "model.safetensors", "pytorch_model.bin", "*.npz"]
+# timm and the paper name these widths; their head counts, for a file that does not store its own.
+_HEADS_BY_WIDTH = {variant.hidden_size: variant.num_heads for variant in VARIANTS.values()}
+
+
+def resolve_handle(handle):
+    """The local folder of an `hf://org/name[@revision]` handle, downloaded into the Hugging Face cache once.
+
+    With `HF_HUB_OFFLINE=1` (or no network) a cached snapshot is used; a
+    handle that is not cached is a `CheckpointError` that names it.
+    """
+    try:
+        import huggingface_hub
+        from huggingface_hub.errors import LocalEntryNotFoundError
+    except ImportError as error:
+        raise CheckpointError(
+            f"{handle}: hf:// handles need huggingface_hub: pip install 'keras-vision-transformer[hub]'."
+        ) from error
+    repo, _, revision = handle.removeprefix(HF_PREFIX).partition("@")
+    if repo.count("/") != 1 or not all(repo.split("/")):
+        raise CheckpointError(f"{handle} is not an hf://org/name handle (for example hf://timm/vit_base_patch16_224).")
+    try:
+        return huggingface_hub.snapshot_download(repo, revision=revision or None, allow_patterns=_HUB_FILES)
+    except LocalEntryNotFoundError as error:
+        raise CheckpointError(
+            f"{handle} is not in the Hugging Face cache ({huggingface_hub.constants.HF_HUB_CACHE}) and the Hub "
+            "cannot be reached (offline, or HF_HUB_OFFLINE=1): download it once with network access, or pass a "
+            "local path."
+        ) from error
+    except Exception as error:  # huggingface_hub raises many types (missing repo, gated, HTTP).
+        raise CheckpointError(f"{handle} could not be fetched from the Hugging Face Hub: {error}") from error
+
+
+def read_pretrained(weights, variant=None, image_size=(224, 224), num_heads=None, verbose=None):
+    """`read_checkpoint` of what `from_pretrained` reads: an `hf://` handle is fetched first, the head count filled in.
+
+    The head count is the file's, else `num_heads`, else that of the named
+    variant of the file's width (None where none says it). Every command
+    that loads weights reads them here, so each takes what `from_pretrained`
+    takes; `variant` and `image_size` choose among named checkpoints, and
+    `verbose=0` downloads one without a progress bar.
+    """
+    path = os.fspath(weights)
+    if path.startswith(HF_PREFIX):
+        path = resolve_handle(path)
+    checkpoint = read_checkpoint(path, variant, image_size, verbose=verbose)
+    kernel = checkpoint.state.get("embedding/kernel")
+    if not checkpoint.num_heads and kernel is not None:
+        checkpoint = dataclasses.replace(checkpoint, num_heads=num_heads or _HEADS_BY_WIDTH.get(int(kernel.shape[-1])))
+    return checkpoint
+
+
+def from_pretrained(source, **overrides):
+    """Build the model a checkpoint holds and load it.
+
+    Args:
+        source: a path (original `.npz`, `.keras`, `.weights.h5` with
+            `num_heads`, timm `.safetensors`/`.bin`/`.pth`, a timm Hub folder)
+            or an `hf://org/name` handle.
+        **overrides: `keras_vit.ViT` keywords that replace what the file says,
+            for example a new `classes` (a fresh head) or `image_size`.
+
+    The patch size, width, depth, MLP size, head count, image size (its
+    position grid), architecture (`keras_vit.Architecture`: prefix tokens,
+    norms, biases, activation, pooling), pre-logits and class count are
+    read from the files, and a `.keras` model's precision (`dtype`), head
+    activation, position-embedding resize and dynamic resolution
+    (`image_size=(None, None)`). A file without a head (DINOv2,
+    CLIP and SigLIP towers) builds the feature model timm's forward gives
+    (`include_top=False`, the file's pooling), and a `.keras` model without
+    its top the same model again (its own `pooling`, `None` included),
+    unless `classes=` asks for a new head. A `.keras` model is returned as
+    Keras loads it (after the file's checks) unless overrides ask for
+    another model or it holds LoRA adapters, which are merged into its
+    kernels in a rebuilt model; one that Keras quantized
+    (`model.quantize("int8")`) is never rebuilt, and overrides that would
+    need it rebuilt are refused.
+
+    Example:
+    >>> from keras_vit import checkpoints
+    >>> small = ViT(image_size=32, patch_size=8, hidden_size=48, num_layers=2, num_heads=3, mlp_dim=96)
+    >>> _ = checkpoints.save_npz(small, "/tmp/small.npz")
+    >>> from_pretrained("/tmp/small.npz", classes=10).output_shape
+    (None, 10)
+    """
+    if not isinstance(source, (str, os.PathLike)):
+        raise CheckpointError(f"from_pretrained takes a path or an hf://org/name handle, got {type(source).__name__} "
+                              f"{source!r}.")
+    path = os.fspath(source)
+    if path.startswith(HF_PREFIX):
+        path = resolve_handle(path)
+    if path.endswith(".keras"):
+        saved = load_keras(path)
+        if _as_saved(saved, path, overrides):
+            return saved
+        checkpoint = source_of_saved(saved, path)
+        del saved
+    else:
+        checkpoint = read_pretrained(path, num_heads=overrides.get("num_heads"))
+    state = checkpoint.state
+    kernel, mlp = state.get("embedding/kernel"), state.get("encoderblock_0/mlp_hidden/kernel")
+    if kernel is None or mlp is None:
+        raise CheckpointError(f"{path} holds no ViT encoder (no patch embedding or first block).")
+    hidden = int(kernel.shape[-1])
+    num_heads = overrides.pop("num_heads", None) or checkpoint.num_heads
+    if num_heads is None:
+        raise CheckpointError(f"{path} does not store its head count and its width {hidden} is no named "
+                              "variant's; pass num_heads=N.")
+    sizes = checkpoint.sizes or Variant(int(kernel.shape[0]), hidden, checkpoint.num_layers, num_heads,
+                                        int(mlp.shape[-1]))
+    saved = checkpoint.layout or {}  # A .keras model's: its pooling without a top, its dynamic resolution
+    options = dict(dataclasses.asdict(sizes), num_heads=num_heads,
+                   image_size=saved.get("image_size") or checkpoint.image_size or 224)
+    if checkpoint.input_size is not None:  # A stated size that patches do not divide: the file's model drops the rest.
+        options["drop_remainder"] = True
+    if checkpoint.dtype_policy:  # A .keras model keeps its precision and its head's activation unless told.
+        options["dtype"] = checkpoint.dtype_policy
+    if checkpoint.classifier_activation:
+        options["classifier_activation"] = checkpoint.classifier_activation
+    if "head/kernel" not in state and "classes" not in overrides and "include_top" not in overrides:
+        # A .keras model without its top pools as it did (None: its token sequence); any other file without a
+        # head as timm's forward with num_classes=0: the pooled features, fc_norm included.
+        options.update(include_top=False, pooling=saved.get("pooling", checkpoint.classifier))
+    options.update(overrides)
+    return ViT(weights=checkpoint, **options)
+
+
+def _as_saved(model, path, overrides):
+    """Whether from_pretrained returns the `.keras` model as Keras loaded it: unless `overrides` ask for another
+    model, or it holds LoRA adapters to merge. A model Keras quantized has no float weights to rebuild from."""
+    quantized = any(getattr(layer, "quantization_mode", None) for layer in sublayers(model))
+    if not quantized:
+        try:
+            architecture_of(model)
+        except ValueError:  # Not a plain keras_vit ViT: read its state, as any other file's
+            return False
+    names = {layer.name for layer in model.layers}
+    saved = dict(num_heads=model.get_layer("encoderblock_0").num_heads, include_top="head" in names,
+                 image_size=tuple(model.input_shape[1:3]))
+    if "head" in names:
+        saved["classes"] = model.get_layer("head").units
+    if "predictions" in names:
+        saved["classifier_activation"] = keras.activations.serialize(model.get_layer("predictions").activation)
+
+    def same(key, value):
+        if key == "image_size":
+            return (tuple(value) if isinstance(value, (tuple, list)) else (value, value)) == saved[key]
+        if key == "classifier_activation":
+            return keras.activations.serialize(keras.activations.get(value)) == saved[key]
+        return value == saved[key]
+
+    rebuild = [f"{key}={value!r}" for key, value in overrides.items() if key not in saved or not same(key, value)]
+    if not quantized:
+        return not rebuild and not any(getattr(layer, "lora_enabled", False) for layer in sublayers(model))
+    if rebuild:
+        raise CheckpointError(
+            f"{path} holds a model quantized by Keras (model.quantize), which from_pretrained returns as saved: "
+            f"{', '.join(rebuild)} would need it rebuilt, and its 8-bit kernels load into no other model. Pass "
+            "them to from_pretrained of the float model, then quantize that (model.quantize('int8')).")
+    return True

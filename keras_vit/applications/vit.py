@@ -1,0 +1,382 @@
+"""The Vision Transformer as a functional Keras model, and its named variants.
+
+`ViT` builds any size; `ViT_Ti16` ... `ViT_H14` and the hybrids
+`ViT_R50_B16` ... `ViT_R50_L32` build the sizes of `keras_vit.VARIANTS`.
+Checkpoints are read by `keras_vit.checkpoints` and loaded here, after the
+model is built.
+"""
+
+import dataclasses
+
+from keras_vit import checkpoints
+from keras_vit.layers import dtype_policy
+from keras_vit.model.architecture import Architecture, resolve_architecture
+from keras_vit.model.graph import ModelOptions, build, position_grid
+from keras_vit.model.variants import VARIANTS, Variant, variant_name
+from keras_vit.model.vision_transformer import (  # noqa: F401
+    DYNAMIC,
+    VisionTransformer,
+    check_image_size,
+    native_image_size,
+)
+from keras_vit.utils.shapes import as_pair
+
+
+def _image_size(image_size, input_tensor):
+    if input_tensor is not None:
+        height, width = tuple(input_tensor.shape)[1:3]
+        if (height is None) != (width is None):
+            raise ValueError(
+                f"input_tensor must have a static height and width, or neither, got shape "
+                f"{tuple(input_tensor.shape)}."
+            )
+        if image_size is not None and _pair_or_dynamic(image_size) != (height, width):
+            raise ValueError(
+                f"image_size {image_size} disagrees with input_tensor's {(height, width)}."
+            )
+        return (height, width)
+    return _pair_or_dynamic(224 if image_size is None else image_size)
+
+
+def _pair_or_dynamic(image_size):
+    if isinstance(image_size, (tuple, list)) and tuple(image_size) == DYNAMIC:
+        return DYNAMIC
+    if isinstance(image_size, (tuple, list)) and None in tuple(image_size):
+        raise ValueError(f"image_size {tuple(image_size)} fixes one side only; pass (None, None) for any size, "
+                         "or a (height, width) of ints.")
+    return as_pair(image_size, "image_size")
+
+
+def ViT(
+    image_size=None,
+    patch_size=16,
+    hidden_size=768,
+    num_layers=12,
+    num_heads=None,
+    mlp_dim=3072,
+    resnet_layers=None,
+    resnet_width=64,
+    conv_stem_widths=None,
+    classes=None,
+    include_top=True,
+    weights=None,
+    input_tensor=None,
+    pooling=None,
+    classifier=None,
+    representation_size=None,
+    dropout_rate=0.0,
+    attention_dropout_rate=0.0,
+    stochastic_depth_rate=0.0,
+    classifier_activation="softmax",
+    approximate_gelu=None,
+    layer_norm_epsilon=None,
+    position_embedding_interpolation=None,
+    position_embedding_antialias=None,
+    drop_remainder=False,
+    dtype=None,
+    name=None,
+    architecture=None,
+    class_token=None,
+    register_tokens=None,
+    class_token_position_embedding=None,
+    fc_norm=None,
+    final_norm=None,
+    norm_pre=None,
+    patch_bias=None,
+    qkv_bias=None,
+    qk_norm=None,
+    layer_scale=None,
+    mlp_activation=None,
+    post_norm=None,
+    attention_output_norm=None,
+    mlp_hidden_norm=None,
+    normalization=None,
+    projection_bias=None,
+    patch_norm=None,
+    differential_attention=None,
+    parallel=None,
+):
+    """Build a Vision Transformer (Dosovitskiy et al., 2020).
+
+    Args:
+        image_size: int or `(height, width)`, divisible by the pixels one
+            patch spans; default 224 (or `input_tensor`'s size).
+            `(None, None)` takes any size that divides into patches, with
+            the position embeddings resized to each input's grid on every
+            call (dynamic resolution); the table keeps the checkpoint's grid,
+            or 224 pixels' worth of patches.
+        patch_size, hidden_size, num_layers, num_heads, mlp_dim: the sizes
+            (see `VARIANTS` for the named ones). `num_heads` defaults to the
+            checkpoint's (an `.npz` or `.keras` file stores it), else 12; a
+            `.weights.h5` file does not store it, so pass it with one.
+        resnet_layers: for a hybrid, the bottleneck units of each ResNet
+            stage, e.g. `(3, 4, 9)` for R50+ViT-B/16 (`()`: the root block
+            alone); `patch_size` then cuts the ResNet's feature map.
+        resnet_width: the ResNet root block's width (stage `i` has
+            bottleneck width `resnet_width * 2**i`); a multiple of 32.
+        conv_stem_widths: for MobileCLIP's hybrid (timm's `vit_base_mci_224`),
+            the two widths of its convolutional stem (`keras_vit.layers.conv_stem`),
+            which puts 8 pixels in each position before `patch_size` patches.
+        classes: classifier outputs; default the checkpoint's class count
+            when `weights` has a head, else 1000.
+        include_top: add the classifier (pre-logits and head).
+        weights: `None`, a named checkpoint (see `keras_vit.available_weights`),
+            or a path to an original `.npz`, a `.keras` or a `.weights.h5` file.
+        input_tensor: optional Keras tensor to use as the image input.
+        pooling: with `include_top=False`: `None` returns the token sequence,
+            `"token"` the class token, `"gap"` the mean of the patch tokens,
+            `"map"` attention pooling (followed by `fc_norm` where the model has it).
+        classifier: how the head pools: `"token"` (class token), `"gap"` (mean
+            of the final patch tokens; without a class token unless
+            `class_token=True`) or `"map"` (attention pooling, SigLIP's);
+            default the checkpoint's, else `"token"`.
+        representation_size: width of the original pre-logits layer (Dense +
+            tanh) before the head; default the checkpoint's; 0 for none.
+        dropout_rate: dropout after the position embeddings and every dense
+            layer except q/k/v.
+        attention_dropout_rate: dropout on the attention probabilities.
+        stochastic_depth_rate: drop rate of the last block's residual
+            branches, rising linearly from 0 in the first block.
+        classifier_activation: activation of the head (computed in float32).
+        approximate_gelu: tanh-approximated GELU (the original checkpoints') or
+            exact (timm's); default the checkpoint's form (exact for timm
+            weights), else tanh.
+        layer_norm_epsilon: every LayerNorm's epsilon; default the
+            checkpoint's (1e-12 in transformers' files), else 1e-6.
+        position_embedding_interpolation: `"bicubic"` or `"bilinear"`: how the
+            position embeddings are resized, to a checkpoint's new grid and,
+            with dynamic resolution, to each input's grid. Default: what the
+            checkpoint's library does at load (docs/checkpoints.md), else `"bicubic"`.
+        position_embedding_antialias: resize with torch's anti-aliased kernels
+            (with `"bicubic"`, timm's `dynamic_img_size`); default as above.
+        drop_remainder: take an `image_size` that patches do not divide, as
+            timm does: the last rows and columns that fill no patch are not
+            seen (SigLIP so400m/14 at 384 px: 6). `from_pretrained` sets it
+            for such a checkpoint's own size; else such a size is an error.
+        dtype: the precision the model runs in: `"float32"`, `"bfloat16"`,
+            `"mixed_bfloat16"` (float32 weights, bfloat16 computation),
+            `"float16"`, `"mixed_float16"` or a `keras.DTypePolicy`; default
+            the global policy. A float32 checkpoint loads into it. LayerNorm,
+            the attention softmax and the logits stay in float32. Kept in the
+            `.keras` file.
+        architecture: a `keras_vit.Architecture`, the switches of timm's ViT
+            family at once; default the checkpoint's, else the paper's. The
+            keywords below replace single fields of it (see `Architecture`):
+        class_token: prepend a class token (default: with `classifier="token"`).
+        register_tokens: how many register tokens follow it (DINOv2-reg: 4).
+        class_token_position_embedding: `False` for timm's `no_embed_class`.
+        fc_norm: the final LayerNorm after pooling instead of on the tokens.
+        final_norm: `False` for no final LayerNorm at all (RADIO).
+        norm_pre: a LayerNorm before the blocks (CLIP).
+        patch_bias, qkv_bias: biases of the patch embedding and q/k/v.
+        qk_norm: LayerNorm over each head's queries and keys.
+        layer_scale: initial value of layer scale on both residual branches.
+        mlp_activation: `"gelu_tanh"`, `"gelu"`, `"quick_gelu"` or `"swiglu"`
+            (`approximate_gelu` is the older form of the first two).
+        post_norm: LayerNorm on each block's branch outputs (timm's `rpn`).
+        attention_output_norm, mlp_hidden_norm: LayerNorms inside attention
+            and the MLP (BEiT-3's).
+        normalization: `"layer_norm"` or `"rms_norm"`, the kind of every
+            norm (AIMv2's RMSNorm).
+        projection_bias: biases on attention's output and the MLP layers.
+        patch_norm: a norm on the patch embeddings (AIMv2's).
+        differential_attention: attention as the difference of two softmax
+            maps (timm's `DiffAttention`).
+        parallel: attention and the MLP side by side in each block.
+
+    Returns:
+        A `keras.Model` mapping `(batch, height, width, 3)` images in [-1, 1]
+        (see `preprocess_input`) to class probabilities or features.
+
+    Example:
+    >>> model = ViT(image_size=32, patch_size=8, hidden_size=64, num_layers=2,
+    ...             num_heads=4, mlp_dim=128, classes=10)
+    >>> model.output_shape
+    (None, 10)
+    """
+    image_size = _image_size(image_size, input_tensor)
+    policy = dtype_policy(dtype)
+    if pooling not in (None, "token", "gap", "map"):
+        raise ValueError(f"Unknown pooling {pooling!r}; expected None, 'token', 'gap' or 'map'.")
+    if classifier not in (None, "token", "gap", "map"):
+        raise ValueError(f"Unknown classifier {classifier!r}; expected 'token', 'gap' or 'map'.")
+    if architecture is not None and not isinstance(architecture, Architecture):
+        raise ValueError(f"architecture must be a keras_vit.Architecture, got {type(architecture).__name__}.")
+    switches = dict(class_token=class_token, register_tokens=register_tokens,
+                    class_token_position_embedding=class_token_position_embedding, fc_norm=fc_norm,
+                    final_norm=final_norm, norm_pre=norm_pre,
+                    patch_bias=patch_bias, qkv_bias=qkv_bias, qk_norm=qk_norm, layer_scale=layer_scale,
+                    mlp_activation=mlp_activation, layer_norm_epsilon=layer_norm_epsilon, post_norm=post_norm,
+                    attention_output_norm=attention_output_norm, mlp_hidden_norm=mlp_hidden_norm,
+                    normalization=normalization, projection_bias=projection_bias, patch_norm=patch_norm,
+                    differential_attention=differential_attention, parallel=parallel)
+    if approximate_gelu is not None and mlp_activation is None:
+        switches["mlp_activation"] = "gelu_tanh" if approximate_gelu else "gelu"
+    resolve_architecture(architecture, classifier, switches)  # Bad switches fail before any download.
+    if include_top and pooling is not None:
+        raise ValueError("pooling applies only with include_top=False.")
+    if resnet_layers is not None:
+        resnet_layers = tuple(int(units) for units in resnet_layers)
+        if any(units < 1 for units in resnet_layers) or resnet_width < 32 or resnet_width % 32:
+            raise ValueError(
+                f"resnet_layers {resnet_layers} must count at least one unit per stage and "
+                f"resnet_width {resnet_width} must be a multiple of 32 (GroupNorm's 32 groups)."
+            )
+    if conv_stem_widths is not None:
+        conv_stem_widths = tuple(int(width) for width in conv_stem_widths)
+        if resnet_layers is not None or len(conv_stem_widths) != 2 or min(conv_stem_widths) < 1:
+            raise ValueError(f"conv_stem_widths {conv_stem_widths} must be two widths >= 1, without resnet_layers.")
+    sizes = Variant(patch_size, hidden_size, num_layers, num_heads or 12, mlp_dim, resnet_layers, resnet_width,
+                    conv_stem_widths)
+    check_image_size(image_size, sizes, drop_remainder)
+    if position_embedding_interpolation not in (None, "bicubic", "bilinear"):
+        raise ValueError(f"Unknown position_embedding_interpolation {position_embedding_interpolation!r}; "
+                         "expected 'bicubic' or 'bilinear'.")
+    if num_heads is not None and hidden_size % num_heads:
+        raise ValueError(f"hidden_size {hidden_size} is not divisible by num_heads {num_heads}.")
+    # Arguments are checked above, before any download.
+    chosen_size = (224, 224) if image_size == DYNAMIC else image_size  # Which published resolution to take.
+    source = None if weights is None else read_checkpoint(weights, variant_name(sizes), chosen_size, sizes, classes)
+    if num_heads is None and source is not None:
+        if source.num_heads is not None:
+            sizes = dataclasses.replace(sizes, num_heads=source.num_heads)
+        elif variant_name(sizes) is None:  # A .weights.h5 file, which does not store it.
+            raise checkpoints.CheckpointError(
+                f"{source.description} does not store the number of attention heads, and the sizes match "
+                "no named variant; pass num_heads= (named constructors such as keras_vit.ViT_B16 know theirs)."
+            )
+    if hidden_size % sizes.num_heads:
+        raise ValueError(f"hidden_size {hidden_size} is not divisible by num_heads {sizes.num_heads}.")
+    architecture = resolve_architecture(architecture or (source.architecture if source else None), classifier,
+                                        switches)
+    # The resize the file's own library applies when it loads the file at another size, unless told.
+    resize = source.position_resize if source and source.position_resize else ("bicubic", False)
+    interpolation = position_embedding_interpolation or resize[0]
+    antialias = bool(resize[1] if position_embedding_antialias is None else position_embedding_antialias)
+    if representation_size is None:
+        representation_size = source.representation_size if source else 0
+    if classes is None:
+        classes = source.classes if source and source.classes else 1000
+    options = ModelOptions(
+        image_size=image_size,
+        sizes=sizes,
+        classes=classes,
+        include_top=include_top,
+        pooling=pooling,
+        architecture=architecture,
+        representation_size=representation_size or 0,
+        dropout_rate=dropout_rate,
+        attention_dropout_rate=attention_dropout_rate,
+        stochastic_depth_rate=stochastic_depth_rate,
+        classifier_activation=classifier_activation,
+        position_grid=position_grid(image_size, sizes, source),
+        position_embedding_interpolation=interpolation,
+        position_embedding_antialias=antialias,
+        drop_remainder=bool(drop_remainder),
+        name=name or variant_name(sizes) or "vit",
+        dtype=policy,
+    )
+    model = build(options, input_tensor)
+    if source is not None:
+        checkpoints.load_into(model, source)
+        if include_top and source.class_names and len(source.class_names) == classes == source.classes:
+            model.class_names = list(source.class_names)  # the file's head, so the file's names
+        if source.eval_transform is not None:  # the file's library's evaluation, at this model's size
+            model.eval_transform = source.eval_transform.fitted_to(native_image_size(model))
+    return model
+
+
+def read_checkpoint(weights, variant=None, image_size=(224, 224), sizes=None, classes=None, verbose=None):
+    """Read `weights` (a name or a path) into a `checkpoints.WeightsSource` with its state.
+
+    `keras_vit.checkpoints` reads every layout without building a model,
+    except a `.weights.h5` file, which holds no architecture: for one, a
+    model of the layout the file implies is built here and loaded with
+    Keras' own loader. A download shows a progress bar unless `verbose=0`.
+
+    Example:
+    >>> source = read_checkpoint("ViT-B_16.npz")  # doctest: +SKIP
+    >>> source.sizes, source.image_size  # doctest: +SKIP
+    """
+    source = checkpoints.read_weights(weights, variant, image_size, sizes, classes, verbose)
+    if source.state is not None:
+        return source
+    layout = source.layout
+    try:
+        template = build(ModelOptions(**layout), None)
+        template.load_weights(source.description)
+    except Exception as error:
+        raise checkpoints.CheckpointError(
+            f"{source.description} could not be loaded as keras_vit weights: {error}"
+        ) from error
+    return source.with_state(checkpoints.state_of(template))
+
+
+def _named(name, weights, image_size, kwargs):
+    """A named variant: `ViT` with the sizes of `VARIANTS[name]`."""
+    return ViT(weights=weights, image_size=image_size, **dataclasses.asdict(VARIANTS[name]), **kwargs)
+
+
+def ViT_Ti16(weights=None, image_size=None, **kwargs):
+    """ViT-Ti/16: patch 16, hidden 192, 12 layers, 3 heads, MLP 768; takes `ViT`'s keywords."""
+    return _named("ViT_Ti16", weights, image_size, kwargs)
+
+
+def ViT_S16(weights=None, image_size=None, **kwargs):
+    """ViT-S/16: patch 16, hidden 384, 12 layers, 6 heads, MLP 1536; takes `ViT`'s keywords."""
+    return _named("ViT_S16", weights, image_size, kwargs)
+
+
+def ViT_S32(weights=None, image_size=None, **kwargs):
+    """ViT-S/32: patch 32, hidden 384, 12 layers, 6 heads, MLP 1536; takes `ViT`'s keywords."""
+    return _named("ViT_S32", weights, image_size, kwargs)
+
+
+def ViT_B8(weights=None, image_size=None, **kwargs):
+    """ViT-B/8: patch 8, hidden 768, 12 layers, 12 heads, MLP 3072; takes `ViT`'s keywords."""
+    return _named("ViT_B8", weights, image_size, kwargs)
+
+
+def ViT_B16(weights=None, image_size=None, **kwargs):
+    """ViT-B/16: patch 16, hidden 768, 12 layers, 12 heads, MLP 3072; takes `ViT`'s keywords."""
+    return _named("ViT_B16", weights, image_size, kwargs)
+
+
+def ViT_B32(weights=None, image_size=None, **kwargs):
+    """ViT-B/32: patch 32, hidden 768, 12 layers, 12 heads, MLP 3072; takes `ViT`'s keywords."""
+    return _named("ViT_B32", weights, image_size, kwargs)
+
+
+def ViT_L16(weights=None, image_size=None, **kwargs):
+    """ViT-L/16: patch 16, hidden 1024, 24 layers, 16 heads, MLP 4096; takes `ViT`'s keywords."""
+    return _named("ViT_L16", weights, image_size, kwargs)
+
+
+def ViT_L32(weights=None, image_size=None, **kwargs):
+    """ViT-L/32: patch 32, hidden 1024, 24 layers, 16 heads, MLP 4096; takes `ViT`'s keywords."""
+    return _named("ViT_L32", weights, image_size, kwargs)
+
+
+def ViT_H14(weights=None, image_size=None, **kwargs):
+    """ViT-H/14: patch 14, hidden 1280, 32 layers, 16 heads, MLP 5120; takes `ViT`'s keywords."""
+    return _named("ViT_H14", weights, image_size, kwargs)
+
+
+def ViT_R50_B16(weights=None, image_size=None, **kwargs):
+    """R50+ViT-B/16: ResNet (3, 4, 9), hidden 768, 12 layers, 12 heads, MLP 3072; takes `ViT`'s keywords."""
+    return _named("ViT_R50_B16", weights, image_size, kwargs)
+
+
+def ViT_R26_B32(weights=None, image_size=None, **kwargs):
+    """R26+ViT-B/32: ResNet (2, 2, 2, 2), hidden 768, 12 layers, 12 heads, MLP 3072; takes `ViT`'s keywords."""
+    return _named("ViT_R26_B32", weights, image_size, kwargs)
+
+
+def ViT_R26_S32(weights=None, image_size=None, **kwargs):
+    """R26+ViT-S/32: ResNet (2, 2, 2, 2), hidden 384, 12 layers, 6 heads, MLP 1536; takes `ViT`'s keywords."""
+    return _named("ViT_R26_S32", weights, image_size, kwargs)
+
+
+def ViT_R50_L32(weights=None, image_size=None, **kwargs):
+    """R50+ViT-L/32: ResNet (3, 4, 6, 3), hidden 1024, 24 layers, 16 heads, MLP 4096; takes `ViT`'s keywords."""
+    return _named("ViT_R50_L32", weights, image_size, kwargs)

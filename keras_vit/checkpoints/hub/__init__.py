@@ -1,0 +1,1 @@
+"""Published checkpoints: the named registry and the download cache."""

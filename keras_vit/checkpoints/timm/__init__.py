@@ -1,0 +1,1 @@
+"""timm's layouts: its `VisionTransformer` and `Eva` state dicts, families, hybrids, config, writer."""

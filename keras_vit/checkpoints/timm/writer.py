@@ -1,0 +1,270 @@
+"""Writing timm's layout: `save_timm`, and the keywords with which timm rebuilds a keras_vit model.
+
+`timm_arguments` gives `timm.create_model`'s keywords for a model, and one
+check, `check_timm_rebuilds`, proves them: what keras_vit's own timm readers
+make of the architecture name with those keywords as `model_args` (the
+model timm builds) must be the model, and the file `save_timm` writes must
+read back through them strictly (timm's tensor names and shapes) before it
+takes its name.
+
+Example:
+>>> from keras_vit import checkpoints
+>>> checkpoints.save_timm(model, "vit.safetensors")  # doctest: +SKIP
+>>> checkpoints.timm_arguments(model)["embed_dim"]  # doctest: +SKIP
+"""
+
+import dataclasses
+import os
+import re
+
+import numpy as np
+
+from keras_vit.checkpoints.source import CheckpointError, preview, state_of, warn_unkept_pixel_statistics
+from keras_vit.checkpoints.state_dict_files import _safetensors
+from keras_vit.checkpoints.tensor_layout import keras_to_torch
+from keras_vit.checkpoints.timm.eva_families import EVA_ARCHITECTURES
+from keras_vit.checkpoints.timm.eva_layout import configured_eva_architecture, eva_arguments, read_timm_eva, to_timm_eva
+from keras_vit.checkpoints.timm.families import timm_architecture, timm_mlp_dim, timm_mlp_ratio
+from keras_vit.checkpoints.timm.hybrid import check_timm_rebuilds_backbone, conv_stem_to_timm, timm_backbone_name
+from keras_vit.checkpoints.timm.layout import LAYOUT, configured_architecture, read_timm
+from keras_vit.model.architecture import Architecture
+from keras_vit.model.description import architecture_of, conv_stem_widths_of, native_image_size, resnet_layers_of
+from keras_vit.model.variants import CONV_STEM_STRIDE, resnet_stride
+from keras_vit.utils.files import atomic_path
+
+
+def to_timm(model, architecture=None):
+    """A keras_vit model's weights as a timm ViT state dict of numpy arrays (refuses what timm cannot express)."""
+    names = {v.path for v in model.weights}
+    if any("lora_" in name for name in names):
+        raise CheckpointError(f"{model.name} has LoRA adapters, which timm's VisionTransformer does not have: call "
+                              "keras_vit.merge_lora(model) first, then save_timm.")
+    hybrid = resnet_layers_of(names)
+    if hybrid is not None and architecture_of(model).resnet_epsilons != "timm":
+        raise CheckpointError(f"{model.name}'s ResNet computes the original Flax epsilons, timm's hybrids others: "
+                              "timm would compute other outputs; save it with checkpoints.save_npz instead.")
+    if "pre_logits/kernel" in names:
+        raise CheckpointError("timm's VisionTransformer has no pre-logits layer (representation_size); "
+                              "build the model with representation_size=0, or save it with checkpoints.save_npz.")
+    state = state_of(model)
+    backbone = {path: state.pop(path) for path in list(state) if hybrid is not None
+                and timm_backbone_name(path, stem_only=hybrid == ())}
+    stem = {name: np.ascontiguousarray(value if value.dtype == np.int64 else value.astype("float32"))
+            for name, value in conv_stem_to_timm(state, keras_to_torch).items()} \
+        if conv_stem_widths_of(state) is not None else {}
+    unpacked = architecture is not None and \
+        timm_architecture(architecture, "save_timm").switches.get("mlp_layer") == "swiglu"
+    tensors = LAYOUT.write(state, unpacked=unpacked, architecture=architecture_of(model))
+    tensors.update(stem)
+    for path, value in backbone.items():
+        name = timm_backbone_name(path, stem_only=hybrid == ())
+        tensors[name] = np.ascontiguousarray(keras_to_torch(name, value).astype("float32"))
+    return tensors
+
+
+# What a timm file and its keywords leave open, so the model need not share it with what they rebuild: the pixel
+# statistics (config.json's pretrained_cfg; save_timm notes them), the layer scale's initial value (the learned
+# scales are in the file) and a hybrid's ResNet epsilons (to_timm refuses the Flax ones).
+_LEFT_OPEN = ("input_mean", "input_std", "layer_scale", "resnet_epsilons")
+
+
+def check_timm_rebuilds(model, architecture, arguments, path=None, written=None):
+    """Refuse `arguments` with which timm's `architecture` would not rebuild `model`, or a `written` file it would
+    not load strictly as `model` (`path`: the file's final name, for the errors).
+
+    One comparison: keras_vit's own timm reader, given a config.json that
+    names `architecture` with `arguments` as `model_args`, describes the
+    model timm builds. Its `Architecture` and sizes must be the model's;
+    and the `written` file, read back through it with every check (each
+    tensor timm's model has, no other, each of its shape), must give the
+    model's weights.
+    """
+    name = architecture or "vit_base_patch16_224"
+    config = {"architecture": name, "model_args": arguments}
+    where = f"timm_arguments(model, {architecture!r})"
+    eva = name in EVA_ARCHITECTURES
+    entry, args, switches, _, rebuilt = (configured_eva_architecture if eva else configured_architecture)(config,
+                                                                                                          where)
+    found = architecture_of(model)
+    differs = {field.name: (getattr(rebuilt, field.name), getattr(found, field.name))
+               for field in dataclasses.fields(Architecture) if field.name not in _LEFT_OPEN
+               and getattr(rebuilt, field.name) != getattr(found, field.name)}
+    if (rebuilt.layer_scale is None) != (found.layer_scale is None):
+        differs["layer_scale"] = (rebuilt.layer_scale, found.layer_scale)
+    block = model.get_layer("encoderblock_0")
+    embed = args.get("embed_dim", entry.embed_dim)
+    for key, value, own in (("embed_dim", embed, int(model.get_layer("embedding").kernel.shape[-1])),
+                            ("num_heads", args.get("num_heads", entry.num_heads), int(block.num_heads)),
+                            ("mlp_dim", timm_mlp_dim(embed, args.get("mlp_ratio", entry.mlp_ratio), switches),
+                             int(block.mlp_dim))):
+        if value != own:
+            differs[key] = (value, own)
+    prefix, written_nothing = (f"{path}: ", " Nothing was written.") if path else ("", "")
+    if differs:
+        raise CheckpointError(
+            f"{prefix}timm's {name!r} builds " + ", ".join(f"{key}={value!r}" for key, (value, _) in differs.items())
+            + f" where {model.name} has " + ", ".join(f"{key}={own!r}" for key, (_, own) in differs.items())
+            + "; pass architecture= a timm name that builds the same model." + written_nothing)
+    if written is None:
+        return
+    try:
+        source = (read_timm_eva if eva else read_timm)(written, None, config, where)
+    except CheckpointError as error:  # keras_vit's writer and reader disagree: a bug, said as plainly as it can be
+        reason = re.sub(r"[.;] [Nn]othing was loaded\.$", "", str(error).replace(written, "the file"))
+        raise CheckpointError(f"{prefix}timm's {name!r} would not load the file save_timm wrote strictly: {reason}."
+                              f"{written_nothing}") from None
+    shapes = {variable.path: tuple(variable.shape) for variable in model.weights}
+    read = {key: tuple(value.shape) for key, value in source.state.items()}
+    if read != shapes:
+        differ = sorted(set(read) ^ set(shapes)) or sorted(key for key in read if read[key] != shapes[key])
+        raise CheckpointError(f"{prefix}read back as timm's {name!r}, the file's weights are not {model.name}'s "
+                              f"({preview(differ, 3)}).{written_nothing}")
+
+
+# Where a model needs what only one of timm's model functions sets, one such architecture to name.
+_NAMED_ONLY = {"layer_norm_epsilon": ("LayerNorm epsilon {:g}", "vit_base_patch16_clip_224 (CLIP's 1e-5)"),
+               "swiglu": ("a SwiGLU MLP", "vit_giant_patch14_dinov2 (a packed SwiGLU MLP)"),
+               "post_norm": ("post-norm blocks", "vit_base_patch16_rpn_224 (timm's ResPostBlock)"),
+               "rms_norm": ("RMSNorms", "aimv2_large_patch14_224 (AIMv2's RmsNorm)"),
+               "patch_norm": ("a patch-embedding norm", "aimv2_large_patch14_224 (AIMv2's embed_norm_layer)"),
+               "parallel": ("parallel blocks", "vit_pwee_patch16_reg1_gap_256 (timm's ParallelScalingBlock)")}
+
+
+def timm_arguments(model, architecture=None):
+    """The keywords of `timm.create_model(architecture or "vit_base_patch16_224", **kwargs)` that rebuild `model`.
+
+    The sizes (`img_size`, `patch_size`, `embed_dim`, `depth`, `num_heads`,
+    `mlp_ratio`, `num_classes`) and every switch (class and register tokens,
+    `no_embed_class`, `global_pool`, norms, biases, layer scale, activation).
+    A LayerNorm epsilon other than 1e-6 and a SwiGLU MLP are set only by
+    timm's model functions, which take them as classes, not keywords: for
+    those, name an `architecture` of `timm_families.ARCHITECTURES` (or of
+    timm's Eva class) that sets the same (CLIP's 1e-5, DINOv2 giant's
+    SwiGLU). Keywords with which the named architecture would build another
+    model are a `CheckpointError` naming each field that differs
+    (`check_timm_rebuilds`), as is what timm's `VisionTransformer` cannot
+    build at all (a patch bias beside `pre_norm`, none without it).
+
+    Example:
+    >>> import keras_vit
+    >>> model = keras_vit.ViT(image_size=32, patch_size=8, hidden_size=24, num_layers=1, num_heads=3,
+    ...                       mlp_dim=48, register_tokens=2, class_token_position_embedding=False)
+    >>> timm_arguments(model)["reg_tokens"], timm_arguments(model)["no_embed_class"]
+    (2, True)
+    """
+    arguments = _keywords(model, architecture)
+    check_timm_rebuilds(model, architecture, arguments)
+    return arguments
+
+
+def _keywords(model, architecture):
+    """`timm_arguments` before its check: the keywords, and refusals of what no keyword expresses."""
+    found = architecture_of(model)
+    if architecture in EVA_ARCHITECTURES:
+        return eva_arguments(model, architecture)
+    entry = None if architecture is None else timm_architecture(architecture, "timm_arguments")
+    if found.rope or not found.key_bias or not found.position_embedding:
+        raise CheckpointError(f"{model.name} has RoPE, no key bias or no position table, as timm's Eva class: pass "
+                              "architecture= the Eva name it is (eva02_base_patch14_224, vit_base_patch16_dinov3, ...).")
+    if found.patch_bias == found.norm_pre:
+        raise CheckpointError(
+            f"{model.name} has {'a' if found.patch_bias else 'no'} patch bias {'and' if found.norm_pre else 'but no'} "
+            "norm_pre; timm's VisionTransformer has a patch bias exactly when it has no pre_norm, so it cannot build "
+            "this model.")
+    pools = {"token": "token", "gap": "avg", "map": "map"}
+    activations = {"gelu": "gelu", "gelu_tanh": "gelu_tanh", "quick_gelu": "quick_gelu"}
+    block = model.get_layer("encoderblock_0")
+    embed = int(model.get_layer("embedding").kernel.shape[-1])
+    patch = tuple(model.get_layer("embedding").kernel.shape[:2])
+    resnet = resnet_layers_of({v.path for v in model.weights})
+    stem = conv_stem_widths_of({variable.path: variable for variable in model.weights})
+    stride = CONV_STEM_STRIDE if stem is not None else 1 if resnet is None else resnet_stride(resnet)
+    head = [layer for layer in model.layers if layer.name == "head"]
+    arguments = dict(
+        img_size=native_image_size(model, (patch[0] * stride, patch[1] * stride)),
+        patch_size=patch[0] if patch[0] == patch[1] else list(patch),
+        embed_dim=embed, depth=sum(layer.name.startswith("encoderblock_") for layer in model.layers),
+        num_heads=int(block.num_heads),
+        mlp_ratio=timm_mlp_ratio(embed, block.mlp_dim, {} if entry is None else entry.switches),
+        num_classes=int(head[0].kernel.shape[-1]) if head else 0,
+        class_token=found.class_token, reg_tokens=found.register_tokens,
+        no_embed_class=not found.class_token_position_embedding, global_pool=pools[found.classifier],
+        fc_norm=found.fc_norm, final_norm=found.final_norm, pre_norm=found.norm_pre, qkv_bias=found.qkv_bias,
+        qk_norm=found.qk_norm, init_values=found.layer_scale, scale_attn_norm=found.attention_output_norm,
+        scale_mlp_norm=found.mlp_hidden_norm, pool_include_prefix=found.pool_include_prefix,
+        proj_bias=found.projection_bias,
+    )
+    if found.differential_attention and not found.parallel:  # DiffParallelScalingBlock has its own
+        arguments["attn_layer"] = "diff"
+    needs_name = [key for key, needed in (("layer_norm_epsilon", found.layer_norm_epsilon != 1e-6),
+                                          ("swiglu", found.mlp_activation == "swiglu"),
+                                          ("post_norm", found.post_norm),
+                                          ("parallel", found.parallel),
+                                          ("rms_norm", found.normalization == "rms_norm"),
+                                          ("patch_norm", found.patch_norm)) if needed]
+    if stem is not None:
+        arguments["patch_size"] = 1  # timm's HybridEmbed patches the ConvStem's output, its last convolution ours
+        if architecture is None:
+            raise CheckpointError(f"{model.name} has MobileCLIP's ConvStem, which only timm's model function builds; "
+                                  "pass architecture='vit_base_mci_224'.")
+    if resnet is not None and architecture is None:
+        raise CheckpointError(f"{model.name} is a hybrid, which only timm's model functions build; pass "
+                              "architecture= the timm hybrid it is (vit_base_r50_s16_224, ..., vit_tiny_r_s16_p8_224).")
+    if architecture is None:
+        if needs_name:
+            raise CheckpointError(
+                f"{model.name} has " + " and ".join(_NAMED_ONLY[key][0].format(found.layer_norm_epsilon)
+                                                    for key in needs_name)
+                + ", which timm's VisionTransformer takes only from a model function: pass architecture= a timm "
+                "name that sets the same, such as " + " or ".join(_NAMED_ONLY[key][1] for key in needs_name) + ".")
+        arguments["act_layer"] = activations[found.mlp_activation]
+        return arguments
+    if resnet is not None or entry.resnet_layers is not None:
+        if resnet is None:
+            raise CheckpointError(f"timm's {architecture!r} is a hybrid, but {model.name} is a plain ViT.")
+        check_timm_rebuilds_backbone(resnet, int(model.get_layer("conv_root").kernel.shape[-1]),
+                                     found.resnet_epsilons, entry, architecture, model.name)
+    if (stem is not None) != entry.conv_stem:
+        raise CheckpointError(f"timm's {architecture!r} {'has' if entry.conv_stem else 'has no'} ConvStem, but "
+                              f"{model.name} {'has' if stem is not None else 'has none'}.")
+    if stem is not None and (stem, embed) != (entry.conv_stem_widths, entry.embed_dim):
+        raise CheckpointError(f"{model.name}'s ConvStem has widths {stem} before a {embed}-wide ViT, but timm's "
+                              f"{architecture!r} builds {entry.conv_stem_widths} before {entry.embed_dim} and takes no "
+                              "argument for them, so timm.create_model cannot rebuild this model.")
+    if found.mlp_activation != "swiglu":
+        arguments["act_layer"] = activations[found.mlp_activation]
+    return arguments
+
+
+def save_timm(model, path, architecture=None):
+    """Write `model` as a timm `VisionTransformer` state dict (`.safetensors`) that timm loads with `strict=True`.
+
+    Build the timm model with `timm.create_model(architecture or
+    "vit_base_patch16_224", **timm_arguments(model, architecture))`, then
+    `timm.models.load_checkpoint(model, path, strict=True)`. A model that
+    those keywords cannot rebuild exactly is refused with the reason
+    (`check_timm_rebuilds`), and nothing is written: the file is checked
+    under a temporary name, then renamed.
+
+    Example:
+    >>> import keras_vit
+    >>> model = keras_vit.ViT(image_size=32, patch_size=8, hidden_size=24, num_layers=1, num_heads=3,
+    ...                       mlp_dim=48, classes=5)
+    >>> save_timm(model, "/tmp/vit.safetensors")  # doctest: +SKIP
+    """
+    if not str(path).endswith(".safetensors"):
+        raise CheckpointError(f"save_timm writes a .safetensors file; got {path}.")
+    if architecture in EVA_ARCHITECTURES:
+        arguments = _keywords(model, architecture)
+        check_timm_rebuilds(model, architecture, arguments, os.fspath(path))  # before to_timm_eva's refusals
+        tensors = to_timm_eva(model, architecture)
+    else:  # to_timm first: its refusals (LoRA, a Flax-epsilon ResNet) name the fix more precisely
+        tensors = to_timm(model, architecture)
+        arguments = _keywords(model, architecture)
+    warn_unkept_pixel_statistics(model, "timm reads them from the folder's config.json (pretrained_cfg mean and "
+                                        "std), and so does keras_vit.from_pretrained")
+    save_file = _safetensors().save_file
+    with atomic_path(os.fspath(path)) as temporary:
+        save_file(tensors, temporary, metadata={"format": "pt"})
+        check_timm_rebuilds(model, architecture, arguments, os.fspath(path), written=temporary)  # and read back
+    return path

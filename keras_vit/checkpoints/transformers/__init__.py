@@ -1,0 +1,1 @@
+"""transformers' layouts: ViT, CLIP/SigLIP vision towers, DINOv2, DINOv3."""

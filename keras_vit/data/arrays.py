@@ -1,0 +1,180 @@
+"""Images as numpy arrays, without TensorFlow: image files, bilinear resizing and the embedded digits.
+
+The eager counterparts of `keras_vit.data`'s tf.data steps, so that the
+digits data, `predict` and `inspect` run on a JAX or PyTorch install that
+has no TensorFlow. `resize` computes what `tf.image.resize(method="bilinear")`
+computes (half-pixel centres, no antialiasing), bit for bit.
+
+Example:
+>>> (x, y), (x_test, y_test) = digits(image_size=16)
+>>> x.shape, x.dtype, resize(x[0], (8, 8)).shape
+((1437, 16, 16, 3), dtype('uint8'), (8, 8, 3))
+"""
+
+import math
+import os
+import struct
+import zlib
+
+import numpy as np
+
+DIGITS_FILE = os.path.join(os.path.dirname(__file__), "digits.npz")
+
+
+def decode_image(path):
+    """An image file (JPEG, PNG, GIF's first frame, BMP, ...) as uint8 `(height, width, 3)`, decoded by Pillow.
+
+    The pixels `tf.io.decode_image(..., channels=3)` gives where TensorFlow
+    reads the format (`rgb_pixels`). A file that cannot be decoded is a
+    ValueError naming it.
+    """
+    return rgb_pixels(_opened(path), path)
+
+
+def open_rgb(path):
+    """An image file as an RGB Pillow image, with `decode_image`'s pixels."""
+    from PIL import Image
+
+    image = _opened(path)
+    return image if image.mode == "RGB" else Image.fromarray(rgb_pixels(image, path), "RGB")
+
+
+# What Pillow raises for a file it cannot decode: a broken stream or checksum, a truncated file, an unknown format.
+_DECODE_ERRORS = (OSError, SyntaxError, ValueError, EOFError, struct.error, zlib.error)
+
+
+def _opened(path):
+    """The decoded Pillow image of a file (its first frame); `UndecodableImage` where Pillow cannot decode it."""
+    try:
+        from PIL import Image
+    except ImportError as error:
+        raise ImportError("Reading image files needs Pillow, a dependency of keras-vision-transformer: "
+                          "pip install pillow.") from error
+    try:
+        with Image.open(path) as image:
+            image.load()
+            return image
+    except FileNotFoundError:
+        raise
+    except (*_DECODE_ERRORS, Image.DecompressionBombError) as error:
+        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise UndecodableImage(path, reason) from None
+
+
+class UndecodableImage(ValueError):
+    """A file that cannot be decoded as an image; the one-line message names it, `reason` is the decoder's."""
+
+    def __init__(self, path, reason):
+        super().__init__(f"{path} cannot be decoded as an image ({reason}); remove or replace the file.")
+        self.path, self.reason = path, reason
+
+
+def rgb_pixels(image, name="the image"):
+    """The uint8 RGB pixels of any Pillow image: as `tf.io.decode_image(..., channels=3)` decodes the file, where
+    TensorFlow reads its format.
+
+    16-bit samples (PNG's, Pillow's modes `I;16*`, and `I`, where Pillow keeps
+    16-bit PGM samples) keep their high byte, as libpng's `png_set_strip_16`
+    does for TensorFlow; alpha is dropped, not blended; CMYK becomes
+    `(255 - C) * (255 - K) // 255`, TensorFlow's rounding (Pillow's own rounds);
+    a GIF's transparent pixels are black, as TensorFlow's GIF decoder leaves
+    them. Float pixels (mode `F`) have no 8-bit scale and are refused.
+    """
+    mode = image.mode
+    if mode == "RGB":
+        return np.asarray(image)
+    if mode.startswith("I"):
+        samples = np.asarray(image)
+        if samples.size and (samples.min() < 0 or samples.max() > 65535):
+            raise ValueError(f"{name} holds 32-bit integer pixels ({samples.min()} to {samples.max()}), beyond 16 "
+                             "bits: save it with 8 or 16 bits per sample.")
+        return np.repeat((samples.astype("uint32") >> 8).astype("uint8")[..., None], 3, axis=-1)
+    if mode == "F":
+        raise ValueError(f"{name} holds 32-bit float pixels (Pillow mode F), which have no 8-bit scale: save it with "
+                         "8 or 16 bits per sample.")
+    if mode == "CMYK":
+        cmyk = np.asarray(image).astype("uint32")
+        return ((255 - cmyk[..., :3]) * (255 - cmyk[..., 3:]) // 255).astype("uint8")
+    # Through RGBA where Pillow keeps transparency (it warns of a palette's converted straight to RGB).
+    through_alpha = mode == "La" or "transparency" in image.info
+    pixels = np.asarray(image.convert("RGBA").convert("RGB") if through_alpha else image.convert("RGB"))
+    if image.format == "GIF" and mode == "P" and "transparency" in image.info:
+        pixels = np.where((np.asarray(image) == image.info["transparency"])[..., None], np.uint8(0), pixels)
+    return pixels
+
+
+def bilinear_taps(in_size, out_size):
+    """`(low, high, weight)` of 1-D bilinear resampling with half-pixel centres, edges clamped.
+
+    Output pixel `i` is `input[low[i]] + (input[high[i]] - input[low[i]]) * weight[i]`:
+    the two taps per output pixel of `tf.image.resize(method="bilinear")`, with
+    its float32 coordinates.
+    """
+    scale = np.float32(in_size) / np.float32(out_size)
+    source = (np.arange(out_size, dtype="float32") + np.float32(0.5)) * scale - np.float32(0.5)
+    floor = np.floor(source)
+    low = np.clip(floor.astype("int64"), 0, in_size - 1)
+    high = np.clip(floor.astype("int64") + 1, 0, in_size - 1)
+    return low, high, (source - floor).astype("float32")
+
+
+def _resample_axis(image, size, axis):
+    """`image` resampled along `axis` (negative) to `size` pixels from two gathered pixels each, in float32."""
+    low, high, weight = bilinear_taps(image.shape[axis], size)
+    weight = weight.reshape((-1,) + (1,) * (-axis - 1))
+    low_pixels = np.take(image, low, axis=axis).astype("float32")
+    return low_pixels + (np.take(image, high, axis=axis).astype("float32") - low_pixels) * weight
+
+
+def resize(image, size):
+    """`(height, width, channels)` or `(batch, height, width, channels)` resized bilinearly to `size`, as float32.
+
+    Bit-equal to `tf.image.resize(method="bilinear")`: the columns, then
+    the rows, each from two source pixels per output pixel, so a 4000x3000
+    photo takes milliseconds and is never converted to floats whole. Crops
+    for evaluation are planned by `keras_vit.EvalTransform`.
+
+    Example:
+    >>> resize(np.array([[[0], [255]]], "uint8"), (1, 4))[0, :, 0]
+    array([  0.  ,  63.75, 191.25, 255.  ], dtype=float32)
+    """
+    size = tuple(int(s) for s in size)
+    image = np.asarray(image)
+    return _resample_axis(_resample_axis(image, size[1], -2), size[0], -3)
+
+
+def stratified_split(labels, test_fraction, seed):
+    """`(train, test)` index arrays, each class split in proportion (largest remainders), shuffled by `seed`."""
+    if not 0.0 < test_fraction < 1.0:
+        raise ValueError(f"test_fraction must be between 0 and 1, got {test_fraction!r}.")
+    rng = np.random.default_rng(seed)
+    classes, counts = np.unique(labels, return_counts=True)
+    test_total = int(math.ceil(test_fraction * len(labels)))
+    exact = counts * test_total / len(labels)
+    per_class = np.floor(exact).astype("int64")
+    per_class[np.argsort(per_class - exact, kind="stable")[:test_total - per_class.sum()]] += 1
+    test = np.concatenate([rng.permutation(np.flatnonzero(labels == label))[:count]
+                           for label, count in zip(classes, per_class)])
+    train = np.setdiff1d(np.arange(len(labels)), test)
+    return rng.permutation(train), rng.permutation(test)
+
+
+def digits(image_size=32, test_fraction=0.2, seed=0):
+    """The 1,797 8x8 handwritten digits that ship with keras_vit, upsampled to RGB `image_size` images.
+
+    Returns `(train, test)` pairs of `(uint8 images (N, S, S, 3), int64
+    labels)`, split per class (1,437 / 360 with the defaults). No download
+    and no other package: the images are UCI's, as scikit-learn ships them
+    (`keras_vit/data/digits_NOTICE.txt`).
+
+    Example:
+    >>> (x, y), (x_test, y_test) = digits(image_size=32)
+    >>> x.shape, x_test.shape
+    ((1437, 32, 32, 3), (360, 32, 32, 3))
+    """
+    with np.load(DIGITS_FILE) as stored:
+        images, labels = stored["images"], stored["labels"].astype("int64")
+    images = resize(images[..., None].astype("float64") * (255.0 / 16.0), (image_size, image_size))
+    images = np.repeat(np.clip(np.round(images), 0, 255).astype("uint8"), 3, axis=-1)
+    train, test = stratified_split(labels, test_fraction, seed)
+    return (images[train], labels[train]), (images[test], labels[test])

@@ -1,0 +1,67 @@
+"""Input scaling and ImageNet-1k label decoding, in the keras.applications style."""
+
+import functools
+import os
+
+import numpy as np
+from keras import ops
+
+_LABELS = os.path.join(os.path.dirname(__file__), "imagenet1k_labels.txt")
+
+
+def preprocess_input(images):
+    """Scale pixels from [0, 255] to [-1, 1], as the original ViT models expect.
+
+    Accepts uint8 or float images (numpy arrays or tensors) and returns
+    float32 of the same kind.
+
+    Example:
+    >>> import numpy as np
+    >>> preprocess_input(np.array([0, 255], "uint8"))
+    array([-1.,  1.], dtype=float32)
+    """
+    if isinstance(images, np.ndarray) or np.isscalar(images) or isinstance(images, list):
+        return np.asarray(images, dtype="float32") / 127.5 - 1.0
+    return ops.cast(images, "float32") / 127.5 - 1.0
+
+
+@functools.lru_cache(maxsize=1)
+def imagenet_labels():
+    """The 1,000 ImageNet-2012 classes as `(wnid, name)` pairs in index order."""
+    with open(_LABELS) as f:
+        return tuple(tuple(line.rstrip("\n").split("\t")) for line in f)
+
+
+def decode_predictions(preds, top=5, class_names=None):
+    """Decode `(batch, classes)` predictions into `(class_id, name, score)` lists, best first.
+
+    Without `class_names`, ImageNet-1k's `(wnid, name, score)`. With them
+    (a model's own `model.class_names`, read from its checkpoint's labels),
+    the id is the class index as a string.
+
+    Example:
+    >>> import numpy as np
+    >>> scores = np.zeros((1, 1000)); scores[0, 1] = 1.0
+    >>> decode_predictions(scores, top=1)
+    [[('n01443537', 'goldfish', 1.0)]]
+    >>> decode_predictions(np.array([[0.2, 0.8]]), top=1, class_names=["cat", "dog"])
+    [[('1', 'dog', 0.8)]]
+    """
+    preds = np.asarray(ops.convert_to_numpy(preds))
+    if class_names is not None:
+        if preds.ndim != 2 or preds.shape[1] != len(class_names):
+            raise ValueError(f"decode_predictions got predictions of shape {preds.shape} for {len(class_names)} "
+                             f"class names; expected (batch, {len(class_names)}).")
+        labels = [(str(index), name) for index, name in enumerate(class_names)]
+    elif preds.ndim != 2 or preds.shape[1] != 1000:
+        raise ValueError(
+            "decode_predictions expects ImageNet-1k predictions of shape (batch, 1000), "
+            f"got {preds.shape}; pass class_names= (for example model.class_names) for other classes."
+        )
+    else:
+        labels = imagenet_labels()
+    results = []
+    for row in preds:
+        best = np.argsort(row)[::-1][:top]
+        results.append([(*labels[i], float(row[i])) for i in best])
+    return results

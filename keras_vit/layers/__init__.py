@@ -1,0 +1,55 @@
+"""The layers a Vision Transformer is made of, one concept per module.
+
+`InputNormalization` maps the [-1, 1] input to a checkpoint's own pixel
+statistics, `PatchEmbedding` cuts an image into patches and projects them, `ClassToken`
+prepends the learned [class] token and `RegisterTokens` the register
+tokens, `AddPositionEmbedding` adds learned position embeddings (resizing
+them when the grid changes), `TransformerBlock` is one pre-LayerNorm
+encoder block (paper Eq. 2-3) with its `LayerNorm`, and `TokenPooling` or
+`AttentionPooling` reduces the tokens to one vector for the head. Every layer uses `keras.ops` only, so it runs on JAX, TensorFlow and
+PyTorch alike, and every weight keeps the layout of the original Flax
+checkpoints. How attention and LayerNorm are differentiated on each platform
+is `keras_vit.layers.kernels`' business, not the layers'.
+
+- `embedding`: input scaling, patch embedding, class and register tokens, token pooling;
+- `position_embedding`: learned position tables and the one place that resizes them (and patch kernels);
+- `rope`: rotary position embeddings;
+- `blocks`: the Transformer encoder block;
+- `attention_pooling`: multi-head attention pooling (MAP);
+- `norm`, `dense`: the LayerNorm/RMSNorm and the projections every block uses;
+- `conv_stem`, `resnet`: the stems of the hybrid models;
+- `kernels`: the speed kernels and their switches.
+
+This package imports nothing from the rest of keras_vit but `keras_vit.utils`.
+"""
+
+from keras_vit.layers.attention_pooling import AttentionPooling
+from keras_vit.layers.blocks import TransformerBlock
+from keras_vit.layers.embedding import (
+    PRECISIONS,
+    ClassToken,
+    InputNormalization,
+    PatchEmbedding,
+    RegisterTokens,
+    TokenPooling,
+    dtype_policy,
+)
+from keras_vit.layers.norm import LAYER_NORM_EPSILON, LayerNorm, RMSNorm, norm_layer
+from keras_vit.layers.position_embedding import AddPositionEmbedding
+
+__all__ = [
+    "AddPositionEmbedding",
+    "AttentionPooling",
+    "ClassToken",
+    "InputNormalization",
+    "LAYER_NORM_EPSILON",
+    "LayerNorm",
+    "PRECISIONS",
+    "PatchEmbedding",
+    "RMSNorm",
+    "RegisterTokens",
+    "TokenPooling",
+    "TransformerBlock",
+    "dtype_policy",
+    "norm_layer",
+]

@@ -1,0 +1,141 @@
+"""What a built keras_vit model is, read from its layers: its `Architecture` and its native patch grid.
+
+Readers and writers of every layout ask these of a model (a `.keras` file
+keeps the layers they read).
+"""
+
+import re
+
+from keras_vit.model.architecture import POOLINGS, RESNET_EPSILONS, Architecture
+
+
+def architecture_of(model):
+    """The `Architecture` of a built keras_vit model, read from its layers (a `.keras` file keeps them).
+
+    Example:
+    >>> import keras_vit
+    >>> model = keras_vit.ViT(image_size=32, patch_size=8, hidden_size=16, num_layers=1, num_heads=2,
+    ...                       mlp_dim=32, register_tokens=2)
+    >>> architecture_of(model).num_prefix_tokens
+    3
+    """
+    layers = {layer.name: layer for layer in model.layers}
+    block, embedding = layers.get("encoderblock_0"), layers.get("embedding")
+    if block is None or embedding is None or not hasattr(block, "activation"):
+        raise ValueError(f"{getattr(model, 'name', model)!r} is not a keras_vit ViT (it has no layers named "
+                         "'embedding' and 'encoderblock_0').")
+    class_token = "class_token" in layers
+    register_tokens = layers["register_tokens"].count if "register_tokens" in layers else 0
+    position = layers.get("position_embedding")
+    prefix = int(class_token) + register_tokens
+    pool = layers.get("pool")
+    if getattr(model, "classifier", None) in POOLINGS:  # Kept by the model: its pooling layers may be absent.
+        classifier = model.classifier
+    elif "attention_pool" in layers:
+        classifier = "map"
+    elif pool is not None:
+        classifier = pool.method
+    else:
+        classifier = "token" if class_token else "gap"
+    return Architecture(
+        class_token=class_token,
+        register_tokens=register_tokens,
+        class_token_position_embedding=not prefix or position is None or position.num_prefix_tokens == prefix,
+        classifier=classifier,
+        fc_norm="fc_norm" in layers,
+        final_norm="fc_norm" in layers or "encoder_norm" in layers,
+        norm_pre="pre_norm" in layers,
+        patch_bias=getattr(embedding, "use_bias", True),
+        qkv_bias=block.qkv_bias,
+        qk_norm=block.qk_norm,
+        layer_scale=block.layer_scale,
+        post_norm=block.post_norm,
+        pool_include_prefix=bool(prefix) and classifier != "token" and getattr(
+            layers.get("attention_pool") or pool, "num_prefix_tokens", prefix) == 0,
+        attention_output_norm=block.attention_output_norm,
+        mlp_hidden_norm=block.mlp_hidden_norm,
+        normalization=block.normalization,
+        projection_bias=block.projection_bias,
+        patch_norm="patch_norm" in layers,
+        differential_attention=getattr(block, "differential_attention", False),
+        parallel=getattr(block, "parallel", False),
+        mlp_activation=block.activation,
+        position_embedding=position is not None,
+        **_rope_settings(layers.get("rotary_positions"), block),
+        key_bias=getattr(block, "key_bias", True),
+        **_attention_pool_settings(layers.get("attention_pool"), block, embedding),
+        layer_norm_epsilon=block.layer_norm_epsilon,
+        **_pixel_statistics(layers.get("input_normalization")),
+        **_resnet_epsilons(layers.get("conv_root"), layers.get("gn_root")),
+    )
+
+
+def native_grid(model):
+    """The patch grid a keras_vit model was built at: its position table's, or its RoPE positions'."""
+    names = {layer.name for layer in model.layers}
+    layer = model.get_layer("position_embedding" if "position_embedding" in names else "rotary_positions")
+    return tuple(layer.grid_size)
+
+
+def native_image_size(model, step):
+    """`[height, width]` of the images a keras_vit model takes: its input's, or with dynamic resolution its native
+    grid's times `step`, the `(height, width)` of the pixels one patch covers."""
+    size = tuple(model.input_shape[1:3])
+    if None in size:
+        size = tuple(side * pixels for side, pixels in zip(native_grid(model), step))
+    return [int(side) for side in size]
+
+
+def _rope_settings(rotary, block):
+    """The RoPE fields of `Architecture` from a model's `RotaryPositions` layer and first block (empty without)."""
+    if rotary is None:
+        return {}
+    return dict(rope=rotary.form, rope_temperature=block.rope_temperature, rope_grid_offset=rotary.offset,
+                rope_grid_indexing=rotary.indexing, rope_reference_grid=rotary.reference_grid,
+                rope_rotate_half=block.rope_rotate_half)
+
+
+def _attention_pool_settings(pool, block, embedding):
+    """Attention pooling's heads and MLP ratio where they are not the blocks' (empty otherwise)."""
+    if pool is None or (pool.num_heads, pool.mlp_dim) == (block.num_heads, block.mlp_dim):
+        return {}
+    return dict(attention_pool_heads=pool.num_heads, attention_pool_mlp_ratio=pool.mlp_dim / embedding.hidden_size)
+
+
+def _resnet_epsilons(conv, norm):
+    """`{"resnet_epsilons": key}` of a hybrid's root layers (empty for a plain ViT)."""
+    if conv is None or norm is None:
+        return {}
+    found = (float(conv.epsilon), getattr(conv, "epsilon_added_to", "std"), float(norm.epsilon))
+    for key, settings in RESNET_EPSILONS.items():
+        if found == (settings["standardization_epsilon"], settings["epsilon_added_to"], settings["group_norm_epsilon"]):
+            return {"resnet_epsilons": key}
+    raise ValueError(f"The hybrid's ResNet standardises with epsilon {found[0]:g} added to the {found[1]} and "
+                     f"normalises with GroupNorm epsilon {found[2]:g}, which matches none of {tuple(RESNET_EPSILONS)}.")
+
+
+def _pixel_statistics(normalization):
+    return {} if normalization is None else dict(input_mean=normalization.mean, input_std=normalization.std)
+
+
+UNIT = re.compile(r"block(\d+)_unit(\d+)/")
+
+
+def conv_stem_widths_of(state):
+    """The widths of MobileCLIP's convolutional stem that keras_vit-named `state` holds (None: no such stem)."""
+    kernels = [state.get(f"conv_stem_{index}/kernel") for index in range(2)]
+    if any(kernel is None for kernel in kernels):
+        return None
+    return tuple(int(kernel.shape[-1]) for kernel in kernels)
+
+
+def resnet_layers_of(names):
+    """The bottleneck units per ResNet stage that keras_vit variable `names` hold (None: no ResNet)."""
+    if "conv_root/kernel" not in names:
+        return None
+    units = {}
+    for match in map(UNIT.match, names):
+        if match:
+            stage, unit = int(match.group(1)), int(match.group(2))
+            units[stage] = max(units.get(stage, 0), unit)
+    return tuple(units[stage] for stage in sorted(units))

@@ -1,0 +1,174 @@
+"""The Keras graph of a ViT, from sizes and switches that `keras_vit.ViT` has already resolved and checked.
+
+`ModelOptions` holds them (a checkpoint's defaults included); `build` lays
+out the layers: the input normalisation, a hybrid's stem, the patches,
+position embeddings and prefix tokens, the blocks, the pooling and the
+head. It reads no file: `keras_vit.applications.vit` reads checkpoints and loads them
+after the model is built.
+
+Example:
+>>> from keras_vit.model.variants import Variant
+>>> build(ModelOptions(image_size=(32, 32), sizes=Variant(8, 24, 1, 3, 48), classes=5), None).output_shape
+(None, 5)
+"""
+
+import dataclasses
+
+import keras
+
+from keras_vit.layers import (
+    AddPositionEmbedding,
+    AttentionPooling,
+    ClassToken,
+    InputNormalization,
+    PatchEmbedding,
+    RegisterTokens,
+    TokenPooling,
+    TransformerBlock,
+    norm_layer,
+)
+from keras_vit.layers.conv_stem import apply_conv_stem
+from keras_vit.layers.resnet import apply_resnet
+from keras_vit.layers.rope import RotaryPositions
+from keras_vit.model.architecture import Architecture
+from keras_vit.model.variants import Variant
+from keras_vit.model.vision_transformer import DYNAMIC, VisionTransformer
+
+# The fields of `Architecture` that are `TransformerBlock` arguments of the same name.
+BLOCK_SWITCHES = ("qkv_bias", "qk_norm", "layer_scale", "post_norm", "attention_output_norm", "mlp_hidden_norm",
+                  "normalization", "projection_bias", "differential_attention", "parallel", "rope", "rope_temperature",
+                  "rope_rotate_half", "key_bias")
+
+
+def position_grid(image_size, sizes, source):
+    """The grid of the position table: the image's, or with dynamic resolution the checkpoint's (else 224 px)."""
+    step = sizes.pixels_per_patch
+    if image_size != DYNAMIC:
+        return (image_size[0] // step, image_size[1] // step)
+    if source is not None and source.state is not None:
+        if source.grid_size is not None:
+            return tuple(source.grid_size)
+        table = source.state.get("position_embedding/pos_embedding")
+        grid = None if table is None else source.architecture.grid_of(table.shape[1])
+        if grid is not None:
+            return grid
+    return (max(224 // step, 1),) * 2
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelOptions:
+    """Everything `ViT` resolved (checkpoint defaults included) that shapes the built model."""
+
+    image_size: tuple
+    sizes: Variant
+    classes: int = 1000
+    include_top: bool = True
+    pooling: str = None
+    architecture: Architecture = Architecture()
+    representation_size: int = 0
+    dropout_rate: float = 0.0
+    attention_dropout_rate: float = 0.0
+    stochastic_depth_rate: float = 0.0
+    classifier_activation: str = "softmax"
+    position_grid: tuple = None  # Default: the image's grid.
+    position_embedding_interpolation: str = "bicubic"
+    position_embedding_antialias: bool = False
+    drop_remainder: bool = False
+    name: str = "vit"
+    dtype: object = None  # Every layer's keras.DTypePolicy; None: Keras' global policy.
+
+
+def build(options, input_tensor):
+    sizes, image_size, architecture = options.sizes, options.image_size, options.architecture
+    if options.pooling == "token" and not architecture.class_token:
+        raise ValueError(f"pooling='token' needs a class token, but classifier={architecture.classifier!r} has none.")
+    shape = (*image_size, 3)
+    if input_tensor is None:
+        images = keras.Input(shape=shape, name="images")
+    elif not keras.backend.is_keras_tensor(input_tensor):
+        images = keras.Input(tensor=input_tensor, shape=shape, name="images")
+    else:
+        images = input_tensor
+    grid_size = options.position_grid or position_grid(image_size, sizes, None)
+    num_prefix_tokens = architecture.num_prefix_tokens
+    epsilon = architecture.layer_norm_epsilon
+    dynamic = image_size == DYNAMIC
+    typed = {"dtype": options.dtype}  # Given to every layer, so that building never touches the global policy.
+
+    x = images
+    if architecture.normalizes_input:
+        x = InputNormalization(architecture.input_mean, architecture.input_std, name="input_normalization", **typed)(x)
+    if sizes.resnet_layers is not None:
+        x = apply_resnet(x, sizes.resnet_layers, sizes.resnet_width, architecture.resnet_epsilons, options.dtype)
+    if sizes.conv_stem_widths is not None:
+        x = apply_conv_stem(x, sizes.conv_stem_widths, options.dtype)
+    x = patch_grid = PatchEmbedding(sizes.patch_size, sizes.hidden_size, flatten=not dynamic,
+                                    use_bias=architecture.patch_bias, drop_remainder=options.drop_remainder,
+                                    name="embedding", **typed)(x)
+    if dynamic:
+        x = keras.layers.Reshape((-1, sizes.hidden_size), name="flatten_patches", **typed)(patch_grid)
+    if architecture.patch_norm:
+        x = norm_layer(architecture.normalization, epsilon, name="patch_norm", **typed)(x)
+    position = AddPositionEmbedding(
+        grid_size,
+        architecture.position_prefix_rows,
+        interpolation=options.position_embedding_interpolation,
+        antialias=options.position_embedding_antialias,
+        name="position_embedding",
+        **typed,
+    ) if architecture.position_embedding else None
+    if position is not None and not architecture.class_token_position_embedding:  # no_embed_class: patches only.
+        x = position(x, patch_grid=patch_grid) if dynamic else position(x)
+    if architecture.register_tokens:  # [class, registers..., patches], as timm orders them.
+        x = RegisterTokens(architecture.register_tokens, name="register_tokens", **typed)(x)
+    if architecture.class_token:
+        x = ClassToken(name="class_token", **typed)(x)
+    if position is not None and architecture.class_token_position_embedding:
+        x = position(x, patch_grid=patch_grid) if dynamic else position(x)
+    call_options = {}
+    if architecture.rope:
+        rotary = RotaryPositions(grid_size, architecture.rope, num_prefix_tokens, architecture.rope_grid_offset,
+                                 architecture.rope_reference_grid, architecture.rope_grid_indexing,
+                                 name="rotary_positions", **typed)
+        call_options["rope_positions"] = rotary(x, patch_grid=patch_grid) if dynamic else rotary(x)
+    x = keras.layers.Dropout(options.dropout_rate, name="embedding_dropout", **typed)(x)
+    if architecture.norm_pre:
+        x = norm_layer(architecture.normalization, epsilon, name="pre_norm", **typed)(x)
+    for index in range(sizes.num_layers):
+        depth_rate = options.stochastic_depth_rate * index / max(sizes.num_layers - 1, 1)
+        x = TransformerBlock(
+            num_heads=sizes.num_heads,
+            mlp_dim=sizes.mlp_dim,
+            dropout_rate=options.dropout_rate,
+            attention_dropout_rate=options.attention_dropout_rate,
+            stochastic_depth_rate=depth_rate,
+            activation=architecture.mlp_activation,
+            layer_index=index,
+            layer_norm_epsilon=epsilon,
+            **{switch: getattr(architecture, switch) for switch in BLOCK_SWITCHES},
+            name=f"encoderblock_{index}",
+            **typed,
+        )(x, **call_options)
+    if architecture.final_norm and not architecture.fc_norm:
+        x = norm_layer(architecture.normalization, epsilon, name="encoder_norm", **typed)(x)
+
+    pooling = architecture.classifier if options.include_top else options.pooling
+    pooled_from = 0 if architecture.pool_include_prefix and pooling != "token" else num_prefix_tokens
+    if pooling == "map":
+        activation = "gelu" if architecture.mlp_activation == "swiglu" else architecture.mlp_activation
+        heads, ratio = architecture.attention_pool_heads, architecture.attention_pool_mlp_ratio
+        x = AttentionPooling(heads or sizes.num_heads, int(sizes.hidden_size * ratio) if ratio else sizes.mlp_dim,
+                             activation=activation, layer_norm_epsilon=epsilon,
+                             num_prefix_tokens=pooled_from, name="attention_pool", **typed)(x)
+    elif pooling is not None:
+        x = TokenPooling(pooling, pooled_from, name="pool", **typed)(x)
+    if pooling is not None and architecture.fc_norm:
+        x = norm_layer(architecture.normalization, epsilon, name="fc_norm", **typed)(x)
+    if options.include_top:
+        if options.representation_size:
+            x = keras.layers.Dense(options.representation_size, activation="tanh", name="pre_logits", **typed)(x)
+        x = keras.layers.Dense(options.classes, kernel_initializer="zeros", name="head", **typed)(x)
+        x = keras.layers.Activation(options.classifier_activation, dtype="float32", name="predictions")(x)
+
+    inputs = images if input_tensor is None else keras.utils.get_source_inputs(input_tensor)
+    return VisionTransformer(inputs, x, name=options.name, classifier=architecture.classifier)

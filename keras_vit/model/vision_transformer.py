@@ -1,0 +1,227 @@
+"""The `keras.Model` class of every ViT, and what can be read back from a built one.
+
+`VisionTransformer` is the functional model `keras_vit.ViT` returns; it
+checks the images at every entry point. `sizes_of` reads a built model's
+`Variant` sizes (for example of a model loaded from a `.keras` file).
+"""
+
+import numbers
+
+import keras
+
+from keras_vit.data import preprocessing
+from keras_vit.model import deployment
+from keras_vit.model.description import conv_stem_widths_of, native_grid, resnet_layers_of
+from keras_vit.model.variants import Variant
+from keras_vit.utils.keras_internals import keep_variables_on_error
+
+# The image_size of a dynamic-resolution model: any height and width that divide into patches.
+DYNAMIC = (None, None)
+
+
+def check_image_size(image_size, sizes, drop_remainder=False):
+    """Raise `ValueError` unless `(height, width)` divides into the patches of `sizes` (a `Variant`).
+
+    With `drop_remainder`, any size of at least one patch passes.
+    """
+    step = sizes.pixels_per_patch
+    if image_size == DYNAMIC:
+        return
+    if drop_remainder and min(image_size) >= step:
+        return
+    if image_size[0] % step or image_size[1] % step:
+        what = f"patch_size {sizes.patch_size}" if sizes.resnet_layers is None else (
+            f"the hybrid's {step} pixels per patch (ResNet stride x patch_size {sizes.patch_size})")
+        raise ValueError(f"image_size {image_size} is not divisible by {what}; pass drop_remainder=True to leave "
+                         "out the last rows and columns that fill no patch, as timm does.")
+
+
+def sizes_of(model):
+    """The `Variant` sizes of a built keras_vit model, for example one loaded from a `.keras` file."""
+    embedding, block = model.get_layer("embedding"), model.get_layer("encoderblock_0")
+    depth = sum(1 for layer in model.layers if layer.name.startswith("encoderblock_"))
+    paths = {variable.path: variable for variable in model.weights}
+    resnet = {}
+    if "conv_root/kernel" in paths:
+        resnet = dict(resnet_layers=resnet_layers_of(paths),
+                      resnet_width=int(paths["conv_root/kernel"].shape[-1]))
+    if "conv_stem_0/kernel" in paths:
+        resnet = dict(conv_stem_widths=conv_stem_widths_of(paths))
+    return Variant(embedding.patch_size[0], embedding.hidden_size, depth, block.num_heads, block.mlp_dim, **resnet)
+
+
+def native_image_size(model):
+    """The `(height, width)` a model takes: its input's, or for dynamic resolution its position table's.
+
+    Tools that must pick one size for a dynamic model (`keras-vit evaluate`,
+    `predict`, `inspect`) resize images to the size its position embeddings
+    were trained at.
+    """
+    size = tuple(model.input_shape[1:3])
+    if None not in size:
+        return size
+    step = sizes_of(model).pixels_per_patch
+    rows, cols = native_grid(model)
+    return (rows * step, cols * step)
+
+
+def eval_transform(model, image_size=None, crop_fraction=None, interpolation=None, **overrides):
+    """The preprocessing of `model`'s checkpoint for evaluation, as a callable `preprocessing.EvalTransform`.
+
+    A timm checkpoint's is its `pretrained_cfg`'s (crop_pct, filter), a
+    transformers folder's its `preprocessor_config.json`'s, an original
+    `.npz` file's vit_jax's, and a model keras_vit trained or built
+    keras_vit's own. Each field can be overridden (`None` keeps it), as
+    timm's `resolve_data_config(args)` does; the size is the model's unless
+    `image_size` says otherwise.
+
+    Example:
+    >>> import numpy as np, keras_vit
+    >>> model = keras_vit.ViT(image_size=32, patch_size=8, hidden_size=16, num_layers=1, num_heads=2,
+    ...                       mlp_dim=32, classes=3)
+    >>> transform = keras_vit.eval_transform(model, crop_fraction=0.875, interpolation="bicubic")
+    >>> model.predict(transform(np.zeros((375, 500, 3), "uint8"))[None], verbose=0).shape
+    (1, 3)
+    """
+    transform = getattr(model, "eval_transform", None) or preprocessing.keras_vit()
+    transform = transform.fitted_to(native_image_size(model))
+    return transform.replace(image_size=image_size, crop_fraction=crop_fraction, interpolation=interpolation,
+                             **overrides)
+
+
+@keras.saving.register_keras_serializable(package="keras_vit")
+class VisionTransformer(keras.Model):
+    """The functional model `ViT` returns: a `keras.Model` that checks its images before running.
+
+    Keras' JAX trainer runs `fit`, `evaluate` and `predict` without the input
+    check that `model(images)` makes: an image size that is a few pixels off
+    was cropped silently, and an error inside those calls left the model's
+    variables empty. Here the model's `call` checks the images' size and
+    layout (a grayscale or channels-first batch is named as such) whatever
+    the entry point and the kind of data, and a step that fails puts the
+    weights back before it raises.
+
+    Example:
+    >>> import numpy as np, keras_vit
+    >>> model = keras_vit.ViT(image_size=32, patch_size=8, hidden_size=16, num_layers=1, num_heads=2,
+    ...             mlp_dim=32, classes=3)
+    >>> model.predict(np.zeros((1, 36, 36, 3)), verbose=0)  # doctest: +SKIP
+    ValueError: Input 0 with name 'images' of layer 'vit' is incompatible with the layer: ...
+    """
+
+    def __init__(self, *args, class_names=None, classifier=None, eval_transform=None, **kwargs):
+        super().__init__(*args, **kwargs)
+        # How its checkpoint's library preprocesses a photo for evaluation (`keras_vit.data.preprocessing`), or None.
+        self.eval_transform = eval_transform
+        # One name per output, where the checkpoint named its classes (transformers' id2label, timm's labels).
+        self.class_names = list(class_names) if class_names else None
+        # How its head pools ("token", "gap" or "map"): no layer shows it in a model without its top that returns
+        # the token sequence (include_top=False, pooling=None), nor in one pooled otherwise than its head.
+        self.classifier = classifier
+
+    def get_config(self):
+        config = super().get_config()
+        if self.class_names:
+            config["class_names"] = list(self.class_names)
+        if self.classifier:
+            config["classifier"] = self.classifier
+        if self.eval_transform is not None:
+            config["eval_transform"] = self.eval_transform.get_config()
+        return config
+
+    @classmethod
+    def from_config(cls, config, custom_objects=None):
+        config = dict(config)
+        class_names = config.pop("class_names", None)
+        classifier = config.pop("classifier", None)
+        transform = config.pop("eval_transform", None)
+        model = super().from_config(config, custom_objects=custom_objects)
+        model.class_names, model.classifier = class_names, classifier
+        model.eval_transform = None if transform is None else preprocessing.EvalTransform.from_config(transform)
+        return model
+
+    def __call__(self, *args, **kwargs):
+        if args:
+            self._check_images(args[0])
+        return super().__call__(*args, **kwargs)
+
+    def export(self, filepath, format="tf_saved_model", verbose=None, input_signature=None, **kwargs):
+        """Keras' `export`, with a dynamic batch in every format and ONNX on every backend (`keras_vit.model.deployment`).
+
+        Also takes `quantize="int8"`, for an 8-bit copy of the weights.
+        """
+        return deployment.export_model(self, filepath, format=format, verbose=verbose,
+                                       input_signature=input_signature, native_image_size=native_image_size(self),
+                                       patch_pixels=sizes_of(self).pixels_per_patch, **kwargs)
+
+    def call(self, inputs, *args, **kwargs):
+        # Keras' JAX trainer calls `call` directly, without the input check of `__call__`: every entry point and
+        # every kind of data (arrays, tf.data, PyDataset, generators) reaches the model here with its real shape.
+        self._check_images(inputs)
+        return super().call(inputs, *args, **kwargs)
+
+    def make_train_function(self, force=False):
+        super().make_train_function(force)
+        self.train_function = keep_variables_on_error(self, self.train_function, "train")
+        return self.train_function
+
+    def make_test_function(self, force=False):
+        super().make_test_function(force)
+        self.test_function = keep_variables_on_error(self, self.test_function, "test")
+        return self.test_function
+
+    def make_predict_function(self, force=False):
+        super().make_predict_function(force)
+        self.predict_function = keep_variables_on_error(self, self.predict_function, "predict")
+        return self.predict_function
+
+    def _check_images(self, x):
+        """Refuse another image size, or a grayscale or channels-first batch, with a message that says so."""
+        if len(self.inputs) != 1:
+            return
+        found = _images_shape(x)
+        expected = tuple(self.inputs[0].shape)
+        if found is None or len(expected) != 4:
+            return
+        if len(found) == 3 and found[-1] in (1, 3, 4):
+            raise ValueError(f"Got one image of shape {found}; the model takes a batch {expected}: add a batch axis, "
+                             "e.g. images[None].")
+        if len(found) == 4 and found[-1] not in (3, None):
+            if found[1] == 3:
+                fix = "they look channels-first (batch, 3, height, width): transpose them with np.transpose(x, (0, 2, 3, 1))"
+            elif found[-1] == 1:
+                fix = "they are grayscale (one channel): repeat it with np.repeat(x, 3, axis=-1)"
+            elif found[-1] == 4:
+                fix = "they have an alpha channel: drop it with x[..., :3]"
+            else:
+                fix = f"they have {found[-1]} channels"
+            raise ValueError(f"Images of shape {found} are not RGB channels-last {expected}; {fix}.")
+        if len(found) == 4 and expected[1:3] == DYNAMIC:
+            # A TensorFlow graph traced with unknown sizes cannot check them; a "valid" convolution would crop,
+            # which only a model built with drop_remainder=True asks for.
+            sizes, crop = sizes_of(self), self.get_layer("embedding").drop_remainder
+            for size, axis in zip(found[1:3], ("height", "width")):
+                if size is not None and (size < sizes.pixels_per_patch if crop else size % sizes.pixels_per_patch):
+                    what = f"the patch size {sizes.patch_size}" if sizes.resnet_layers is None else \
+                        f"the {sizes.pixels_per_patch} pixels one patch spans"
+                    raise ValueError(f"Image {axis} {size} is {'smaller than' if crop else 'not divisible by'} {what} "
+                                     f"(input shape {found}).")
+        compatible = len(found) == 4 and all(e is None or f is None or e == f for e, f in zip(expected, found))
+        if not compatible:
+            raise ValueError(
+                f"Input 0 with name '{self.inputs[0].name}' of layer '{self.name}' is incompatible with the layer: "
+                f"expected shape={expected}, found shape={found}"
+            )
+
+
+def _images_shape(x):
+    """The static shape of a batch of images, or None if unknown."""
+    shape = getattr(x, "shape", None)
+    if shape is None or isinstance(x, dict):
+        return None
+    try:
+        dims = list(shape)
+    except TypeError:
+        return None
+    # Symbolic sizes (an export's batch dimension, a traced unknown) count as unknown.
+    return tuple(int(d) if isinstance(d, numbers.Integral) else None for d in dims)

@@ -1,0 +1,1 @@
+"""Using a trained model: inference, analysis, feature maps."""

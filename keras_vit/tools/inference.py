@@ -1,0 +1,242 @@
+"""Using a trained model: evaluate, predict, inspect, convert, export; each takes plain arguments.
+
+`weights` is a `.keras` file, or anything else `keras_vit.from_pretrained`
+reads (an original `.npz`, a `.weights.h5` file, a timm or transformers
+file or folder, an `hf://org/name` handle), or a named checkpoint; for all
+but `.keras` `model` (a variant name), else the checkpoint's own sizes,
+else `sizes` say what to build.
+"""
+
+import dataclasses
+import os
+
+import keras
+import numpy as np
+
+from keras_vit import checkpoints, data
+from keras_vit.applications import pretrained
+from keras_vit.applications.vit import ViT
+from keras_vit.configs import check_sizes_agree, model_sizes
+from keras_vit.data import arrays
+from keras_vit.data.imagenet import imagenet_labels
+from keras_vit.model import deployment
+from keras_vit.model.variants import SMALL_VIT, Variant
+from keras_vit.model.vision_transformer import eval_transform, native_image_size, sizes_of
+from keras_vit.training import accuracy_metrics
+from keras_vit.utils import files
+from keras_vit.utils.shapes import as_pair
+
+
+def _given(sizes):
+    """Sizes the caller set: all of a `Variant`, or the entries of a dict (`{"hidden_size": 32}`)."""
+    return dataclasses.asdict(sizes) if isinstance(sizes, Variant) else dict(sizes or {})
+
+
+def load_for_inference(weights, model=None, image_size=None, sizes=None, needs_head=True, drop_remainder=False):
+    """A model from `weights` (what `keras_vit.from_pretrained` reads, or a named checkpoint), refused if any is NaN.
+
+    `sizes` (a `Variant`, or a dict of some of its fields) build a model for
+    a file that does not say its own; where the file or `model` says them,
+    they must agree. `image_size` defaults to the checkpoint's own (else 32).
+    With `needs_head=False`, a file without a head builds a model without
+    one (its token sequence), for tools that read attention, not classes.
+    `drop_remainder` builds an `image_size` the patches do not divide.
+    """
+    if weights is None:
+        raise ValueError("weights=None is an untrained model, with nothing to show: pass weights=PATH, a trained "
+                         "model or checkpoint.")
+    given = _given(sizes)
+    if weights.endswith(".keras") and os.path.exists(weights):
+        network = keras.saving.load_model(weights, compile=False)
+        checkpoints.check_finite(network, weights)
+        check_sizes_agree(sizes_of(network), f"--weights {weights}", given)
+        return network
+    source = pretrained.read_pretrained(weights, model, as_pair(image_size or 32, "image_size"), given.get("num_heads"))
+    image_size = as_pair(image_size, "image_size") if image_size else (source.image_size or (32, 32))
+    headless = "head/kernel" not in source.state
+    if needs_head and headless:
+        raise ValueError(f"{weights} has no classifier head: it is a feature model (as DINOv2's, CLIP's and SigLIP's "
+                         "towers); take its features with keras_vit.from_pretrained and keras_vit.feature_extractor, "
+                         "or fine-tune a head: keras-vit finetune --weights ...")
+    default = dataclasses.replace(SMALL_VIT, **given)
+    sizes = model_sizes(model, source, default, given)
+    return ViT(image_size=image_size, **sizes.__dict__, weights=source, classifier_activation=None,
+               include_top=not headless, drop_remainder=drop_remainder)
+
+
+def _check_has_classifier(model, weights):
+    if len(model.output_shape) != 2:
+        raise ValueError(
+            f"{weights} is an encoder without a classifier (its output has shape {model.output_shape}), "
+            "for example from `pretrain --objective masked-patch`; fine-tune it first: "
+            f"keras-vit finetune --weights {weights}"
+        )
+
+
+def outputs_logits(model):
+    """Whether `model` ends in logits (no softmax on its "predictions" layer)."""
+    try:
+        activation = model.get_layer("predictions").activation
+    except ValueError:
+        return True
+    return activation is keras.activations.linear or getattr(activation, "__name__", "") == "linear"
+
+
+def evaluate(weights="runs/finetune/model.keras", dataset="digits", eval_split="test", data_dir=None,
+             eval_batch_size=256, verbose=1, model=None, image_size=None, sizes=None, crop_fraction=None,
+             interpolation=None, drop_remainder=False):
+    """Top-1 and top-5 of a saved model on a data-set split; prints both and returns Keras' results dict.
+
+    Images are preprocessed as the checkpoint's library evaluates it
+    (`keras_vit.eval_transform`), with `crop_fraction` or `interpolation`
+    in place of its own where given.
+    """
+    network = load_for_inference(weights, model, image_size, sizes, drop_remainder=drop_remainder)
+    _check_has_classifier(network, weights)
+    image_size = native_image_size(network)
+    num_classes = network.output_shape[-1]
+    names = _saved_class_names(network, weights)
+    source = data.load_source(dataset, eval_split, data_dir, image_size, class_names=names)
+    if source.num_classes != num_classes:
+        raise ValueError(
+            f"{weights} has {num_classes} classes but {dataset!r} ({eval_split}) has {source.num_classes}: "
+            "evaluate a model on the data set it was trained for."
+        )
+    transform = eval_transform(network, crop_fraction=crop_fraction, interpolation=interpolation)
+    batches = data.make_dataset(source, image_size, eval_batch_size, training=False, one_hot=True,
+                                num_classes=num_classes, eval_transform=transform)
+    network.compile(loss=keras.losses.CategoricalCrossentropy(from_logits=outputs_logits(network)),
+                    metrics=accuracy_metrics(num_classes))
+    results = network.evaluate(batches, verbose=verbose, return_dict=True)
+    print(f"top-1 accuracy: {results['top1']:.4f}")
+    print(f"top-5 accuracy: {results['top5']:.4f}")
+    return results
+
+
+def _read_names(path, model):
+    """The class names in a text file, one a line, checked against the model's outputs."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            names = [line.strip() for line in f if line.strip()]
+    except UnicodeDecodeError:
+        raise ValueError(f"{path} is not a text file of class names (one name a line, UTF-8).") from None
+    if len(names) != model.output_shape[-1]:
+        raise ValueError(f"{path} lists {len(names)} class names but the model has {model.output_shape[-1]} outputs.")
+    return names
+
+
+def _saved_class_names(model, weights):
+    """The classes.txt that training wrote beside `weights`, or None."""
+    path = os.path.join(os.path.dirname(os.path.abspath(weights or "")), "classes.txt")
+    return _read_names(path, model) if os.path.exists(path) else None
+
+
+def class_names(model, weights=None, labels=None):
+    """Names for the model's outputs: the `labels` file, classes.txt beside `weights`, the checkpoint's, or ImageNet's."""
+    if labels:
+        return _read_names(labels, model)
+    saved = _saved_class_names(model, weights)
+    if saved is not None:
+        return saved
+    if getattr(model, "class_names", None):
+        return list(model.class_names)
+    if model.output_shape[-1] == 1000:
+        return [name for _, name in imagenet_labels()]
+    return [str(i) for i in range(model.output_shape[-1])]
+
+
+def predict(images, weights="runs/finetune/model.keras", labels=None, crop_fraction=None, model=None,
+            image_size=None, sizes=None, interpolation=None, drop_remainder=False):
+    """Print the top-5 classes of each image file; returns `[(name, probability)] * 5` per image.
+
+    Each photo is preprocessed as the checkpoint's library evaluates it
+    (`keras_vit.eval_transform`: timm's crop_pct and filter, transformers'
+    image processor, vit_jax's squash), with `crop_fraction` or
+    `interpolation` in place of its own where given.
+    """
+    network = load_for_inference(weights, model, image_size, sizes, drop_remainder=drop_remainder)
+    _check_has_classifier(network, weights)
+    transform = eval_transform(network, crop_fraction=crop_fraction, interpolation=interpolation)
+    names = class_names(network, weights, labels)
+    results = []
+    for path in images:
+        if not os.path.exists(path):
+            raise FileNotFoundError(f"Image not found: {path}")
+        image = transform.load(path)
+        scores = keras.ops.convert_to_numpy(network(image[None], training=False))[0].astype("float64")
+        probabilities = scores
+        if outputs_logits(network):
+            probabilities = np.exp(scores - scores.max())
+            probabilities /= probabilities.sum()
+        best = np.argsort(probabilities)[::-1][:5]
+        print(path)
+        for index in best:
+            print(f"  {names[index]:>24s}  {probabilities[index]:.4f}")
+        results.append([(names[i], float(probabilities[i])) for i in best])
+    return results
+
+
+def inspect(image, weights="runs/finetune/model.keras", output_dir="runs/inspect", model=None, image_size=None,
+            sizes=None, drop_remainder=False):
+    """Write attention rollout, mean attention distance, position-embedding and filter plots of one image file."""
+    from keras_vit.tools import analysis
+
+    network = load_for_inference(weights, model, image_size, sizes, needs_head=False, drop_remainder=drop_remainder)
+    if not os.path.exists(image):
+        raise FileNotFoundError(f"Image not found: {image}")
+    pixels = np.clip(np.round(eval_transform(network).pixels(arrays.open_rgb(image))), 0, 255).astype("uint8")
+    written = analysis.inspect(network, pixels, output_dir)
+    for path in written.values():
+        print("wrote", path)
+    return written
+
+
+def convert(weights, output, model=None, image_size=None, classes=None, num_heads=None, drop_remainder=False):
+    """Convert a checkpoint (what `from_pretrained` reads, or a name with `model`) to a `.keras` file.
+
+    `image_size` and `classes` default to the checkpoint's own, `num_heads`
+    to the file's (for a file that does not store it); returns the model.
+    """
+    source = pretrained.read_pretrained(weights, model, as_pair(image_size or 224, "image_size"), num_heads)
+    if num_heads and source.num_heads and num_heads != source.num_heads:
+        raise ValueError(f"--num-heads {num_heads} disagrees with {weights}, whose num_heads is {source.num_heads}; "
+                         "leave it out to use the file's.")
+    if num_heads and not model:
+        source = dataclasses.replace(source, num_heads=num_heads)
+    sizes = model_sizes(model, source, None)
+    if sizes is None:
+        raise ValueError(
+            f"{weights} does not store all its sizes (a .weights.h5 file or a bare state dict has no head count); "
+            "name its variant with `model` (--model), e.g. ViT_B16, or pass `num_heads` (--num-heads)."
+        )
+    image_size = image_size or source.image_size or 224
+    network = ViT(image_size=image_size, **sizes.__dict__, weights=source, classes=classes,
+                  drop_remainder=drop_remainder)
+    with files.atomic_path(output) as path:  # A failed write keeps any earlier file whole.
+        network.save(path)
+    print(f"wrote {output}: {network.name}, {network.count_params():,} parameters, {image_size} px")
+    return network
+
+
+def export(source, output=None, format="onnx", quantize=None, num_heads=None):
+    """Export a model for serving; returns the path written.
+
+    `source` is a `.keras` file or anything `keras_vit.from_pretrained` reads
+    (an original `.npz`, a timm or transformers file or folder, an `hf://`
+    handle; `num_heads` for a file that does not store its head count);
+    `output` defaults to the source's name with the format's ending
+    (`vit.onnx`, `vit.tflite`, `vit_saved_model/`). See `keras_vit.model.deployment`.
+    """
+    deployment.check_format(format, quantize)  # A wrong backend or a missing package, before loading anything.
+    if source.endswith(".keras") and os.path.exists(source):
+        network = load_for_inference(source)
+    else:
+        from keras_vit.applications.pretrained import from_pretrained
+
+        network = from_pretrained(source, **({"num_heads": num_heads} if num_heads else {}))
+    output = output or deployment.default_path(source, format)
+    network.export(output, format=format, quantize=quantize)
+    what = f"{format}, int8" if quantize else format
+    print(f"wrote {output} ({what}): {network.name}, {network.count_params():,} parameters, "
+          f"input {(None, *network.input_shape[1:])}")
+    return output

@@ -1,0 +1,1 @@
+"""Small helpers every part of keras_vit shares: whole-or-nothing files, Keras internals, shapes."""
