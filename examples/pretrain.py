@@ -20,8 +20,8 @@ import os
 import keras
 
 import keras_vit
-from keras_vit import data, training
-from keras_vit.applications.vit import check_image_size, read_checkpoint
+from keras_vit import checkpoints, data, training
+from keras_vit.applications.vit import check_image_size
 from keras_vit.cli.flags import parse_config
 from keras_vit.training import durable, recipes
 
@@ -38,7 +38,7 @@ durable.check_output_dir(config.output_dir, config.overwrite, config.weights, en
 # The sizes: --model, else those of --weights, else the size flags (the small digits ViT).
 checkpoint = None
 if config.weights:
-    checkpoint = read_checkpoint(config.weights, config.model, config.image_size)
+    checkpoint = checkpoints.read_weights(config.weights, config.model, config.image_size)
 sizes = config.sizes(checkpoint)
 check_image_size(config.image_size, sizes)
 

@@ -165,3 +165,38 @@ def test_a_state_dict_with_a_switch_keras_vit_lacks_names_it(tmp_path):
                                               r"ResNet, .* nor MobileCLIP's ConvStem: another backbone such as ViTamin's\) "
                                               r"\(\['patch_embed.backbone.stem.conv.weight'\]\)"):
         keras_vit.ViT(**SMALL, weights=str(tmp_path / "stem.safetensors"))
+
+
+@pytest.mark.backend_independent  # the config is plain data, the layers' attributes too
+def test_a_model_carries_the_description_its_layers_give_and_a_keras_file_keeps_it(tmp_path):
+    import dataclasses
+
+    from keras_vit.model import description
+
+    zoo = [dict(SMALL), dict(SMALL, image_size=(None, None)), dict(SMALL, include_top=False, pooling="gap"),
+           dict(SMALL, patch_size=1, resnet_layers=(), resnet_width=32),
+           dict(SMALL, architecture=Architecture(rope="axial", mlp_activation="swiglu", qk_norm=True,
+                                                 layer_scale=0.1, class_token=False, classifier="gap")),
+           *(dict(SMALL, **switches) for switches in (DINOV2_REG, dict(classifier="map", qkv_bias=False),
+                                                     dict(normalization="rms_norm", projection_bias=False)))]
+    for options in zoo:
+        model = keras_vit.ViT(**options)
+        carried = (model.architecture, model.sizes, model.native_grid)
+        for attribute in ("architecture", "sizes", "native_grid"):
+            setattr(model, attribute, None)  # what a .keras file saved before December 2026 gives: read the layers
+        read = (description.architecture_of(model), description.sizes_of(model), description.native_grid(model))
+        assert carried == read, options
+        model.architecture, model.sizes, model.native_grid = carried
+        path = str(tmp_path / "model.keras")
+        model.save(path)
+        config = keras.saving.load_model(path).get_config()
+        assert config["architecture"] == description.describe(*carried)["architecture"]
+        assert description.read_description(dict(config)) == carried
+    future = dict(description.describe(*carried), native_grid=[4, 4])
+    future["architecture"] = dict(future["architecture"], wormhole_attention=True)
+    with pytest.raises(ValueError, match=r"^The model's saved Architecture has fields \['wormhole_attention'\] that "
+                                         r"this keras_vit does not know: it was saved by a newer keras_vit; upgrade "
+                                         r"keras_vit to load it.$"):
+        description.read_description(future)
+    assert dataclasses.asdict(carried[0]) == dataclasses.asdict(description.read_description(
+        description.describe(*carried))[0])

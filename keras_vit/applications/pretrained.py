@@ -17,64 +17,10 @@ import os
 
 import keras
 
-from keras_vit.applications.vit import ViT, read_checkpoint
-from keras_vit.checkpoints import CheckpointError, architecture_of, load_keras, source_of_saved
-from keras_vit.model.variants import VARIANTS, Variant
+from keras_vit.applications.vit import ViT
+from keras_vit.checkpoints import CheckpointError, architecture_of, load_keras, read_weights, source_of_saved
+from keras_vit.model.variants import Variant
 from keras_vit.utils.keras_internals import sublayers
-
-HF_PREFIX = "hf://"
-# The files a ViT repository on the Hub may hold that keras_vit reads (transformers keeps the pixel
-# statistics in preprocessor_config.json).
-_HUB_FILES = ["config.json", "preprocessor_config.json", "model.safetensors", "pytorch_model.bin", "*.npz"]
-# timm and the paper name these widths; their head counts, for a file that does not store its own.
-_HEADS_BY_WIDTH = {variant.hidden_size: variant.num_heads for variant in VARIANTS.values()}
-
-
-def resolve_handle(handle):
-    """The local folder of an `hf://org/name[@revision]` handle, downloaded into the Hugging Face cache once.
-
-    With `HF_HUB_OFFLINE=1` (or no network) a cached snapshot is used; a
-    handle that is not cached is a `CheckpointError` that names it.
-    """
-    try:
-        import huggingface_hub
-        from huggingface_hub.errors import LocalEntryNotFoundError
-    except ImportError as error:
-        raise CheckpointError(
-            f"{handle}: hf:// handles need huggingface_hub: pip install 'keras-vision-transformer[hub]'."
-        ) from error
-    repo, _, revision = handle.removeprefix(HF_PREFIX).partition("@")
-    if repo.count("/") != 1 or not all(repo.split("/")):
-        raise CheckpointError(f"{handle} is not an hf://org/name handle (for example hf://timm/vit_base_patch16_224).")
-    try:
-        return huggingface_hub.snapshot_download(repo, revision=revision or None, allow_patterns=_HUB_FILES)
-    except LocalEntryNotFoundError as error:
-        raise CheckpointError(
-            f"{handle} is not in the Hugging Face cache ({huggingface_hub.constants.HF_HUB_CACHE}) and the Hub "
-            "cannot be reached (offline, or HF_HUB_OFFLINE=1): download it once with network access, or pass a "
-            "local path."
-        ) from error
-    except Exception as error:  # huggingface_hub raises many types (missing repo, gated, HTTP).
-        raise CheckpointError(f"{handle} could not be fetched from the Hugging Face Hub: {error}") from error
-
-
-def read_pretrained(weights, variant=None, image_size=(224, 224), num_heads=None, verbose=None):
-    """`read_checkpoint` of what `from_pretrained` reads: an `hf://` handle is fetched first, the head count filled in.
-
-    The head count is the file's, else `num_heads`, else that of the named
-    variant of the file's width (None where none says it). Every command
-    that loads weights reads them here, so each takes what `from_pretrained`
-    takes; `variant` and `image_size` choose among named checkpoints, and
-    `verbose=0` downloads one without a progress bar.
-    """
-    path = os.fspath(weights)
-    if path.startswith(HF_PREFIX):
-        path = resolve_handle(path)
-    checkpoint = read_checkpoint(path, variant, image_size, verbose=verbose)
-    kernel = checkpoint.state.get("embedding/kernel")
-    if not checkpoint.num_heads and kernel is not None:
-        checkpoint = dataclasses.replace(checkpoint, num_heads=num_heads or _HEADS_BY_WIDTH.get(int(kernel.shape[-1])))
-    return checkpoint
 
 
 def from_pretrained(source, **overrides):
@@ -114,8 +60,6 @@ def from_pretrained(source, **overrides):
         raise CheckpointError(f"from_pretrained takes a path or an hf://org/name handle, got {type(source).__name__} "
                               f"{source!r}.")
     path = os.fspath(source)
-    if path.startswith(HF_PREFIX):
-        path = resolve_handle(path)
     if path.endswith(".keras"):
         saved = load_keras(path)
         if _as_saved(saved, path, overrides):
@@ -123,7 +67,7 @@ def from_pretrained(source, **overrides):
         checkpoint = source_of_saved(saved, path)
         del saved
     else:
-        checkpoint = read_pretrained(path, num_heads=overrides.get("num_heads"))
+        checkpoint = read_weights(path).with_heads(overrides.get("num_heads"))
     state = checkpoint.state
     kernel, mlp = state.get("embedding/kernel"), state.get("encoderblock_0/mlp_hidden/kernel")
     if kernel is None or mlp is None:

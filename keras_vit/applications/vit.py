@@ -236,7 +236,8 @@ def ViT(
         raise ValueError(f"hidden_size {hidden_size} is not divisible by num_heads {num_heads}.")
     # Arguments are checked above, before any download.
     chosen_size = (224, 224) if image_size == DYNAMIC else image_size  # Which published resolution to take.
-    source = None if weights is None else read_checkpoint(weights, variant_name(sizes), chosen_size, sizes, classes)
+    source = None if weights is None else checkpoints.read_weights(weights, variant_name(sizes), chosen_size, sizes,
+                                                                  classes)
     if num_heads is None and source is not None:
         if source.num_heads is not None:
             sizes = dataclasses.replace(sizes, num_heads=source.num_heads)
@@ -285,31 +286,6 @@ def ViT(
             model.eval_transform = source.eval_transform.fitted_to(native_image_size(model))
     return model
 
-
-def read_checkpoint(weights, variant=None, image_size=(224, 224), sizes=None, classes=None, verbose=None):
-    """Read `weights` (a name or a path) into a `checkpoints.WeightsSource` with its state.
-
-    `keras_vit.checkpoints` reads every layout without building a model,
-    except a `.weights.h5` file, which holds no architecture: for one, a
-    model of the layout the file implies is built here and loaded with
-    Keras' own loader. A download shows a progress bar unless `verbose=0`.
-
-    Example:
-    >>> source = read_checkpoint("ViT-B_16.npz")  # doctest: +SKIP
-    >>> source.sizes, source.image_size  # doctest: +SKIP
-    """
-    source = checkpoints.read_weights(weights, variant, image_size, sizes, classes, verbose)
-    if source.state is not None:
-        return source
-    layout = source.layout
-    try:
-        template = build(ModelOptions(**layout), None)
-        template.load_weights(source.description)
-    except Exception as error:
-        raise checkpoints.CheckpointError(
-            f"{source.description} could not be loaded as keras_vit weights: {error}"
-        ) from error
-    return source.with_state(checkpoints.state_of(template))
 
 
 def _named(name, weights, image_size, kwargs):

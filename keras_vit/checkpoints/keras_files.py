@@ -5,7 +5,8 @@ read from the saved layers; one that Keras quantized (`model.quantize`) is
 loaded as saved (`load_keras`), its 8-bit kernels being no weights for
 another model. A `.weights.h5` file carries none: its layout
 (sizes, grid, head) is inferred from the stored shapes, and
-`keras_vit.applications.vit.read_checkpoint` builds a model of that layout to load it.
+`read_weights_h5_state` builds a model of that layout (`keras_vit.model.graph`) for Keras'
+loader to read it into.
 """
 
 import contextlib
@@ -35,6 +36,7 @@ from keras_vit.checkpoints.source import (
 from keras_vit.layers import PRECISIONS
 from keras_vit.model.architecture import Architecture
 from keras_vit.model.description import architecture_of, native_grid
+from keras_vit.model.graph import ModelOptions, build
 from keras_vit.model.variants import Variant
 from keras_vit.utils.keras_internals import stored_kernel, sublayers
 
@@ -291,7 +293,7 @@ def read_weights_h5(path, budget=None):
     The file holds no architecture, so the saved model's depth, head and
     position grid are inferred from its shapes into `layout` (the options
     of `keras_vit.model.graph.ModelOptions`); the arrays are read by a model of
-    that layout (`keras_vit.applications.vit.read_checkpoint`). The head count is not
+    that layout (`read_weights_h5_state`). The head count is not
     stored in the file. `budget` (a `WeightBudget`) bounds the file's size
     and the bytes its arrays declare by the model it is meant for.
     """
@@ -355,6 +357,16 @@ def read_weights_h5(path, budget=None):
         representation_size=int(shapes[dense[0]][1][0]) if len(dense) == 2 else 0,
     )
     return WeightsSource(path, state=None, grid_size=(side, side), layout=layout)
+
+
+def read_weights_h5_state(source):
+    """`source` (of `read_weights_h5`) with its state: Keras' own loader reads the file into a model of its layout."""
+    try:
+        template = build(ModelOptions(**source.layout), None)
+        template.load_weights(source.description)
+    except Exception as error:
+        raise CheckpointError(f"{source.description} could not be loaded as keras_vit weights: {error}") from error
+    return source.with_state(state_of(template))
 
 
 def _layer_order(name):

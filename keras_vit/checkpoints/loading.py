@@ -17,8 +17,9 @@ import keras
 import numpy as np
 
 from keras_vit.checkpoints.flax_npz import read_npz
+from keras_vit.checkpoints.hub.huggingface import HF_PREFIX, resolve_handle
 from keras_vit.checkpoints.hub.registry import fetch, find_checkpoint
-from keras_vit.checkpoints.keras_files import read_keras, read_weights_h5
+from keras_vit.checkpoints.keras_files import read_keras, read_weights_h5, read_weights_h5_state
 from keras_vit.checkpoints.source import (
     BLOCK,
     CheckpointError,
@@ -46,11 +47,13 @@ from keras_vit.model.variants import VARIANTS, width_name
 logger = logging.getLogger("keras_vit")
 
 
-def read_weights(weights, variant, image_size, sizes=None, classes=None, verbose=None):
-    """Read `weights` (a name or a path) into a `WeightsSource`.
+def read_weights(weights, variant=None, image_size=(224, 224), sizes=None, classes=None, verbose=None):
+    """Read `weights` (a file, a folder, an `hf://org/name` handle or a published name) into a `WeightsSource`.
 
-    `variant` is the model's variant name (or `None` for custom sizes) and
-    `image_size` its `(height, width)`, used to choose among named files.
+    The one reader every caller goes through: `ViT(weights=...)`,
+    `from_pretrained`, training and the commands. `variant` is the model's
+    variant name (or `None` for custom sizes) and `image_size` its
+    `(height, width)`, used to choose among named files.
     `sizes` (a `Variant`, default the named variant's) and `classes` are
     the model's it is meant for: a file far larger than any checkpoint of
     that model is refused before it is read. A named checkpoint not yet in
@@ -61,6 +64,8 @@ def read_weights(weights, variant, image_size, sizes=None, classes=None, verbose
     if not isinstance(weights, (str, os.PathLike)):
         raise CheckpointError(f"weights must be None, a name or a path, got {type(weights).__name__}.")
     path = os.fspath(weights)
+    if path.startswith(HF_PREFIX):
+        path = resolve_handle(path)
     if not _looks_like_path(path):
         checkpoint = find_checkpoint(variant, path, image_size)
         source = read_npz(fetch(checkpoint, verbose))  # Checked against the variant's budget on download.
@@ -86,7 +91,8 @@ def read_weights(weights, variant, image_size, sizes=None, classes=None, verbose
     if not os.path.exists(path):
         raise CheckpointError(f"Weights file not found: {path}")
     require_regular_file(path)  # Before anything opens it: a FIFO or a device would hang or never end.
-    return reader(path, budget=budget)
+    source = reader(path, budget=budget)
+    return source if source.state is not None else read_weights_h5_state(source)
 
 
 def read_folder(folder, budget=None):

@@ -18,7 +18,7 @@ import keras
 
 from keras_vit.model.architecture import IMAGENET_PIXEL_STATISTICS, Architecture
 from keras_vit.model.description import architecture_of, conv_stem_widths_of, resnet_layers_of
-from keras_vit.model.variants import CONV_STEM_STRIDE, Variant, resnet_stride
+from keras_vit.model.variants import CONV_STEM_STRIDE, VARIANTS, Variant, resnet_stride
 
 
 class CheckpointError(ValueError):
@@ -145,7 +145,7 @@ class WeightsSource:
     `state` maps variable paths to arrays. A `.weights.h5` file holds no
     architecture: it is read as `state=None` with the `layout` (the
     `keras_vit.model.graph.ModelOptions` its shapes imply) until a model of that
-    layout loads it (`keras_vit.applications.vit.read_checkpoint`). A `.keras` file's
+    layout loads it (`keras_files.read_weights_h5_state`). A `.keras` file's
     `layout` holds the options its saved layers show and its tensors cannot
     (`include_top`, `pooling`).
     """
@@ -216,6 +216,19 @@ class WeightsSource:
     @property
     def num_layers(self):
         return len({m.group(1) for m in map(BLOCK.match, self.state) if m})
+
+    def with_heads(self, num_heads=None):
+        """This source with its head count: the file's, else `num_heads`, else the named variant's of its width.
+
+        For a model built from the file alone (`from_pretrained`, the
+        commands); `ViT(weights=...)` takes the count it is given instead.
+        """
+        kernel = self.state.get("embedding/kernel")
+        if self.num_heads or kernel is None:
+            return self
+        heads = num_heads or {variant.hidden_size: variant.num_heads for variant in VARIANTS.values()}.get(
+            int(kernel.shape[-1]))
+        return dataclasses.replace(self, num_heads=heads)
 
     def with_state(self, state):
         """This source with `state` read (from a model of its `layout`)."""

@@ -133,7 +133,7 @@ class ArrayBatches(keras.utils.PyDataset):
         """The batched steps on `examples_of`'s batch: the augmenters, then pixels to [-1, 1]."""
         for augmenter in self.augmenters:
             images, labels = apply_augmenter(augmenter, images, labels)
-        images = np.asarray(images, "float32") / 127.5 - 1.0
+        images = arrays.minus_one_to_one(images)
         return (images,) if self.images_only else (images, labels)
 
     def example(self, position):

@@ -143,6 +143,18 @@ def resize(image, size):
     return _resample_axis(_resample_axis(image, size[1], -2), size[0], -3)
 
 
+def minus_one_to_one(pixels):
+    """Pixels in [0, 255] (uint8 or float) as float32 in [-1, 1]: the input of every keras_vit model.
+
+    The one home of that scaling in numpy; `keras_vit.preprocess_input` is its public name.
+
+    Example:
+    >>> minus_one_to_one(np.array([0, 255], "uint8")).tolist()
+    [-1.0, 1.0]
+    """
+    return np.asarray(pixels, "float32") / np.float32(127.5) - np.float32(1.0)
+
+
 def stratified_split(labels, test_fraction, seed):
     """`(train, test)` index arrays, each class split in proportion (largest remainders), shuffled by `seed`."""
     if not 0.0 < test_fraction < 1.0:

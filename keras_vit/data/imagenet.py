@@ -6,6 +6,8 @@ import os
 import numpy as np
 from keras import ops
 
+from keras_vit.data.arrays import minus_one_to_one
+
 _LABELS = os.path.join(os.path.dirname(__file__), "imagenet1k_labels.txt")
 
 
@@ -21,7 +23,7 @@ def preprocess_input(images):
     array([-1.,  1.], dtype=float32)
     """
     if isinstance(images, np.ndarray) or np.isscalar(images) or isinstance(images, list):
-        return np.asarray(images, dtype="float32") / 127.5 - 1.0
+        return minus_one_to_one(images)
     return ops.cast(images, "float32") / 127.5 - 1.0
 
 

@@ -210,7 +210,7 @@ class EvalTransform:
 
     def __call__(self, image):
         """One uint8 image `(height, width, 3)` as the model's input: float32 `(h, w, 3)` in [-1, 1]."""
-        return np.asarray(self.pixels(image), "float32") / np.float32(127.5) - np.float32(1.0)
+        return arrays.minus_one_to_one(self.pixels(image))
 
     def load(self, path):
         """An image file decoded by Pillow (RGB) and transformed: float32 `(h, w, 3)` in [-1, 1]."""

@@ -1,4 +1,7 @@
-"""The LayerNorm every keras_vit model uses: Keras' `LayerNormalization`, always computed in float32."""
+"""The norms of a ViT: `LayerNorm` (Keras' `LayerNormalization`, always computed in float32) and `RMSNorm`.
+
+`NORMALIZATIONS` names them, `norm_layer` makes one by name.
+"""
 
 import keras
 from keras import ops
@@ -6,8 +9,6 @@ from keras import ops
 from keras_vit.layers import kernels
 
 LAYER_NORM_EPSILON = 1e-6
-# "layer_norm": every norm is a LayerNorm; "rms_norm": every norm is an RMSNorm, no centring and no bias (AIMv2).
-NORMALIZATIONS = ("layer_norm", "rms_norm")
 
 
 @keras.saving.register_keras_serializable(package="keras_vit")
@@ -71,9 +72,13 @@ class RMSNorm(LayerNorm):
         return ops.cast(outputs, self.compute_dtype)
 
 
-NORMALIZATIONS = {"layer_norm": LayerNorm, "rms_norm": RMSNorm}
+# "layer_norm": every norm is a LayerNorm; "rms_norm": every norm is an RMSNorm, no centring and no bias (AIMv2).
+_NORM_LAYERS = {"layer_norm": LayerNorm, "rms_norm": RMSNorm}
+NORMALIZATIONS = tuple(_NORM_LAYERS)
 
 
 def norm_layer(normalization, epsilon, **kwargs):
-    """A `LayerNorm` or `RMSNorm` (`normalization`, a key of `NORMALIZATIONS`) with `epsilon`."""
-    return NORMALIZATIONS[normalization](epsilon=epsilon, **kwargs)
+    """A `LayerNorm` or `RMSNorm` (`normalization`, one of `NORMALIZATIONS`) with `epsilon`."""
+    if normalization not in _NORM_LAYERS:
+        raise ValueError(f"Unknown normalization {normalization!r}; expected one of {NORMALIZATIONS}.")
+    return _NORM_LAYERS[normalization](epsilon=epsilon, **kwargs)

@@ -1,16 +1,59 @@
-"""What a built keras_vit model is, read from its layers: its `Architecture` and its native patch grid.
+"""What a built keras_vit model is: its `Architecture`, its `Variant` sizes and its native patch grid.
 
-Readers and writers of every layout ask these of a model (a `.keras` file
-keeps the layers they read).
+A model that `keras_vit.model.graph` builds carries them in its config
+(`describe` writes them, `read_description` reads them back, a `.keras`
+file keeps them); `architecture_of`, `sizes_of` and `native_grid` return
+them. A `.keras` file saved before models carried them (December 2026), or a
+model composed from a ViT's layers, is read from its layers instead.
 """
 
+import dataclasses
 import re
 
 from keras_vit.model.architecture import POOLINGS, RESNET_EPSILONS, Architecture
+from keras_vit.model.variants import Variant
+
+
+def describe(architecture, sizes, grid):
+    """The config entries with which a model carries its description (JSON: lists for tuples)."""
+    return {"architecture": _as_json(dataclasses.asdict(architecture)), "sizes": _as_json(dataclasses.asdict(sizes)),
+            "native_grid": list(grid)}
+
+
+def read_description(config):
+    """`(Architecture, Variant, grid)` from the entries `describe` wrote (popped from `config`), or Nones."""
+    entries = {key: config.pop(key, None) for key in ("architecture", "sizes", "native_grid")}
+    if entries["architecture"] is None or entries["sizes"] is None:
+        return None, None, None
+    found = []
+    for kind, fields in ((Architecture, entries["architecture"]), (Variant, entries["sizes"])):
+        unknown = set(fields) - {field.name for field in dataclasses.fields(kind)}
+        if unknown:
+            raise ValueError(f"The model's saved {kind.__name__} has fields {sorted(unknown)} that this keras_vit "
+                             "does not know: it was saved by a newer keras_vit; upgrade keras_vit to load it.")
+        found.append(kind(**_as_tuples(fields)))
+    grid = entries["native_grid"]
+    return found[0], found[1], None if grid is None else tuple(int(side) for side in grid)
+
+
+def _as_json(value):
+    if isinstance(value, (tuple, list)):
+        return [_as_json(item) for item in value]
+    if isinstance(value, dict):
+        return {key: _as_json(item) for key, item in value.items()}
+    return value
+
+
+def _as_tuples(value):
+    if isinstance(value, list):
+        return tuple(_as_tuples(item) for item in value)
+    if isinstance(value, dict):
+        return {key: _as_tuples(item) for key, item in value.items()}
+    return value
 
 
 def architecture_of(model):
-    """The `Architecture` of a built keras_vit model, read from its layers (a `.keras` file keeps them).
+    """The `Architecture` of a built keras_vit model: the one it carries, else read from its layers.
 
     Example:
     >>> import keras_vit
@@ -19,6 +62,8 @@ def architecture_of(model):
     >>> architecture_of(model).num_prefix_tokens
     3
     """
+    if isinstance(getattr(model, "architecture", None), Architecture):
+        return model.architecture
     layers = {layer.name: layer for layer in model.layers}
     block, embedding = layers.get("encoderblock_0"), layers.get("embedding")
     if block is None or embedding is None or not hasattr(block, "activation"):
@@ -70,8 +115,26 @@ def architecture_of(model):
     )
 
 
+def sizes_of(model):
+    """The `Variant` sizes of a built keras_vit model: the ones it carries, else read from its layers."""
+    if isinstance(getattr(model, "sizes", None), Variant):
+        return model.sizes
+    embedding, block = model.get_layer("embedding"), model.get_layer("encoderblock_0")
+    depth = sum(1 for layer in model.layers if layer.name.startswith("encoderblock_"))
+    paths = {variable.path: variable for variable in model.weights}
+    resnet = {}
+    if "conv_root/kernel" in paths:
+        resnet = dict(resnet_layers=resnet_layers_of(paths),
+                      resnet_width=int(paths["conv_root/kernel"].shape[-1]))
+    if "conv_stem_0/kernel" in paths:
+        resnet = dict(conv_stem_widths=conv_stem_widths_of(paths))
+    return Variant(embedding.patch_size[0], embedding.hidden_size, depth, block.num_heads, block.mlp_dim, **resnet)
+
+
 def native_grid(model):
-    """The patch grid a keras_vit model was built at: its position table's, or its RoPE positions'."""
+    """The patch grid a keras_vit model was built at: the one it carries, else its position table's or RoPE's."""
+    if getattr(model, "native_grid", None) is not None:
+        return tuple(model.native_grid)
     names = {layer.name for layer in model.layers}
     layer = model.get_layer("position_embedding" if "position_embedding" in names else "rotary_positions")
     return tuple(layer.grid_size)

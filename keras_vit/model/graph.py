@@ -171,4 +171,5 @@ def build(options, input_tensor):
         x = keras.layers.Activation(options.classifier_activation, dtype="float32", name="predictions")(x)
 
     inputs = images if input_tensor is None else keras.utils.get_source_inputs(input_tensor)
-    return VisionTransformer(inputs, x, name=options.name, classifier=architecture.classifier)
+    return VisionTransformer(inputs, x, name=options.name, classifier=architecture.classifier,
+                             architecture=architecture, sizes=sizes, native_grid=grid_size)

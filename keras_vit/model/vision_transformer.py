@@ -1,8 +1,8 @@
 """The `keras.Model` class of every ViT, and what can be read back from a built one.
 
 `VisionTransformer` is the functional model `keras_vit.ViT` returns; it
-checks the images at every entry point. `sizes_of` reads a built model's
-`Variant` sizes (for example of a model loaded from a `.keras` file).
+checks the images at every entry point and carries its own description
+(`keras_vit.model.description`).
 """
 
 import numbers
@@ -11,8 +11,7 @@ import keras
 
 from keras_vit.data import preprocessing
 from keras_vit.model import deployment
-from keras_vit.model.description import conv_stem_widths_of, native_grid, resnet_layers_of
-from keras_vit.model.variants import Variant
+from keras_vit.model.description import describe, native_grid, read_description, sizes_of
 from keras_vit.utils.keras_internals import keep_variables_on_error
 
 # The image_size of a dynamic-resolution model: any height and width that divide into patches.
@@ -35,19 +34,6 @@ def check_image_size(image_size, sizes, drop_remainder=False):
         raise ValueError(f"image_size {image_size} is not divisible by {what}; pass drop_remainder=True to leave "
                          "out the last rows and columns that fill no patch, as timm does.")
 
-
-def sizes_of(model):
-    """The `Variant` sizes of a built keras_vit model, for example one loaded from a `.keras` file."""
-    embedding, block = model.get_layer("embedding"), model.get_layer("encoderblock_0")
-    depth = sum(1 for layer in model.layers if layer.name.startswith("encoderblock_"))
-    paths = {variable.path: variable for variable in model.weights}
-    resnet = {}
-    if "conv_root/kernel" in paths:
-        resnet = dict(resnet_layers=resnet_layers_of(paths),
-                      resnet_width=int(paths["conv_root/kernel"].shape[-1]))
-    if "conv_stem_0/kernel" in paths:
-        resnet = dict(conv_stem_widths=conv_stem_widths_of(paths))
-    return Variant(embedding.patch_size[0], embedding.hidden_size, depth, block.num_heads, block.mlp_dim, **resnet)
 
 
 def native_image_size(model):
@@ -109,8 +95,13 @@ class VisionTransformer(keras.Model):
     ValueError: Input 0 with name 'images' of layer 'vit' is incompatible with the layer: ...
     """
 
-    def __init__(self, *args, class_names=None, classifier=None, eval_transform=None, **kwargs):
+    def __init__(self, *args, class_names=None, classifier=None, eval_transform=None, architecture=None, sizes=None,
+                 native_grid=None, **kwargs):
         super().__init__(*args, **kwargs)
+        # What it is (`keras_vit.model.description`): its `Architecture`, `Variant` sizes and position grid; None in a
+        # model loaded from a `.keras` file saved before models carried them, which is read from its layers.
+        self.architecture, self.sizes = architecture, sizes
+        self.native_grid = None if native_grid is None else tuple(native_grid)
         # How its checkpoint's library preprocesses a photo for evaluation (`keras_vit.data.preprocessing`), or None.
         self.eval_transform = eval_transform
         # One name per output, where the checkpoint named its classes (transformers' id2label, timm's labels).
@@ -127,6 +118,8 @@ class VisionTransformer(keras.Model):
             config["classifier"] = self.classifier
         if self.eval_transform is not None:
             config["eval_transform"] = self.eval_transform.get_config()
+        if self.architecture is not None and self.sizes is not None:
+            config.update(describe(self.architecture, self.sizes, self.native_grid))
         return config
 
     @classmethod
@@ -135,8 +128,10 @@ class VisionTransformer(keras.Model):
         class_names = config.pop("class_names", None)
         classifier = config.pop("classifier", None)
         transform = config.pop("eval_transform", None)
+        architecture, sizes, grid = read_description(config)
         model = super().from_config(config, custom_objects=custom_objects)
         model.class_names, model.classifier = class_names, classifier
+        model.architecture, model.sizes, model.native_grid = architecture, sizes, grid
         model.eval_transform = None if transform is None else preprocessing.EvalTransform.from_config(transform)
         return model
 

@@ -21,8 +21,7 @@ import numpy as np
 
 from keras_vit.data.imagenet import preprocess_input
 from keras_vit.layers import TokenPooling
-from keras_vit.model.description import architecture_of
-from keras_vit.model.vision_transformer import sizes_of
+from keras_vit.model.description import architecture_of, sizes_of
 from keras_vit.utils import files
 
 logger = logging.getLogger("keras_vit")

@@ -14,14 +14,14 @@ import keras
 import numpy as np
 
 from keras_vit import checkpoints, data
-from keras_vit.applications import pretrained
 from keras_vit.applications.vit import ViT
 from keras_vit.configs import check_sizes_agree, model_sizes
 from keras_vit.data import arrays
 from keras_vit.data.imagenet import imagenet_labels
 from keras_vit.model import deployment
+from keras_vit.model.description import sizes_of
 from keras_vit.model.variants import SMALL_VIT, Variant
-from keras_vit.model.vision_transformer import eval_transform, native_image_size, sizes_of
+from keras_vit.model.vision_transformer import eval_transform, native_image_size
 from keras_vit.training import accuracy_metrics
 from keras_vit.utils import files
 from keras_vit.utils.shapes import as_pair
@@ -51,7 +51,8 @@ def load_for_inference(weights, model=None, image_size=None, sizes=None, needs_h
         checkpoints.check_finite(network, weights)
         check_sizes_agree(sizes_of(network), f"--weights {weights}", given)
         return network
-    source = pretrained.read_pretrained(weights, model, as_pair(image_size or 32, "image_size"), given.get("num_heads"))
+    source = checkpoints.read_weights(weights, model, as_pair(image_size or 32, "image_size")).with_heads(
+        given.get("num_heads"))
     image_size = as_pair(image_size, "image_size") if image_size else (source.image_size or (32, 32))
     headless = "head/kernel" not in source.state
     if needs_head and headless:
@@ -197,7 +198,7 @@ def convert(weights, output, model=None, image_size=None, classes=None, num_head
     `image_size` and `classes` default to the checkpoint's own, `num_heads`
     to the file's (for a file that does not store it); returns the model.
     """
-    source = pretrained.read_pretrained(weights, model, as_pair(image_size or 224, "image_size"), num_heads)
+    source = checkpoints.read_weights(weights, model, as_pair(image_size or 224, "image_size")).with_heads(num_heads)
     if num_heads and source.num_heads and num_heads != source.num_heads:
         raise ValueError(f"--num-heads {num_heads} disagrees with {weights}, whose num_heads is {source.num_heads}; "
                          "leave it out to use the file's.")

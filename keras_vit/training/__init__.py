@@ -21,8 +21,7 @@ import os
 import keras
 import numpy as np
 
-from keras_vit import data
-from keras_vit.applications.pretrained import read_pretrained
+from keras_vit import checkpoints, data
 from keras_vit.applications.vit import ViT
 from keras_vit.configs import (  # noqa: F401 (public here too)
     SIZE_FIELDS,
@@ -281,7 +280,8 @@ def train(config):
             "PATH (a .keras, .npz or .safetensors file, a timm or transformers folder), --weights hf://org/name, "
             "or a named checkpoint such as --model ViT_B16 --weights imagenet21k.")
     if config.weights:
-        checkpoint = read_pretrained(config.weights, config.model, config.image_size, config.num_heads, config.verbose)
+        checkpoint = checkpoints.read_weights(config.weights, config.model, config.image_size,
+                                              verbose=config.verbose).with_heads(config.num_heads)
     sizes = config.sizes(checkpoint)
     check_image_size(config.image_size, sizes, config.drop_remainder)
     train_source, eval_source = load_sources(config.dataset, config.image_size, config.train_split,
