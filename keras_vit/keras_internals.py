@@ -16,6 +16,10 @@ Example:
 
 import keras
 
+# Keras' own deferred initialisation: variables created in a StatelessScope get their value later.
+from keras.src.backend.common import global_state
+from keras.src.backend.common.stateless_scope import StatelessScope
+
 TESTED_KERAS = "3.10 to 3.15"
 
 
@@ -37,6 +41,43 @@ def sublayers(layer, include_self=True):
 def stored_kernel(dense):
     """A `Dense` layer's stored kernel variable (`_kernel`); its `kernel` property adds any LoRA adapters."""
     return _private(dense, "_kernel")
+
+
+def build_without_values(function):
+    """`function()` with the Keras variables it creates left without values, and the list of those variables.
+
+    Keras defers a variable's initialisation inside a `StatelessScope`
+    (`initialize_variables=False`): the layers build and trace with their
+    shapes alone, and no initializer runs. The variables are taken out of
+    Keras' global list of variables to initialise (`uninitialized_variables`),
+    so each must get its value through `set_value` (or `initialize` for its
+    own initializer's) before the model is used; a model whose load failed
+    is dropped with them.
+    """
+    pending = global_state.get_global_attribute("uninitialized_variables", [], set_to_default=True)
+    start = len(pending)
+    try:
+        with StatelessScope(initialize_variables=False):
+            result = function()
+    finally:
+        created = pending[start:]
+        del pending[start:]
+    return result, created
+
+
+def set_value(variable, value):
+    """Give `variable` `value`: its first value where `build_without_values` left it without one (`_value`)."""
+    if _private(variable, "_value") is not None:
+        variable.assign(value)
+        return
+    variable._initialize(variable._convert_to_tensor(value, dtype=_private(variable, "_dtype")))
+    variable._initializer = None
+
+
+def initialize(variable):
+    """Give `variable` its own initializer's value where `build_without_values` left it without one."""
+    if _private(variable, "_value") is None:
+        variable._deferred_initialize()
 
 
 def has_been_called(model):

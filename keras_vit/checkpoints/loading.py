@@ -17,6 +17,7 @@ import keras
 import numpy as np
 
 from keras_vit import preprocessing
+from keras_vit.keras_internals import set_value
 from keras_vit.checkpoints.clip_layout import MODEL_TYPES as VISION_TOWER_TYPES
 from keras_vit.checkpoints.clip_layout import read_vision_tower_folder
 from keras_vit.checkpoints.dinov2_layout import MODEL_TYPES as DINOV2_TYPES
@@ -147,10 +148,13 @@ def load_into(model, source):
     Resizes the patch-embedding kernel to the model's patch size and the
     position embeddings to the model's grid; loads the head only
     when its class count matches (else keeps the fresh zero head) and
-    raises `CheckpointError` for anything else that does not fit.
+    raises `CheckpointError` for anything else that does not fit. A
+    variable built without a value (`keras_internals.build_without_values`)
+    gets its first from the checkpoint, and a `single_use` source's state is
+    emptied as it loads.
     """
     variables = {v.path: v for v in model.weights}
-    state = dict(source.state)
+    state = source.state if source.single_use else dict(source.state)
     name = source.description
     _refuse_non_float(state, name)
     model_depth = len({m.group(1) for m in map(BLOCK.match, variables) if m})
@@ -217,8 +221,9 @@ def load_into(model, source):
                 f"{name}: '{key}' holds values up to {np.max(np.abs(value)):.3g}, beyond the range of the "
                 f"model's {variables[key].dtype} variables."
             )
-    for key in loaded:  # Cast again, one at a time: the state is never held twice.
-        variables[key].assign(_cast(state[key], variables[key].dtype))
+    for key in loaded:  # Cast again, one at a time, each tensor dropped once held: the state is never held twice.
+        set_value(variables[key], _cast(state.pop(key), variables[key].dtype))
+    state.clear()
     for note in notes:
         logger.warning(note)
 
