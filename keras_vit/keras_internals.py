@@ -16,10 +16,6 @@ Example:
 
 import keras
 
-# Keras' own deferred initialisation: variables created in a StatelessScope get their value later.
-from keras.src.backend.common import global_state
-from keras.src.backend.common.stateless_scope import StatelessScope
-
 TESTED_KERAS = "3.10 to 3.15"
 
 
@@ -54,10 +50,12 @@ def build_without_values(function):
     own initializer's) before the model is used; a model whose load failed
     is dropped with them.
     """
-    pending = global_state.get_global_attribute("uninitialized_variables", [], set_to_default=True)
+    from keras.src.backend.common import global_state
+
+    pending = _private(global_state, "get_global_attribute")("uninitialized_variables", [], set_to_default=True)
     start = len(pending)
     try:
-        with StatelessScope(initialize_variables=False):
+        with keras.StatelessScope(initialize_variables=False):
             result = function()
     finally:
         created = pending[start:]
@@ -70,14 +68,15 @@ def set_value(variable, value):
     if _private(variable, "_value") is not None:
         variable.assign(value)
         return
-    variable._initialize(variable._convert_to_tensor(value, dtype=_private(variable, "_dtype")))
-    variable._initializer = None
+    value = _private(variable, "_convert_to_tensor")(value, dtype=_private(variable, "_dtype"))
+    _private(variable, "_initialize")(value)
+    variable._initializer = None  # Its own initializer, never run.
 
 
 def initialize(variable):
     """Give `variable` its own initializer's value where `build_without_values` left it without one."""
     if _private(variable, "_value") is None:
-        variable._deferred_initialize()
+        _private(variable, "_deferred_initialize")()
 
 
 def has_been_called(model):

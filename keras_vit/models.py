@@ -10,9 +10,9 @@ import dataclasses
 
 from keras_vit import checkpoints
 from keras_vit.architecture import Architecture, resolve_architecture
-from keras_vit.keras_internals import build_without_values, initialize
 from keras_vit.functional import DYNAMIC, VisionTransformer, check_image_size, native_image_size  # noqa: F401
 from keras_vit.builder import ModelOptions, build, position_grid
+from keras_vit.keras_internals import build_without_values, initialize
 from keras_vit.layers import dtype_policy
 from keras_vit.position_embedding import as_pair
 from keras_vit.variants import VARIANTS, Variant, variant_name

@@ -17,7 +17,6 @@ import keras
 import numpy as np
 
 from keras_vit import preprocessing
-from keras_vit.keras_internals import set_value
 from keras_vit.checkpoints.clip_layout import MODEL_TYPES as VISION_TOWER_TYPES
 from keras_vit.checkpoints.clip_layout import read_vision_tower_folder
 from keras_vit.checkpoints.dinov2_layout import MODEL_TYPES as DINOV2_TYPES
@@ -42,6 +41,7 @@ from keras_vit.checkpoints.source import (
     resnet_layers_of,
     weight_budget,
 )
+from keras_vit.keras_internals import set_value
 from keras_vit.position_embedding import resize_patch_embedding, resize_position_embeddings
 from keras_vit.variants import VARIANTS, width_name
 
