@@ -1,10 +1,12 @@
 """from_pretrained: the model a checkpoint holds, from a path or an hf:// handle in an offline Hugging Face cache."""
 
 import json
+import math
 import os
 import shutil
 import subprocess
 import sys
+import weakref
 
 import numpy as np
 import pytest
@@ -122,6 +124,77 @@ def test_width_without_a_head_count_asks_for_one(tmp_path):
                                               "pass num_heads="):
         keras_vit.from_pretrained(bare)
     assert keras_vit.from_pretrained(bare, num_heads=3).get_layer("encoderblock_0").num_heads == 3
+
+
+def test_loads_into_a_model_built_without_random_values_and_drops_each_tensor_once_held(monkeypatch):
+    """No random initializer runs, and the tensors read and the variables given values never add up to the state twice:
+    each variable's first value is its checkpoint tensor, which the state then drops."""
+    import keras
+    from keras.src.initializers.random_initializers import RandomInitializer
+
+    from keras_vit.checkpoints import state_dict_files
+
+    # (weakref, nbytes) of each tensor read; the initializers run; the bytes of the variables given values; their sum
+    # with the tensors still held, at each value given.
+    arrays, initializers, given, held = [], [], [], []
+    read_tensor, initialize, initialize_with = (state_dict_files._read_tensor, keras.Variable._initialize,
+                                                keras.Variable._initialize_with_initializer)
+
+    def reading(path, name):
+        value = owner = read_tensor(path, name)
+        while isinstance(owner.base, np.ndarray):  # The array that owns the memory, which views keep alive.
+            owner = owner.base
+        arrays.append((weakref.ref(owner), value.nbytes))
+        return value
+
+    def initializing(variable, value):
+        initialize(variable, value)
+        given.append(math.prod(variable.shape) * np.dtype(variable.dtype).itemsize)
+        held.append(sum(size for alive, size in arrays if alive() is not None) + sum(given))
+
+    def initializing_with(variable, initializer):
+        initializers.append(initializer)
+        initialize_with(variable, initializer)
+
+    monkeypatch.setattr(state_dict_files, "_read_tensor", reading)
+    monkeypatch.setattr(keras.Variable, "_initialize", initializing)
+    monkeypatch.setattr(keras.Variable, "_initialize_with_initializer", initializing_with)
+    model = keras_vit.from_pretrained(fixture("timm_hub"))
+    state = sum(size for _, size in arrays)
+    largest = max(size for _, size in arrays)
+    assert largest < state / 2 and len(given) == len(model.variables)
+    assert not [type(each).__name__ for each in initializers if isinstance(each, RandomInitializer)]
+    # The state and one tensor (JAX may keep a small tensor's buffer as its own); the old code built the model
+    # beside the whole state: twice it.
+    assert max(held) < 1.5 * state, (max(held), state)
+
+
+def test_a_model_built_without_values_saves_as_one_built_with_them(monkeypatch, tmp_path):
+    """The deferred build changes no config, `.keras` file or weight; a refused load leaves no variable waiting for a
+    value in Keras' global list."""
+    import keras
+    from keras.src.backend.common import global_state
+
+    from keras_vit import models
+
+    images = np.random.default_rng(0).uniform(-1, 1, (2, 32, 32, 3)).astype("float32")
+    lean = keras_vit.from_pretrained(fixture("timm_hub"))
+    with monkeypatch.context() as patched:
+        patched.setattr(models, "build_without_values", lambda function: (function(), []))
+        built = keras_vit.from_pretrained(fixture("timm_hub"))  # Built with random values, then assigned.
+    assert lean.get_config() == built.get_config()
+    config = json.loads(built.to_json())
+    for ours, theirs in zip(lean.variables, built.variables, strict=True):
+        np.testing.assert_array_equal(keras.ops.convert_to_numpy(ours), keras.ops.convert_to_numpy(theirs))
+    lean.save(tmp_path / "lean.keras")
+    reloaded = keras.saving.load_model(tmp_path / "lean.keras")
+    assert json.loads(reloaded.to_json()) == config
+    np.testing.assert_allclose(predict(reloaded, images), predict(built, images), atol=1e-6, rtol=0)
+    waiting = list(global_state.get_global_attribute("uninitialized_variables", []))
+    with pytest.raises(CheckpointError, match="has 2 encoder blocks but the model has 3"):
+        keras_vit.ViT(weights=fixture("timm_hub"), image_size=32, patch_size=8, hidden_size=24, num_layers=3,
+                      mlp_dim=48)
+    assert global_state.get_global_attribute("uninitialized_variables", []) == waiting
 
 
 FEATURES = dict(image_size=32, patch_size=8, hidden_size=24, num_layers=2, num_heads=3, mlp_dim=48, include_top=False)

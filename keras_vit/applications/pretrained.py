@@ -79,6 +79,7 @@ def from_pretrained(source, **overrides):
                               "variant's; pass num_heads=N.")
     sizes = checkpoint.sizes or Variant(int(kernel.shape[0]), hidden, checkpoint.num_layers, num_heads,
                                         int(mlp.shape[-1]))
+    del kernel, mlp  # The state is the model's alone, emptied as it loads (single_use).
     saved = checkpoint.layout or {}  # A .keras model's: its pooling without a top, its dynamic resolution
     options = dict(dataclasses.asdict(sizes), num_heads=num_heads,
                    image_size=saved.get("image_size") or checkpoint.image_size or 224)
@@ -93,7 +94,7 @@ def from_pretrained(source, **overrides):
         # head as timm's forward with num_classes=0: the pooled features, fc_norm included.
         options.update(include_top=False, pooling=saved.get("pooling", checkpoint.classifier))
     options.update(overrides)
-    return ViT(weights=checkpoint, **options)
+    return ViT(weights=dataclasses.replace(checkpoint, single_use=True), **options)
 
 
 def _as_saved(model, path, overrides):

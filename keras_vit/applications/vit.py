@@ -19,6 +19,7 @@ from keras_vit.model.vision_transformer import (  # noqa: F401
     check_image_size,
     native_image_size,
 )
+from keras_vit.utils.keras_internals import build_without_values, initialize
 from keras_vit.utils.shapes import as_pair
 
 
@@ -277,13 +278,19 @@ def ViT(
         name=name or variant_name(sizes) or "vit",
         dtype=policy,
     )
-    model = build(options, input_tensor)
-    if source is not None:
-        checkpoints.load_into(model, source)
-        if include_top and source.class_names and len(source.class_names) == classes == source.classes:
-            model.class_names = list(source.class_names)  # the file's head, so the file's names
-        if source.eval_transform is not None:  # the file's library's evaluation, at this model's size
-            model.eval_transform = source.eval_transform.fitted_to(native_image_size(model))
+    if source is None:
+        return build(options, input_tensor)
+    if not isinstance(weights, checkpoints.WeightsSource):  # Read here for this model alone.
+        source = dataclasses.replace(source, single_use=True)
+    # Built without random values, which the checkpoint's would replace: the state loads into bare variables.
+    model, variables = build_without_values(lambda: build(options, input_tensor))
+    checkpoints.load_into(model, source)
+    for variable in variables:  # What the checkpoint does not hold: a new head, the dropout seeds.
+        initialize(variable)
+    if include_top and source.class_names and len(source.class_names) == classes == source.classes:
+        model.class_names = list(source.class_names)  # the file's head, so the file's names
+    if source.eval_transform is not None:  # the file's library's evaluation, at this model's size
+        model.eval_transform = source.eval_transform.fitted_to(native_image_size(model))
     return model
 
 

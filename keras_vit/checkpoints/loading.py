@@ -43,6 +43,7 @@ from keras_vit.data import preprocessing
 from keras_vit.layers.position_embedding import resize_patch_embedding, resize_position_embeddings
 from keras_vit.model.description import conv_stem_widths_of, resnet_layers_of
 from keras_vit.model.variants import VARIANTS, width_name
+from keras_vit.utils.keras_internals import set_value
 
 logger = logging.getLogger("keras_vit")
 
@@ -152,10 +153,13 @@ def load_into(model, source):
     Resizes the patch-embedding kernel to the model's patch size and the
     position embeddings to the model's grid; loads the head only
     when its class count matches (else keeps the fresh zero head) and
-    raises `CheckpointError` for anything else that does not fit.
+    raises `CheckpointError` for anything else that does not fit. A
+    variable built without a value (`keras_internals.build_without_values`)
+    gets its first from the checkpoint, and a `single_use` source's state is
+    emptied as it loads.
     """
     variables = {v.path: v for v in model.weights}
-    state = dict(source.state)
+    state = source.state if source.single_use else dict(source.state)
     name = source.description
     _refuse_non_float(state, name)
     model_depth = len({m.group(1) for m in map(BLOCK.match, variables) if m})
@@ -222,8 +226,9 @@ def load_into(model, source):
                 f"{name}: '{key}' holds values up to {np.max(np.abs(value)):.3g}, beyond the range of the "
                 f"model's {variables[key].dtype} variables."
             )
-    for key in loaded:  # Cast again, one at a time: the state is never held twice.
-        variables[key].assign(_cast(state[key], variables[key].dtype))
+    for key in loaded:  # Cast again, one at a time, each tensor dropped once held: the state is never held twice.
+        set_value(variables[key], _cast(state.pop(key), variables[key].dtype))
+    state.clear()
     for note in notes:
         logger.warning(note)
 

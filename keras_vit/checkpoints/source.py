@@ -172,6 +172,9 @@ class WeightsSource:
     input_size: tuple = None
     # How its library preprocesses a photo for evaluation (`keras_vit.data.preprocessing.EvalTransform`); None: keras_vit's own.
     eval_transform: object = None
+    # Read for one model alone: loading it empties `state`, dropping each tensor once its variable holds it, so
+    # that the state and the model are never both held whole.
+    single_use: bool = dataclasses.field(default=False, compare=False)
 
     @property
     def sizes(self):

@@ -39,6 +39,46 @@ def stored_kernel(dense):
     return _private(dense, "_kernel")
 
 
+def build_without_values(function):
+    """`function()` with the Keras variables it creates left without values, and the list of those variables.
+
+    Keras defers a variable's initialisation inside a `StatelessScope`
+    (`initialize_variables=False`): the layers build and trace with their
+    shapes alone, and no initializer runs. The variables are taken out of
+    Keras' global list of variables to initialise (`uninitialized_variables`),
+    so each must get its value through `set_value` (or `initialize` for its
+    own initializer's) before the model is used; a model whose load failed
+    is dropped with them.
+    """
+    from keras.src.backend.common import global_state
+
+    pending = _private(global_state, "get_global_attribute")("uninitialized_variables", [], set_to_default=True)
+    start = len(pending)
+    try:
+        with keras.StatelessScope(initialize_variables=False):
+            result = function()
+    finally:
+        created = pending[start:]
+        del pending[start:]
+    return result, created
+
+
+def set_value(variable, value):
+    """Give `variable` `value`: its first value where `build_without_values` left it without one (`_value`)."""
+    if _private(variable, "_value") is not None:
+        variable.assign(value)
+        return
+    value = _private(variable, "_convert_to_tensor")(value, dtype=_private(variable, "_dtype"))
+    _private(variable, "_initialize")(value)
+    variable._initializer = None  # Its own initializer, never run.
+
+
+def initialize(variable):
+    """Give `variable` its own initializer's value where `build_without_values` left it without one."""
+    if _private(variable, "_value") is None:
+        _private(variable, "_deferred_initialize")()
+
+
 def has_been_called(model):
     """Whether `model` was called on a tensor (`_called`; Keras' ONNX export asks for it)."""
     return _private(model, "_called")
