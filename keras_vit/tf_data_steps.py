@@ -83,8 +83,8 @@ def randaugment_step(policy, image, seed, epoch, position):
     (ints or int64 tensors) through `tf.numpy_function`: the numpy pipeline's code and pixels, and faster than the same ops
     written as TensorFlow graph ops, each a switch over 15 branches per example (`benchmarks/README.md`)."""
     augmented = tf.numpy_function(lambda pixels, epoch, index: policy.apply(pixels, seed, int(epoch), int(index)),
-                                  [image, tf.cast(epoch, tf.int64), position], tf.float32, stateful=False)
-    return tf.ensure_shape(augmented, image.shape)
+                                  [image, tf.cast(epoch, tf.int64), position], tf.uint8, stateful=False)
+    return tf.cast(tf.ensure_shape(augmented, image.shape), tf.float32)
 
 
 def value_range(image, low=-1.0, high=1.0):
