@@ -158,9 +158,8 @@ class ArrayBatches(keras.utils.PyDataset):
         image, row = self.decodable(position)
         top, left, height, width = philox.sample_crop(*image.shape[:2], (epoch_key(*self.key), position),
                                                       (self.min_crop_area, 1.0))
-        image = arrays.resize(image[top:top + height, left:left + width], self.size)
-        if self.flip and philox.stateless_uniform((epoch_key(*self.key), position + FLIP_OFFSET)) < 0.5:
-            image = image[:, ::-1]
+        flip = self.flip and philox.stateless_uniform((epoch_key(*self.key), position + FLIP_OFFSET)) < 0.5
+        image = arrays.resize(image[top:top + height, left:left + width], self.size, mirror=flip)
         return (image if self.randaugment is None else self.randaugment.apply(image, *self.key, position)), row
 
     @property

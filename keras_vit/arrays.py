@@ -130,13 +130,15 @@ def _lerp(low, high, weight):
     return np.add(out, low, out=out, dtype="float32")
 
 
-def resize(image, size):
+def resize(image, size, mirror=False):
     """`(height, width, channels)` or `(batch, height, width, channels)` resized bilinearly to `size`, as float32.
 
     Bit-equal to `tf.image.resize(method="bilinear")`: the columns, then
     the rows, each from two source pixels per output pixel, so a 4000x3000
     photo takes milliseconds and is never converted to floats whole. Crops
-    for evaluation are planned by `keras_vit.EvalTransform`.
+    for evaluation are planned by `keras_vit.EvalTransform`. `mirror` flips
+    the result left to right, as a contiguous array (numpy's operations on a
+    reversed view cost several times as much).
 
     Example:
     >>> resize(np.array([[[0], [255]]], "uint8"), (1, 4))[0, :, 0]
@@ -148,7 +150,7 @@ def resize(image, size):
     # Each row as one run of `width * channels` values: gathering single values is numpy's fast path, where
     # gathering whole pixels of `channels` bytes is a copy call each.
     rows = image.reshape(*batch, height, width * channels)
-    low, high, weight = bilinear_taps(width, size[1])
+    low, high, weight = (taps[::-1] if mirror else taps for taps in bilinear_taps(width, size[1]))
     within = np.arange(channels)
     columns = _lerp(*(rows[..., (taps[:, None] * channels + within).ravel()] for taps in (low, high)),
                     np.repeat(weight, channels))
