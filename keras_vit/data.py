@@ -61,7 +61,9 @@ class Source:
     `keras_vit.array_batches` reads where TensorFlow is not installed (then
     `dataset` is None). A folder's `dataset` decodes whole images, for
     evaluation; a file that cannot be decoded comes as a 1x1 image labelled
-    -1, which `make_dataset` leaves out.
+    -1, which `make_dataset` leaves out. A tensorflow-datasets split that
+    stores image files keeps them in `encoded`, `(file bytes, label)`, which
+    `dataset` decodes whole and training decodes only each crop window of.
     """
 
     dataset: object
@@ -70,6 +72,7 @@ class Source:
     class_names: tuple = None
     name: str = ""
     examples: tuple = None
+    encoded: object = None
 
 
 def _tf():
@@ -133,17 +136,27 @@ def from_tfds(name, split, data_dir=None, shard=None):
         read_config.input_context = _tf().distribute.InputContext(
             num_input_pipelines=count, input_pipeline_id=index
         )
-    dataset = builder.as_dataset(split=split, as_supervised=True, shuffle_files=False, read_config=read_config)
     info = builder.info
     label = info.features["label"]
-    dataset = dataset.map(lambda image, y: (_as_rgb(image), y))
+    image_key = (info.supervised_keys or (None,))[0]
+    feature = info.features[image_key] if isinstance(image_key, str) and image_key in info.features else None
+    if isinstance(feature, tfds.features.Image) and feature.np_dtype == np.uint8:
+        # The files' bytes, as big_vision reads them: training decodes only the crop window of a JPEG.
+        from keras_vit import tf_data_steps
+
+        encoded = builder.as_dataset(split=split, as_supervised=True, shuffle_files=False, read_config=read_config,
+                                     decoders={image_key: tfds.decode.SkipDecoding()})
+        dataset = encoded.map(lambda image, y: (tf_data_steps.decode(image), y))
+    else:
+        encoded = builder.as_dataset(split=split, as_supervised=True, shuffle_files=False, read_config=read_config)
+        dataset, encoded = encoded.map(lambda image, y: (_as_rgb(image), y)), None
     try:
         examples = info.splits[split].num_examples
         if shard is not None:
             examples //= shard[1]
     except KeyError:  # No split metadata (e.g. tfds.testing.mock_data): count once.
         examples = int(dataset.reduce(0, lambda count, _: count + 1))
-    return Source(dataset, examples, label.num_classes, tuple(label.names), name)
+    return Source(dataset, examples, label.num_classes, tuple(label.names), name, encoded=encoded)
 
 
 def _as_rgb(image):

@@ -161,7 +161,8 @@ def training_examples(source, size, seed, epochs, per_epoch, min_crop_area, flip
     crop window; a file that cannot be decoded is skipped with a note, the
     next example of the order taking its place, as the numpy pipeline does.
     RandAugment (a `keras_vit.randaugment.RandAugment`) follows the crop and flip. A
-    tensorflow-datasets split is shuffled in a buffer of 10,000 examples.
+    tensorflow-datasets split is shuffled in a buffer of 10,000 examples; where it stores image files
+    (`Source.encoded`), only each crop window is decoded, as from a folder.
     """
     area_range = (min_crop_area, 1.0)
 
@@ -180,10 +181,12 @@ def training_examples(source, size, seed, epochs, per_epoch, min_crop_area, flip
 
     if source.examples is None:
         dataset = None
+        stream, crop = ((source.dataset, inception_crop) if source.encoded is None
+                        else (source.encoded, decode_and_inception_crop))
         for epoch in epochs:
-            shuffled = source.dataset.shuffle(min(source.num_examples or 10_000, 10_000), reshuffle_each_iteration=False,
-                                              seed=array_batches.epoch_key(seed, epoch)).take(per_epoch or -1)
-            one = shuffled.enumerate().map(lambda position, example, epoch=epoch: finish(epoch, position, inception_crop(
+            shuffled = stream.shuffle(min(source.num_examples or 10_000, 10_000), reshuffle_each_iteration=False,
+                                      seed=array_batches.epoch_key(seed, epoch)).take(per_epoch or -1)
+            one = shuffled.enumerate().map(lambda position, example, epoch=epoch: finish(epoch, position, crop(
                 example[0], size, seeds(epoch, position)[0], area_range), example[1]),
                 num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
             dataset = one if dataset is None else dataset.concatenate(one)
