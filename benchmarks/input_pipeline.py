@@ -26,7 +26,10 @@ Each measurement runs in a fresh process pinned to its cores
 `--seconds`. The contenders are interleaved round by round (at least 5
 rounds); each row gives the median img/s with the rounds' min and max, the
 ratio of medians against timm at the same augmentation and cores, the range
-of per-round ratios, and whether the order holds beyond the spread.
+of per-round ratios, and whether the order holds beyond the spread. On one
+core, where each contender is one process, it adds the images per second of
+that process's CPU time (median, and its ratio to timm's): on a machine that
+other jobs share, the rate of a core of its own.
 """
 
 import argparse
@@ -134,11 +137,14 @@ def worker(args):
     for _ in range(2):
         first = next(batches)
     assert first.shape[0] == BATCH and first.shape[1:3] in ((SIZE, SIZE), (3, SIZE)), first.shape
-    count, start = 0, time.perf_counter()
+    count, start, cpu = 0, time.perf_counter(), time.process_time()
     while time.perf_counter() - start < args.seconds or count < 2:
         next(batches)
         count += 1
-    print(json.dumps({"images_per_s": count * BATCH / (time.perf_counter() - start)}))
+    result = {"images_per_s": count * BATCH / (time.perf_counter() - start)}
+    if args.cores == 1:  # every contender runs in this one process: its CPU time is all the work
+        result["images_per_cpu_s"] = count * BATCH / (time.process_time() - cpu)
+    print(json.dumps(result))
     os._exit(0)  # no waiting on loader workers or tf.data threads
 
 
@@ -183,13 +189,16 @@ def summarize(runs, results):
             row["round_ratios"] = (min(paired), max(paired))
             row["ranking"] = ("reference" if path == "timm" else "ahead beyond spread" if row["low"] > max(theirs)
                               else "behind beyond spread" if row["high"] < min(theirs) else "inside spread")
+            if all("images_per_cpu_s" in r for r in rounds + reference):
+                row["cpu"] = statistics.median(r["images_per_cpu_s"] for r in rounds)
+                row["cpu_ratio"] = row["cpu"] / statistics.median(r["images_per_cpu_s"] for r in reference)
         rows.append(row)
     return rows
 
 
 def report(rows):
     lines = [f"{'path':8s} {'augmentation':13s} {'cores':>5s} {'img/s median (min-max)':>24s} {'x timm':>7s} "
-             f"{'per round':>11s} ranking"]
+             f"{'per round':>11s} {'ranking':20s} img/CPU-s (x timm)"]
     for r in rows:
         augmentation = "RandAugment" if r["randaugment"] else "crop+flip"
         if "error" in r:
@@ -198,8 +207,9 @@ def report(rows):
         spread = f"{r['median']:.1f} ({r['low']:.1f}-{r['high']:.1f})"
         ratio = f"{r['ratio']:.2f}" if "ratio" in r else "-"
         per_round = f"{r['round_ratios'][0]:.2f}-{r['round_ratios'][1]:.2f}" if "round_ratios" in r else "-"
+        cpu = f"{r['cpu']:.1f} ({r['cpu_ratio']:.2f})" if "cpu" in r else "-"
         lines.append(f"{r['path']:8s} {augmentation:13s} {r['cores']:5d} {spread:>24s} {ratio:>7s} {per_round:>11s} "
-                     f"{r.get('ranking', '-')}")
+                     f"{r.get('ranking', '-'):20s} {cpu}")
     return "\n".join(lines)
 
 
