@@ -129,7 +129,8 @@ class ArrayBatches(keras.utils.PyDataset):
         positions = range(index * self.batch_size, min((index + 1) * self.batch_size, len(self.labels)))
         examples = [self.example(position) for position in positions]
         examples = [example for example in examples if example is not None]  # evaluation leaves out broken files
-        images = np.stack([image for image, _ in examples]) if examples else np.zeros((0, *self.size, 3), self.pixel_dtype)
+        images = (np.stack([image for image, _ in examples]) if examples
+                  else np.zeros((0, *self.size, 3), self.pixel_dtype))
         labels = self.labels[[row for _, row in examples]]
         if self.one_hot:
             labels = np.eye(self.num_classes, dtype="float32")[labels]
