@@ -10,8 +10,10 @@ reads it the way training does, with the Inception crop and a flip, to
 
 - tf.data: `keras_vit.data.training_stream` with TensorFlow (the crop window
   decoded from each file's bytes);
-- numpy: the same where TensorFlow is not installed (`keras_vit.data.array_batches`,
-  its default `workers`: every core but one);
+- numpy: the same where TensorFlow is not installed (`keras_vit.data.array_batches`),
+  decoding in the calling process on one core and in `workers=cores` worker
+  processes otherwise, as timm's loader is given (keras_vit's default, for a
+  process that also trains, is every core but one: `--numpy-workers default`);
 - timm: `create_transform(224, is_training=True)` (its defaults add
   ColorJitter 0.4) under a torch `DataLoader`, `num_workers=0` on one core,
   one worker a core otherwise;
@@ -24,7 +26,10 @@ Each measurement runs in a fresh process pinned to its cores
 `--seconds`. The contenders are interleaved round by round (at least 5
 rounds); each row gives the median img/s with the rounds' min and max, the
 ratio of medians against timm at the same augmentation and cores, the range
-of per-round ratios, and whether the order holds beyond the spread.
+of per-round ratios, and whether the order holds beyond the spread. On one
+core, where each contender is one process, it adds the images per second of
+that process's CPU time (median, and its ratio to timm's): on a machine that
+other jobs share, the rate of a core of its own.
 """
 
 import argparse
@@ -74,7 +79,7 @@ def write_folder(folder, count):
 # --------------------------------------------------------------------------- workers (one per process)
 
 
-def keras_vit_batches(path, folder, cores, randaugment):
+def keras_vit_batches(path, folder, cores, randaugment, numpy_workers="cores"):
     from keras_vit import data
 
     if path == "numpy":
@@ -88,7 +93,9 @@ def keras_vit_batches(path, folder, cores, randaugment):
             print(f"note: make_augmenters(randaugment={KERAS_VIT_RANDAUGMENT}) refused ({error}); "
                   "measuring randaugment=(2, 0.9)", file=sys.stderr)
             augmenters = data.make_augmenters(randaugment=(2, 0.9))
-    stream = data.training_stream(source, SIZE, BATCH, epochs=50, seed=0, augmenters=augmenters, one_hot=True)
+    workers = (0 if cores == 1 else cores) if numpy_workers == "cores" else None  # None: data.default_workers
+    stream = data.training_stream(source, SIZE, BATCH, epochs=50, seed=0, augmenters=augmenters, one_hot=True,
+                                  workers=workers)
     if path == "tf.data":
         import tensorflow as tf
 
@@ -126,19 +133,22 @@ def timm_batches(folder, cores, randaugment):
 def worker(args):
     """Time one contender in this process: img/s over `--seconds` after two warm-up batches."""
     batches = (timm_batches(args.folder, args.cores, args.randaugment) if args.path == "timm"
-               else keras_vit_batches(args.path, args.folder, args.cores, args.randaugment))
+               else keras_vit_batches(args.path, args.folder, args.cores, args.randaugment, args.numpy_workers))
     for _ in range(2):
         first = next(batches)
     assert first.shape[0] == BATCH and first.shape[1:3] in ((SIZE, SIZE), (3, SIZE)), first.shape
-    count, start = 0, time.perf_counter()
+    count, start, cpu = 0, time.perf_counter(), time.process_time()
     while time.perf_counter() - start < args.seconds or count < 2:
         next(batches)
         count += 1
-    print(json.dumps({"images_per_s": count * BATCH / (time.perf_counter() - start)}))
+    result = {"images_per_s": count * BATCH / (time.perf_counter() - start)}
+    if args.cores == 1:  # every contender runs in this one process: its CPU time is all the work
+        result["images_per_cpu_s"] = count * BATCH / (time.process_time() - cpu)
+    print(json.dumps(result))
     os._exit(0)  # no waiting on loader workers or tf.data threads
 
 
-def measure(python, path, folder, cores, randaugment, seconds, timeout):
+def measure(python, path, folder, cores, randaugment, seconds, timeout, numpy_workers):
     """One measurement in a fresh process pinned to the first `cores` cores this process may use."""
     allowed = sorted(os.sched_getaffinity(0))[:cores]
     threads = str(cores)
@@ -146,6 +156,7 @@ def measure(python, path, folder, cores, randaugment, seconds, timeout):
                TF_NUM_INTRAOP_THREADS=threads, TF_NUM_INTEROP_THREADS=threads, TF_CPP_MIN_LOG_LEVEL="3")
     command = ["taskset", "-c", ",".join(map(str, allowed)), python, os.path.abspath(__file__), "--worker",
                "--path", path, "--folder", folder, "--cores", str(cores), "--seconds", str(seconds)]
+    command += ["--numpy-workers", numpy_workers] if path == "numpy" else []
     command += ["--randaugment"] if randaugment else []
     try:
         done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=timeout)
@@ -178,13 +189,16 @@ def summarize(runs, results):
             row["round_ratios"] = (min(paired), max(paired))
             row["ranking"] = ("reference" if path == "timm" else "ahead beyond spread" if row["low"] > max(theirs)
                               else "behind beyond spread" if row["high"] < min(theirs) else "inside spread")
+            if all("images_per_cpu_s" in r for r in rounds + reference):
+                row["cpu"] = statistics.median(r["images_per_cpu_s"] for r in rounds)
+                row["cpu_ratio"] = row["cpu"] / statistics.median(r["images_per_cpu_s"] for r in reference)
         rows.append(row)
     return rows
 
 
 def report(rows):
     lines = [f"{'path':8s} {'augmentation':13s} {'cores':>5s} {'img/s median (min-max)':>24s} {'x timm':>7s} "
-             f"{'per round':>11s} ranking"]
+             f"{'per round':>11s} {'ranking':20s} img/CPU-s (x timm)"]
     for r in rows:
         augmentation = "RandAugment" if r["randaugment"] else "crop+flip"
         if "error" in r:
@@ -193,8 +207,9 @@ def report(rows):
         spread = f"{r['median']:.1f} ({r['low']:.1f}-{r['high']:.1f})"
         ratio = f"{r['ratio']:.2f}" if "ratio" in r else "-"
         per_round = f"{r['round_ratios'][0]:.2f}-{r['round_ratios'][1]:.2f}" if "round_ratios" in r else "-"
+        cpu = f"{r['cpu']:.1f} ({r['cpu_ratio']:.2f})" if "cpu" in r else "-"
         lines.append(f"{r['path']:8s} {augmentation:13s} {r['cores']:5d} {spread:>24s} {ratio:>7s} {per_round:>11s} "
-                     f"{r.get('ranking', '-')}")
+                     f"{r.get('ranking', '-'):20s} {cpu}")
     return "\n".join(lines)
 
 
@@ -209,6 +224,9 @@ def main():
     parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds (median and spread; at least 5)")
     parser.add_argument("--seconds", type=float, default=4.0, help="timed seconds per measurement")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds before a measurement counts as failed")
+    parser.add_argument("--numpy-workers", choices=("cores", "default"), default="cores",
+                        help="the numpy path's decoding processes: one a core as timm's loader (none on one core), "
+                             "or keras_vit's default (every core but one)")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--path", help=argparse.SUPPRESS)
     parser.add_argument("--randaugment", action="store_true", help=argparse.SUPPRESS)
@@ -235,7 +253,8 @@ def main():
         for run in runs[shift:] + runs[:shift]:
             path, randaugment, count = run
             python = args.timm_python if path == "timm" else sys.executable
-            results[run].append(measure(python, path, folder, count, randaugment, args.seconds, args.timeout))
+            results[run].append(measure(python, path, folder, count, randaugment, args.seconds, args.timeout,
+                                        args.numpy_workers))
         print(f"round {round_index + 1} of {args.rounds} done", flush=True)
     print(report(summarize(runs, results)))
 

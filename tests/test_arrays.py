@@ -25,6 +25,12 @@ def test_resize_computes_tensorflows_bilinear_resize_bit_for_bit(size):
     np.testing.assert_array_equal(arrays.resize(image, size), tf.image.resize(image, size).numpy())
     batch = np.stack([image, image[::-1]])
     np.testing.assert_array_equal(arrays.resize(batch, size)[1], tf.image.resize(image[::-1], size).numpy())
+    # The training crops: a uint8 window of a decoded image, converted to float32 only after the gathers.
+    crop = np.round(image).astype("uint8")[3:30, 5:44]
+    np.testing.assert_array_equal(arrays.resize(crop, size), tf.image.resize(crop, size).numpy())
+    mirrored = arrays.resize(crop, size, mirror=True)
+    assert mirrored.flags.c_contiguous
+    np.testing.assert_array_equal(mirrored, tf.image.flip_left_right(tf.image.resize(crop, size)).numpy())
 
 
 def test_resize_of_a_twelve_megapixel_photo_is_separable_and_equals_tensorflows(monkeypatch):

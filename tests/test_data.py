@@ -148,6 +148,27 @@ def test_tfds_source_with_mock_data():
         assert next(iter(grey.dataset))[0].shape[-1] == 3
 
 
+def test_tfds_training_decodes_only_each_jpeg_crop_window_with_the_pixels_of_tfds_whole_decode(monkeypatch):
+    # Training decoded every tensorflow-datasets image whole, then cropped it; a folder's JPEGs had their window only.
+    windows = []
+    decode_and_crop = tf.image.decode_and_crop_jpeg
+    monkeypatch.setattr(tf.image, "decode_and_crop_jpeg", lambda *args, **kwargs: windows.append(args[1]) or
+                        decode_and_crop(*args, **kwargs))
+    options = dict(image_size=24, batch_size=4, epochs=2, seed=3)
+    with tfds.testing.mock_data(num_examples=8):
+        source = data.load_source("imagenette", "train")  # stores JPEG files
+        assert all(tf.io.is_jpeg(encoded) for encoded, _ in source.encoded)
+        partial = [x.numpy() for x, _ in data.training_stream(source, **options)]
+        assert windows  # traced into the training map: the crop window decoded from the bytes
+        # The reference: the split as tensorflow-datasets decodes it, cropped after the whole decode (`decoders={}`:
+        # mock_data encodes its random pixels as the set's JPEG files too, and tfds decodes them).
+        decoded = tfds.builder("imagenette").as_dataset(split="train", as_supervised=True, shuffle_files=False,
+                                                        read_config=tfds.ReadConfig(shuffle_seed=0), decoders={})
+        whole = [x.numpy() for x, _ in data.training_stream(data.Source(decoded, 8, 10), **options)]
+    assert len(partial) == 4
+    np.testing.assert_array_equal(np.stack(partial), np.stack(whole))
+
+
 def test_unknown_data_set_and_missing_data_dir(tmp_path):
     with pytest.raises(ValueError, match="Unknown data set 'no_such_set_xyz'"):
         data.load_source("no_such_set_xyz", "train")

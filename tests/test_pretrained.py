@@ -175,7 +175,7 @@ def test_a_model_built_without_values_saves_as_one_built_with_them(monkeypatch, 
     import keras
     from keras.src.backend.common import global_state
 
-    from keras_vit import models
+    from keras_vit.applications import vit as models
 
     images = np.random.default_rng(0).uniform(-1, 1, (2, 32, 32, 3)).astype("float32")
     lean = keras_vit.from_pretrained(fixture("timm_hub"))

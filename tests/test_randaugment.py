@@ -137,6 +137,24 @@ def test_draws_are_fixed_by_the_key_and_follow_the_policy():
     assert abs(magnitudes.mean() - 9.0) < 0.03 and abs(magnitudes.std() - 0.5) < 0.03 and magnitudes.max() <= 10.0
 
 
+def test_apply_rounds_a_float_crop_to_uint8_then_runs_the_applied_draws_in_order(image):
+    policy = RandAugment(num_ops=2)
+    crop = image.astype("float32") + np.float32(0.4)  # rounds back to `image`
+    keys = [(0, 0, position) for position in range(40)]
+    skipped = [key for key in keys if not any(draw.applied for draw in policy.rounds(*key))]
+    both = [key for key in keys if all(draw.applied for draw in policy.rounds(*key))]
+    assert skipped and both
+    for key in skipped[:2] + both[:4]:
+        expected = Image.fromarray(image)
+        for draw in policy.rounds(*key):
+            if draw.applied:
+                value = randaugment.argument(draw.name, draw.magnitude, draw.negate)
+                expected = PILLOW[draw.name](expected, None if value is None else float(value))
+        augmented = policy.apply(crop, *key)
+        assert augmented.dtype == np.uint8 and augmented.shape == image.shape
+        np.testing.assert_array_equal(augmented, np.asarray(expected))
+
+
 @pytest.mark.parametrize("arguments, message", [
     (dict(num_ops=0), "RandAugment num_ops must be a whole number of at least 1, got 0."),
     (dict(num_ops=2.5), "RandAugment num_ops must be a whole number of at least 1, got 2.5."),

@@ -28,7 +28,10 @@ import numpy as np
 
 from keras_vit.data import arrays
 from keras_vit.data.arrays import digits  # noqa: F401 (the embedded data set, here too)
-from keras_vit.data.randaugment import RandAugment
+from keras_vit.data.augmenters import (  # noqa: F401 (make_augmenters: public here)
+    make_augmenters,
+    per_example_augmenter,
+)
 from keras_vit.utils.shapes import as_pair
 
 
@@ -60,7 +63,9 @@ class Source:
     `keras_vit.data.array_batches` reads where TensorFlow is not installed (then
     `dataset` is None). A folder's `dataset` decodes whole images, for
     evaluation; a file that cannot be decoded comes as a 1x1 image labelled
-    -1, which `make_dataset` leaves out.
+    -1, which `make_dataset` leaves out. A tensorflow-datasets split that
+    stores image files keeps them in `encoded`, `(file bytes, label)`, which
+    `dataset` decodes whole and training decodes only each crop window of.
     """
 
     dataset: object
@@ -69,6 +74,7 @@ class Source:
     class_names: tuple = None
     name: str = ""
     examples: tuple = None
+    encoded: object = None
 
 
 def _tf():
@@ -132,17 +138,27 @@ def from_tfds(name, split, data_dir=None, shard=None):
         read_config.input_context = _tf().distribute.InputContext(
             num_input_pipelines=count, input_pipeline_id=index
         )
-    dataset = builder.as_dataset(split=split, as_supervised=True, shuffle_files=False, read_config=read_config)
     info = builder.info
     label = info.features["label"]
-    dataset = dataset.map(lambda image, y: (_as_rgb(image), y))
+    image_key = (info.supervised_keys or (None,))[0]
+    feature = info.features[image_key] if isinstance(image_key, str) and image_key in info.features else None
+    if isinstance(feature, tfds.features.Image) and feature.np_dtype == np.uint8:
+        # The files' bytes, as big_vision reads them: training decodes only the crop window of a JPEG.
+        from keras_vit.data import tf_data_steps
+
+        encoded = builder.as_dataset(split=split, as_supervised=True, shuffle_files=False, read_config=read_config,
+                                     decoders={image_key: tfds.decode.SkipDecoding()})
+        dataset = encoded.map(lambda image, y: (tf_data_steps.decode(image), y))
+    else:
+        encoded = builder.as_dataset(split=split, as_supervised=True, shuffle_files=False, read_config=read_config)
+        dataset, encoded = encoded.map(lambda image, y: (_as_rgb(image), y)), None
     try:
         examples = info.splits[split].num_examples
         if shard is not None:
             examples //= shard[1]
     except KeyError:  # No split metadata (e.g. tfds.testing.mock_data): count once.
         examples = int(dataset.reduce(0, lambda count, _: count + 1))
-    return Source(dataset, examples, label.num_classes, tuple(label.names), name)
+    return Source(dataset, examples, label.num_classes, tuple(label.names), name, encoded=encoded)
 
 
 def _as_rgb(image):
@@ -394,35 +410,6 @@ def make_dataset(
     return tf_data_steps.batched(examples, batch_size, drop_remainder, num_classes or source.num_classes, one_hot,
                                  augmenters, left_out=folder and not training)
 
-
-def make_augmenters(randaugment=None, mixup=0.0, cutmix=0.0, seed=0):
-    """The pipeline's augmentations: keras_vit's RandAugment, then Keras' batched layers.
-
-    `randaugment=(num_ops, magnitude)` adds `keras_vit.data.randaugment.RandAugment`,
-    timm's `rand-m{magnitude}-n{num_ops}-mstd0.5-inc1` (`(2, 9)`: timm's
-    `rand-m9-mstd0.5-inc1`), applied to each example after its crop and flip and
-    keyed by the pipeline's `(seed, epoch, example)`; `mixup` / `cutmix` give the
-    Beta-distribution parameters of Keras' `MixUp` / `CutMix` (0 = off), drawn from `seed`.
-    """
-    import keras
-
-    layers = []
-    if randaugment:
-        num_ops, magnitude = randaugment
-        layers.append(RandAugment(num_ops=num_ops, magnitude=magnitude))
-    if mixup:
-        layers.append(keras.layers.MixUp(alpha=mixup, seed=seed))
-    if cutmix:
-        layers.append(keras.layers.CutMix(factor=cutmix, seed=seed))
-    return layers
-
-
-def per_example_augmenter(augmenters):
-    """`(randaugment, batched)`: the `RandAugment` among `augmenters` (or None) and the Keras layers."""
-    randaugment = [a for a in augmenters if isinstance(a, RandAugment)]
-    if len(randaugment) > 1:
-        raise ValueError(f"{len(randaugment)} RandAugment policies among the augmenters; give one.")
-    return (randaugment or [None])[0], [a for a in augmenters if not isinstance(a, RandAugment)]
 
 
 def images_only(dataset):

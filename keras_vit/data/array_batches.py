@@ -33,7 +33,8 @@ restarts at batch 0 every epoch, where this stream spans all epochs. Nor
 Grain: the same ordered pool, for one more dependency.
 
 Example:
->>> from keras_vit import arrays, data
+>>> from keras_vit import data
+>>> from keras_vit.data import arrays
 >>> (x, y), _ = arrays.digits(image_size=16)
 >>> images, labels = ArrayBatches(data.from_arrays(x, y), (16, 16), 32, training=True)[0]
 >>> images.shape, labels.shape
@@ -116,14 +117,20 @@ class ArrayBatches(keras.utils.PyDataset):
     def __getitem__(self, index):
         return self.finish(*self.examples_of(index))
 
+    @property
+    def pixel_dtype(self):
+        """The dtype of `examples_of`'s pixels: RandAugment's uint8 in training with it, else float32."""
+        return np.dtype("uint8" if self.training and self.randaugment is not None else "float32")
+
     def examples_of(self, index):
-        """Batch `index` before the batched steps: float pixels in [0, 255] of `size`, and labels."""
+        """Batch `index` before the batched steps: pixels in [0, 255] of `size` (`pixel_dtype`), and labels."""
         if not 0 <= index < self.batches:
             raise IndexError(f"batch {index} of {self.batches}")
         positions = range(index * self.batch_size, min((index + 1) * self.batch_size, len(self.labels)))
         examples = [self.example(position) for position in positions]
         examples = [example for example in examples if example is not None]  # evaluation leaves out broken files
-        images = np.stack([image for image, _ in examples]) if examples else np.zeros((0, *self.size, 3), "float32")
+        images = (np.stack([image for image, _ in examples]) if examples
+                  else np.zeros((0, *self.size, 3), self.pixel_dtype))
         labels = self.labels[[row for _, row in examples]]
         if self.one_hot:
             labels = np.eye(self.num_classes, dtype="float32")[labels]
@@ -132,12 +139,13 @@ class ArrayBatches(keras.utils.PyDataset):
     def finish(self, images, labels):
         """The batched steps on `examples_of`'s batch: the augmenters, then pixels to [-1, 1]."""
         for augmenter in self.augmenters:
-            images, labels = apply_augmenter(augmenter, images, labels)
-        images = arrays.minus_one_to_one(images)
+            images, labels = apply_augmenter(augmenter, np.asarray(images, "float32"), labels)
+        # In place where the batch is a float32 array of its own.
+        images = arrays.minus_one_to_one(images, overwrite=images.dtype == np.float32 and images.flags.writeable)
         return (images,) if self.images_only else (images, labels)
 
     def example(self, position):
-        """The `position`-th example of this pass as `(float pixels in [0, 255] of size, its source row)`; None in
+        """The `position`-th example of this pass as `(pixels in [0, 255] of size, its source row)`; None in
         evaluation for a file that cannot be decoded."""
         if not self.training:
             try:
@@ -149,9 +157,8 @@ class ArrayBatches(keras.utils.PyDataset):
         image, row = self.decodable(position)
         top, left, height, width = philox.sample_crop(*image.shape[:2], (epoch_key(*self.key), position),
                                                       (self.min_crop_area, 1.0))
-        image = arrays.resize(image[top:top + height, left:left + width], self.size)
-        if self.flip and philox.stateless_uniform((epoch_key(*self.key), position + FLIP_OFFSET)) < 0.5:
-            image = image[:, ::-1]
+        flip = self.flip and philox.stateless_uniform((epoch_key(*self.key), position + FLIP_OFFSET)) < 0.5
+        image = arrays.resize(image[top:top + height, left:left + width], self.size, mirror=flip)
         return (image if self.randaugment is None else self.randaugment.apply(image, *self.key, position)), row
 
     @property
@@ -218,8 +225,9 @@ def _batches(passes, source, size, batch_size, seed, workers, options):
     # pixels into a ring of batch-sized slots of memory shared with this process (pickling a batch of 224-px
     # float pixels through a pipe costs about what decoding it does), one slot for each batch in flight.
     slots = workers + 2  # a bounded look-ahead: a batch a worker, the next one queued, and the one read here
-    ring = mmap.mmap(-1, slots * batch_size * size[0] * size[1] * 3 * 4)
-    buffers = np.frombuffer(ring, "float32").reshape(slots, batch_size, *size, 3)
+    dtype = passes[0].pixel_dtype  # uint8 after RandAugment: a quarter of float32's bytes
+    ring = mmap.mmap(-1, slots * batch_size * size[0] * size[1] * 3 * dtype.itemsize)
+    buffers = np.frombuffer(ring, dtype).reshape(slots, batch_size, *size, 3)
     plain = [ArrayBatches(source, size, batch_size, True, seed, batches.key[1], drop_remainder=True,
                           **dict(options, augmenters=())) for batches in passes]
     with warnings.catch_warnings():

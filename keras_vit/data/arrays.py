@@ -11,6 +11,7 @@ Example:
 ((1437, 16, 16, 3), dtype('uint8'), (8, 8, 3))
 """
 
+import functools
 import math
 import os
 import struct
@@ -103,6 +104,7 @@ def rgb_pixels(image, name="the image"):
     return pixels
 
 
+@functools.lru_cache(maxsize=4096)
 def bilinear_taps(in_size, out_size):
     """`(low, high, weight)` of 1-D bilinear resampling with half-pixel centres, edges clamped.
 
@@ -115,24 +117,28 @@ def bilinear_taps(in_size, out_size):
     floor = np.floor(source)
     low = np.clip(floor.astype("int64"), 0, in_size - 1)
     high = np.clip(floor.astype("int64") + 1, 0, in_size - 1)
-    return low, high, (source - floor).astype("float32")
+    taps = low, high, (source - floor).astype("float32")
+    for array in taps:
+        array.flags.writeable = False  # shared by every call for these sizes
+    return taps
 
 
-def _resample_axis(image, size, axis):
-    """`image` resampled along `axis` (negative) to `size` pixels from two gathered pixels each, in float32."""
-    low, high, weight = bilinear_taps(image.shape[axis], size)
-    weight = weight.reshape((-1,) + (1,) * (-axis - 1))
-    low_pixels = np.take(image, low, axis=axis).astype("float32")
-    return low_pixels + (np.take(image, high, axis=axis).astype("float32") - low_pixels) * weight
+def _lerp(low, high, weight):
+    """`low + (high - low) * weight` in float32, tf.image.resize's order of operations, in one new array."""
+    out = np.subtract(high, low, dtype="float32")
+    out *= weight
+    return np.add(out, low, out=out, dtype="float32")
 
 
-def resize(image, size):
+def resize(image, size, mirror=False):
     """`(height, width, channels)` or `(batch, height, width, channels)` resized bilinearly to `size`, as float32.
 
     Bit-equal to `tf.image.resize(method="bilinear")`: the columns, then
     the rows, each from two source pixels per output pixel, so a 4000x3000
     photo takes milliseconds and is never converted to floats whole. Crops
-    for evaluation are planned by `keras_vit.EvalTransform`.
+    for evaluation are planned by `keras_vit.EvalTransform`. `mirror` flips
+    the result left to right, as a contiguous array (numpy's operations on a
+    reversed view cost several times as much).
 
     Example:
     >>> resize(np.array([[[0], [255]]], "uint8"), (1, 4))[0, :, 0]
@@ -140,19 +146,34 @@ def resize(image, size):
     """
     size = tuple(int(s) for s in size)
     image = np.asarray(image)
-    return _resample_axis(_resample_axis(image, size[1], -2), size[0], -3)
+    *batch, height, width, channels = image.shape
+    # Each row as one run of `width * channels` values: gathering single values is numpy's fast path, where
+    # gathering whole pixels of `channels` bytes is a copy call each.
+    rows = image.reshape(*batch, height, width * channels)
+    low, high, weight = (taps[::-1] if mirror else taps for taps in bilinear_taps(width, size[1]))
+    within = np.arange(channels)
+    columns = _lerp(*(rows[..., (taps[:, None] * channels + within).ravel()] for taps in (low, high)),
+                    np.repeat(weight, channels))
+    low, high, weight = bilinear_taps(height, size[0])
+    return _lerp(columns[..., low, :], columns[..., high, :], weight[:, None]).reshape(*batch, *size, channels)
 
 
-def minus_one_to_one(pixels):
+def minus_one_to_one(pixels, overwrite=False):
     """Pixels in [0, 255] (uint8 or float) as float32 in [-1, 1]: the input of every keras_vit model.
 
-    The one home of that scaling in numpy; `keras_vit.preprocess_input` is its public name.
+    `x / 127.5 - 1` in float32, as tf.data's steps compute it; the one home
+    of that scaling in numpy (`keras_vit.preprocess_input` is its public
+    name). `overwrite=True` scales a writeable float32 array in place.
 
     Example:
     >>> minus_one_to_one(np.array([0, 255], "uint8")).tolist()
     [-1.0, 1.0]
     """
-    return np.asarray(pixels, "float32") / np.float32(127.5) - np.float32(1.0)
+    pixels = np.asarray(pixels)
+    in_place = overwrite and pixels.dtype == np.float32 and pixels.flags.writeable
+    scaled = np.divide(pixels, np.float32(127.5), out=pixels if in_place else None, dtype="float32")
+    scaled -= np.float32(1.0)
+    return scaled
 
 
 def stratified_split(labels, test_fraction, seed):

@@ -83,8 +83,8 @@ def randaugment_step(policy, image, seed, epoch, position):
     (ints or int64 tensors) through `tf.numpy_function`: the numpy pipeline's code and pixels, and faster than the same ops
     written as TensorFlow graph ops, each a switch over 15 branches per example (`benchmarks/README.md`)."""
     augmented = tf.numpy_function(lambda pixels, epoch, index: policy.apply(pixels, seed, int(epoch), int(index)),
-                                  [image, tf.cast(epoch, tf.int64), position], tf.float32, stateful=False)
-    return tf.ensure_shape(augmented, image.shape)
+                                  [image, tf.cast(epoch, tf.int64), position], tf.uint8, stateful=False)
+    return tf.cast(tf.ensure_shape(augmented, image.shape), tf.float32)
 
 
 def value_range(image, low=-1.0, high=1.0):
@@ -161,7 +161,8 @@ def training_examples(source, size, seed, epochs, per_epoch, min_crop_area, flip
     crop window; a file that cannot be decoded is skipped with a note, the
     next example of the order taking its place, as the numpy pipeline does.
     RandAugment (a `keras_vit.data.randaugment.RandAugment`) follows the crop and flip. A
-    tensorflow-datasets split is shuffled in a buffer of 10,000 examples.
+    tensorflow-datasets split is shuffled in a buffer of 10,000 examples; where it stores image files
+    (`Source.encoded`), only each crop window is decoded, as from a folder.
     """
     area_range = (min_crop_area, 1.0)
 
@@ -180,10 +181,12 @@ def training_examples(source, size, seed, epochs, per_epoch, min_crop_area, flip
 
     if source.examples is None:
         dataset = None
+        stream, crop = ((source.dataset, inception_crop) if source.encoded is None
+                        else (source.encoded, decode_and_inception_crop))
         for epoch in epochs:
-            shuffled = source.dataset.shuffle(min(source.num_examples or 10_000, 10_000), reshuffle_each_iteration=False,
-                                              seed=array_batches.epoch_key(seed, epoch)).take(per_epoch or -1)
-            one = shuffled.enumerate().map(lambda position, example, epoch=epoch: finish(epoch, position, inception_crop(
+            shuffled = stream.shuffle(min(source.num_examples or 10_000, 10_000), reshuffle_each_iteration=False,
+                                      seed=array_batches.epoch_key(seed, epoch)).take(per_epoch or -1)
+            one = shuffled.enumerate().map(lambda position, example, epoch=epoch: finish(epoch, position, crop(
                 example[0], size, seeds(epoch, position)[0], area_range), example[1]),
                 num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
             dataset = one if dataset is None else dataset.concatenate(one)
