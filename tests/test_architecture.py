@@ -200,3 +200,15 @@ def test_a_model_carries_the_description_its_layers_give_and_a_keras_file_keeps_
         description.read_description(future)
     assert dataclasses.asdict(carried[0]) == dataclasses.asdict(description.read_description(
         description.describe(*carried))[0])
+
+
+@pytest.mark.backend_independent
+def test_every_architecture_field_is_a_vit_keyword_and_a_typo_gets_the_closest():
+    model = keras_vit.ViT(**SMALL, rope="axial", class_token=False, classifier="gap", register_tokens=1)
+    assert (model.architecture.rope, model.architecture.register_tokens) == ("axial", 1)
+    with pytest.raises(TypeError, match=r"^ViT\(\) got an unexpected keyword argument 'layer_scal'; did you mean "
+                                        r"'layer_scale'\?$"):
+        keras_vit.ViT(**SMALL, layer_scal=1e-5)
+    with pytest.raises(TypeError, match=r"^ViT\(\) got an unexpected keyword argument 'wormhole' \(nor is it a field "
+                                        r"of keras_vit.Architecture\).$"):
+        keras_vit.ViT_Ti16(wormhole=True)

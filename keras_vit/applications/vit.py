@@ -10,7 +10,7 @@ import dataclasses
 
 from keras_vit import checkpoints
 from keras_vit.layers import dtype_policy
-from keras_vit.model.architecture import Architecture, resolve_architecture
+from keras_vit.model.architecture import Architecture, check_switches, resolve_architecture
 from keras_vit.model.graph import ModelOptions, build, position_grid
 from keras_vit.model.variants import VARIANTS, Variant, variant_name
 from keras_vit.model.vision_transformer import (  # noqa: F401
@@ -70,32 +70,13 @@ def ViT(
     stochastic_depth_rate=0.0,
     classifier_activation="softmax",
     approximate_gelu=None,
-    layer_norm_epsilon=None,
     position_embedding_interpolation=None,
     position_embedding_antialias=None,
     drop_remainder=False,
     dtype=None,
     name=None,
     architecture=None,
-    class_token=None,
-    register_tokens=None,
-    class_token_position_embedding=None,
-    fc_norm=None,
-    final_norm=None,
-    norm_pre=None,
-    patch_bias=None,
-    qkv_bias=None,
-    qk_norm=None,
-    layer_scale=None,
-    mlp_activation=None,
-    post_norm=None,
-    attention_output_norm=None,
-    mlp_hidden_norm=None,
-    normalization=None,
-    projection_bias=None,
-    patch_norm=None,
-    differential_attention=None,
-    parallel=None,
+    **switches,
 ):
     """Build a Vision Transformer (Dosovitskiy et al., 2020).
 
@@ -142,8 +123,6 @@ def ViT(
         approximate_gelu: tanh-approximated GELU (the original checkpoints') or
             exact (timm's); default the checkpoint's form (exact for timm
             weights), else tanh.
-        layer_norm_epsilon: every LayerNorm's epsilon; default the
-            checkpoint's (1e-12 in transformers' files), else 1e-6.
         position_embedding_interpolation: `"bicubic"` or `"bilinear"`: how the
             position embeddings are resized, to a checkpoint's new grid and,
             with dynamic resolution, to each input's grid. Default: what the
@@ -161,29 +140,11 @@ def ViT(
             the attention softmax and the logits stay in float32. Kept in the
             `.keras` file.
         architecture: a `keras_vit.Architecture`, the switches of timm's ViT
-            family at once; default the checkpoint's, else the paper's. The
-            keywords below replace single fields of it (see `Architecture`):
-        class_token: prepend a class token (default: with `classifier="token"`).
-        register_tokens: how many register tokens follow it (DINOv2-reg: 4).
-        class_token_position_embedding: `False` for timm's `no_embed_class`.
-        fc_norm: the final LayerNorm after pooling instead of on the tokens.
-        final_norm: `False` for no final LayerNorm at all (RADIO).
-        norm_pre: a LayerNorm before the blocks (CLIP).
-        patch_bias, qkv_bias: biases of the patch embedding and q/k/v.
-        qk_norm: LayerNorm over each head's queries and keys.
-        layer_scale: initial value of layer scale on both residual branches.
-        mlp_activation: `"gelu_tanh"`, `"gelu"`, `"quick_gelu"` or `"swiglu"`
-            (`approximate_gelu` is the older form of the first two).
-        post_norm: LayerNorm on each block's branch outputs (timm's `rpn`).
-        attention_output_norm, mlp_hidden_norm: LayerNorms inside attention
-            and the MLP (BEiT-3's).
-        normalization: `"layer_norm"` or `"rms_norm"`, the kind of every
-            norm (AIMv2's RMSNorm).
-        projection_bias: biases on attention's output and the MLP layers.
-        patch_norm: a norm on the patch embeddings (AIMv2's).
-        differential_attention: attention as the difference of two softmax
-            maps (timm's `DiffAttention`).
-        parallel: attention and the MLP side by side in each block.
+            family at once; default the checkpoint's, else the paper's.
+        **switches: any other field of `keras_vit.Architecture` (its
+            docstring describes each), replacing that field of `architecture`:
+            e.g. `register_tokens=4`, `layer_scale=1e-5`, `mlp_activation="gelu"`,
+            `layer_norm_epsilon=1e-12`, `qk_norm=True`, `rope="axial"`.
 
     Returns:
         A `keras.Model` mapping `(batch, height, width, 3)` images in [-1, 1]
@@ -199,19 +160,10 @@ def ViT(
     policy = dtype_policy(dtype)
     if pooling not in (None, "token", "gap", "map"):
         raise ValueError(f"Unknown pooling {pooling!r}; expected None, 'token', 'gap' or 'map'.")
-    if classifier not in (None, "token", "gap", "map"):
-        raise ValueError(f"Unknown classifier {classifier!r}; expected 'token', 'gap' or 'map'.")
     if architecture is not None and not isinstance(architecture, Architecture):
         raise ValueError(f"architecture must be a keras_vit.Architecture, got {type(architecture).__name__}.")
-    switches = dict(class_token=class_token, register_tokens=register_tokens,
-                    class_token_position_embedding=class_token_position_embedding, fc_norm=fc_norm,
-                    final_norm=final_norm, norm_pre=norm_pre,
-                    patch_bias=patch_bias, qkv_bias=qkv_bias, qk_norm=qk_norm, layer_scale=layer_scale,
-                    mlp_activation=mlp_activation, layer_norm_epsilon=layer_norm_epsilon, post_norm=post_norm,
-                    attention_output_norm=attention_output_norm, mlp_hidden_norm=mlp_hidden_norm,
-                    normalization=normalization, projection_bias=projection_bias, patch_norm=patch_norm,
-                    differential_attention=differential_attention, parallel=parallel)
-    if approximate_gelu is not None and mlp_activation is None:
+    check_switches(switches)
+    if approximate_gelu is not None and switches.get("mlp_activation") is None:
         switches["mlp_activation"] = "gelu_tanh" if approximate_gelu else "gelu"
     resolve_architecture(architecture, classifier, switches)  # Bad switches fail before any download.
     if include_top and pooling is not None:

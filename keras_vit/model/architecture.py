@@ -18,6 +18,7 @@ Example:
 """
 
 import dataclasses
+import difflib
 import math
 
 from keras_vit.layers.mlp import ACTIVATIONS
@@ -220,6 +221,22 @@ class Architecture:
         patches = int(table_rows) - self.position_prefix_rows
         side = int(round(max(patches, 0) ** 0.5))
         return (side, side) if side * side == patches and side else None
+
+
+def check_switches(switches, caller="ViT"):
+    """Refuse keywords that name no field of `Architecture`, as Python refuses an unknown keyword, with the closest.
+
+    Example:
+    >>> check_switches({"qk_norm": True, "layer_scal": 1e-5})  # doctest: +IGNORE_EXCEPTION_DETAIL
+    Traceback (most recent call last):
+    TypeError: ViT() got an unexpected keyword argument 'layer_scal'; did you mean 'layer_scale'?
+    """
+    fields = [field.name for field in dataclasses.fields(Architecture) if field.name != "classifier"]
+    for key in switches:
+        if key not in fields:
+            close = difflib.get_close_matches(key, fields, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else " (nor is it a field of keras_vit.Architecture)."
+            raise TypeError(f"{caller}() got an unexpected keyword argument {key!r}{hint}")
 
 
 def resolve_architecture(base, classifier, switches):
