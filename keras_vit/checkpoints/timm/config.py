@@ -1,7 +1,7 @@
 """timm's `config.json` read against its tensors: what a Hub folder says must be what its file holds.
 
-`timm_layout.read_timm` reads the tensors and the family table entry
-(`timm_families`); the checks here refuse every disagreement between the
+`layout.read_timm` reads the tensors and the family table entry
+(`families`); the checks here refuse every disagreement between the
 name, `model_args`, `pretrained_cfg` and the tensors, each with the file and
 the field or tensors, before a model is built.
 

@@ -5,7 +5,7 @@ Besides timm's plain-ViT names, an `Eva` file has EVA's attention biases
 (`attn.q_proj`, ...), layer scales as `gamma_1`/`gamma_2`, and for mixed
 RoPE the learned frequencies of every block in one tensor (`rope.freqs`,
 `(2, depth, heads, head_dim / 2)`). RoPE's other settings are not in the
-tensors: they come from the architecture's name (`timm_eva_families`) and
+tensors: they come from the architecture's name (`eva_families`) and
 `model_args`, and the tensors must agree with them.
 
 Example:
@@ -206,7 +206,7 @@ def configured_eva_architecture(config, where):
 
 def read_timm_eva(path, budget, config, where):
     """Read a timm `Eva` state dict whose `config.json` (parsed as `config`, read from `where`) names its
-    architecture, one of `timm_eva_families.EVA_ARCHITECTURES`, into a `WeightsSource`."""
+    architecture, one of `eva_families.EVA_ARCHITECTURES`, into a `WeightsSource`."""
     name = config.get("architecture")
     entry, args, switches, pretrained, architecture = configured_eva_architecture(config, where)
     transform = configured_eval_transform(config, where)
@@ -241,7 +241,7 @@ def read_timm_eva(path, budget, config, where):
 
 def eva_arguments(model, architecture):
     """The keywords of `timm.create_model(architecture, **kwargs)` with the sizes of `model`, for a name of timm's
-    `Eva` class (`timm_writer.timm_arguments` checks that they rebuild it)."""
+    `Eva` class (`writer.timm_arguments` checks that they rebuild it)."""
     entry = EVA_ARCHITECTURES[architecture]
     block = model.get_layer("encoderblock_0")
     embed = int(model.get_layer("embedding").kernel.shape[-1])

@@ -1,4 +1,4 @@
-"""timm's layout: a `VisionTransformer` state dict, and reading it (`timm_writer` writes it).
+"""timm's layout: a `VisionTransformer` state dict, and reading it (`writer` writes it).
 
 timm stores PyTorch tensors under its module names (`blocks.0.attn.qkv.weight`,
 ...): dense kernels as `(out, in)`, the patch convolution as `(out, in, h, w)`.
@@ -9,8 +9,8 @@ only through `torch.load(weights_only=True)`); timm's Hub folders add a
 keras_vit's `Architecture` has (registers, `no_embed_class`, layer scale,
 `norm_pre`, `fc_norm`, attention pooling, q/k norms, optional biases, SwiGLU)
 is read from the tensors; what they cannot show comes from `model_args` or
-the architecture's family (`timm_families`). timm's ResNet hybrids
-(`patch_embed.backbone.*`) are read by `timm_hybrid`.
+the architecture's family (`families`). timm's ResNet hybrids
+(`patch_embed.backbone.*`) are read by `hybrid`.
 
 Example:
 >>> from keras_vit import checkpoints
@@ -224,7 +224,7 @@ def from_timm(tensors, description="checkpoint"):
 
 def configured_architecture(config, where, resnet_epsilons=None):
     """`(entry, model_args, switches, pretrained_cfg, Architecture)` of a timm `config.json` (parsed, read from
-    `where`) naming one of `timm_families.ARCHITECTURES`: the model it describes, before any tensor is read."""
+    `where`) naming one of `families.ARCHITECTURES`: the model it describes, before any tensor is read."""
     name = config.get("architecture")
     entry = timm_architecture(name, where)
     args = model_args_of(config, where)
@@ -250,7 +250,7 @@ def read_timm(path, budget=None, config=None, config_path=None):
     A bare state dict shows its switches in its tensors (exact GELU, timm's
     default, and timm's epsilon). With `config`, the parsed `config.json` of
     a Hub folder (read from `config_path`, named in errors), the architecture
-    it names must be one of `timm_families.ARCHITECTURES`: that entry, with
+    it names must be one of `families.ARCHITECTURES`: that entry, with
     `model_args` over it, is the model, and the tensors must agree with it.
     """
     tensors = read_state_dict(path, budget)

@@ -138,7 +138,7 @@ def timm_arguments(model, architecture=None):
     `no_embed_class`, `global_pool`, norms, biases, layer scale, activation).
     A LayerNorm epsilon other than 1e-6 and a SwiGLU MLP are set only by
     timm's model functions, which take them as classes, not keywords: for
-    those, name an `architecture` of `timm_families.ARCHITECTURES` (or of
+    those, name an `architecture` of `families.ARCHITECTURES` (or of
     timm's Eva class) that sets the same (CLIP's 1e-5, DINOv2 giant's
     SwiGLU). Keywords with which the named architecture would build another
     model are a `CheckpointError` naming each field that differs

@@ -18,7 +18,7 @@ keeps q, k and v apart (fused here). The model is the vision tower's
   transformers' `pooler_output` is None; keras_vit pools the mean of the
   normed tokens (timm's `*_siglip_gap`), which are its `last_hidden_state`.
 The pixel statistics come from the folder's `preprocessor_config.json`.
-As for transformers' ViT (`transformers_layout`), every config field is
+As for transformers' ViT (`transformers.vit`), every config field is
 computed, checked against the tensors or `INFERENCE_IRRELEVANT`, and the
 tensors must be exactly the configured tower's (CLIP's `pre_layrnorm`,
 SigLIP's head where `vision_use_head` says so). Loaded at another size,
@@ -43,7 +43,7 @@ from keras_vit.model.architecture import Architecture
 MODEL_TYPES = {"clip_vision_model": ("clip", False), "clip": ("clip", True),
                "siglip_vision_model": ("siglip", False), "siglip": ("siglip", True)}
 # The fields of transformers' CLIP and SigLIP configs that the reader computes or checks, with transformers'
-# defaults (the other fields are in transformers_layout.INFERENCE_IRRELEVANT).
+# defaults (the other fields are in transformers.vit.INFERENCE_IRRELEVANT).
 _VISION = dict(hidden_size=768, intermediate_size=3072, num_hidden_layers=12, num_attention_heads=12,
                num_channels=3, image_size=224)
 CONFIG_DEFAULTS = {

@@ -11,7 +11,7 @@ function, at every resolution (transformers resizes the patch rows only).
 `Dinov2Model`'s pooled output is the normed class token, which
 `from_pretrained` gives for these headless folders.
 
-As for transformers' ViT (`transformers_layout`), every config field is
+As for transformers' ViT (`transformers.vit`), every config field is
 computed, checked against the tensors or `INFERENCE_IRRELEVANT`:
 `mlp_ratio` and `use_swiglu_ffn` must give the file's MLP, `qkv_bias` its
 biases, `num_register_tokens` its register tokens. Loaded at another size,
@@ -34,7 +34,7 @@ from keras_vit.model.architecture import Architecture
 
 MODEL_TYPES = ("dinov2", "dinov2_with_registers")
 # The fields of transformers' Dinov2Config and Dinov2WithRegistersConfig that the reader computes or checks, with
-# transformers' defaults (the other fields are in transformers_layout.INFERENCE_IRRELEVANT).
+# transformers' defaults (the other fields are in transformers.vit.INFERENCE_IRRELEVANT).
 _COMMON = dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, mlp_ratio=4, hidden_act="gelu",
                layer_norm_eps=1e-6, image_size=224, num_channels=3, qkv_bias=True, use_swiglu_ffn=False)
 CONFIG_DEFAULTS = {"dinov2": dict(_COMMON, patch_size=14),

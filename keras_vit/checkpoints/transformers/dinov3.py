@@ -8,7 +8,7 @@ bias unless `key_bias`), layer scale as `layer_scale{1,2}.lambda1`, and the
 MLP as `up_proj`/`down_proj` or, with `use_gated_mlp`, SiLU-gated
 (`gate_proj`, `up_proj`). The pooled output is the normed class token, as
 `DINOv3ViTModel`'s `pooler_output`. Every config field is computed, checked
-against the tensors, or in `transformers_layout.INFERENCE_IRRELEVANT` or
+against the tensors, or in `transformers.vit.INFERENCE_IRRELEVANT` or
 `TRAINING_ONLY` here (the train-time coordinate augmentations, which
 transformers applies only in training mode). The pixel statistics are
 ImageNet's (DINOv3's image processor), unless the folder's
