@@ -17,6 +17,8 @@ import h5py
 import pytest
 
 import keras_vit
+from keras_vit.layers import TransformerBlock
+from keras_vit.layers.blocks import BlockSwitches
 
 FIXTURE = os.path.join(os.path.dirname(__file__), "fixtures", "block_weight_names.json")
 TINY = dict(patch_size=8, hidden_size=16, num_layers=1, num_heads=2, mlp_dim=32, image_size=16, classes=3)
@@ -51,6 +53,31 @@ def test_every_block_shape_keeps_its_weight_paths_their_order_and_stored_keys(na
     with open(FIXTURE) as file:
         expected = json.load(file)[name]
     assert weight_names(name) == expected
+
+
+# Block configs as keras_vit wrote them before the switches were declared once (at 60df850), and as 0.x did.
+OLD_CONFIGS = [
+    ({"name": "encoderblock_3", "trainable": True, "num_heads": 2, "mlp_dim": 32, "dropout_rate": 0.0,
+      "attention_dropout_rate": 0.0, "stochastic_depth_rate": 0.0, "activation": "swiglu", "seed": None,
+      "layer_norm_epsilon": 1e-05, "qk_norm": True, "layer_scale": 0.1, "differential_attention": True,
+      "layer_index": 3, "rope": "axial", "rope_temperature": 100.0, "rope_rotate_half": True, "key_bias": False},
+     BlockSwitches(mlp_activation="swiglu", layer_norm_epsilon=1e-5, qk_norm=True, layer_scale=0.1,
+                   differential_attention=True, rope="axial", rope_temperature=100.0, rope_rotate_half=True,
+                   key_bias=False)),
+    ({"name": "encoderblock_0", "num_heads": 2, "mlp_dim": 16, "approximate_gelu": False},
+     BlockSwitches(mlp_activation="gelu")),
+    ({"name": "encoderblock_0", "num_heads": 2, "mlp_dim": 16, "approximate_gelu": True, "activation": "quick_gelu"},
+     BlockSwitches(mlp_activation="quick_gelu")),
+]
+
+
+@pytest.mark.backend_independent  # configs, not values
+@pytest.mark.parametrize("config, switches", OLD_CONFIGS)
+def test_block_configs_written_before_the_switches_were_declared_once_still_load(config, switches):
+    block = TransformerBlock.from_config(dict(config))
+    assert block.switches == switches and block.layer_index == config.get("layer_index", 0)
+    again = TransformerBlock.from_config(block.get_config())
+    assert again.switches == switches and again.layer_index == block.layer_index
 
 
 if __name__ == "__main__":

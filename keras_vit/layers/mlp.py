@@ -20,7 +20,7 @@ def mlp_activation(x, activation):
 
     Example:
     >>> import numpy as np
-    >>> np.round(np.asarray(mlp_activation(np.array([1.0], "float32"), "quick_gelu")), 4).tolist()
+    >>> np.round(np.asarray(mlp_activation(np.array([1.0], "float32"), "quick_gelu"), "float64"), 4).tolist()
     [0.8458]
     """
     if activation == "gelu_tanh":
