@@ -73,9 +73,10 @@ class SelfAttention(BlockPart):
         self.output_dropout = self.dropout("output_dropout", block.dropout_rate, 7)
         if switches.differential_attention:
             # timm's DiffAttention: lambda = exp(q1 . k1) - exp(q2 . k2) + lambda_init, and an RMSNorm (1e-5) per head.
-            self.lambdas = [block.add_weight(name=name, shape=(self.head_dim // 2,), autocast=False,
-                                             initializer=keras.initializers.RandomNormal(stddev=0.1,
-                                                                                         seed=block.seed_for(11)))
+            def initializer():  # one per weight, so that unseeded ones draw different values
+                return keras.initializers.RandomNormal(stddev=0.1, seed=block.seed_for(11))
+
+            self.lambdas = [self.weight(name, shape=(self.head_dim // 2,), autocast=False, initializer=initializer())
                             for name in ("lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2")]
             sub_norm = norm_layer("rms_norm", 1e-5, name="attention_sub_norm", dtype=block._sublayer_policy())
             self.sub_norm = self.sublayer("attention_sub_norm", sub_norm, (*token_shape[:-1], self.num_heads,
@@ -91,9 +92,8 @@ class SelfAttention(BlockPart):
         if switches.rope == "mixed":  # learned, per head: (2 axes, heads, head_dim / 2)
             initial = rope_module.initial_mixed_frequencies(self.num_heads, self.head_dim, switches.rope_temperature,
                                                             self.block.seed_for(12))
-            self.rope_frequencies = self.block.add_weight(
-                name="rope_frequencies", shape=initial.shape, autocast=False,
-                initializer=lambda shape, dtype=None: ops.cast(initial, dtype))
+            self.rope_frequencies = self.weight("rope_frequencies", shape=initial.shape, autocast=False,
+                                                initializer=lambda shape, dtype=None: ops.cast(initial, dtype))
         else:
             self.rope_frequencies = rope_module.rope_frequencies(switches.rope, self.head_dim,
                                                                  switches.rope_temperature)

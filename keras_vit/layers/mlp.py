@@ -1,4 +1,4 @@
-"""The MLP of an encoder block: `Mlp`, and its nonlinearities (`ACTIVATIONS` names them, `mlp_activation` computes them)."""
+"""The MLP of an encoder block, `Mlp`, and its nonlinearities (`ACTIVATIONS`, computed by `mlp_activation`)."""
 
 import keras
 from keras import ops

@@ -22,8 +22,8 @@ class BlockPart:
 
     `build` (inside the block's) makes its sublayers with the helpers here,
     which collect them in `sublayers` (the block's attribute name -> the
-    layer) for the block to track; weights of its own are the block's
-    (`block.add_weight`).
+    layer) for the block to track; its weights are the block's own
+    (`weight`).
     """
 
     def __init__(self, block):
@@ -38,6 +38,12 @@ class BlockPart:
             layer.build(tuple(input_shape))
         return layer
 
+    def weight(self, name, **options):
+        """A weight of the block's own (`encoderblock_0/lambda_q1`), which the block holds as `name` too."""
+        variable = self.block.add_weight(name=name, **options)
+        setattr(self.block, name, variable)
+        return variable
+
     def norm(self, attribute, input_shape, name=None):
         """The block's kind of norm (`switches.normalization`), never quantized."""
         return self.sublayer(attribute, norm_layer(self.switches.normalization, self.switches.layer_norm_epsilon,
@@ -46,7 +52,8 @@ class BlockPart:
 
     def dense(self, units, name, input_shape, seed_offset, **options):
         """A projection the block may quantize and adapt with LoRA (`lora_targets` names it)."""
-        options.setdefault("kernel_initializer", keras.initializers.GlorotUniform(seed=self.block.seed_for(seed_offset)))
+        seed = self.block.seed_for(seed_offset)
+        options.setdefault("kernel_initializer", keras.initializers.GlorotUniform(seed=seed))
         return self.sublayer(name, Dense(units, name=name, dtype=self.block._sublayer_policy(name),
                                          lora_rank=self.block.lora_rank_of(name), **options), input_shape)
 

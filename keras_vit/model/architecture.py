@@ -34,12 +34,9 @@ IMAGENET_PIXEL_STATISTICS = {"input_mean": (0.485, 0.456, 0.406), "input_std": (
 class Architecture(BlockSwitches):
     """The switches of a plain ViT's encoder; the defaults are the paper's model.
 
-    The blocks' switches come first, declared and documented by
-    `keras_vit.layers.blocks.BlockSwitches` (`qkv_bias`, `qk_norm`,
-    `layer_scale`, `mlp_activation`, `post_norm`, `normalization`,
-    `projection_bias`, `differential_attention`, `parallel`,
-    `attention_output_norm`, `mlp_hidden_norm`, `rope`, `rope_temperature`,
-    `rope_rotate_half`, `key_bias`, `layer_norm_epsilon`); the rest are:
+    Its first fields are the blocks' switches, declared and documented
+    once, by `keras_vit.layers.blocks.BlockSwitches` (`qkv_bias`, `rope`,
+    `mlp_activation`, ...). The others:
 
     Attributes:
         class_token: prepend a learned [class] token.
