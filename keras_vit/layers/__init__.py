@@ -4,8 +4,8 @@
 statistics, `PatchEmbedding` cuts an image into patches and projects them, `ClassToken`
 prepends the learned [class] token and `RegisterTokens` the register
 tokens, `AddPositionEmbedding` adds learned position embeddings (resizing
-them when the grid changes), `TransformerBlock` is one pre-LayerNorm
-encoder block (paper Eq. 2-3) with its `LayerNorm`, and `TokenPooling` or
+them when the grid changes), `TransformerBlock` is one
+encoder block (paper Eq. 2-3) composed of self-attention, an MLP and norms, and `TokenPooling` or
 `AttentionPooling` reduces the tokens to one vector for the head. Every layer uses `keras.ops` only, so it runs on JAX, TensorFlow and
 PyTorch alike, and every weight keeps the layout of the original Flax
 checkpoints. How attention and LayerNorm are differentiated on each platform
@@ -14,7 +14,11 @@ is `keras_vit.layers.kernels`' business, not the layers'.
 - `embedding`: input scaling, patch embedding, class and register tokens, token pooling;
 - `position_embedding`: learned position tables and the one place that resizes them (and patch kernels);
 - `rope`: rotary position embeddings;
-- `blocks`: the Transformer encoder block;
+- `blocks`: the Transformer encoder block in its three shapes (pre-norm, post-norm, parallel) and its
+  switches, `BlockSwitches`;
+- `attention`: multi-head self-attention (plain, with weights, differential; RoPE, q/k norm, key bias);
+- `mlp`: the MLP (GELU, QuickGELU, SwiGLU; its hidden norm) and its activations;
+- `parts`: what the block's parts share, and why they are plain Python rather than Keras layers;
 - `attention_pooling`: multi-head attention pooling (MAP);
 - `norm`, `dense`: the LayerNorm/RMSNorm and the projections every block uses;
 - `conv_stem`, `resnet`: the stems of the hybrid models;
@@ -24,7 +28,7 @@ This package imports nothing from the rest of keras_vit but `keras_vit.utils`.
 """
 
 from keras_vit.layers.attention_pooling import AttentionPooling
-from keras_vit.layers.blocks import TransformerBlock
+from keras_vit.layers.blocks import BlockSwitches, TransformerBlock
 from keras_vit.layers.embedding import (
     PRECISIONS,
     ClassToken,
@@ -40,6 +44,7 @@ from keras_vit.layers.position_embedding import AddPositionEmbedding
 __all__ = [
     "AddPositionEmbedding",
     "AttentionPooling",
+    "BlockSwitches",
     "ClassToken",
     "InputNormalization",
     "LAYER_NORM_EPSILON",

@@ -1,25 +1,139 @@
-"""The Transformer encoder block and the attention-pooling head, the two layers of a ViT that attend.
+"""The Transformer encoder block: `TransformerBlock`, its switches (`BlockSwitches`), and `_QuantizableSublayers`.
 
-`TransformerBlock` is one pre-LayerNorm encoder block (paper Eq. 2-3) with
-the switches of timm's ViT family (layer scale, query/key normalisation,
-an optional qkv bias, GELU, QuickGELU or SwiGLU); `AttentionPooling` is the
-multi-head attention pooling (MAP) head of SigLIP, timm's
-`AttentionPoolLatent`. Both use `keras.ops` only; how attention and
-LayerNorm are differentiated on each platform is `keras_vit.layers.kernels`'.
+`TransformerBlock` composes its parts, `keras_vit.layers.attention.SelfAttention`
+and `keras_vit.layers.mlp.Mlp`, with its norms, layer scales and
+stochastic depth, in one of three shapes: pre-norm (the paper's Eq. 2-3),
+post-norm (timm's `ResPostBlock`) or parallel (timm's
+`ParallelScalingBlock`). `BlockSwitches` declares the switches it reads,
+once: they are fields of `keras_vit.model.architecture.Architecture` too,
+and they drive the block's keywords and its config. `_QuantizableSublayers`
+rebuilds quantized sublayers from a `.keras` file (the attention pooling
+head uses it too). Every layer uses `keras.ops` only.
 """
 
-import functools
+import dataclasses
 import math
 
 import keras
 from keras import ops
 
-from keras_vit.layers import kernels
 from keras_vit.layers import rope as rope_module
-from keras_vit.layers.dense import Dense
-from keras_vit.layers.mlp import ACTIVATIONS, mlp_activation
-from keras_vit.layers.norm import LAYER_NORM_EPSILON, NORMALIZATIONS, norm_layer
+from keras_vit.layers.attention import SelfAttention
+from keras_vit.layers.mlp import ACTIVATIONS, Mlp
+from keras_vit.layers.norm import LAYER_NORM_EPSILON, NORMALIZATIONS
+from keras_vit.layers.parts import BlockPart
 from keras_vit.utils.keras_internals import stored_kernel, sublayers
+
+
+@dataclasses.dataclass(frozen=True)
+class BlockSwitches:
+    """The switches of an encoder block, the fields of `Architecture` it reads; the defaults are the paper's block.
+
+    Attributes:
+        qkv_bias: the q/k/v projection has a bias.
+        qk_norm: a norm over each head's queries and keys (each half, with
+            differential attention).
+        layer_scale: the initial value of learned per-channel scales on both
+            residual branches (CaiT, DeiT-III, DINOv2), or `None` for none.
+        mlp_activation: one of `keras_vit.layers.mlp.ACTIVATIONS`.
+        post_norm: each block normalises its branches' outputs, not their
+            inputs (`x + LN(MSA(x))`, timm's `ResPostBlock`).
+        normalization: the kind of every norm of the model, one of
+            `NORMALIZATIONS` (timm's `norm_layer`; AIMv2's RMSNorm).
+        projection_bias: biases on attention's output projection and both
+            MLP layers (timm's `proj_bias`; AIMv2 has none).
+        differential_attention: each head attends with the difference of
+            two softmax maps (timm's `DiffAttention`, `attn_layer="diff"`).
+        parallel: each block adds attention and the MLP, both on one norm
+            of its input, under one layer scale (ViT-22B's; timm's
+            `ParallelScalingBlock`).
+        attention_output_norm, mlp_hidden_norm: a norm before the
+            attention's output projection, and before the second MLP layer
+            (timm's `scale_attn_norm` and `scale_mlp_norm`, BEiT-3's).
+        rope: rotary position embeddings in every attention, one form of
+            `keras_vit.layers.rope.ROPE_FORMS`, or None; `rope_temperature`
+            and `rope_rotate_half` (half-split instead of interleaved pairs)
+            are timm's `Eva` settings of the same names.
+        key_bias: with `qkv_bias`, whether the keys have one too (EVA's
+            attention has q and v biases only).
+        layer_norm_epsilon: every norm's epsilon (1e-6 in the original
+            checkpoints and timm, 1e-5 in CLIP's, 1e-12 in transformers').
+    """
+
+    qkv_bias: bool = True
+    qk_norm: bool = False
+    layer_scale: float = None
+    mlp_activation: str = "gelu_tanh"
+    post_norm: bool = False
+    normalization: str = "layer_norm"
+    projection_bias: bool = True
+    differential_attention: bool = False
+    parallel: bool = False
+    attention_output_norm: bool = False
+    mlp_hidden_norm: bool = False
+    rope: str = None
+    rope_temperature: float = 10000.0
+    rope_rotate_half: bool = False
+    key_bias: bool = True
+    layer_norm_epsilon: float = LAYER_NORM_EPSILON
+
+    def __post_init__(self):
+        for field in dataclasses.fields(BlockSwitches):  # bools and numbers as the config of any version gives them
+            value = getattr(self, field.name)
+            if field.type in (bool, float) and value is not None:
+                try:
+                    object.__setattr__(self, field.name, field.type(value))
+                except (TypeError, ValueError):
+                    raise ValueError(f"{field.name} must be a {field.type.__name__}, got {value!r}.") from None
+        if self.mlp_activation not in ACTIVATIONS:
+            raise ValueError(f"Unknown mlp_activation {self.mlp_activation!r}; expected one of {ACTIVATIONS}.")
+        if self.layer_scale is not None and not self.layer_scale >= 0:
+            raise ValueError(f"layer_scale is the initial value of the learned scales, a number >= 0 "
+                             f"(1e-5 in DINOv2, 1e-6 in DeiT-III, 0 in timm's Eva with init_values 0), or None for "
+                             f"none; got {self.layer_scale!r}.")
+        if self.normalization not in NORMALIZATIONS:
+            raise ValueError(f"Unknown normalization {self.normalization!r}; expected one of {NORMALIZATIONS}.")
+        if self.parallel and (self.post_norm or self.attention_output_norm or self.mlp_hidden_norm):
+            raise ValueError("parallel=True is not supported with post_norm, attention_output_norm or "
+                             "mlp_hidden_norm (timm's parallel blocks have none of them).")
+        if self.rope is not None and self.rope not in rope_module.ROPE_FORMS:
+            raise ValueError(f"Unknown rope {self.rope!r}; expected one of {rope_module.ROPE_FORMS} or None.")
+        if not math.isfinite(self.rope_temperature) or not self.rope_temperature > 0:
+            raise ValueError(f"rope_temperature must be a finite number > 0, got {self.rope_temperature!r}.")
+        if self.rope == "mixed" and self.rope_rotate_half:
+            raise ValueError("Mixed RoPE rotates interleaved pairs; rope_rotate_half=True is not supported with it.")
+        if not self.layer_norm_epsilon > 0:
+            raise ValueError(f"layer_norm_epsilon must be > 0, got {self.layer_norm_epsilon!r}.")
+
+    @property
+    def approximate_gelu(self):
+        """Whether the MLP computes the tanh-approximated GELU."""
+        return self.mlp_activation == "gelu_tanh"
+
+    @classmethod
+    def of(cls, source):
+        """The block switches of `source`, an `Architecture` (or anything with these fields)."""
+        return cls(**{field.name: getattr(source, field.name) for field in dataclasses.fields(cls)})
+
+    @classmethod
+    def take(cls, switches, keywords):
+        """`switches` (or the defaults) with the switches among `keywords`, which are removed from it.
+
+        Keywords are a block config's flat keys, of any version: `activation`
+        (keras_vit 1.x) and `approximate_gelu` (0.x) name `mlp_activation`.
+        """
+        given = {field.name: keywords.pop(field.name) for field in dataclasses.fields(cls) if field.name in keywords}
+        activation, approximate_gelu = keywords.pop("activation", None), keywords.pop("approximate_gelu", None)
+        if activation is None and approximate_gelu is not None:
+            activation = "gelu" if approximate_gelu is False else "gelu_tanh"
+        if activation is not None:
+            given.setdefault("mlp_activation", activation)
+        return dataclasses.replace(switches or cls(), **given)
+
+    def changed(self):
+        """The switches that differ from the paper's block, as a block's config keeps them."""
+        return {field.name: getattr(self, field.name) for field in dataclasses.fields(BlockSwitches)
+                if getattr(self, field.name) != field.default}
 
 
 class _QuantizableSublayers:
@@ -52,53 +166,29 @@ class _QuantizableSublayers:
         return config
 
 
-@keras.saving.register_keras_serializable(package="keras_vit")
-class ZeroKeyBias(keras.constraints.Constraint):
-    """Keeps the middle third of a fused q/k/v bias, the keys', at zero after every update (EVA's zero `k_bias`).
-
-    Without RoPE a key bias cannot change attention; with RoPE it can, so a
-    model whose checkpoint has none must not learn one.
-    """
-
-    def __call__(self, bias):
-        third = bias.shape[-1] // 3
-        mask = ops.concatenate([ops.ones((third,)), ops.zeros((third,)), ops.ones((third,))])
-        return bias * ops.cast(mask, bias.dtype)
+# The sublayers in the order the block held them before it was made of parts: a `.keras` file finds a sublayer's
+# weights by the attribute name, an optimizer's saved state (`keras_vit.training.durable`) by the order.
+_SUBLAYER_ORDER = ("attention_norm", "qkv", "query_norm", "key_norm", "attention_output_norm_layer",
+                   "mlp_hidden_norm_layer", "attention_output", "mlp_norm", "mlp_hidden", "mlp_output",
+                   "attention_dropout", "output_dropout", "mlp_hidden_dropout", "mlp_output_dropout",
+                   "attention_sub_norm")
 
 
 @keras.saving.register_keras_serializable(package="keras_vit")
 class TransformerBlock(_QuantizableSublayers, keras.layers.Layer):
-    """One pre-LayerNorm Transformer encoder block (paper Eq. 2-3).
+    """One Transformer encoder block: attention and an MLP on residual branches (paper Eq. 2-3).
 
-    `x + MSA(LN(x))` then `x + MLP(LN(x))`, with LayerNorm epsilon 1e-6, a
-    GELU MLP (tanh approximation by default, as the original Flax models),
-    dropout after every dense layer except q/k/v, optional dropout on the
-    attention probabilities and optional stochastic depth on both residual
-    branches. q, k and v are one fused projection (`qkv_bias=False`: without
-    bias). `activation` is one of `keras_vit.model.architecture.ACTIVATIONS`
-    (`"swiglu"` halves the first MLP layer's `mlp_dim` outputs);
-    `qk_norm=True` normalises each head's queries and keys (each half, with
-    differential attention); `layer_scale` (an initial value) scales both
-    residual branches by learned per-channel factors. `post_norm=True` normalises each branch's output
-    instead of its input, `x + LN(MSA(x))` then `x + LN(MLP(x))` (timm's
-    `ResPostBlock`). `attention_output_norm` and `mlp_hidden_norm` add a
-    LayerNorm before the attention's output projection and before the second
-    MLP layer (timm's `scale_attn_norm` and `scale_mlp_norm`, BEiT-3's).
-    `normalization="rms_norm"` makes every norm an RMSNorm and
-    `projection_bias=False` drops the biases of the attention output and
-    both MLP layers (AIMv2). `differential_attention=True` computes each
-    head as the difference of two softmax maps (timm's `DiffAttention`,
-    whose offset depends on the block's `layer_index`); its attention
-    weights are the combined map. `parallel=True` adds attention and the
-    MLP, both on one LayerNorm of the input, under one layer scale (timm's
-    `ParallelScalingBlock`). `rope` (a form of `keras_vit.layers.rope.ROPE_FORMS`)
-    rotates queries and keys by the token positions the block is called
-    with (`rope_positions`, from `keras_vit.layers.rope.RotaryPositions`);
-    `key_bias=False` keeps the key part of the q/k/v bias at zero (EVA's
-    `q_bias` and `v_bias`). Attention is
-    `keras_vit.layers.kernels.attention`, except when its weights are asked for
-    (`return_attention_weights=True`) or attention dropout is active: then
-    it is computed as explicit einsums, which expose the weights.
+    The shape is pre-norm, `x + MSA(LN(x))` then `x + MLP(LN(x))`; with
+    the switch `post_norm`, `x + LN(MSA(x))` then `x + LN(MLP(x))`; with
+    `parallel`, `x + MSA(LN(x)) + MLP(LN(x))` under one layer scale.
+    `switches` (a `BlockSwitches`, or its fields as keywords) chooses the
+    parts' options. Dropout follows every dense layer except q/k/v;
+    attention dropout and stochastic depth on both branches are optional.
+    `layer_index` sets differential attention's lambda offset; `lora_rank`
+    adds LoRA adapters to the dense layers named in `lora_targets`
+    (`keras_vit.enable_lora`). It is called with `rope_positions` (from
+    `keras_vit.layers.rope.RotaryPositions`) where it has RoPE, and
+    `return_attention_weights=True` returns the float32 attention weights too.
 
     Example:
     >>> import numpy as np
@@ -108,173 +198,45 @@ class TransformerBlock(_QuantizableSublayers, keras.layers.Layer):
     ((2, 17, 64), (2, 4, 17, 17))
     """
 
-    def __init__(
-        self,
-        num_heads,
-        mlp_dim,
-        dropout_rate=0.0,
-        attention_dropout_rate=0.0,
-        stochastic_depth_rate=0.0,
-        approximate_gelu=None,
-        seed=None,
-        lora_rank=None,
-        lora_targets=(),
-        layer_norm_epsilon=LAYER_NORM_EPSILON,
-        activation=None,
-        qkv_bias=True,
-        qk_norm=False,
-        layer_scale=None,
-        post_norm=False,
-        attention_output_norm=False,
-        mlp_hidden_norm=False,
-        normalization="layer_norm",
-        projection_bias=True,
-        differential_attention=False,
-        layer_index=0,
-        parallel=False,
-        rope=None,
-        rope_temperature=10000.0,
-        rope_rotate_half=False,
-        key_bias=True,
-        **kwargs,
-    ):
+    def __init__(self, num_heads, mlp_dim, dropout_rate=0.0, attention_dropout_rate=0.0, stochastic_depth_rate=0.0,
+                 seed=None, lora_rank=None, lora_targets=(), layer_index=0, switches=None, **kwargs):
+        switches = BlockSwitches.take(switches, kwargs)
         super().__init__(**kwargs)
         # === Config ===
+        self.switches = switches
         self.num_heads = int(num_heads)
-        self.layer_norm_epsilon = float(layer_norm_epsilon)  # 1e-12 in transformers' google/vit-* files
-        self.lora_rank = lora_rank  # LoRA adapters on the dense layers named in lora_targets (keras_vit.enable_lora)
-        self.lora_targets = tuple(lora_targets)
         self.mlp_dim = int(mlp_dim)
         self.dropout_rate = float(dropout_rate)
         self.attention_dropout_rate = float(attention_dropout_rate)
         self.stochastic_depth_rate = float(stochastic_depth_rate)
-        if activation is None:  # approximate_gelu: the option of keras_vit 0.x, kept for its .keras files.
-            activation = "gelu" if approximate_gelu is False else "gelu_tanh"
-        if activation not in ACTIVATIONS:
-            raise ValueError(f"Unknown activation {activation!r}; expected one of {ACTIVATIONS}.")
-        if activation == "swiglu" and self.mlp_dim % 2:
-            raise ValueError(f"A SwiGLU MLP halves its mlp_dim, which must be even; got {self.mlp_dim}.")
-        self.activation = activation
-        self.qkv_bias = bool(qkv_bias)
-        self.qk_norm = bool(qk_norm)
-        self.layer_scale = None if layer_scale is None else float(layer_scale)
-        self.post_norm = bool(post_norm)
-        self.attention_output_norm = bool(attention_output_norm)
-        self.mlp_hidden_norm = bool(mlp_hidden_norm)
-        if normalization not in NORMALIZATIONS:
-            raise ValueError(f"Unknown normalization {normalization!r}; expected one of {NORMALIZATIONS}.")
-        self.normalization = normalization
-        self.projection_bias = bool(projection_bias)
-        self.differential_attention = bool(differential_attention)
-        self.layer_index = int(layer_index)
-        self.parallel = bool(parallel)
-        if self.parallel and (self.post_norm or self.attention_output_norm or self.mlp_hidden_norm):
-            raise ValueError("parallel=True is not supported with post_norm, attention_output_norm or "
-                             "mlp_hidden_norm (timm's parallel blocks have none of them).")
-        if rope is not None and rope not in rope_module.ROPE_FORMS:
-            raise ValueError(f"Unknown rope {rope!r}; expected one of {rope_module.ROPE_FORMS} or None.")
-        self.rope = rope
-        self.rope_temperature = float(rope_temperature)
-        self.rope_rotate_half = bool(rope_rotate_half)
-        if rope == "mixed" and self.rope_rotate_half:
-            raise ValueError("Mixed RoPE rotates interleaved pairs; rope_rotate_half=True is not supported with it.")
-        self.key_bias = bool(key_bias)
         self.seed = seed
+        self.lora_rank = lora_rank  # LoRA adapters on the dense layers named in lora_targets (keras_vit.enable_lora)
+        self.lora_targets = tuple(lora_targets)
+        self.layer_index = int(layer_index)
         for name in ("dropout_rate", "attention_dropout_rate", "stochastic_depth_rate"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}.")
-
-    @property
-    def approximate_gelu(self):
-        """Whether the MLP computes the tanh-approximated GELU."""
-        return self.activation == "gelu_tanh"
-
-    def build(self, input_shape):
-        hidden_size = input_shape[-1]
-        if hidden_size % self.num_heads:
-            raise ValueError(
-                f"hidden_size {hidden_size} is not divisible by num_heads {self.num_heads}."
-            )
-        self.head_dim = hidden_size // self.num_heads
-        if self.differential_attention and self.head_dim % 2:
-            raise ValueError(f"Differential attention halves each head's queries and keys, so the head width "
-                             f"{self.head_dim} (hidden_size / num_heads) must be even.")
-        plain = dict(dtype=self._sublayer_policy())  # Norms and dropouts: never quantized.
-        # Glorot over each of q, k and v (fan D -> D), as the original's three
-        # separate projections, although they are stored as one (D, 3D) kernel.
-        qkv_init = keras.initializers.VarianceScaling(2.0, "fan_avg", "uniform", seed=self._seed(0))
-        self.attention_norm = self._norm("attention_norm", plain)
-        self.qkv = Dense(
-            3 * hidden_size, kernel_initializer=qkv_init, use_bias=self.qkv_bias, name="qkv",
-            dtype=self._sublayer_policy("qkv"), lora_rank=self._lora("qkv"),
-            bias_constraint=None if self.key_bias else ZeroKeyBias(),
-        )
-        if self.rope and self.head_dim % 4:
-            raise ValueError(f"RoPE rotates pairs of each axis' quarter of a head, so the head width {self.head_dim} "
-                             "(hidden_size / num_heads) must be a multiple of 4.")
-        if self.rope == "mixed":  # learned, per head: (2 axes, heads, head_dim / 2)
-            initial = rope_module.initial_mixed_frequencies(self.num_heads, self.head_dim, self.rope_temperature,
-                                                            self._seed(12))
-            self.rope_frequencies = self.add_weight(name="rope_frequencies", shape=initial.shape, autocast=False,
-                                                    initializer=lambda shape, dtype=None: ops.cast(initial, dtype))
-        elif self.rope:
-            self.rope_frequencies = rope_module.rope_frequencies(self.rope, self.head_dim, self.rope_temperature)
-        if self.qk_norm:
-            self.query_norm = self._norm("query_norm", plain)
-            self.key_norm = self._norm("key_norm", plain)
-        hidden_width = self.mlp_dim // 2 if self.activation == "swiglu" else self.mlp_dim
-        if self.attention_output_norm:
-            self.attention_output_norm_layer = self._norm("attention_output_norm", plain)
-            self.attention_output_norm_layer.build(tuple(input_shape))
-        if self.mlp_hidden_norm:
-            self.mlp_hidden_norm_layer = self._norm("mlp_hidden_norm", plain)
-            self.mlp_hidden_norm_layer.build((*tuple(input_shape)[:-1], hidden_width))
-        self.attention_output = Dense(
-            hidden_size,
-            kernel_initializer=keras.initializers.GlorotUniform(seed=self._seed(1)),
-            use_bias=self.projection_bias,
-            name="attention_output",
-            dtype=self._sublayer_policy("attention_output"),
-            lora_rank=self._lora("attention_output"),
-        )
-        if not self.parallel:
-            self.mlp_norm = self._norm("mlp_norm", plain)
+        # === Parts ===
+        self.attention = SelfAttention(self)
         # A parallel block's MLP input layer always has its bias (timm's mlp_bias), and its one output bias is the
         # attention output's.
-        self.mlp_hidden = self._mlp_dense(self.mlp_dim, "mlp_hidden", 2, self.projection_bias or self.parallel)
-        self.mlp_output = self._mlp_dense(hidden_size, "mlp_output", 4, self.projection_bias and not self.parallel)
-        # Attention probabilities stay float32 (softmax precision), whatever the policy.
-        self.attention_dropout = keras.layers.Dropout(
-            self.attention_dropout_rate, seed=self._seed(6), dtype="float32"
-        )
-        self.output_dropout = keras.layers.Dropout(self.dropout_rate, seed=self._seed(7), **plain)
-        self.mlp_hidden_dropout = keras.layers.Dropout(self.dropout_rate, seed=self._seed(8), **plain)
-        self.mlp_output_dropout = keras.layers.Dropout(self.dropout_rate, seed=self._seed(9), **plain)
-        if self.stochastic_depth_rate:
-            self.stochastic_depth_seed = keras.random.SeedGenerator(self._seed(10))
+        self.mlp = Mlp(self, biases=(switches.projection_bias or switches.parallel,
+                                     switches.projection_bias and not switches.parallel))
 
+    def build(self, input_shape):
         token_shape = tuple(input_shape)
-        self.attention_norm.build(token_shape)
-        self.qkv.build(token_shape)
-        self.attention_output.build(token_shape)
+        norms = BlockPart(self)  # attention_norm, mlp_norm: the branches' (the parallel block's one) norms
+        norms.norm("attention_norm", token_shape)
         if not self.parallel:
-            self.mlp_norm.build(token_shape)
-        self.mlp_hidden.build(token_shape)
-        self.mlp_output.build((*token_shape[:-1], self.mlp_dim // 2 if self.activation == "swiglu" else self.mlp_dim))
-        if self.qk_norm:  # differential attention normalises each half-width query and key (timm's DiffAttention)
-            heads = (self.num_heads, 2, self.head_dim // 2) if self.differential_attention else (self.num_heads,
-                                                                                                  self.head_dim)
-            self.query_norm.build((*token_shape[:-1], *heads))
-            self.key_norm.build((*token_shape[:-1], *heads))
-        if self.differential_attention:
-            # timm's DiffAttention: lambda = exp(q1 . k1) - exp(q2 . k2) + lambda_init, and an RMSNorm (1e-5) per head.
-            for name in ("lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2"):
-                setattr(self, name, self.add_weight(
-                    name=name, shape=(self.head_dim // 2,), autocast=False,
-                    initializer=keras.initializers.RandomNormal(stddev=0.1, seed=self._seed(11)),
-                ))
-            self.attention_sub_norm = norm_layer("rms_norm", 1e-5, name="attention_sub_norm", **plain)
-            self.attention_sub_norm.build((*token_shape[:-1], self.num_heads, self.head_dim))
+            norms.norm("mlp_norm", token_shape)
+        self.attention.build(token_shape)
+        self.mlp.build(token_shape)
+        made = {**norms.sublayers, **self.attention.sublayers, **self.mlp.sublayers}
+        for name in sorted(made, key=lambda name: _SUBLAYER_ORDER.index(name) if name in _SUBLAYER_ORDER else 99):
+            setattr(self, name, made[name])
+        if self.stochastic_depth_rate:
+            self.stochastic_depth_seed = keras.random.SeedGenerator(self.seed_for(10))
+        hidden_size = token_shape[-1]
         if self.layer_scale is not None and self.parallel:  # one scale on the sum of both branches
             self.branch_layer_scale = self.add_weight(name="layer_scale", shape=(hidden_size,),
                                                       initializer=keras.initializers.Constant(self.layer_scale))
@@ -286,7 +248,8 @@ class TransformerBlock(_QuantizableSublayers, keras.layers.Layer):
         if self.lora_rank:
             self.freeze_all_but_lora()
 
-    def _lora(self, name):
+    def lora_rank_of(self, name):
+        """The LoRA rank of dense layer `name`: the block's, where `lora_targets` names it."""
         return self.lora_rank if name in self.lora_targets else None
 
     def freeze_all_but_lora(self):
@@ -298,103 +261,9 @@ class TransformerBlock(_QuantizableSublayers, keras.layers.Layer):
                 if layer.bias is not None:
                     layer.bias.trainable = False
 
-    def _seed(self, offset):
+    def seed_for(self, offset):
         """Distinct seeds per random op, so that equal seeds give unequal masks."""
         return None if self.seed is None else self.seed + offset
-
-    def _norm(self, name, plain):
-        return norm_layer(self.normalization, self.layer_norm_epsilon, name=name, **plain)
-
-    def _mlp_dense(self, units, name, seed_offset, use_bias):
-        return Dense(
-            units, use_bias=use_bias, kernel_initializer=keras.initializers.GlorotUniform(seed=self._seed(seed_offset)),
-            bias_initializer=keras.initializers.RandomNormal(stddev=1e-6, seed=self._seed(seed_offset + 1)),
-            name=name, dtype=self._sublayer_policy(name), lora_rank=self._lora(name),
-        )
-
-    def _self_attention(self, x, training, return_weights, positions=None):
-        """MSA(x): multi-head self-attention, its output projection and dropout."""
-        batch, tokens = ops.shape(x)[0], ops.shape(x)[1]
-        # Split the fused projection on its last axis, then reshape each part, rather than
-        # reshaping to (..., 3, heads, dim) and slicing: TensorFlow trains better this way
-        # (see benchmarks/README.md).
-        heads = (batch, tokens, self.num_heads, self.head_dim)
-        query, key, value = (ops.reshape(part, heads) for part in ops.split(self.qkv(x), 3, axis=-1))
-        if self.qk_norm and not self.differential_attention:
-            query, key = self.query_norm(query), self.key_norm(key)
-        if self.rope:
-            if positions is None:
-                raise ValueError(f"{self.name} rotates queries and keys (rope={self.rope!r}): call it with "
-                                 "rope_positions, the RotaryPositions of its tokens.")
-            frequencies = self.rope_frequencies
-            if not isinstance(frequencies, keras.Variable):
-                frequencies = ops.convert_to_tensor(frequencies)
-            query, key = rope_module.rotate_queries_and_keys(query, key, positions, frequencies,
-                                                             self.rope_rotate_half)
-        if self.differential_attention:
-            context, weights = self._differential_attention(query, key, value, training)
-            weights = weights if return_weights else None
-        elif return_weights or (training and self.attention_dropout_rate > 0):
-            context, weights = self._attention_with_weights(query, key, value, training)
-        else:
-            context, weights = kernels.attention(query, key, value), None
-        context = ops.reshape(context, (batch, tokens, self.num_heads * self.head_dim))
-        if self.attention_output_norm:
-            context = self.attention_output_norm_layer(context)
-        return self._dropout(self.output_dropout, self.attention_output(context), training), weights
-
-    @property
-    def lambda_init(self):
-        """Differential attention's depth-dependent offset of lambda, as timm's `DiffAttention.set_lambda_init`."""
-        return 0.8 - 0.6 * math.exp(-0.3 * self.layer_index)
-
-    def _differential_attention(self, query, key, value, training):
-        """Differential attention (Ye et al., 2024): per head, the softmax of its second half-width query/key pair,
-        scaled by lambda, is subtracted from the first's; the combined map weighs the full-width values, then an
-        RMSNorm per head and `1 - lambda_init` scale the result. Returns the context and the combined map."""
-        batch, tokens = ops.shape(query)[0], ops.shape(query)[1]
-        half = self.head_dim // 2
-        pairs = (batch, tokens, self.num_heads, 2, half)
-        query, key = ops.reshape(query, pairs), ops.reshape(key, pairs)
-        if self.qk_norm:
-            query, key = self.query_norm(query), self.key_norm(key)
-        logits = ops.einsum("bqhpd,bkhpd->bhpqk", query * ops.cast(1.0 / math.sqrt(half), query.dtype), key)
-        maps = self._dropout(self.attention_dropout, ops.softmax(ops.cast(logits, "float32"), axis=-1), training)
-        first, second = ops.sum(self.lambda_q1 * self.lambda_k1), ops.sum(self.lambda_q2 * self.lambda_k2)
-        lambda_full = ops.exp(first) - ops.exp(second) + self.lambda_init
-        combined = maps[:, :, 0] - ops.cast(lambda_full, "float32") * maps[:, :, 1]
-        context = ops.einsum("bhqk,bkhd->bqhd", ops.cast(combined, value.dtype), value)
-        context = self.attention_sub_norm(context) * ops.cast(1.0 - self.lambda_init, context.dtype)
-        return ops.cast(context, value.dtype), combined
-
-    def _attention_with_weights(self, query, key, value, training):
-        """Attention as explicit einsums, returning its float32 weights (before dropout)."""
-        scale = 1.0 / math.sqrt(self.head_dim)
-        logits = ops.einsum("bqhd,bkhd->bhqk", query * ops.cast(scale, query.dtype), key)
-        weights = ops.softmax(ops.cast(logits, "float32"), axis=-1)
-        dropped = self._dropout(self.attention_dropout, weights, training)
-        return ops.einsum("bhqk,bkhd->bqhd", ops.cast(dropped, value.dtype), value), weights
-
-    def _mlp(self, x, training):
-        """MLP(x): two dense layers with the activation between them, each followed by dropout."""
-        hidden = mlp_activation(self.mlp_hidden(x), self.activation)
-        hidden = self._dropout(self.mlp_hidden_dropout, hidden, training)
-        if self.mlp_hidden_norm:
-            hidden = self.mlp_hidden_norm_layer(hidden)
-        return self._dropout(self.mlp_output_dropout, self.mlp_output(hidden), training)
-
-    @staticmethod
-    def _dropout(layer, x, training):
-        """`layer(x)`, skipped where it is the identity (inference, or rate 0).
-
-        The same result as calling it, cast to the layer's compute dtype as
-        its call would (on PyTorch a symbolic `Dense` under mixed precision
-        gives float32); there, where Keras runs eagerly, each skipped call
-        saves a `Layer.__call__` (a third of a block's).
-        """
-        if training and layer.rate:
-            return layer(x, training=training)
-        return ops.cast(x, layer.compute_dtype)
 
     def _drop_path(self, residual, training):
         """Stochastic depth: drop the whole branch for random samples."""
@@ -412,22 +281,23 @@ class TransformerBlock(_QuantizableSublayers, keras.layers.Layer):
         return branch * ops.cast(getattr(self, name), branch.dtype)
 
     def call(self, inputs, rope_positions=None, training=None, return_attention_weights=False):
-        attend = functools.partial(self._self_attention, training=training, return_weights=return_attention_weights,
-                                   positions=rope_positions)
+        def attend(x):
+            return self.attention(x, training, return_attention_weights, rope_positions)
+
         if self.parallel:  # x + MSA(LN(x)) + MLP(LN(x)), one layer scale on the sum (ViT-22B's parallel block)
             normed = self.attention_norm(inputs)
             attended, weights = attend(normed)
-            x, mlp = inputs, self._scaled(attended + self._mlp(normed, training), "branch_layer_scale")
+            x, mlp = inputs, self._scaled(attended + self.mlp(normed, training), "branch_layer_scale")
         elif self.post_norm:  # x + LN(MSA(x)), then x + LN(MLP(x))
             attended, weights = attend(inputs)
             x = inputs + self._drop_path(self._scaled(self.attention_norm(attended), "attention_layer_scale"), training)
-            mlp = self._scaled(self.mlp_norm(self._mlp(x, training)), "mlp_layer_scale")
+            mlp = self._scaled(self.mlp_norm(self.mlp(x, training)), "mlp_layer_scale")
         else:
             # Eq. 2: z' = MSA(LN(z)) + z
             attended, weights = attend(self.attention_norm(inputs))
             x = inputs + self._drop_path(self._scaled(attended, "attention_layer_scale"), training)
             # Eq. 3: z = MLP(LN(z')) + z'
-            mlp = self._scaled(self._mlp(self.mlp_norm(x), training), "mlp_layer_scale")
+            mlp = self._scaled(self.mlp(self.mlp_norm(x), training), "mlp_layer_scale")
         outputs = x + self._drop_path(mlp, training)
         if return_attention_weights:
             return outputs, weights
@@ -435,41 +305,21 @@ class TransformerBlock(_QuantizableSublayers, keras.layers.Layer):
 
     def get_config(self):
         config = super().get_config()
-        config.update(
-            num_heads=self.num_heads,
-            mlp_dim=self.mlp_dim,
-            dropout_rate=self.dropout_rate,
-            attention_dropout_rate=self.attention_dropout_rate,
-            stochastic_depth_rate=self.stochastic_depth_rate,
-            activation=self.activation,
-            seed=self.seed,
-            layer_norm_epsilon=self.layer_norm_epsilon,
-        )
-        # The switches of timm's ViT family, kept out of the paper model's config (older keras_vit reads it).
-        if not self.qkv_bias:
-            config.update(qkv_bias=False)
-        if self.qk_norm:
-            config.update(qk_norm=True)
-        if self.layer_scale is not None:
-            config.update(layer_scale=self.layer_scale)
-        if self.post_norm:
-            config.update(post_norm=True)
-        if self.attention_output_norm:
-            config.update(attention_output_norm=True)
-        if self.mlp_hidden_norm:
-            config.update(mlp_hidden_norm=True)
-        if self.normalization != "layer_norm":
-            config.update(normalization=self.normalization)
-        if not self.projection_bias:
-            config.update(projection_bias=False)
+        config.update(num_heads=self.num_heads, mlp_dim=self.mlp_dim, dropout_rate=self.dropout_rate,
+                      attention_dropout_rate=self.attention_dropout_rate,
+                      stochastic_depth_rate=self.stochastic_depth_rate, seed=self.seed)
+        # Only the switches that are not the paper block's, as flat keys: older keras_vit reads the paper model's.
+        config.update(self.switches.changed())
         if self.differential_attention:
-            config.update(differential_attention=True, layer_index=self.layer_index)
-        if self.parallel:
-            config.update(parallel=True)
-        if self.rope:
-            config.update(rope=self.rope, rope_temperature=self.rope_temperature, rope_rotate_half=self.rope_rotate_half)
-        if not self.key_bias:
-            config.update(key_bias=False)
+            config.update(layer_index=self.layer_index)
         if self.lora_rank:
             config.update(lora_rank=self.lora_rank, lora_targets=list(self.lora_targets))
         return self._with_quantized_sublayers(config)
+
+
+# Each switch reads as an attribute of the block too (`block.qk_norm`), as readers of a built model ask it.
+for _field in dataclasses.fields(BlockSwitches):
+    setattr(TransformerBlock, _field.name, property(lambda block, name=_field.name: getattr(block.switches, name),
+                                                    doc=f"The block's switch `{_field.name}` (`BlockSwitches`)."))
+TransformerBlock.approximate_gelu = property(lambda block: block.switches.approximate_gelu,
+                                             doc=BlockSwitches.approximate_gelu.__doc__)

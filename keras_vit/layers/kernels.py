@@ -244,7 +244,7 @@ def gelu(x, approximate):
 
     Example:
     >>> import numpy as np
-    >>> np.round(np.asarray(gelu(np.array([-1.0, 0.0, 1.0], "float32"), approximate=False)), 4).tolist()
+    >>> np.round(np.asarray(gelu(np.array([-1.0, 0.0, 1.0], "float32"), approximate=False), "float64"), 4).tolist()
     [-0.1587, 0.0, 0.8413]
     """
     if approximate or keras.backend.backend() != "tensorflow":

@@ -1,8 +1,10 @@
-"""The MLP's nonlinearities: `ACTIVATIONS` names them, `mlp_activation` computes them."""
+"""The MLP of an encoder block, `Mlp`, and its nonlinearities (`ACTIVATIONS`, computed by `mlp_activation`)."""
 
+import keras
 from keras import ops
 
 from keras_vit.layers import kernels
+from keras_vit.layers.parts import BlockPart
 
 # "gelu_tanh": the original Flax checkpoints'; "gelu": exact (timm, DINOv2, OpenCLIP); "quick_gelu":
 # x * sigmoid(1.702 x) (OpenAI's CLIP); "swiglu": silu(a) * b of the two halves of the first MLP layer
@@ -18,7 +20,7 @@ def mlp_activation(x, activation):
 
     Example:
     >>> import numpy as np
-    >>> np.round(np.asarray(mlp_activation(np.array([1.0], "float32"), "quick_gelu")), 4).tolist()
+    >>> np.round(np.asarray(mlp_activation(np.array([1.0], "float32"), "quick_gelu"), "float64"), 4).tolist()
     [0.8458]
     """
     if activation == "gelu_tanh":
@@ -31,3 +33,44 @@ def mlp_activation(x, activation):
         gate, value = ops.split(x, 2, axis=-1)
         return ops.silu(gate) * value
     raise ValueError(f"Unknown activation {activation!r}; expected one of {ACTIVATIONS}.")
+
+
+class Mlp(BlockPart):
+    """MLP(x) of a block: two dense layers with `switches.mlp_activation` between them, each followed by dropout.
+
+    `"swiglu"` halves the first layer's `mlp_dim` outputs; the switch
+    `mlp_hidden_norm` adds a norm before the second layer. `biases` says
+    which of the two layers have one (a parallel block's output bias is
+    its attention's).
+    """
+
+    def __init__(self, block, biases):
+        super().__init__(block)
+        self.biases = tuple(biases)
+        self.mlp_dim = block.mlp_dim
+        if self.switches.mlp_activation == "swiglu" and self.mlp_dim % 2:
+            raise ValueError(f"A SwiGLU MLP halves its mlp_dim, which must be even; got {self.mlp_dim}.")
+
+    def build(self, token_shape):
+        block, (hidden_bias, output_bias) = self.block, self.biases
+        hidden_shape = (*token_shape[:-1], self.mlp_dim // 2 if self.switches.mlp_activation == "swiglu"
+                        else self.mlp_dim)
+        if self.switches.mlp_hidden_norm:
+            self.hidden_norm = self.norm("mlp_hidden_norm_layer", hidden_shape, name="mlp_hidden_norm")
+
+        def bias_initializer(seed_offset):
+            return keras.initializers.RandomNormal(stddev=1e-6, seed=block.seed_for(seed_offset))
+
+        self.hidden = self.dense(self.mlp_dim, "mlp_hidden", token_shape, 2, use_bias=hidden_bias,
+                                 bias_initializer=bias_initializer(3))
+        self.output = self.dense(token_shape[-1], "mlp_output", hidden_shape, 4, use_bias=output_bias,
+                                 bias_initializer=bias_initializer(5))
+        self.hidden_dropout = self.dropout("mlp_hidden_dropout", block.dropout_rate, 8)
+        self.output_dropout = self.dropout("mlp_output_dropout", block.dropout_rate, 9)
+
+    def __call__(self, x, training):
+        hidden = mlp_activation(self.hidden(x), self.switches.mlp_activation)
+        hidden = self.apply_dropout(self.hidden_dropout, hidden, training)
+        if self.switches.mlp_hidden_norm:
+            hidden = self.hidden_norm(hidden)
+        return self.apply_dropout(self.output_dropout, self.output(hidden), training)

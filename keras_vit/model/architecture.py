@@ -19,12 +19,9 @@ Example:
 
 import dataclasses
 import difflib
-import math
 
-from keras_vit.layers.mlp import ACTIVATIONS
-from keras_vit.layers.norm import LAYER_NORM_EPSILON, NORMALIZATIONS
+from keras_vit.layers.blocks import BlockSwitches
 from keras_vit.layers.resnet import RESNET_EPSILONS
-from keras_vit.layers.rope import ROPE_FORMS
 
 # "token": the class token; "gap": the mean of the patch tokens (prefix tokens excluded); "map": multi-head
 # attention pooling with a learned probe (SigLIP, timm's AttentionPoolLatent).
@@ -35,8 +32,12 @@ IMAGENET_PIXEL_STATISTICS = {"input_mean": (0.485, 0.456, 0.406), "input_std": (
 
 
 @dataclasses.dataclass(frozen=True)
-class Architecture:
+class Architecture(BlockSwitches):
     """The switches of a plain ViT's encoder; the defaults are the paper's model.
+
+    Its first fields are the blocks' switches, declared and documented
+    once, by `keras_vit.layers.blocks.BlockSwitches` (`qkv_bias`, `rope`,
+    `mlp_activation`, ...). The others:
 
     Attributes:
         class_token: prepend a learned [class] token.
@@ -53,44 +54,18 @@ class Architecture:
             RADIO's and InternViT's have none).
         norm_pre: a LayerNorm before the first block (CLIP).
         patch_bias: the patch embedding has a bias (CLIP's has none).
-        qkv_bias: the q/k/v projection has a bias.
-        qk_norm: LayerNorm over each head's queries and keys.
-        layer_scale: the initial value of learned per-channel scales on both
-            residual branches (CaiT, DeiT-III, DINOv2), or `None` for none.
-        mlp_activation: one of `ACTIVATIONS`.
-        attention_output_norm, mlp_hidden_norm: a LayerNorm before the
-            attention's output projection, and before the second MLP layer
-            (timm's `scale_attn_norm` and `scale_mlp_norm`, BEiT-3's).
         pool_include_prefix: average or attention pooling takes the prefix
             tokens too (timm's `pool_include_prefix`; `test_vit3`).
-        normalization: the kind of every norm of the model, one of
-            `NORMALIZATIONS` (timm's `norm_layer`; AIMv2's RMSNorm).
-        projection_bias: biases on attention's output projection and both
-            MLP layers (timm's `proj_bias`; AIMv2 has none).
         patch_norm: a norm on the patch embeddings, before the position
             embeddings (timm's `embed_norm_layer`; AIMv2).
-        differential_attention: each head attends with the difference of
-            two softmax maps (timm's `DiffAttention`, `attn_layer="diff"`).
-        parallel: each block adds attention and the MLP, both on one norm
-            of its input, under one layer scale (ViT-22B's; timm's
-            `ParallelScalingBlock`).
-        post_norm: each block normalises its branches' outputs, not their
-            inputs (`x + LN(MSA(x))`, timm's `ResPostBlock`).
         position_embedding: a learned table of absolute position embeddings
             (timm's `use_abs_pos_emb`; most RoPE models have none).
-        rope: rotary position embeddings in every attention, one form of
-            `keras_vit.layers.rope.ROPE_FORMS`, or None. `rope_temperature`,
-            `rope_grid_offset`, `rope_grid_indexing` (`"ij"` or `"xy"`),
-            `rope_reference_grid` (EVA-02's `ref_feat_shape`) and
-            `rope_rotate_half` (half-split instead of interleaved pairs) are
-            timm's `Eva` settings of the same names.
-        key_bias: with `qkv_bias`, whether the keys have one too (EVA's
-            attention has q and v biases only).
+        rope_grid_offset, rope_grid_indexing (`"ij"` or `"xy"`),
+            rope_reference_grid (EVA-02's `ref_feat_shape`): where the RoPE
+            positions sit, timm's `Eva` settings of the same names.
         attention_pool_heads, attention_pool_mlp_ratio: attention pooling's
             heads and MLP ratio where they are not the blocks' (Perception
             Encoder's 8 and 4).
-        layer_norm_epsilon: every LayerNorm's epsilon (1e-6 in the original
-            checkpoints and timm, 1e-5 in CLIP's, 1e-12 in transformers').
         input_mean, input_std: the per-channel pixel normalisation the
             weights were trained with, on the [0, 1] scale (timm's
             `pretrained_cfg` `mean`/`std`). Every keras_vit model takes
@@ -112,35 +87,20 @@ class Architecture:
     final_norm: bool = True
     norm_pre: bool = False
     patch_bias: bool = True
-    qkv_bias: bool = True
-    qk_norm: bool = False
-    layer_scale: float = None
-    mlp_activation: str = "gelu_tanh"
-    post_norm: bool = False
-    normalization: str = "layer_norm"
-    projection_bias: bool = True
     patch_norm: bool = False
-    differential_attention: bool = False
-    parallel: bool = False
     pool_include_prefix: bool = False
-    attention_output_norm: bool = False
-    mlp_hidden_norm: bool = False
     position_embedding: bool = True
-    rope: str = None
-    rope_temperature: float = 10000.0
     rope_grid_offset: float = 0.0
     rope_grid_indexing: str = "ij"
     rope_reference_grid: tuple = None
-    rope_rotate_half: bool = False
-    key_bias: bool = True
     attention_pool_heads: int = None
     attention_pool_mlp_ratio: float = None
-    layer_norm_epsilon: float = LAYER_NORM_EPSILON
     input_mean: tuple = PAPER_PIXEL_STATISTICS
     input_std: tuple = PAPER_PIXEL_STATISTICS
     resnet_epsilons: str = "flax"
 
     def __post_init__(self):
+        super().__post_init__()
         for field in ("input_mean", "input_std"):
             value = getattr(self, field)
             try:
@@ -154,29 +114,17 @@ class Architecture:
             object.__setattr__(self, field, value)  # a tuple of floats, as a JSON config gives back a list
         if self.classifier not in POOLINGS:
             raise ValueError(f"Unknown classifier {self.classifier!r}; expected one of {POOLINGS}.")
-        if self.mlp_activation not in ACTIVATIONS:
-            raise ValueError(f"Unknown mlp_activation {self.mlp_activation!r}; expected one of {ACTIVATIONS}.")
         if isinstance(self.register_tokens, bool) or not isinstance(self.register_tokens, int) \
                 or self.register_tokens < 0:
             raise ValueError(f"register_tokens must be a whole number >= 0, got {self.register_tokens!r}.")
         if self.classifier == "token" and not self.class_token:
             raise ValueError("classifier='token' pools the class token, but class_token=False has none; use "
                              "classifier='gap' or 'map'.")
-        if self.layer_scale is not None and not float(self.layer_scale) >= 0:
-            raise ValueError(f"layer_scale is the initial value of the learned scales, a number >= 0 "
-                             f"(1e-5 in DINOv2, 1e-6 in DeiT-III, 0 in timm's Eva with init_values 0), or None for "
-                             f"none; got {self.layer_scale!r}.")
         if self.fc_norm and not self.final_norm:
             raise ValueError("fc_norm=True places the final LayerNorm after pooling, but final_norm=False has none.")
-        if self.normalization not in NORMALIZATIONS:
-            raise ValueError(f"Unknown normalization {self.normalization!r}; expected one of {NORMALIZATIONS}.")
         if self.normalization == "rms_norm" and self.classifier == "map":
             raise ValueError("normalization='rms_norm' with classifier='map' is not supported: keras_vit's "
                              "attention pooling has a LayerNorm (no timm architecture combines the two).")
-        if self.rope is not None and self.rope not in ROPE_FORMS:
-            raise ValueError(f"Unknown rope {self.rope!r}; expected one of {ROPE_FORMS} or None.")
-        if not math.isfinite(float(self.rope_temperature)) or not float(self.rope_temperature) > 0:
-            raise ValueError(f"rope_temperature must be a finite number > 0, got {self.rope_temperature!r}.")
         if self.rope_grid_indexing not in ("ij", "xy"):
             raise ValueError(f"Unknown rope_grid_indexing {self.rope_grid_indexing!r}; expected 'ij' or 'xy'.")
         if self.rope_reference_grid is not None:
@@ -189,8 +137,6 @@ class Architecture:
         if self.resnet_epsilons not in RESNET_EPSILONS:
             raise ValueError(f"Unknown resnet_epsilons {self.resnet_epsilons!r}; expected one of "
                              f"{tuple(RESNET_EPSILONS)}.")
-        if not float(self.layer_norm_epsilon) > 0:
-            raise ValueError(f"layer_norm_epsilon must be > 0, got {self.layer_norm_epsilon!r}.")
 
     @property
     def num_prefix_tokens(self):
@@ -206,11 +152,6 @@ class Architecture:
     def normalizes_input(self):
         """Whether the model maps its [-1, 1] input to other pixel statistics than the paper's."""
         return (self.input_mean, self.input_std) != (PAPER_PIXEL_STATISTICS, PAPER_PIXEL_STATISTICS)
-
-    @property
-    def approximate_gelu(self):
-        """Whether the MLP computes the tanh-approximated GELU."""
-        return self.mlp_activation == "gelu_tanh"
 
     def replace(self, **changes):
         """This architecture with `changes` (keywords that are `None` are left as they are)."""

@@ -66,7 +66,7 @@ def architecture_of(model):
         return model.architecture
     layers = {layer.name: layer for layer in model.layers}
     block, embedding = layers.get("encoderblock_0"), layers.get("embedding")
-    if block is None or embedding is None or not hasattr(block, "activation"):
+    if block is None or embedding is None or not hasattr(block, "switches"):
         raise ValueError(f"{getattr(model, 'name', model)!r} is not a keras_vit ViT (it has no layers named "
                          "'embedding' and 'encoderblock_0').")
     class_token = "class_token" in layers
@@ -83,6 +83,7 @@ def architecture_of(model):
     else:
         classifier = "token" if class_token else "gap"
     return Architecture(
+        **dataclasses.asdict(block.switches),
         class_token=class_token,
         register_tokens=register_tokens,
         class_token_position_embedding=not prefix or position is None or position.num_prefix_tokens == prefix,
@@ -91,25 +92,12 @@ def architecture_of(model):
         final_norm="fc_norm" in layers or "encoder_norm" in layers,
         norm_pre="pre_norm" in layers,
         patch_bias=getattr(embedding, "use_bias", True),
-        qkv_bias=block.qkv_bias,
-        qk_norm=block.qk_norm,
-        layer_scale=block.layer_scale,
-        post_norm=block.post_norm,
         pool_include_prefix=bool(prefix) and classifier != "token" and getattr(
             layers.get("attention_pool") or pool, "num_prefix_tokens", prefix) == 0,
-        attention_output_norm=block.attention_output_norm,
-        mlp_hidden_norm=block.mlp_hidden_norm,
-        normalization=block.normalization,
-        projection_bias=block.projection_bias,
         patch_norm="patch_norm" in layers,
-        differential_attention=getattr(block, "differential_attention", False),
-        parallel=getattr(block, "parallel", False),
-        mlp_activation=block.activation,
         position_embedding=position is not None,
-        **_rope_settings(layers.get("rotary_positions"), block),
-        key_bias=getattr(block, "key_bias", True),
+        **_rope_settings(layers.get("rotary_positions")),
         **_attention_pool_settings(layers.get("attention_pool"), block, embedding),
-        layer_norm_epsilon=block.layer_norm_epsilon,
         **_pixel_statistics(layers.get("input_normalization")),
         **_resnet_epsilons(layers.get("conv_root"), layers.get("gn_root")),
     )
@@ -149,13 +137,12 @@ def native_image_size(model, step):
     return [int(side) for side in size]
 
 
-def _rope_settings(rotary, block):
-    """The RoPE fields of `Architecture` from a model's `RotaryPositions` layer and first block (empty without)."""
+def _rope_settings(rotary):
+    """The RoPE fields of `Architecture` that its `RotaryPositions` layer holds (empty without)."""
     if rotary is None:
         return {}
-    return dict(rope=rotary.form, rope_temperature=block.rope_temperature, rope_grid_offset=rotary.offset,
-                rope_grid_indexing=rotary.indexing, rope_reference_grid=rotary.reference_grid,
-                rope_rotate_half=block.rope_rotate_half)
+    return dict(rope_grid_offset=rotary.offset, rope_grid_indexing=rotary.indexing,
+                rope_reference_grid=rotary.reference_grid)
 
 
 def _attention_pool_settings(pool, block, embedding):

@@ -27,17 +27,13 @@ from keras_vit.layers import (
     TransformerBlock,
     norm_layer,
 )
+from keras_vit.layers.blocks import BlockSwitches
 from keras_vit.layers.conv_stem import apply_conv_stem
 from keras_vit.layers.resnet import apply_resnet
 from keras_vit.layers.rope import RotaryPositions
 from keras_vit.model.architecture import Architecture
 from keras_vit.model.variants import Variant
 from keras_vit.model.vision_transformer import DYNAMIC, VisionTransformer
-
-# The fields of `Architecture` that are `TransformerBlock` arguments of the same name.
-BLOCK_SWITCHES = ("qkv_bias", "qk_norm", "layer_scale", "post_norm", "attention_output_norm", "mlp_hidden_norm",
-                  "normalization", "projection_bias", "differential_attention", "parallel", "rope", "rope_temperature",
-                  "rope_rotate_half", "key_bias")
 
 
 def position_grid(image_size, sizes, source):
@@ -142,10 +138,8 @@ def build(options, input_tensor):
             dropout_rate=options.dropout_rate,
             attention_dropout_rate=options.attention_dropout_rate,
             stochastic_depth_rate=depth_rate,
-            activation=architecture.mlp_activation,
             layer_index=index,
-            layer_norm_epsilon=epsilon,
-            **{switch: getattr(architecture, switch) for switch in BLOCK_SWITCHES},
+            switches=BlockSwitches.of(architecture),
             name=f"encoderblock_{index}",
             **typed,
         )(x, **call_options)
