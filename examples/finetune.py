@@ -23,7 +23,7 @@ import keras
 import keras_vit
 from keras_vit import checkpoints, data, training
 from keras_vit.applications.vit import check_image_size
-from keras_vit.cli.flags import parse_config
+from keras_vit.flags import parse_config
 from keras_vit.training import durable, recipes
 
 config = parse_config(training.FinetuneConfig, description=__doc__.splitlines()[0])

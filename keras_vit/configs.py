@@ -2,7 +2,7 @@
 
 `train(PretrainConfig(...))` and `train(FinetuneConfig(...))` run a whole
 job (`keras_vit.training`); each field is a flag of the same name
-(`keras_vit.cli.flags`). This module imports only the standard library and
+(`keras_vit.flags`). This module imports only the standard library and
 `keras_vit.model.variants`, so the command reads and checks its flags before it
 imports Keras.
 """

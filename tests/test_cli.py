@@ -14,13 +14,12 @@ from PIL import Image
 
 pytest.importorskip("tensorflow")
 
-from conftest import fixture  # noqa: E402
-
-from keras_vit import checkpoints, cli, startup  # noqa: E402
+from keras_vit import checkpoints, cli, flags, startup  # noqa: E402
 from keras_vit.checkpoints.hub import download  # noqa: E402
-from keras_vit.cli import flags
 from keras_vit.tools import inference
 from keras_vit.training import distribute
+
+from conftest import fixture  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -155,7 +154,7 @@ def test_convert_of_a_weights_h5_file_takes_the_heads_of_its_width_or_asks_for_t
 
 @pytest.mark.backend_independent
 def test_image_size_is_one_argument_so_predict_keeps_the_image_path():
-    from keras_vit.cli import flags
+    from keras_vit import flags
 
     args = cli.build_parser().parse_args(["predict", "--image-size", "96", "img.png"])
     assert (args.images, flags.image_size_flag(args.image_size)) == (["img.png"], 96)

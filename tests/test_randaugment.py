@@ -173,8 +173,7 @@ def test_refuses_a_policy_outside_timms_ranges(arguments, message):
 
 
 def test_make_augmenters_and_the_training_flags_refuse_kerass_old_factor():
-    from keras_vit import training
-    from keras_vit.cli import flags
+    from keras_vit import flags, training
 
     assert data.make_augmenters(randaugment=(2, 9)) == [RandAugment(num_ops=2, magnitude=9)]
     assert flags.parse_config(training.PretrainConfig, ["--randaugment", "2", "9"]).randaugment == (2, 9)

@@ -3,7 +3,7 @@
 Defaults follow the paper (Appendix B) except where the embedded digits data
 set needs smaller numbers; every number is a flag. This module only turns
 flags into calls of `keras_vit.training` and `keras_vit.tools.inference`; the
-training flags live in `keras_vit.cli.flags`, shared with `examples/pretrain.py`
+training flags live in `keras_vit.flags`, shared with `examples/pretrain.py`
 and `examples/finetune.py`.
 
 The flags are parsed before Keras is imported (`keras_vit.startup`): `--help`
@@ -15,8 +15,7 @@ import argparse
 import inspect
 import sys
 
-from keras_vit import configs, startup
-from keras_vit.cli import flags
+from keras_vit import configs, flags, startup
 from keras_vit.model.variants import named_variant
 
 FINETUNED = "runs/finetune/model.keras"
