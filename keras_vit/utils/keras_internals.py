@@ -15,6 +15,7 @@ Example:
 """
 
 import keras
+import numpy as np
 
 TESTED_KERAS = "3.10 to 3.15"
 
@@ -68,6 +69,7 @@ def set_value(variable, value):
     if _private(variable, "_value") is not None:
         variable.assign(value)
         return
+    value = np.ascontiguousarray(value)  # a transposed view would keep its strides on torch, and compute off by an ulp
     value = _private(variable, "_convert_to_tensor")(value, dtype=_private(variable, "_dtype"))
     _private(variable, "_initialize")(value)
     variable._initializer = None  # Its own initializer, never run.
