@@ -72,6 +72,9 @@ def ViT(
     approximate_gelu=None,
     position_embedding_interpolation=None,
     position_embedding_antialias=None,
+    naflex=None,
+    position_embedding_aspect_preserving=None,
+    position_embedding_align_corners=None,
     drop_remainder=False,
     dtype=None,
     name=None,
@@ -129,6 +132,15 @@ def ViT(
             checkpoint's library does at load (docs/checkpoints.md), else `"bicubic"`.
         position_embedding_antialias: resize with torch's anti-aliased kernels
             (with `"bicubic"`, timm's `dynamic_img_size`); default as above.
+        naflex: take NaFlex batches (`keras_vit.layers.naflex`: images of
+            any aspect ratio and size as padded patch sequences, each with
+            its own grid) instead of images, as timm's `use_naflex=True`;
+            default the checkpoint's (timm's NaFlexVit, transformers'
+            Siglip2), else False. Any fixed-size model's weights run so.
+        position_embedding_aspect_preserving, position_embedding_align_corners:
+            with `naflex`, resize the position table to a square of the
+            longer side and crop it (timm's `pos_embed_ar_preserving`), and
+            corner to corner (`pos_embed_align_corners`); default the checkpoint's.
         drop_remainder: take an `image_size` that patches do not divide, as
             timm does: the last rows and columns that fill no patch are not
             seen (SigLIP so400m/14 at 384 px: 6). `from_pretrained` sets it
@@ -207,6 +219,11 @@ def ViT(
     resize = source.position_resize if source and source.position_resize else ("bicubic", False)
     interpolation = position_embedding_interpolation or resize[0]
     antialias = bool(resize[1] if position_embedding_antialias is None else position_embedding_antialias)
+    naflex = bool(source.naflex if naflex is None and source else naflex)
+    if naflex and (source is not None or image_size == (224, 224)):  # the checkpoint's table, else 224 px worth
+        image_size = DYNAMIC
+    naflex_resize = _naflex_resize(naflex, source, position_embedding_aspect_preserving,
+                                   position_embedding_align_corners)
     if representation_size is None:
         representation_size = source.representation_size if source else 0
     if classes is None:
@@ -226,6 +243,8 @@ def ViT(
         position_grid=position_grid(image_size, sizes, source),
         position_embedding_interpolation=interpolation,
         position_embedding_antialias=antialias,
+        naflex=naflex,
+        **naflex_resize,
         drop_remainder=bool(drop_remainder),
         name=name or variant_name(sizes) or "vit",
         dtype=policy,
@@ -245,6 +264,21 @@ def ViT(
         model.eval_transform = source.eval_transform.fitted_to(native_image_size(model))
     return model
 
+
+
+def _naflex_resize(naflex, source, aspect_preserving, align_corners):
+    """The NaFlex position-table options of `ModelOptions`: the caller's, else the checkpoint's."""
+    if not naflex:
+        if aspect_preserving is not None or align_corners is not None:
+            raise ValueError("position_embedding_aspect_preserving and position_embedding_align_corners apply to "
+                             "NaFlex models only; pass naflex=True.")
+        return {}
+    if aspect_preserving is None:
+        aspect_preserving = bool(source and source.resize_aspect_preserving)
+    if align_corners is None:
+        align_corners = bool(source and source.resize_align_corners)
+    return {"position_embedding_aspect_preserving": bool(aspect_preserving),
+            "position_embedding_align_corners": bool(align_corners)}
 
 
 def _named(name, weights, image_size, kwargs):

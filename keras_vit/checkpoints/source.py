@@ -168,6 +168,8 @@ class WeightsSource:
     # bicubic without antialias.
     position_resize: tuple = None
     resize_align_corners: bool = False  # That resize maps corner to corner (RADIO v3's, in timm).
+    resize_aspect_preserving: bool = False  # That resize is to a square of the longer side, then cropped (timm's).
+    naflex: bool = False  # A NaFlex model's file (timm's NaFlexVit, transformers' Siglip2): builds one by default.
     # The image size its config states where patches do not divide it (timm's so400m/14 at 384 px, a 27x27 grid).
     input_size: tuple = None
     # How its library preprocesses a photo for evaluation (`keras_vit.data.preprocessing.EvalTransform`); None: keras_vit's own.

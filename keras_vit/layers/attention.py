@@ -98,8 +98,10 @@ class SelfAttention(BlockPart):
             self.rope_frequencies = rope_module.rope_frequencies(switches.rope, self.head_dim,
                                                                  switches.rope_temperature)
 
-    def __call__(self, x, training, return_weights, positions=None):
-        """MSA(x) and, where `return_weights` (or differential attention computes them), its float32 weights."""
+    def __call__(self, x, training, return_weights, positions=None, key_mask=None):
+        """MSA(x) and, where `return_weights` (or differential attention computes them), its float32 weights.
+
+        `key_mask` `(batch, tokens)` leaves out the keys where it is False (NaFlex padding)."""
         switches = self.switches
         batch, tokens = ops.shape(x)[0], ops.shape(x)[1]
         # Split the fused projection on its last axis, then reshape each part, rather than
@@ -119,12 +121,12 @@ class SelfAttention(BlockPart):
             query, key = rope_module.rotate_queries_and_keys(query, key, positions, frequencies,
                                                              switches.rope_rotate_half)
         if switches.differential_attention:
-            context, weights = self._differential(query, key, value, training)
+            context, weights = self._differential(query, key, value, training, key_mask)
             weights = weights if return_weights else None
         elif return_weights or (training and self.attention_dropout.rate > 0):
-            context, weights = self._with_weights(query, key, value, training)
+            context, weights = self._with_weights(query, key, value, training, key_mask)
         else:
-            context, weights = kernels.attention(query, key, value), None
+            context, weights = kernels.attention(query, key, value, key_mask), None
         context = ops.reshape(context, (batch, tokens, self.num_heads * self.head_dim))
         if switches.attention_output_norm:
             context = self.output_norm(context)
@@ -135,7 +137,7 @@ class SelfAttention(BlockPart):
         """Differential attention's depth-dependent offset of lambda, as timm's `DiffAttention.set_lambda_init`."""
         return 0.8 - 0.6 * math.exp(-0.3 * self.block.layer_index)
 
-    def _differential(self, query, key, value, training):
+    def _differential(self, query, key, value, training, key_mask=None):
         """Differential attention (Ye et al., 2024): per head, the softmax of its second half-width query/key pair,
         scaled by lambda, is subtracted from the first's; the combined map weighs the full-width values, then an
         RMSNorm per head and `1 - lambda_init` scale the result. Returns the context and the combined map."""
@@ -146,6 +148,8 @@ class SelfAttention(BlockPart):
         if self.switches.qk_norm:
             query, key = self.query_norm(query), self.key_norm(key)
         logits = ops.einsum("bqhpd,bkhpd->bhpqk", query * ops.cast(1.0 / math.sqrt(half), query.dtype), key)
+        if key_mask is not None:
+            logits = ops.cast(logits, "float32") + kernels.key_mask_bias(key_mask)[:, :, None]
         maps = self.apply_dropout(self.attention_dropout, ops.softmax(ops.cast(logits, "float32"), axis=-1), training)
         q1, k1, q2, k2 = self.lambdas
         lambda_full = ops.exp(ops.sum(q1 * k1)) - ops.exp(ops.sum(q2 * k2)) + self.lambda_init
@@ -154,10 +158,12 @@ class SelfAttention(BlockPart):
         context = self.sub_norm(context) * ops.cast(1.0 - self.lambda_init, context.dtype)
         return ops.cast(context, value.dtype), combined
 
-    def _with_weights(self, query, key, value, training):
+    def _with_weights(self, query, key, value, training, key_mask=None):
         """Attention as explicit einsums, returning its float32 weights (before dropout)."""
         scale = 1.0 / math.sqrt(self.head_dim)
         logits = ops.einsum("bqhd,bkhd->bhqk", query * ops.cast(scale, query.dtype), key)
+        if key_mask is not None:
+            logits = ops.cast(logits, "float32") + kernels.key_mask_bias(key_mask)
         weights = ops.softmax(ops.cast(logits, "float32"), axis=-1)
         dropped = self.apply_dropout(self.attention_dropout, weights, training)
         return ops.einsum("bhqk,bkhd->bqhd", ops.cast(dropped, value.dtype), value), weights

@@ -21,7 +21,8 @@ class AttentionPooling(_QuantizableSublayers, keras.layers.Layer):
     The pooling head of SigLIP (big_vision's `MAPHead`, timm's
     `AttentionPoolLatent` with one latent): the probe's query attends over
     the patch tokens (`query`, `key_value` projections, `attention_output`;
-    the first `num_prefix_tokens` are left out, as timm does), and
+    the first `num_prefix_tokens` are left out, as timm does, and so are
+    the tokens where `token_mask`, a NaFlex batch's, is False), and
     `x + MLP(LN(x))` follows. Input `(batch, tokens, hidden)`, output
     `(batch, hidden)`.
 
@@ -69,20 +70,21 @@ class AttentionPooling(_QuantizableSublayers, keras.layers.Layer):
             layer.build(one)
         self.mlp_output.build((input_shape[0], 1, self.mlp_dim))
 
-    def call(self, tokens):
+    def call(self, tokens, token_mask=None):
         tokens = tokens[:, self.num_prefix_tokens:]
+        key_mask = None if token_mask is None else token_mask[:, self.num_prefix_tokens:]
         batch, count = ops.shape(tokens)[0], ops.shape(tokens)[1]
         probe = ops.broadcast_to(ops.cast(self.probe, tokens.dtype), (batch, 1, ops.shape(self.probe)[-1]))
         query = ops.reshape(self.query(probe), (batch, 1, self.num_heads, self.head_dim))
         key, value = (ops.reshape(part, (batch, count, self.num_heads, self.head_dim))
                       for part in ops.split(self.key_value(tokens), 2, axis=-1))
-        context = ops.reshape(kernels.attention(query, key, value), (batch, 1, self.num_heads * self.head_dim))
+        context = ops.reshape(kernels.attention(query, key, value, key_mask), (batch, 1, self.num_heads * self.head_dim))
         x = self.attention_output(context)
         x = x + self.mlp_output(mlp_activation(self.mlp_hidden(self.mlp_norm(x)), self.activation))
         return x[:, 0]
 
-    def compute_output_shape(self, input_shape):
-        return (input_shape[0], input_shape[-1])
+    def compute_output_shape(self, tokens_shape, token_mask_shape=None):
+        return (tokens_shape[0], tokens_shape[-1])
 
     def get_config(self):
         config = super().get_config()

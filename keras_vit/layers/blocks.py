@@ -188,7 +188,9 @@ class TransformerBlock(_QuantizableSublayers, keras.layers.Layer):
     adds LoRA adapters to the dense layers named in `lora_targets`
     (`keras_vit.enable_lora`). It is called with `rope_positions` (from
     `keras_vit.layers.rope.RotaryPositions`) where it has RoPE, and
-    `return_attention_weights=True` returns the float32 attention weights too.
+    `return_attention_weights=True` returns the float32 attention weights too;
+    `key_mask`, `(batch, tokens)` booleans, leaves out the padding of a
+    NaFlex batch (`keras_vit.layers.naflex`).
 
     Example:
     >>> import numpy as np
@@ -280,9 +282,9 @@ class TransformerBlock(_QuantizableSublayers, keras.layers.Layer):
             return branch
         return branch * ops.cast(getattr(self, name), branch.dtype)
 
-    def call(self, inputs, rope_positions=None, training=None, return_attention_weights=False):
+    def call(self, inputs, rope_positions=None, training=None, return_attention_weights=False, key_mask=None):
         def attend(x):
-            return self.attention(x, training, return_attention_weights, rope_positions)
+            return self.attention(x, training, return_attention_weights, rope_positions, key_mask)
 
         if self.parallel:  # x + MSA(LN(x)) + MLP(LN(x)), one layer scale on the sum (ViT-22B's parallel block)
             normed = self.attention_norm(inputs)

@@ -246,7 +246,8 @@ class TokenPooling(keras.layers.Layer):
     """Pool a token sequence to one vector: the class token or the patch mean.
 
     `method="token"` takes the first token; `method="gap"` averages the
-    tokens after the first `num_prefix_tokens` (class and register tokens).
+    tokens after the first `num_prefix_tokens` (class and register tokens),
+    only those where `token_mask` (a NaFlex batch's, `(batch, tokens)`) is True.
 
     Example:
     >>> import numpy as np
@@ -266,13 +267,18 @@ class TokenPooling(keras.layers.Layer):
         self.method = method
         self.num_prefix_tokens = int(num_prefix_tokens)
 
-    def call(self, tokens):
+    def call(self, tokens, token_mask=None):
         if self.method == "token":
             return tokens[:, 0]
-        return ops.mean(tokens[:, self.num_prefix_tokens :], axis=1)
+        tokens = tokens[:, self.num_prefix_tokens :]
+        if token_mask is None:
+            return ops.mean(tokens, axis=1)
+        # A NaFlex batch: the mean of each image's own patches, the padding left out.
+        keep = ops.cast(ops.expand_dims(token_mask[:, self.num_prefix_tokens :], -1), tokens.dtype)
+        return ops.sum(tokens * keep, axis=1) / ops.maximum(ops.sum(keep, axis=1), 1.0)
 
-    def compute_output_shape(self, input_shape):
-        return (input_shape[0], input_shape[-1])
+    def compute_output_shape(self, tokens_shape, token_mask_shape=None):
+        return (tokens_shape[0], tokens_shape[-1])
 
     def get_config(self):
         config = super().get_config()

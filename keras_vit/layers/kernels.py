@@ -151,32 +151,49 @@ def linear(inputs, kernel, bias=None):
     return outputs if bias is None else ops.add(outputs, bias)
 
 
-def attention(query, key, value):
+MASKED_LOGIT = -1e30  # A masked key's logit: exp(MASKED_LOGIT - max) is exactly 0 in float32, and never NaN.
+
+
+def key_mask_bias(key_mask):
+    """`(batch, 1, 1, keys)` float32 logit offsets from a `(batch, keys)` mask: 0 where True, `MASKED_LOGIT` where False."""
+    keep = ops.cast(key_mask, "bool")[:, None, None, :]
+    return ops.where(keep, 0.0, MASKED_LOGIT)
+
+
+def attention(query, key, value, key_mask=None):
     """Bidirectional scaled dot-product attention on `(batch, tokens, heads, head_dim)` inputs.
 
     `softmax(q k^T / sqrt(head_dim)) v` with the softmax in float32, through
     `softmax_attention` where `use_custom_gradients()`, on PyTorch through
     torch's `scaled_dot_product_attention` (the kernel Keras calls there,
     without its copies), otherwise through `keras.ops.dot_product_attention`
-    with `flash_attention=use_flash_attention()`.
+    with `flash_attention=use_flash_attention()`. `key_mask`, `(batch,
+    keys)` booleans, leaves out the keys where it is False (NaFlex padding):
+    their weights are exactly zero, so no query depends on what they hold.
 
     Example:
     >>> import numpy as np
     >>> q = np.random.default_rng(0).normal(size=(2, 5, 3, 4)).astype("float32")
     >>> tuple(attention(q, q, q).shape)
     (2, 5, 3, 4)
+    >>> mask = np.array([[True] * 5, [True, True, False, False, False]])
+    >>> bool(np.allclose(attention(q, q, q, mask)[1, :2], attention(q[1:, :2], q[1:, :2], q[1:, :2])[0], atol=1e-6))
+    True
     """
     if use_custom_gradients():
-        return softmax_attention(query, key, value)
+        return softmax_attention(query, key, value, key_mask)
     if use_torch_kernels() and query.dtype == key.dtype == value.dtype:
         from torch.nn import functional  # Only on the PyTorch backend, which has torch.
 
+        mask = None if key_mask is None else ops.convert_to_tensor(key_mask).bool()[:, None, None, :]
         query, key, value = (ops.convert_to_tensor(t).transpose(1, 2) for t in (query, key, value))
-        return functional.scaled_dot_product_attention(query, key, value).transpose(1, 2)
-    return ops.dot_product_attention(query, key, value, flash_attention=use_flash_attention())
+        return functional.scaled_dot_product_attention(query, key, value, attn_mask=mask).transpose(1, 2)
+    mask = None if key_mask is None else ops.cast(key_mask, "bool")[:, None, None, :]
+    return ops.dot_product_attention(query, key, value, mask=mask,
+                                     flash_attention=use_flash_attention() if mask is None else False)
 
 
-def softmax_attention(query, key, value):
+def softmax_attention(query, key, value, key_mask=None):
     """Bidirectional scaled dot-product attention with a FlashAttention-style backward pass.
 
     Computes `softmax(q k^T / sqrt(head_dim)) v` on `(batch, tokens, heads,
@@ -191,6 +208,8 @@ def softmax_attention(query, key, value):
       FlashAttention uses), a reduction over the small output instead of the
       attention matrix, and no gradient flows through the max shift.
 
+    `key_mask` is `attention`'s.
+
     Example:
     >>> import numpy as np
     >>> q = np.random.default_rng(0).normal(size=(2, 5, 3, 4)).astype("float32")
@@ -198,9 +217,12 @@ def softmax_attention(query, key, value):
     (2, 5, 3, 4)
     """
     scale = 1.0 / math.sqrt(query.shape[-1])
+    # The mask goes in as an input (with a zero gradient), not a closure: JAX's custom gradients take no tracers
+    # from outside.
+    bias = ops.zeros((1, 1, 1, 1), "float32") if key_mask is None else key_mask_bias(key_mask)
 
     @ops.custom_gradient
-    def attend(query, key, value):
+    def attend(query, key, value, bias):
         # Heads first, so that every product is a plain batched matmul. The logits and their
         # gradients are float32 whatever the inputs (as Keras' attention on JAX); the weights
         # meet `value` in its own dtype.
@@ -208,7 +230,7 @@ def softmax_attention(query, key, value):
         dtype = value.dtype
         query, key, value = (ops.transpose(t, heads_first) for t in (query, key, value))
         query, key = ops.cast(query, "float32") * scale, ops.cast(key, "float32")
-        logits = ops.matmul(query, ops.swapaxes(key, -1, -2))
+        logits = ops.matmul(query, ops.swapaxes(key, -1, -2)) + bias
         exponentials = ops.exp(logits - ops.max(logits, axis=-1, keepdims=True))
         inverse_sums = 1.0 / ops.sum(exponentials, axis=-1, keepdims=True)
         output = ops.matmul(ops.cast(exponentials, dtype), value) * ops.cast(inverse_sums, dtype)
@@ -226,11 +248,12 @@ def softmax_attention(query, key, value):
             d_query = ops.matmul(d_logits, key) * scale
             d_key = ops.matmul(ops.swapaxes(d_logits, -1, -2), query)
             d_value = ops.matmul(ops.swapaxes(ops.cast(weights, dtype), -1, -2), d_output)
-            return tuple(ops.cast(ops.transpose(g, heads_first), dtype) for g in (d_query, d_key, d_value))
+            grads = tuple(ops.cast(ops.transpose(g, heads_first), dtype) for g in (d_query, d_key, d_value))
+            return (*grads, ops.zeros_like(bias))
 
         return ops.transpose(output, heads_first), grad
 
-    return attend(query, key, value)
+    return attend(query, key, value, bias)
 
 
 def gelu(x, approximate):

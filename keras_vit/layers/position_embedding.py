@@ -132,18 +132,37 @@ def _traced_cubic(x, a):
 def traced_interpolation_matrix(in_size, out_size, interpolation="bicubic", antialias=False):
     """`interpolation_matrix` (half-pixel) for an `out_size` known only when a traced graph runs.
 
-    The same formulas in `keras.ops`, as a dense `(out_size, in_size)`
-    float32 matrix: a TensorFlow graph traced with unknown image sizes
-    builds its resize here. Equal to `interpolation_matrix` to float32
-    rounding (tested).
+    The same formulas in `keras.ops` (`interpolation_weights`), as a dense
+    `(out_size, in_size)` float32 matrix: a TensorFlow graph traced with
+    unknown image sizes builds its resize here. Equal to
+    `interpolation_matrix` to float32 rounding (tested).
+    """
+    out_index = ops.expand_dims(ops.arange(0, out_size, 1, dtype="float32"), 1)
+    # The size counted from the graph's own tensor: a symbolic size made a tensor is fixed by torch's exporter.
+    return interpolation_weights(in_size, out_index, ops.sum(ops.ones_like(out_index)), interpolation, antialias)
+
+
+def interpolation_weights(in_size, out_index, out_size, interpolation="bicubic", antialias=False,
+                          align_corners=False):
+    """The rows `out_index` of `interpolation_matrix(in_size, out_size)`, for tensors known only when a graph runs.
+
+    `out_index` and `out_size` are float32 tensors of one broadcastable shape
+    `S` (a NaFlex batch gives every token its own row of its own image's
+    grid); the result is `(*S, in_size)` float32. `align_corners` applies
+    without anti-aliasing only (as every reference uses it).
     """
     if interpolation not in INTERPOLATIONS:
         raise ValueError(f"Unknown interpolation {interpolation!r}; expected one of {INTERPOLATIONS}.")
-    out_index = ops.expand_dims(ops.arange(0, out_size, 1, dtype="float32"), 1)
-    # The size counted from the graph's own tensor: a symbolic size made a tensor is fixed by torch's exporter.
-    scale = float(in_size) / ops.sum(ops.ones_like(out_index))
-    in_index = ops.expand_dims(ops.arange(0, in_size, 1, dtype="float32"), 0)
+    if align_corners and antialias:
+        raise ValueError("align_corners=True resizes without anti-aliasing; pass antialias=False.")
+    out_index = ops.expand_dims(ops.cast(out_index, "float32"), -1)
+    out_size = ops.expand_dims(ops.cast(out_size, "float32"), -1)
+    in_index = ops.arange(0, in_size, 1, dtype="float32")
     last = float(in_size - 1)
+    if align_corners:
+        scale = ops.where(out_size > 1.0, last / ops.maximum(out_size - 1.0, 1.0), 0.0)
+    else:
+        scale = float(in_size) / out_size
     if antialias:
         taps, kernel = (2, lambda x: ops.maximum(0.0, 1.0 - ops.abs(x))) if interpolation == "bilinear" else (
             4, lambda x: _traced_cubic(x, -0.5))
@@ -155,9 +174,9 @@ def traced_interpolation_matrix(in_size, out_size, interpolation="bicubic", anti
         stop = ops.minimum(ops.floor(center + support + 0.5), float(in_size))
         inside = ops.logical_and(in_index >= start, in_index < stop)
         weights = ops.where(inside, kernel((in_index - center + 0.5) * inverse_scale), 0.0)
-        total = ops.sum(weights, axis=1, keepdims=True)
+        total = ops.sum(weights, axis=-1, keepdims=True)
         return weights / ops.where(total == 0.0, 1.0, total)
-    source = scale * (out_index + 0.5) - 0.5
+    source = scale * out_index if align_corners else scale * (out_index + 0.5) - 0.5
     if interpolation == "bilinear":
         source = ops.maximum(source, 0.0)
         lower = ops.minimum(ops.floor(source), last)

@@ -68,15 +68,21 @@ def initial_mixed_frequencies(num_heads, head_dim, temperature, seed=None):
     return np.stack([along_x, along_y]).astype("float32")
 
 
-def _axis(size, form, offset, reference):
-    """One axis' coordinates: `size` patch indices, or DINOv3's centred ones in [-1, 1]."""
-    steps = ops.cast(ops.arange(0, size, 1), "float32")
+def axis_coordinates(steps, size, form, offset, reference):
+    """The coordinates of patch indices `steps` on an axis of `size` patches (tensors that broadcast together):
+    the indices (plus `offset`, rescaled to a `reference` grid), or DINOv3's centred ones in [-1, 1]."""
+    steps, size = ops.cast(steps, "float32"), ops.cast(size, "float32")
     if form == "dinov3":
-        return 2.0 * ((steps + (0.5 + offset)) / ops.cast(size, "float32")) - 1.0
+        return 2.0 * ((steps + (0.5 + offset)) / size) - 1.0
     steps = steps + offset
     if reference is not None:  # EVA-02's rescale of positions to the grid the weights were trained on
-        steps = steps / ops.cast(size, "float32") * float(reference)
+        steps = steps / size * float(reference)
     return steps
+
+
+def _axis(size, form, offset, reference):
+    """One axis' coordinates: `size` patch indices, or DINOv3's centred ones in [-1, 1]."""
+    return axis_coordinates(ops.arange(0, size, 1), size, form, offset, reference)
 
 
 def grid_coordinates(rows, cols, form="axial", offset=0.0, reference_grid=None, indexing="ij"):
@@ -156,15 +162,16 @@ def _rotated(x, rotate_half):
 
 
 def rotation_angles(positions, frequencies):
-    """Angles `(tokens, heads or 1, head_dim // 2)` from positions `(tokens, 2)`.
+    """Angles `([batch,] tokens, heads or 1, head_dim // 2)` from positions `([batch,] tokens, 2)`.
 
     `frequencies` is `(head_dim // 4,)` (the same for both axes and every
     head: the first half of the angles is the first axis') or, for mixed
-    RoPE, `(2, heads, head_dim // 2)`.
+    RoPE, `(2, heads, head_dim // 2)`. Positions with a batch axis are a
+    NaFlex batch's, each image on its own grid.
     """
-    first, second = positions[:, 0:1], positions[:, 1:2]
+    first, second = positions[..., 0:1], positions[..., 1:2]
     if len(frequencies.shape) == 1:
-        return ops.expand_dims(ops.concatenate([first * frequencies, second * frequencies], axis=-1), 1)
+        return ops.expand_dims(ops.concatenate([first * frequencies, second * frequencies], axis=-1), -2)
     frequencies = ops.cast(frequencies, "float32")
     return ops.expand_dims(first, -1) * frequencies[0] + ops.expand_dims(second, -1) * frequencies[1]
 

@@ -10,6 +10,7 @@ model composed from a ViT's layers, is read from its layers instead.
 import dataclasses
 import re
 
+from keras_vit.layers.naflex import NAFLEX_INPUTS
 from keras_vit.model.architecture import POOLINGS, RESNET_EPSILONS, Architecture
 from keras_vit.model.variants import Variant
 
@@ -128,10 +129,15 @@ def native_grid(model):
     return tuple(layer.grid_size)
 
 
+def is_naflex(model):
+    """Whether `model` takes NaFlex batches (`keras_vit.layers.naflex`) rather than images."""
+    return sorted(str(getattr(tensor, "name", None)) for tensor in model.inputs) == sorted(NAFLEX_INPUTS)
+
+
 def native_image_size(model, step):
-    """`[height, width]` of the images a keras_vit model takes: its input's, or with dynamic resolution its native
-    grid's times `step`, the `(height, width)` of the pixels one patch covers."""
-    size = tuple(model.input_shape[1:3])
+    """`[height, width]` of the images a keras_vit model takes: its input's, or with dynamic resolution (or NaFlex)
+    its native grid's times `step`, the `(height, width)` of the pixels one patch covers."""
+    size = (None, None) if is_naflex(model) else tuple(model.input_shape[1:3])
     if None in size:
         size = tuple(side * pixels for side, pixels in zip(native_grid(model), step))
     return [int(side) for side in size]

@@ -29,6 +29,12 @@ from keras_vit.layers import (
 )
 from keras_vit.layers.blocks import BlockSwitches
 from keras_vit.layers.conv_stem import apply_conv_stem
+from keras_vit.layers.naflex import (
+    NaFlexPatchEmbedding,
+    NaFlexPositionEmbedding,
+    NaFlexRotaryPositions,
+    NaFlexTokenMask,
+)
 from keras_vit.layers.resnet import apply_resnet
 from keras_vit.layers.rope import RotaryPositions
 from keras_vit.model.architecture import Architecture
@@ -69,6 +75,9 @@ class ModelOptions:
     position_grid: tuple = None  # Default: the image's grid.
     position_embedding_interpolation: str = "bicubic"
     position_embedding_antialias: bool = False
+    naflex: bool = False  # Take NaFlex batches (`keras_vit.layers.naflex`) instead of images.
+    position_embedding_aspect_preserving: bool = False  # NaFlex: timm's pos_embed_ar_preserving.
+    position_embedding_align_corners: bool = False  # NaFlex: timm's pos_embed_align_corners (RADIO v3).
     drop_remainder: bool = False
     name: str = "vit"
     dtype: object = None  # Every layer's keras.DTypePolicy; None: Keras' global policy.
@@ -78,51 +87,35 @@ def build(options, input_tensor):
     sizes, image_size, architecture = options.sizes, options.image_size, options.architecture
     if options.pooling == "token" and not architecture.class_token:
         raise ValueError(f"pooling='token' needs a class token, but classifier={architecture.classifier!r} has none.")
-    shape = (*image_size, 3)
-    if input_tensor is None:
-        images = keras.Input(shape=shape, name="images")
-    elif not keras.backend.is_keras_tensor(input_tensor):
-        images = keras.Input(tensor=input_tensor, shape=shape, name="images")
-    else:
-        images = input_tensor
     grid_size = options.position_grid or position_grid(image_size, sizes, None)
     num_prefix_tokens = architecture.num_prefix_tokens
     epsilon = architecture.layer_norm_epsilon
     dynamic = image_size == DYNAMIC
     typed = {"dtype": options.dtype}  # Given to every layer, so that building never touches the global policy.
-
-    x = images
-    if architecture.normalizes_input:
-        x = InputNormalization(architecture.input_mean, architecture.input_std, name="input_normalization", **typed)(x)
-    if sizes.resnet_layers is not None:
-        x = apply_resnet(x, sizes.resnet_layers, sizes.resnet_width, architecture.resnet_epsilons, options.dtype)
-    if sizes.conv_stem_widths is not None:
-        x = apply_conv_stem(x, sizes.conv_stem_widths, options.dtype)
-    x = patch_grid = PatchEmbedding(sizes.patch_size, sizes.hidden_size, flatten=not dynamic,
-                                    use_bias=architecture.patch_bias, drop_remainder=options.drop_remainder,
-                                    name="embedding", **typed)(x)
-    if dynamic:
-        x = keras.layers.Reshape((-1, sizes.hidden_size), name="flatten_patches", **typed)(patch_grid)
+    if options.naflex:
+        x, patch_grid, inputs, position = _naflex_patches(options, input_tensor, grid_size, typed)
+        dynamic = True
+    else:
+        x, patch_grid, inputs, position = _image_patches(options, input_tensor, grid_size, typed)
     if architecture.patch_norm:
         x = norm_layer(architecture.normalization, epsilon, name="patch_norm", **typed)(x)
-    position = AddPositionEmbedding(
-        grid_size,
-        architecture.position_prefix_rows,
-        interpolation=options.position_embedding_interpolation,
-        antialias=options.position_embedding_antialias,
-        name="position_embedding",
-        **typed,
-    ) if architecture.position_embedding else None
     if position is not None and not architecture.class_token_position_embedding:  # no_embed_class: patches only.
-        x = position(x, patch_grid=patch_grid) if dynamic else position(x)
+        x = _add_positions(position, x, patch_grid, dynamic)
     if architecture.register_tokens:  # [class, registers..., patches], as timm orders them.
         x = RegisterTokens(architecture.register_tokens, name="register_tokens", **typed)(x)
     if architecture.class_token:
         x = ClassToken(name="class_token", **typed)(x)
     if position is not None and architecture.class_token_position_embedding:
-        x = position(x, patch_grid=patch_grid) if dynamic else position(x)
-    call_options = {}
-    if architecture.rope:
+        x = _add_positions(position, x, patch_grid, dynamic)
+    call_options, pool_options = {}, {}
+    if options.naflex:
+        token_mask = NaFlexTokenMask(num_prefix_tokens, name="token_mask", **typed)(inputs["patch_mask"])
+        call_options["key_mask"] = pool_options["token_mask"] = token_mask
+    if architecture.rope and options.naflex:
+        call_options["rope_positions"] = NaFlexRotaryPositions(
+            architecture.rope, num_prefix_tokens, architecture.rope_grid_offset, architecture.rope_reference_grid,
+            architecture.rope_grid_indexing, name="rotary_positions", **typed)(x, inputs["patch_grid"])
+    elif architecture.rope:
         rotary = RotaryPositions(grid_size, architecture.rope, num_prefix_tokens, architecture.rope_grid_offset,
                                  architecture.rope_reference_grid, architecture.rope_grid_indexing,
                                  name="rotary_positions", **typed)
@@ -153,9 +146,9 @@ def build(options, input_tensor):
         heads, ratio = architecture.attention_pool_heads, architecture.attention_pool_mlp_ratio
         x = AttentionPooling(heads or sizes.num_heads, int(sizes.hidden_size * ratio) if ratio else sizes.mlp_dim,
                              activation=activation, layer_norm_epsilon=epsilon,
-                             num_prefix_tokens=pooled_from, name="attention_pool", **typed)(x)
+                             num_prefix_tokens=pooled_from, name="attention_pool", **typed)(x, **pool_options)
     elif pooling is not None:
-        x = TokenPooling(pooling, pooled_from, name="pool", **typed)(x)
+        x = TokenPooling(pooling, pooled_from, name="pool", **typed)(x, **pool_options)
     if pooling is not None and architecture.fc_norm:
         x = norm_layer(architecture.normalization, epsilon, name="fc_norm", **typed)(x)
     if options.include_top:
@@ -164,6 +157,79 @@ def build(options, input_tensor):
         x = keras.layers.Dense(options.classes, kernel_initializer="zeros", name="head", **typed)(x)
         x = keras.layers.Activation(options.classifier_activation, dtype="float32", name="predictions")(x)
 
-    inputs = images if input_tensor is None else keras.utils.get_source_inputs(input_tensor)
     return VisionTransformer(inputs, x, name=options.name, classifier=architecture.classifier,
                              architecture=architecture, sizes=sizes, native_grid=grid_size)
+
+
+def _add_positions(position, x, patch_grid, dynamic):
+    if isinstance(position, NaFlexPositionEmbedding):
+        return position(x, patch_grid)
+    return position(x, patch_grid=patch_grid) if dynamic else position(x)
+
+
+def _image_patches(options, input_tensor, grid_size, typed):
+    """The patch tokens of `(batch, height, width, 3)` images: `(tokens, patch grid, inputs, position layer)`."""
+    sizes, architecture = options.sizes, options.architecture
+    dynamic = options.image_size == DYNAMIC
+    shape = (*options.image_size, 3)
+    if input_tensor is None:
+        images = keras.Input(shape=shape, name="images")
+    elif not keras.backend.is_keras_tensor(input_tensor):
+        images = keras.Input(tensor=input_tensor, shape=shape, name="images")
+    else:
+        images = input_tensor
+    x = images
+    if architecture.normalizes_input:
+        x = InputNormalization(architecture.input_mean, architecture.input_std, name="input_normalization", **typed)(x)
+    if sizes.resnet_layers is not None:
+        x = apply_resnet(x, sizes.resnet_layers, sizes.resnet_width, architecture.resnet_epsilons, options.dtype)
+    if sizes.conv_stem_widths is not None:
+        x = apply_conv_stem(x, sizes.conv_stem_widths, options.dtype)
+    x = patch_grid = PatchEmbedding(sizes.patch_size, sizes.hidden_size, flatten=not dynamic,
+                                    use_bias=architecture.patch_bias, drop_remainder=options.drop_remainder,
+                                    name="embedding", **typed)(x)
+    if dynamic:
+        x = keras.layers.Reshape((-1, sizes.hidden_size), name="flatten_patches", **typed)(patch_grid)
+    position = AddPositionEmbedding(
+        grid_size,
+        architecture.position_prefix_rows,
+        interpolation=options.position_embedding_interpolation,
+        antialias=options.position_embedding_antialias,
+        name="position_embedding",
+        **typed,
+    ) if architecture.position_embedding else None
+    inputs = images if input_tensor is None else keras.utils.get_source_inputs(input_tensor)
+    return x, patch_grid, inputs, position
+
+
+def _naflex_patches(options, input_tensor, grid_size, typed):
+    """The patch tokens of a NaFlex batch (`keras_vit.layers.naflex`): `(tokens, patch_grid, inputs, position)`."""
+    sizes, architecture = options.sizes, options.architecture
+    if input_tensor is not None:
+        raise ValueError("A NaFlex model takes its three inputs (patches, patch_grid, patch_mask) itself; "
+                         "leave input_tensor unset.")
+    if sizes.resnet_layers is not None or sizes.conv_stem_widths is not None:
+        raise ValueError("A hybrid ViT's convolutional stem needs whole images, and NaFlex cuts the patches before "
+                         "the model: build it without naflex=True.")
+    step = sizes.patch_size * sizes.patch_size
+    inputs = {"patches": keras.Input(shape=(None, step * 3), name="patches"),
+              "patch_grid": keras.Input(shape=(2,), dtype="int32", name="patch_grid"),
+              "patch_mask": keras.Input(shape=(None,), dtype="bool", name="patch_mask")}
+    x = inputs["patches"]
+    if architecture.normalizes_input:  # per channel: the patch's pixels are (row, column, channel)
+        x = keras.layers.Reshape((-1, step, 3), name="patch_pixels", **typed)(x)
+        x = InputNormalization(architecture.input_mean, architecture.input_std, name="input_normalization", **typed)(x)
+        x = keras.layers.Reshape((-1, step * 3), name="flatten_pixels", **typed)(x)
+    x = NaFlexPatchEmbedding(sizes.patch_size, sizes.hidden_size, use_bias=architecture.patch_bias, name="embedding",
+                             **typed)(x)
+    position = NaFlexPositionEmbedding(
+        grid_size,
+        architecture.position_prefix_rows,
+        interpolation=options.position_embedding_interpolation,
+        antialias=options.position_embedding_antialias,
+        aspect_preserving=options.position_embedding_aspect_preserving,
+        align_corners=options.position_embedding_align_corners,
+        name="position_embedding",
+        **typed,
+    ) if architecture.position_embedding else None
+    return x, inputs["patch_grid"], inputs, position

@@ -11,7 +11,7 @@ import keras
 
 from keras_vit.data import preprocessing
 from keras_vit.model import deployment
-from keras_vit.model.description import describe, native_grid, read_description, sizes_of
+from keras_vit.model.description import describe, is_naflex, native_grid, read_description, sizes_of
 from keras_vit.utils.keras_internals import keep_variables_on_error
 
 # The image_size of a dynamic-resolution model: any height and width that divide into patches.
@@ -43,7 +43,7 @@ def native_image_size(model):
     `predict`, `inspect`) resize images to the size its position embeddings
     were trained at.
     """
-    size = tuple(model.input_shape[1:3])
+    size = (None, None) if is_naflex(model) else tuple(model.input_shape[1:3])
     if None not in size:
         return size
     step = sizes_of(model).pixels_per_patch

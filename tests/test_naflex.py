@@ -1,0 +1,135 @@
+"""NaFlex models: a padded batch of patch sequences, each image on its own grid (`keras_vit.layers.naflex`)."""
+
+import keras
+import numpy as np
+import pytest
+from conftest import SMALL, fixture, predict
+
+import keras_vit
+
+TINY = dict(patch_size=4, hidden_size=16, num_layers=2, num_heads=2, mlp_dim=32)
+# Images of three aspect ratios (tall, wide, square-ish), each cut into 4 px patches.
+SHAPES = ((12, 20), (28, 8), (16, 16))
+
+
+def cut(image, patch):
+    """A reference patchify in numpy: (rows * cols, patch * patch * 3), row-major, (row, column, channel) order."""
+    rows, cols = image.shape[0] // patch, image.shape[1] // patch
+    blocks = image[: rows * patch, : cols * patch].reshape(rows, patch, cols, patch, 3).transpose(0, 2, 1, 3, 4)
+    return blocks.reshape(rows * cols, patch * patch * 3), (rows, cols)
+
+
+def batch_of(images, patch, length=None, padding=0.0):
+    cuts = [cut(image, patch) for image in images]
+    length = length or max(len(patches) for patches, _ in cuts)
+    patches = np.full((len(images), length, patch * patch * 3), padding, "float32")
+    mask = np.zeros((len(images), length), bool)
+    for index, (cut_patches, _) in enumerate(cuts):
+        patches[index, : len(cut_patches)] = cut_patches
+        mask[index, : len(cut_patches)] = True
+    grid = np.array([grid for _, grid in cuts], "int32")
+    return {"patches": patches, "patch_grid": grid, "patch_mask": mask}
+
+
+def images_of(shapes, seed=0):
+    rng = np.random.default_rng(seed)
+    return [rng.uniform(-1, 1, (*shape, 3)).astype("float32") for shape in shapes]
+
+
+def as_naflex(model, **kwargs):
+    """The NaFlex model with `model`'s weights (a dynamic-resolution model of the same switches)."""
+    naflex = keras_vit.ViT(naflex=True, architecture=model.architecture, **kwargs)
+    naflex.set_weights(model.get_weights())
+    return naflex
+
+
+CASES = {
+    "paper_token": dict(),
+    "registers_gap": dict(classifier="gap", register_tokens=2, class_token_position_embedding=False,
+                          layer_scale=1e-5, mlp_activation="gelu"),
+    "siglip_map": dict(classifier="map", class_token=False, mlp_activation="gelu_tanh",
+                       position_embedding_interpolation="bilinear", position_embedding_antialias=True),
+    "rope_axial": dict(rope="axial", classifier="gap", class_token=False, position_embedding=False),
+}
+
+
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("pooling", [None, "pooled"])
+def test_each_image_of_a_padded_batch_equals_the_dynamic_model_on_that_image_alone(case, pooling):
+    switches = CASES[case]
+    resize = {key: switches[key] for key in ("position_embedding_interpolation", "position_embedding_antialias")
+              if key in switches}
+    arch = {key: value for key, value in switches.items() if key not in resize}
+    keras.utils.set_random_seed(1)
+    pool = None if pooling is None else arch.get("classifier", "token")
+    dynamic = keras_vit.ViT(image_size=(None, None), **TINY, include_top=False, pooling=pool, **arch, **resize)
+    for weight in dynamic.weights:  # random values everywhere, the position table and tokens included
+        weight.assign(np.random.default_rng(len(weight.path)).normal(0, 0.5, weight.shape).astype("float32"))
+    naflex = as_naflex(dynamic, **TINY, include_top=False, pooling=pool, **resize)
+    images = images_of(SHAPES)
+    batch = batch_of(images, 4, length=30)
+    outputs = predict(naflex, batch)
+    prefix = dynamic.architecture.num_prefix_tokens
+    for index, image in enumerate(images):
+        alone = predict(dynamic, image[None])[0]
+        got = outputs[index] if pooling else outputs[index, : len(alone)]
+        np.testing.assert_allclose(got, alone, atol=2e-5, rtol=0, err_msg=f"{case} image {index}")
+    if pooling is None:
+        assert outputs.shape == (3, prefix + 30, 16)
+
+
+def test_valid_tokens_never_depend_on_what_the_padding_holds():
+    keras.utils.set_random_seed(2)
+    model = keras_vit.ViT(naflex=True, **TINY, include_top=False, classifier="map", class_token=False,
+                          register_tokens=1, class_token_position_embedding=False)
+    images = images_of(SHAPES, seed=3)
+    zeros, noise = batch_of(images, 4, length=32), batch_of(images, 4, length=32, padding=0.0)
+    noise["patches"][~noise["patch_mask"]] = np.random.default_rng(4).normal(
+        0, 100, noise["patches"][~noise["patch_mask"]].shape)
+    tokens = (predict(model, zeros), predict(model, noise))
+    valid = np.concatenate([np.ones((3, 1), bool), zeros["patch_mask"]], axis=1)
+    np.testing.assert_array_equal(tokens[0][valid], tokens[1][valid])
+    pooled = keras_vit.ViT(naflex=True, **TINY, include_top=False, pooling="map", classifier="map",
+                           class_token=False, register_tokens=1, class_token_position_embedding=False)
+    pooled.set_weights(model.get_weights() + pooled.get_weights()[len(model.get_weights()):])
+    np.testing.assert_array_equal(predict(pooled, zeros), predict(pooled, noise))
+
+
+@pytest.mark.backend_independent
+def test_a_pretrained_fixed_size_model_runs_in_naflex_mode_on_its_own_grid():
+    fixed = keras_vit.ViT(image_size=32, **SMALL, classifier_activation=None, weights=fixture("vit_token.npz"))
+    naflex = keras_vit.ViT(naflex=True, **SMALL, classifier_activation=None, weights=fixture("vit_token.npz"))
+    assert {input.name for input in naflex.inputs} == {"patches", "patch_grid", "patch_mask"}
+    image = images_of([(32, 32)], seed=5)[0]
+    np.testing.assert_allclose(predict(naflex, batch_of([image], 8, length=20)), predict(fixed, image[None]),
+                               atol=1e-5, rtol=0)
+
+
+@pytest.mark.backend_independent
+def test_naflex_model_round_trips_through_a_keras_file(tmp_path):
+    model = keras_vit.ViT(naflex=True, **TINY, classes=3, classifier="gap", class_token=False,
+                          position_embedding_interpolation="bilinear", position_embedding_antialias=True,
+                          position_embedding_aspect_preserving=True)
+    path = str(tmp_path / "naflex.keras")
+    model.save(path)
+    loaded = keras.saving.load_model(path)
+    batch = batch_of(images_of(SHAPES, seed=6), 4)
+    np.testing.assert_array_equal(predict(loaded, batch), predict(model, batch))
+    layer = loaded.get_layer("position_embedding")
+    assert (layer.interpolation, layer.antialias, layer.aspect_preserving) == ("bilinear", True, True)
+
+
+@pytest.mark.backend_independent
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(naflex=True, resnet_layers=(1,), patch_size=1),
+     "A hybrid ViT's convolutional stem needs whole images, and NaFlex cuts the patches before the model: build it "
+     "without naflex=True."),
+    (dict(position_embedding_aspect_preserving=True),
+     "position_embedding_aspect_preserving and position_embedding_align_corners apply to NaFlex models only; pass "
+     "naflex=True."),
+])
+def test_refusals(kwargs, message):
+    sizes = dict(TINY, **{key: kwargs.pop(key) for key in ("patch_size",) if key in kwargs})
+    with pytest.raises(ValueError) as error:
+        keras_vit.ViT(**sizes, **kwargs)
+    assert str(error.value) == message
