@@ -170,6 +170,9 @@ class WeightsSource:
     resize_align_corners: bool = False  # That resize maps corner to corner (RADIO v3's, in timm).
     resize_aspect_preserving: bool = False  # That resize is to a square of the longer side, then cropped (timm's).
     naflex: bool = False  # A NaFlex model's file (timm's NaFlexVit, transformers' Siglip2): builds one by default.
+    # How its library cuts a photo into a NaFlex batch for evaluation, as `keras_vit.data.naflex.naflex_batch`'s
+    # keywords: {"rule": "siglip2" or "timm", "max_patches": budget, "interpolation": filter}; None: not NaFlex.
+    naflex_preprocessing: dict = None
     # The image size its config states where patches do not divide it (timm's so400m/14 at 384 px, a 27x27 grid).
     input_size: tuple = None
     # How its library preprocesses a photo for evaluation (`keras_vit.data.preprocessing.EvalTransform`); None: keras_vit's own.
