@@ -62,7 +62,8 @@ def transformers_runs():
     from transformers.models.siglip2.image_processing_siglip2 import Siglip2ImageProcessor
 
     torch.set_num_threads(1)
-    processors = {"transformers (torchvision)": Siglip2ImageProcessor, "transformers (Pillow)": Siglip2ImageProcessorPil}
+    processors = {"transformers (torchvision)": Siglip2ImageProcessor,
+                  "transformers (Pillow)": Siglip2ImageProcessorPil}
     return {name: (lambda batch, p=cls(patch_size=PATCH, max_num_patches=BUDGET): p(images=batch, return_tensors="np"))
             for name, cls in processors.items()}
 
@@ -108,7 +109,8 @@ def main():
           f"one core, {args.rounds} rounds of {args.repeats} batches:")
     for name, values in rates.items():
         median = statistics.median(values)
-        print(f"| {name} | {median:.1f} ({min(values):.1f}-{max(values):.1f}) img/s | x{median / ours:.2f} of keras_vit |")
+        spread = f"{min(values):.1f}-{max(values):.1f}"
+        print(f"| {name} | {median:.1f} ({spread}) img/s | x{median / ours:.2f} of keras_vit |")
 
 
 if __name__ == "__main__":
