@@ -28,6 +28,13 @@ import numpy as np
 
 from keras_vit.data import arrays
 from keras_vit.data.arrays import digits  # noqa: F401 (the embedded data set, here too)
+from keras_vit.data.naflex import (  # noqa: F401 (NaFlex batches: public here)
+    bucket_length,
+    check_naflex_batch,
+    naflex_batch,
+    naflex_image_size,
+    patchify,
+)
 from keras_vit.data.augmenters import (  # noqa: F401 (make_augmenters: public here)
     make_augmenters,
     per_example_augmenter,

@@ -1,0 +1,268 @@
+"""NaFlex batches: each image keeps its aspect ratio and gets as many patches as a budget allows (numpy only).
+
+SigLIP 2's "native flexible" ViT takes a batch of images of different shapes
+as one padded sequence of patches. `naflex_batch` makes it:
+
+    {"patches":    float32 (batch, length, patch*patch*3): each patch's pixels in (row, column, channel) order,
+                   in [-1, 1] (the model normalises them itself); zeros where padded,
+     "patch_grid": int32 (batch, 2): each image's (rows, columns) of patches,
+     "patch_mask": bool (batch, length): True for the first rows*columns positions (the image's patches in
+                   row-major order), False for the padding}
+
+the layout of transformers' `Siglip2ImageProcessor` (`pixel_values`,
+`spatial_shapes`, `pixel_attention_mask`) and timm's `NaFlexCollator`
+(`patches`, `patch_coord`, `patch_valid`).
+
+Sizes (`naflex_image_size`): the largest scale whose sides, each rounded up
+to whole patches (at least one), give at most `max_patches` patches, found by
+the binary search both libraries run (transformers'
+`get_image_size_for_max_num_patches`, timm's `get_image_size_for_seq`, used
+by its NaFlex eval transform `ResizeToSequence`). The two rules give the same
+size for every image; timm refuses a scale of 1e-5 or less. They differ in
+their filter (`DEFAULT_INTERPOLATION`): SigLIP 2 bilinear, timm's NaFlexVit
+configs bicubic.
+
+Pixels: uint8 images are resized by Pillow, as transformers' Pillow backend
+(`Siglip2ImageProcessorPil`, transformers 4's `Siglip2ImageProcessor`) and
+timm's eval transform resize them, bit for bit. transformers 5's default
+`Siglip2ImageProcessor` resizes with torchvision, whose uint8 filter differs
+from Pillow's by one 8-bit level in about 0.3% of the values.
+
+Sequence lengths (`bucket_length`): a batch is padded to the smallest bucket
+that holds its longest image, so XLA compiles once per bucket, not once per
+image shape. The default buckets are timm's NaFlex loader's sequence lengths,
+`(128, 256, 576, 784, 1024)`; `max_patches` is always a bucket, and buckets
+above it are never used (a 256-patch budget pads to 128 or 256).
+
+Example:
+>>> import numpy as np
+>>> images = [np.zeros((375, 500, 3), "uint8"), np.zeros((640, 333, 3), "uint8")]
+>>> batch = naflex_batch(images, patch_size=16, max_patches=256)
+>>> batch["patches"].shape, batch["patch_grid"].tolist(), batch["patch_mask"].sum(1).tolist()
+((2, 256, 768), [[14, 18], [22, 11]], [252, 242])
+"""
+
+import math
+
+import numpy as np
+
+from keras_vit.data.arrays import minus_one_to_one
+from keras_vit.data.preprocessing import PILLOW_FILTERS
+
+# Each rule's filter: transformers' Siglip2ImageProcessor resamples bilinear; timm's NaFlexVit pretrained configs
+# say bicubic (its create_naflex_loader's own default is bilinear).
+DEFAULT_INTERPOLATION = {"siglip2": "bilinear", "timm": "bicubic"}
+# timm's create_naflex_loader(train_seq_lens=...) and NaFlexMapDatasetWrapper(seq_lens=...).
+DEFAULT_BUCKETS = (128, 256, 576, 784, 1024)
+# The binary search's threshold on the scale, as both libraries set it.
+_EPS = 1e-5
+# What each key holds, for the refusals; and the names transformers and timm give a key.
+LAYOUT = {
+    "patches": "float32 (batch, length, patch*patch*3) patches in [-1, 1]",
+    "patch_grid": "int32 (batch, 2), each image's (rows, columns) of patches",
+    "patch_mask": "bool (batch, length), True for each image's first rows*columns positions",
+}
+_OTHER_NAMES = {"pixel_values": "patches", "spatial_shapes": "patch_grid", "pixel_attention_mask": "patch_mask",
+                "patch_valid": "patch_mask"}
+
+
+def naflex_image_size(height, width, patch_size, max_patches, rule="siglip2"):
+    """The `(height, width)` in pixels a `height` x `width` image is resized to: whole patches, at most `max_patches`.
+
+    `rule` is `"siglip2"` (transformers' `Siglip2ImageProcessor`) or `"timm"`
+    (timm's NaFlex transforms); see the module's docstring.
+
+    Example:
+    >>> naflex_image_size(375, 500, patch_size=16, max_patches=256)
+    (224, 288)
+    """
+    _check_rule(rule)
+    height, width = _positive(height, "height"), _positive(width, "width")
+    patch, budget = _positive(patch_size, "patch_size"), _positive(max_patches, "max_patches")
+
+    def side(scale, size):
+        return max(patch, math.ceil(size * scale / patch) * patch)
+
+    low, high = _EPS / 10, 100.0
+    while high - low >= _EPS:
+        scale = (low + high) / 2
+        if (side(scale, height) // patch) * (side(scale, width) // patch) <= budget:
+            low = scale
+        else:
+            high = scale
+    size = side(low, height), side(low, width)
+    if size[0] * size[1] > budget * patch * patch:  # transformers returns it, and pads to fewer patches than it has
+        raise ValueError(f"A {height}x{width} image takes more than {budget} patches of {patch} pixels even at scale "
+                         f"{low:.2g}, the least the {rule!r} rule tries; crop it or raise max_patches.")
+    if rule == "timm" and low <= _EPS:  # as timm's get_image_size_for_seq refuses
+        raise ValueError(f"A {height}x{width} image fits {budget} patches of {patch} pixels only at scale {low:.2g}, "
+                         f"at or below the least the 'timm' rule takes ({_EPS}); crop it or raise max_patches.")
+    return size
+
+
+def patchify(image, patch_size):
+    """`(patches, (rows, columns))` of an `(height, width, channels)` image of whole patches.
+
+    `patches` is `(rows * columns, patch_size * patch_size * channels)`, the
+    patches in row-major order, each patch's pixels in (row, column, channel)
+    order.
+
+    Example:
+    >>> patches, grid = patchify(np.arange(4 * 6 * 3).reshape(4, 6, 3), patch_size=2)
+    >>> patches.shape, grid, patches[1, :3].tolist()
+    ((6, 12), (2, 3), [6, 7, 8])
+    """
+    image = np.asarray(image)
+    patch = _positive(patch_size, "patch_size")
+    if image.ndim != 3:
+        raise ValueError(f"patchify takes one (height, width, channels) image, got shape {image.shape}.")
+    height, width, channels = image.shape
+    if height % patch or width % patch:
+        raise ValueError(f"A {height}x{width} image is not whole {patch}-pixel patches; resize it to "
+                         f"naflex_image_size({height}, {width}, {patch}, max_patches) first.")
+    rows, columns = height // patch, width // patch
+    patches = image.reshape(rows, patch, columns, patch, channels).transpose(0, 2, 1, 3, 4)
+    return patches.reshape(rows * columns, patch * patch * channels), (rows, columns)
+
+
+def bucket_length(valid_lengths, buckets=DEFAULT_BUCKETS):
+    """The smallest of `buckets` (increasing sequence lengths) that holds the longest of `valid_lengths`.
+
+    Example:
+    >>> bucket_length([200, 252, 242]), bucket_length([100, 90]), bucket_length([600], buckets=(256, 1024))
+    (256, 128, 1024)
+    """
+    buckets = _checked_buckets(buckets)
+    lengths = np.asarray(valid_lengths).reshape(-1)
+    if lengths.size == 0:
+        raise ValueError("bucket_length needs the valid lengths of at least one image.")
+    longest = int(lengths.max())
+    for bucket in buckets:
+        if bucket >= longest:
+            return bucket
+    raise ValueError(f"The longest image has {longest} patches, more than the largest bucket {buckets[-1]}; "
+                     f"add a bucket of at least {longest} or lower max_patches.")
+
+
+def naflex_batch(images, patch_size, max_patches, rule="siglip2", interpolation=None, buckets=None):
+    """A NaFlex batch (the module's layout) of `images`, uint8 or float `(height, width, 3)` arrays of any shapes.
+
+    Each image is resized to `naflex_image_size(..., rule)` with Pillow's
+    `interpolation` (None: the rule's, `DEFAULT_INTERPOLATION`; float pixels
+    in [0, 255] are resized channel by channel, neither rounded nor
+    clipped), scaled to [-1, 1], cut into patches and padded with zeros to
+    `bucket_length` of the sequence lengths: `buckets` below `max_patches`
+    (None: `DEFAULT_BUCKETS`, timm's NaFlex loader's) and `max_patches`.
+    `buckets=()` pads every batch to `max_patches`, as transformers does.
+    """
+    _check_rule(rule)
+    interpolation = DEFAULT_INTERPOLATION[rule] if interpolation is None else interpolation
+    if interpolation not in PILLOW_FILTERS:
+        raise ValueError(f"interpolation must be one of {tuple(PILLOW_FILTERS)}, got {interpolation!r}.")
+    patch, budget = _positive(patch_size, "patch_size"), _positive(max_patches, "max_patches")
+    buckets = DEFAULT_BUCKETS if buckets is None else buckets
+    lengths = tuple(b for b in _checked_buckets(buckets, allow_empty=True) if b < budget) + (budget,)
+    cut, grids = [], []
+    for index, image in enumerate(images):
+        image = _rgb_image(image, index)
+        size = naflex_image_size(image.shape[0], image.shape[1], patch, budget, rule)
+        patches, grid = patchify(_resized(image, size, interpolation), patch)
+        cut.append(patches)
+        grids.append(grid)
+    if not cut:
+        raise ValueError("naflex_batch needs at least one image.")
+    valid = np.array([len(patches) for patches in cut])
+    length = bucket_length(valid, lengths)
+    batch = np.zeros((len(cut), length, patch * patch * 3), "float32")
+    for row, patches in zip(batch, cut):
+        row[: len(patches)] = minus_one_to_one(patches)
+    return {"patches": batch, "patch_grid": np.array(grids, "int32"),
+            "patch_mask": np.arange(length)[None, :] < valid[:, None]}
+
+
+def check_naflex_batch(batch, patch_size):
+    """Raise a one-line ValueError naming what is wrong with a NaFlex batch (the module's layout), and the fix."""
+    if not hasattr(batch, "keys"):
+        raise ValueError(f"A NaFlex batch is a dict of {list(LAYOUT)}, got {type(batch).__name__}; make it with "
+                         "keras_vit.data.naflex_batch.")
+    for key, holds in LAYOUT.items():
+        if key not in batch:
+            other = next((name for name, ours in _OTHER_NAMES.items() if ours == key and name in batch), None)
+            fix = f"rename {other!r} to {key!r}" if other else f"add {key!r}: {holds}"
+            raise ValueError(f"The NaFlex batch has no {key!r} (its keys: {sorted(batch.keys())}); {fix}, as "
+                             "keras_vit.data.naflex_batch makes it.")
+    patches, grid, mask = (np.asarray(batch[key]) for key in LAYOUT)
+    patch = _positive(patch_size, "patch_size")
+    if patches.ndim != 3 or not np.issubdtype(patches.dtype, np.floating):
+        raise ValueError(f"patches must be {LAYOUT['patches']}, got {patches.dtype} of shape {patches.shape}.")
+    if patches.shape[-1] != patch * patch * 3:
+        side = math.isqrt(patches.shape[-1] // 3)
+        seen = f" (patches of {side} pixels)" if 3 * side * side == patches.shape[-1] else ""
+        raise ValueError(f"patches hold {patches.shape[-1]} values each{seen} but patch_size {patch} takes "
+                         f"{patch * patch * 3} ({patch}x{patch} pixels x 3 channels); cut the images with "
+                         f"patch_size={patch} or use a model of the patch size they were cut with.")
+    if grid.shape != (len(patches), 2) or not np.issubdtype(grid.dtype, np.integer):
+        raise ValueError(f"patch_grid must be {LAYOUT['patch_grid']} for {len(patches)} images, got {grid.dtype} "
+                         f"of shape {grid.shape}.")
+    if mask.shape != patches.shape[:2] or mask.dtype != bool:
+        raise ValueError(f"patch_mask must be {LAYOUT['patch_mask']} of shape {patches.shape[:2]} as patches, got "
+                         f"{mask.dtype} of shape {mask.shape}; a 0/1 mask is mask.astype(bool).")
+    length = patches.shape[1]
+    for index, ((rows, columns), flags) in enumerate(zip(grid.tolist(), mask)):
+        count, marked = rows * columns, int(flags.sum())
+        if rows < 1 or columns < 1:
+            raise ValueError(f"patch_grid of image {index} is ({rows}, {columns}); each image has at least one row "
+                             "and one column of patches.")
+        if count > length:
+            raise ValueError(f"patch_grid of image {index} is ({rows}, {columns}), {count} patches, more than the "
+                             f"sequence's {length} positions; pad the batch to at least {count} or resize the image "
+                             "to fewer patches (naflex_image_size).")
+        if marked != count:
+            raise ValueError(f"patch_mask of image {index} marks {marked} valid patches but its patch_grid "
+                             f"({rows}, {columns}) has {count}; the first rows*cols positions must be True and the "
+                             "rest False.")
+        if not flags[:count].all():
+            raise ValueError(f"patch_mask of image {index} marks {marked} valid patches, as its patch_grid "
+                             f"({rows}, {columns}) says, but not the first {count} positions; the first rows*cols "
+                             "positions must be True and the rest False.")
+
+
+def _check_rule(rule):
+    if rule not in DEFAULT_INTERPOLATION:
+        raise ValueError(f"rule must be one of {tuple(DEFAULT_INTERPOLATION)}, got {rule!r}.")
+
+
+def _positive(value, name):
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}.")
+    return int(value)
+
+
+def _checked_buckets(buckets, allow_empty=False):
+    buckets = tuple(buckets)
+    if (not buckets and not allow_empty) or any(
+            isinstance(b, bool) or not isinstance(b, (int, np.integer)) or b < 1 for b in buckets) \
+            or list(buckets) != sorted(set(buckets)):
+        raise ValueError(f"buckets must be increasing positive sequence lengths, e.g. {DEFAULT_BUCKETS}; "
+                         f"got {buckets!r}.")
+    return tuple(int(b) for b in buckets)
+
+
+def _rgb_image(image, index):
+    image = np.asarray(image)
+    if image.ndim != 3 or image.shape[-1] != 3:
+        raise ValueError(f"Image {index} has shape {image.shape}; naflex_batch takes (height, width, 3) RGB images.")
+    if image.dtype != np.uint8 and not np.issubdtype(image.dtype, np.floating):
+        raise ValueError(f"Image {index} has {image.dtype} pixels; pass uint8 (0..255) or float pixels in [0, 255].")
+    return image
+
+
+def _resized(image, size, interpolation):
+    """`image` at `size` (height, width) by Pillow's filter: uint8 as one RGB image, floats one channel at a time."""
+    from PIL import Image
+
+    target, resample = (size[1], size[0]), PILLOW_FILTERS[interpolation]
+    if image.dtype == np.uint8:
+        return np.asarray(Image.fromarray(np.ascontiguousarray(image), "RGB").resize(target, resample=resample))
+    return np.stack([np.asarray(Image.fromarray(np.ascontiguousarray(image[..., c], "float32"), "F")
+                                .resize(target, resample=resample)) for c in range(3)], axis=-1)
