@@ -41,8 +41,10 @@ class InputNormalization(keras.layers.Layer):
 
     def call(self, images):
         images = ops.cast(images, self.compute_dtype)
-        scale = ops.convert_to_tensor([0.5 / value for value in self.std], dtype=self.compute_dtype)
-        shift = ops.convert_to_tensor([(0.5 - mean) / std for mean, std in zip(self.mean, self.std)],
+        # NaFlex patches flatten (row, column, channel): the statistics repeat once per pixel along the last axis.
+        repeats = images.shape[-1] // len(self.mean)
+        scale = ops.convert_to_tensor([0.5 / value for value in self.std] * repeats, dtype=self.compute_dtype)
+        shift = ops.convert_to_tensor([(0.5 - mean) / std for mean, std in zip(self.mean, self.std)] * repeats,
                                       dtype=self.compute_dtype)
         return images * scale + shift  # ((x + 1) / 2 - mean) / std, in one multiply-add
 

@@ -25,10 +25,12 @@ Example:
 [0.0, 1.0, 2.0, 3.0, 3.0, 3.0]
 """
 
+import math
+
 import keras
 from keras import ops
 
-from keras_vit.layers.position_embedding import INTERPOLATIONS, interpolation_weights
+from keras_vit.layers.position_embedding import INTERPOLATIONS, interpolation_weights, resize_patch_embedding
 from keras_vit.layers.rope import GRID_INDEXINGS, ROPE_FORMS, axis_coordinates
 from keras_vit.utils.shapes import as_pair
 
@@ -58,7 +60,10 @@ class NaFlexPatchEmbedding(keras.layers.Layer):
 
     The convolution of `PatchEmbedding` written as one product: its kernel
     `(P, P, channels, hidden)`, flattened in the patches' (row, column,
-    channel) order, is this layer's weight, under the same name.
+    channel) order, is this layer's weight, under the same name. Patches of
+    another size get the kernel resampled to theirs by FlexiViT's
+    pseudo-inverse resize (`resize_patch_embedding`), as timm's NaFlex
+    training with random patch sizes does.
 
     Example:
     >>> import numpy as np
@@ -82,17 +87,28 @@ class NaFlexPatchEmbedding(keras.layers.Layer):
         return self.patch_size[0] * self.patch_size[1] * self.channels
 
     def build(self, input_shape):
-        if input_shape[-1] != self.patch_width:
-            raise ValueError(f"NaFlex patches of {self.patch_size[0]}x{self.patch_size[1]} pixels and "
-                             f"{self.channels} channels have {self.patch_width} values each, got {input_shape[-1]}.")
         self.kernel = self.add_weight(name="kernel", shape=(*self.patch_size, self.channels, self.hidden_size),
                                       initializer=self.kernel_initializer)
         self.bias = self.add_weight(name="bias", shape=(self.hidden_size,), initializer="zeros") \
             if self.use_bias else None
 
+    def patch_size_of(self, width):
+        """The square patch size whose flattened patches have `width` values, or a ValueError."""
+        side = math.isqrt(max(int(width) // self.channels, 0))
+        if side < 1 or side * side * self.channels != width:
+            raise ValueError(f"NaFlex patches have patch_size * patch_size * {self.channels} values each "
+                             f"({self.patch_width} for this model's {self.patch_size[0]}-pixel patches), got {width}.")
+        return side
+
     def call(self, patches):
-        kernel = ops.reshape(self.kernel, (self.patch_width, self.hidden_size))
-        projected = ops.matmul(ops.cast(patches, self.compute_dtype), kernel)
+        width = patches.shape[-1]
+        kernel = self.kernel
+        if width is not None and width != self.patch_width:  # FlexiViT: the kernel resampled to the patches' size
+            kernel = resize_patch_embedding(kernel, self.patch_size_of(width))
+            width = int(width)
+        else:
+            width = self.patch_width
+        projected = ops.matmul(ops.cast(patches, self.compute_dtype), ops.reshape(kernel, (width, self.hidden_size)))
         return projected + self.bias if self.use_bias else projected
 
     def compute_output_shape(self, input_shape):

@@ -211,15 +211,13 @@ def _naflex_patches(options, input_tensor, grid_size, typed):
     if sizes.resnet_layers is not None or sizes.conv_stem_widths is not None:
         raise ValueError("A hybrid ViT's convolutional stem needs whole images, and NaFlex cuts the patches before "
                          "the model: build it without naflex=True.")
-    step = sizes.patch_size * sizes.patch_size
-    inputs = {"patches": keras.Input(shape=(None, step * 3), name="patches"),
+    # Any patch width: NaFlexPatchEmbedding resamples its kernel to another patch size (FlexiViT).
+    inputs = {"patches": keras.Input(shape=(None, None), name="patches"),
               "patch_grid": keras.Input(shape=(2,), dtype="int32", name="patch_grid"),
               "patch_mask": keras.Input(shape=(None,), dtype="bool", name="patch_mask")}
     x = inputs["patches"]
-    if architecture.normalizes_input:  # per channel: the patch's pixels are (row, column, channel)
-        x = keras.layers.Reshape((-1, step, 3), name="patch_pixels", **typed)(x)
+    if architecture.normalizes_input:
         x = InputNormalization(architecture.input_mean, architecture.input_std, name="input_normalization", **typed)(x)
-        x = keras.layers.Reshape((-1, step * 3), name="flatten_pixels", **typed)(x)
     x = NaFlexPatchEmbedding(sizes.patch_size, sizes.hidden_size, use_bias=architecture.patch_bias, name="embedding",
                              **typed)(x)
     position = NaFlexPositionEmbedding(
