@@ -105,3 +105,24 @@ def test_fit_applies_the_loss_scale_and_compiles_once_per_bucket(monkeypatch):
         calls.clear()
         model.fit(batches, epochs=1, verbose=0)
         assert calls == []
+
+
+def test_tf_data_gives_the_same_batches_and_fit_takes_them():
+    if keras.backend.backend() != "tensorflow":
+        pytest.skip("tf.data feeds TensorFlow's fit: checked in the TensorFlow pass")
+    from keras_vit.data.naflex_batches import as_tf_dataset
+
+    stream, steps = naflex_training_stream(labelled_by_colour(count=96), epochs=1, patch_size=4, seq_lens=(16, 36),
+                                           max_tokens=144, loss_scale="sqrt")
+    dataset = as_tf_dataset(stream)
+    for index, (inputs, labels, weights) in enumerate(dataset.as_numpy_iterator()):
+        expected = stream[index]
+        for key in inputs:
+            np.testing.assert_array_equal(inputs[key], expected[0][key])
+        np.testing.assert_array_equal(labels, expected[1])
+        np.testing.assert_array_equal(weights, expected[2])
+    assert index == steps - 1
+    model = keras_vit.ViT(naflex=True, **TINY, classes=5, image_size=16)
+    model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
+    history = model.fit(dataset, epochs=1, verbose=0)
+    assert np.isfinite(history.history["loss"][0])

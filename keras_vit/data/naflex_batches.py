@@ -11,7 +11,8 @@ sequence length, so XLA compiles one program per (sequence length, patch
 size, batch size): one per bucket. `loss_scale` weighs every image of a
 batch by its batch size over the smallest batch's (`"linear"`, or its
 `"sqrt"`), timm's `--naflex-loss-scale`, handed to `model.fit` as sample
-weights. Evaluation pads every batch to `max_patches` (one program).
+weights. Evaluation pads every batch to `max(seq_lens)` (one program).
+`as_tf_dataset` hands the same batches to tf.data (for `TPUStrategy`).
 
 Example:
 >>> from keras_vit import data
@@ -160,6 +161,21 @@ def naflex_training_stream(source, epochs, initial_epoch=0, seed=0, **options):
         raise ValueError(f"{len(source.examples[1])} examples fill no NaFlex batch of "
                          f"{options.get('max_tokens', 4096)} tokens; lower max_tokens.")
     return _Concatenated(passes, steps), steps
+
+
+def as_tf_dataset(batches):
+    """`batches` (`NaFlexBatches` or `naflex_training_stream`'s) as a prefetched `tf.data.Dataset`, for
+    `tf.distribute` strategies (TPUStrategy) that take tf.data only: the same batches, in order, with the batch
+    and sequence axes left unknown so that one signature holds every bucket."""
+    import tensorflow as tf
+
+    first = batches[0]
+    inputs = {"patches": tf.TensorSpec((None, None, None), tf.float32),
+              "patch_grid": tf.TensorSpec((None, 2), tf.int32), "patch_mask": tf.TensorSpec((None, None), tf.bool)}
+    rest = tuple(tf.TensorSpec((None, *np.shape(part)[1:]), tf.as_dtype(np.asarray(part).dtype))
+                 for part in first[1:])
+    return tf.data.Dataset.from_generator(lambda: (batches[i] for i in range(len(batches))),
+                                          output_signature=(inputs, *rest)).prefetch(2)
 
 
 class _Concatenated(keras.utils.PyDataset):
