@@ -133,3 +133,23 @@ def test_refusals(kwargs, message):
     with pytest.raises(ValueError) as error:
         keras_vit.ViT(**sizes, **kwargs)
     assert str(error.value) == message
+
+
+@pytest.mark.backend_independent
+def test_patches_of_another_size_meet_the_kernel_resampled_as_flexivit_does():
+    from keras_vit.layers.position_embedding import resize_patch_embedding
+
+    keras.utils.set_random_seed(7)
+    # Both tables 28x28: 112 px of 4 px patches, and the dynamic model's default 224 px of 8 px ones.
+    naflex = keras_vit.ViT(naflex=True, image_size=112, **TINY, include_top=False, classifier="gap",
+                           class_token=False)
+    coarse = keras_vit.ViT(image_size=(None, None), **dict(TINY, patch_size=8), include_top=False,
+                           classifier="gap", class_token=False)
+    weights = naflex.get_weights()
+    weights[0] = resize_patch_embedding(weights[0], 8)
+    coarse.set_weights(weights)
+    images = images_of([(16, 24), (32, 8)], seed=8)
+    got = predict(naflex, batch_of(images, 8, length=8))
+    for index, image in enumerate(images):
+        alone = predict(coarse, image[None])[0]
+        np.testing.assert_allclose(got[index, : len(alone)], alone, atol=2e-5, rtol=0)
