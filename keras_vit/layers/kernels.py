@@ -217,12 +217,12 @@ def softmax_attention(query, key, value, key_mask=None):
     (2, 5, 3, 4)
     """
     scale = 1.0 / math.sqrt(query.shape[-1])
-    # The mask goes in as an input (with a zero gradient), not a closure: JAX's custom gradients take no tracers
-    # from outside.
-    bias = ops.zeros((1, 1, 1, 1), "float32") if key_mask is None else key_mask_bias(key_mask)
+    # A mask goes in as an input (with a zero gradient), not a closure: JAX's custom gradients take no tracers
+    # from outside. Without one there is no bias to add at all.
+    bias = () if key_mask is None else (key_mask_bias(key_mask),)
 
     @ops.custom_gradient
-    def attend(query, key, value, bias):
+    def attend(query, key, value, *bias):
         # Heads first, so that every product is a plain batched matmul. The logits and their
         # gradients are float32 whatever the inputs (as Keras' attention on JAX); the weights
         # meet `value` in its own dtype.
@@ -230,7 +230,9 @@ def softmax_attention(query, key, value, key_mask=None):
         dtype = value.dtype
         query, key, value = (ops.transpose(t, heads_first) for t in (query, key, value))
         query, key = ops.cast(query, "float32") * scale, ops.cast(key, "float32")
-        logits = ops.matmul(query, ops.swapaxes(key, -1, -2)) + bias
+        logits = ops.matmul(query, ops.swapaxes(key, -1, -2))
+        if bias:
+            logits = logits + bias[0]
         exponentials = ops.exp(logits - ops.max(logits, axis=-1, keepdims=True))
         inverse_sums = 1.0 / ops.sum(exponentials, axis=-1, keepdims=True)
         output = ops.matmul(ops.cast(exponentials, dtype), value) * ops.cast(inverse_sums, dtype)
@@ -249,11 +251,11 @@ def softmax_attention(query, key, value, key_mask=None):
             d_key = ops.matmul(ops.swapaxes(d_logits, -1, -2), query)
             d_value = ops.matmul(ops.swapaxes(ops.cast(weights, dtype), -1, -2), d_output)
             grads = tuple(ops.cast(ops.transpose(g, heads_first), dtype) for g in (d_query, d_key, d_value))
-            return (*grads, ops.zeros_like(bias))
+            return (*grads, *(ops.zeros_like(part) for part in bias))
 
         return ops.transpose(output, heads_first), grad
 
-    return attend(query, key, value, bias)
+    return attend(query, key, value, *bias)
 
 
 def gelu(x, approximate):
