@@ -177,3 +177,17 @@ def test_a_name_timm_does_not_have_is_refused_by_the_catch_all():
     with pytest.raises(CheckpointError, match=r"^c.json: timm's 'vit_made_up_patch16_224' is not one of the 180 timm "
                                               r"ViT architectures keras_vit computes"):
         timm_architecture("vit_made_up_patch16_224", where="c.json")
+
+
+def test_naflex_table_is_timms_naflexvit_registry():
+    """Every NaFlexVit architecture timm registers, with its model function's NaFlexVitCfg and pretrained tags."""
+    from keras_vit.checkpoints.timm.naflex import CFG_DEFAULTS, NAFLEX_ARCHITECTURES
+
+    assert CFG_DEFAULTS == REGISTRY["defaults"]["NaFlexVit"]
+    timm = {name: entry for name, entry in TIMM.items() if entry["class"] == "NaFlexVit"}
+    assert sorted(NAFLEX_ARCHITECTURES) == sorted(timm) and len(timm) == 14
+    for name, entry in timm.items():
+        assert set(entry["kwargs"]) == {"cfg"}, name
+        assert NAFLEX_ARCHITECTURES[name].cfg == {**CFG_DEFAULTS, **entry["kwargs"]["cfg"]["NaFlexVitCfg"]}, name
+        assert sorted(NAFLEX_ARCHITECTURES[name].tags) == entry["tags"], name
+    assert sum(len(entry.tags) for entry in NAFLEX_ARCHITECTURES.values()) == 11

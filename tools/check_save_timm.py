@@ -71,27 +71,39 @@ def check(out):
         with open(os.path.join(out, f"{name}.json")) as f:
             spec = json.load(f)
         data = np.load(os.path.join(out, f"{name}.npz"))
-        try:
+        def outputs(spec=spec, data=data, name=name):
             model = timm.create_model(spec["architecture"], pretrained=False, **spec["keywords"]).eval()
             timm.models.load_checkpoint(model, os.path.join(out, f"{name}.safetensors"), strict=True)
             pixels = ((data["images"] + 1) / 2 - data["mean"]) / data["std"]  # keras_vit's [-1, 1] as timm takes it
             with torch.no_grad():
-                expected = model(torch.from_numpy(pixels.astype("float32")).permute(0, 3, 1, 2)).numpy()
-            difference = float(np.abs(expected - data["outputs"]).max())
-            ok = expected.shape == data["outputs"].shape and difference < 1e-4
-            print(f"{'ok  ' if ok else 'FAIL'} {case}: {spec['architecture']} strict load, outputs "
-                  f"{tuple(expected.shape)}, max difference {difference:.1e}")
-        except Exception as error:  # noqa: BLE001 (each case reports its own failure)
-            ok = False
-            print(f"FAIL {case}: {spec['architecture']}: {type(error).__name__}: {str(error).splitlines()[0]}")
-        failures += not ok
+                return model(torch.from_numpy(pixels.astype("float32")).permute(0, 3, 1, 2)).numpy()
+
+        failures += not report(case, spec["architecture"], outputs, data["outputs"], 1e-4)
     return failures
 
 
-if __name__ == "__main__":
+def report(case, architecture, outputs, expected, tolerance):
+    """Print one line for a case: timm's `outputs()` against keras_vit's `expected`; whether they agree."""
+    try:
+        found = outputs()
+        difference = float(np.abs(found - expected).max())
+        ok = found.shape == expected.shape and difference < tolerance
+        print(f"{'ok  ' if ok else 'FAIL'} {case}: {architecture} strict load, outputs {tuple(found.shape)}, "
+              f"max difference {difference:.1e}")
+    except Exception as error:  # noqa: BLE001 (each case reports its own failure)
+        ok = False
+        print(f"FAIL {case}: {architecture}: {type(error).__name__}: {str(error).splitlines()[0]}")
+    return ok
+
+
+def main(doc, write, check):
     if len(sys.argv) != 3 or sys.argv[1] not in ("write", "check"):
-        sys.exit(__doc__)
+        sys.exit(doc)
     if sys.argv[1] == "write":
         write(sys.argv[2])
     else:
         sys.exit(1 if check(sys.argv[2]) else 0)
+
+
+if __name__ == "__main__":
+    main(__doc__, write, check)

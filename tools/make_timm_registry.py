@@ -11,11 +11,14 @@ the function sets (before the defaults of its pretrained config are applied),
 and the position-table resize of its `pretrained_filter_fn`. Nothing is built
 or downloaded. Each architecture also gets its default pretrained config's
 input size and pixel statistics and its pretrained tags. Only the classes
-keras_vit's family table concerns are kept: `VisionTransformer` (all of it)
-and `Eva` (the RoPE family, which keras_vit refuses by name for now).
+keras_vit's family tables concern are kept: `VisionTransformer`, `Eva` and
+`NaFlexVit`, whose model functions hand over a `NaFlexVitCfg`: it is recorded
+as the fields that differ from the dataclass's defaults (`{"NaFlexVitCfg":
+{...}}`), and those defaults as the class's.
 `tests/test_timm_registry_audit.py` reads this file and keras_vit's table alone.
 """
 
+import dataclasses
 import functools
 import importlib
 import inspect
@@ -28,7 +31,7 @@ import timm
 import timm.models
 
 OUTPUT = os.path.join(os.path.dirname(__file__), "..", "tests", "fixtures", "timm_registry.json")
-CLASSES = ("VisionTransformer", "Eva")
+CLASSES = ("VisionTransformer", "Eva", "NaFlexVit")
 
 
 class _Captured(Exception):
@@ -40,7 +43,13 @@ def _stub(model_cls, variant, pretrained=False, **kwargs):
 
 
 def describe(value):
-    """A JSON form of a keyword value: classes and functions by name, partials with their keywords."""
+    """A JSON form of a keyword value: classes and functions by name, partials with their keywords, a config
+    dataclass (NaFlexVitCfg) by the fields that differ from its defaults."""
+    if dataclasses.is_dataclass(value) and not inspect.isclass(value):
+        default = type(value)()
+        return {type(value).__name__: {field.name: describe(getattr(value, field.name))
+                                       for field in dataclasses.fields(value)
+                                       if getattr(value, field.name) != getattr(default, field.name)}}
     if isinstance(value, functools.partial):
         return {"partial": describe(value.func), **{key: describe(v) for key, v in value.keywords.items()}}
     if inspect.isclass(value) or inspect.isfunction(value):
@@ -87,9 +96,11 @@ def main():
             continue
         if model_cls.__name__ not in CLASSES:
             continue
+        config_class = type(kwargs.get("cfg")) if dataclasses.is_dataclass(kwargs.get("cfg")) else None
         defaults.setdefault(model_cls.__name__, {
             key: describe(parameter.default) for key, parameter in inspect.signature(model_cls).parameters.items()
-            if parameter.default is not inspect.Parameter.empty})
+            if parameter.default is not inspect.Parameter.empty} if config_class is None else {
+            field.name: describe(getattr(config_class(), field.name)) for field in dataclasses.fields(config_class)})
         resize = kwargs.pop("pretrained_filter_fn", None)
         keywords = resize.keywords if isinstance(resize, functools.partial) else {}
         resize_function = resize.func if isinstance(resize, functools.partial) else resize

@@ -6,7 +6,7 @@ package added (nothing is downloaded: every model is built with `pretrained=Fals
     /tmp/timm-venv/bin/pip install keras h5py
     /tmp/timm-venv/bin/pip install -e . --no-deps
     KERAS_BACKEND=torch /tmp/timm-venv/bin/python tools/timm_family_coverage.py \
-        [--json /tmp/timm_coverage.json] [--only REGEX] [--budget-minutes 25]
+        [--json /tmp/timm_coverage.json] [--only REGEX] [--budget-minutes 25] [--naflex]
 
 It groups `timm.list_pretrained()` by architecture (the name before the
 first '.') and builds each with `timm.create_model(arch, pretrained=False,
@@ -32,6 +32,14 @@ random image of the model's default input size:
      of the Keras model, read by a fresh `timm.create_model(arch,
      pretrained=False, depth=1)` with `timm.models.load_checkpoint(...,
      strict=True)`, gives timm's outputs to 1e-4.
+
+With `--naflex`, timm's `NaFlexVit` class instead: all 14 architectures
+(pretrained or not), each at depth 1 with random values, written by
+`save_for_hf`, on one NaFlex batch from timm's own eval pipeline (three
+aspect ratios at 64 and 144 patches); `from_pretrained(folder)` must give
+timm's outputs, and `save_timm` into a fresh `timm.create_model(arch,
+**config.json's model_args)` (strict load) the same again. It prints
+"NaFlexVit: N/14 architectures, M/11 tags" and the failures by cause.
 
 Every exception is caught per architecture and kept by its first line. A
 failing output comparison is explained, where possible, by the switches
@@ -434,8 +442,109 @@ def print_groups(title, failures):
     return {cause: [arch for arch, _ in members] for cause, members in groups.items()}
 
 
+NAFLEX_CLASS = "timm.models.naflexvit.NaFlexVit"
+
+
+def naflex_batch(patch, mean, std, seed):
+    """`(timm's NaFlex batch, keras_vit's)`: three aspect ratios at two budgets, by timm's eval pipeline."""
+    from timm.data.naflex_dataset import NaFlexCollator
+    from timm.data.naflex_transforms import Patchify, ResizeToSequence
+
+    generator = torch.Generator().manual_seed(seed)
+    images = [torch.rand((3, *shape), generator=generator) for shape in ((320, 144), (112, 360), (224, 224))]
+    samples = [(Patchify(patch)(ResizeToSequence(patch, budget, interpolation="bicubic")(image)), 0)
+               for budget in (64, 144) for image in images]
+    batch, _ = NaFlexCollator(max_seq_len=144)(samples)
+    mean, std = (torch.tensor(values).repeat(patch * patch) for values in (mean, std))
+    grid = (batch["patch_coord"].amax(1) + 1).numpy().astype("int32")
+    ours = {"patches": (batch["patches"].numpy() * 2 - 1).astype("float32"), "patch_grid": grid,
+            "patch_mask": batch["patch_valid"].numpy()}
+    return {"patches": (batch["patches"] - mean) / std, "patch_coord": batch["patch_coord"],
+            "patch_valid": batch["patch_valid"]}, ours
+
+
+def check_naflex_architecture(arch, work):
+    """timm's NaFlexVit `arch` at depth 1, random values: from_pretrained's outputs on a NaFlex batch, and the round
+    trip through save_timm into timm (strict load)."""
+    import keras
+    import timm
+    from timm.models._hub import save_for_hf
+
+    import keras_vit
+
+    result = dict(arch=arch)
+    seed = zlib.crc32(arch.encode())
+    try:
+        model = timm.create_model(arch, pretrained=False, depth=1)
+        randomise(model, torch.Generator().manual_seed(seed))
+        model.eval()
+        data = timm.data.resolve_model_data_config(model)
+        theirs, ours = naflex_batch(model.embeds.patch_size[0], data["mean"], data["std"], seed)
+        with torch.no_grad():
+            reference = to_numpy(model(theirs))
+        folder = os.path.join(work, "folder")
+        save_for_hf(model, folder, safe_serialization=True)
+    except Exception as error:  # noqa: BLE001
+        result["with_model_args"] = dict(passed=False, stage="timm", error=first_line(error))
+        return result
+    try:
+        kmodel = keras_vit.from_pretrained(folder, classifier_activation=None)
+        result["with_model_args"] = dict(compare(reference, to_numpy(kmodel(ours))), stage="compare")
+    except Exception as error:  # noqa: BLE001
+        result["with_model_args"] = dict(passed=False, stage="from_pretrained", error=first_line(error))
+        return result
+    if result["with_model_args"]["passed"]:
+        path = os.path.join(work, "saved", "model.safetensors")
+        os.makedirs(os.path.dirname(path))
+        try:
+            keras_vit.checkpoints.save_timm(kmodel, path, architecture=arch)
+            with open(os.path.join(os.path.dirname(path), "config.json")) as f:
+                config = json.load(f)
+            rebuilt = timm.create_model(arch, pretrained=False, **config["model_args"]).eval()
+            timm.models.load_checkpoint(rebuilt, path, strict=True)
+            with torch.no_grad():
+                result["round_trip"] = compare(reference, to_numpy(rebuilt(theirs)))
+        except Exception as error:  # noqa: BLE001
+            result["round_trip"] = dict(passed=False, error=first_line(error))
+    keras.backend.clear_session()
+    gc.collect()
+    return result
+
+
+def naflex_main(tags, classes):
+    """`--naflex`: every NaFlexVit architecture timm registers (pretrained or not), and the summary line."""
+    import timm
+
+    archs = [name for name in timm.list_models("naflexvit_*")]
+    pretrained_tags = {arch: tags.get(arch, []) for arch in archs}
+    results = {}
+    with tempfile.TemporaryDirectory(prefix="timm_coverage_") as root:
+        for arch in archs:
+            work = os.path.join(root, arch)
+            os.makedirs(work)
+            results[arch] = check_naflex_architecture(arch, work)
+            result = results[arch]
+            parts = [f"{label} {'PASS' if result[key]['passed'] else 'FAIL'} {describe(result[key])}"
+                     for key, label in (("with_model_args", "load"), ("round_trip", "round-trip")) if key in result]
+            print(f"{arch}: " + " | ".join(parts), flush=True)
+    passed = [arch for arch, result in results.items() if result["with_model_args"]["passed"]]
+    round_trip = [arch for arch in passed if results[arch].get("round_trip", {}).get("passed")]
+    total_tags = sum(len(found) for found in pretrained_tags.values())
+    print(f"\nNaFlexVit: {len(passed)}/{len(archs)} architectures, "
+          f"{sum(len(pretrained_tags[arch]) for arch in passed)}/{total_tags} tags load with timm's outputs "
+          f"(tolerance {TOLERANCE:g}); round trip (save_timm -> timm strict load, same outputs): "
+          f"{len(round_trip)}/{len(passed)}")
+    print_groups("NaFlexVit", [(arch, result["with_model_args"]) for arch, result in results.items()
+                               if not result["with_model_args"]["passed"]])
+    print_groups("NaFlexVit round trip", [(arch, result["round_trip"]) for arch, result in results.items()
+                                          if "round_trip" in result and not result["round_trip"]["passed"]])
+    return results
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--naflex", action="store_true",
+                        help="timm's NaFlexVit class instead (all 14 architectures, on mixed-aspect NaFlex batches)")
     parser.add_argument("--json", default="/tmp/timm_coverage.json", help="where the full result goes")
     parser.add_argument("--only", default=None, help="a regular expression: only architectures it finds")
     parser.add_argument("--budget-minutes", type=float, default=None,
@@ -452,6 +561,15 @@ def main(argv=None):
     import keras_vit  # noqa: F401 - fail early if the package is not importable
 
     start = time.time()
+    if args.naflex:
+        tags = collections.defaultdict(list)
+        for name in timm.list_pretrained("naflexvit_*"):
+            tags[name.split(".")[0]].append(name)
+        results = naflex_main(tags, None)
+        with open(args.json, "w") as f:
+            json.dump(dict(timm=timm.__version__, keras=keras.__version__, backend=keras.backend.backend(),
+                           tolerance=TOLERANCE, results=results), f, indent=1, default=str)
+        return 0
     tags, classes = scan(args.only)
     scan_seconds = time.time() - start
     in_scope = [arch for arch, cls in classes.items() if cls in IN_SCOPE]

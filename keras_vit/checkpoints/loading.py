@@ -32,6 +32,7 @@ from keras_vit.checkpoints.source import (
     weight_budget,
 )
 from keras_vit.checkpoints.timm.layout import read_timm, read_timm_folder
+from keras_vit.checkpoints.timm.naflex import NAFLEX_ARCHITECTURES, read_naflex_folder
 from keras_vit.checkpoints.transformers.clip import MODEL_TYPES as VISION_TOWER_TYPES
 from keras_vit.checkpoints.transformers.clip import read_vision_tower_folder
 from keras_vit.checkpoints.transformers.dinov2 import MODEL_TYPES as DINOV2_TYPES
@@ -102,6 +103,8 @@ def read_folder(folder, budget=None):
         os.path.join(folder, "config.json"),
         f"{folder} is a folder without a readable config.json (timm's or transformers')",
         "timm's and transformers' config.json is an object ({\"architecture\": ...} or {\"model_type\": \"vit\", ...}).")
+    if config.get("architecture") in NAFLEX_ARCHITECTURES:
+        return read_naflex_folder(folder, config, budget)
     if "architecture" in config:
         return read_timm_folder(folder, config, budget)
     if config.get("model_type") == "vit":

@@ -14,6 +14,7 @@ Example:
 """
 
 import dataclasses
+import json
 import os
 import re
 
@@ -27,8 +28,16 @@ from keras_vit.checkpoints.timm.eva_layout import configured_eva_architecture, e
 from keras_vit.checkpoints.timm.families import timm_architecture, timm_mlp_dim, timm_mlp_ratio
 from keras_vit.checkpoints.timm.hybrid import check_timm_rebuilds_backbone, conv_stem_to_timm, timm_backbone_name
 from keras_vit.checkpoints.timm.layout import LAYOUT, configured_architecture, read_timm
+from keras_vit.checkpoints.timm.naflex import from_vision_transformer, naflex_architecture, naflex_arguments, \
+    read_timm_naflex
 from keras_vit.model.architecture import Architecture
-from keras_vit.model.description import architecture_of, conv_stem_widths_of, native_image_size, resnet_layers_of
+from keras_vit.model.description import (
+    architecture_of,
+    conv_stem_widths_of,
+    is_naflex,
+    native_image_size,
+    resnet_layers_of,
+)
 from keras_vit.model.variants import CONV_STEM_STRIDE, resnet_stride
 from keras_vit.utils.files import atomic_path
 
@@ -254,6 +263,8 @@ def save_timm(model, path, architecture=None):
     """
     if not str(path).endswith(".safetensors"):
         raise CheckpointError(f"save_timm writes a .safetensors file; got {path}.")
+    if is_naflex(model):
+        return _save_naflex(model, os.fspath(path), architecture or "naflexvit_base_patch16_gap")
     if architecture in EVA_ARCHITECTURES:
         arguments = _keywords(model, architecture)
         check_timm_rebuilds(model, architecture, arguments, os.fspath(path))  # before to_timm_eva's refusals
@@ -267,4 +278,43 @@ def save_timm(model, path, architecture=None):
     with atomic_path(os.fspath(path)) as temporary:
         save_file(tensors, temporary, metadata={"format": "pt"})
         check_timm_rebuilds(model, architecture, arguments, os.fspath(path), written=temporary)  # and read back
+    return path
+
+
+def _save_naflex(model, path, architecture):
+    """`save_timm` of a NaFlex model: timm's NaFlexVit layout, and beside it the `config.json` (architecture,
+    `model_args`, pixel statistics) with which `timm.create_model` and `keras_vit.from_pretrained` rebuild it."""
+    naflex_architecture(architecture, "save_timm")
+    found = architecture_of(model)
+    arguments = naflex_arguments(model, found)
+    tensors = from_vision_transformer(to_timm(model), arguments["pos_embed_grid_size"])
+    pretrained = {"interpolation": "bicubic", "crop_pct": 1.0}
+    if found.normalizes_input:
+        pretrained.update(mean=list(found.input_mean), std=list(found.input_std))
+    else:  # keras_vit's own [-1, 1] input is timm's at mean and std 0.5
+        pretrained.update(mean=[0.5] * 3, std=[0.5] * 3)
+    config = {"architecture": architecture, "num_classes": arguments["num_classes"],
+              "num_features": arguments["embed_dim"], "global_pool": arguments["global_pool"],
+              "model_args": arguments, "pretrained_cfg": pretrained}
+    where = f"save_timm({model.name}, architecture={architecture!r})"
+    config_path = os.path.join(os.path.dirname(os.path.abspath(path)), "config.json")
+    with atomic_path(path) as temporary:
+        _safetensors().save_file(tensors, temporary, metadata={"format": "pt"})
+        try:
+            source = read_timm_naflex(temporary, None, config, where)
+        except CheckpointError as error:
+            raise CheckpointError(f"{path}: timm's {architecture!r} would not load the file save_timm wrote: "
+                                  f"{str(error).replace(temporary, 'the file')} Nothing was written.") from None
+        rebuilt = {field.name: getattr(source.architecture, field.name) for field in dataclasses.fields(Architecture)
+                   if field.name not in _LEFT_OPEN[2:]}
+        own = {name: getattr(found, name) if found.normalizes_input or name not in _LEFT_OPEN[:2]
+               else rebuilt[name] for name in rebuilt}
+        shapes = {variable.path: tuple(variable.shape) for variable in model.weights}
+        if rebuilt != own or {key: tuple(value.shape) for key, value in source.state.items()} != shapes:
+            differ = sorted(name for name in rebuilt if rebuilt[name] != own[name]) or ["tensor shapes"]
+            raise CheckpointError(f"{path}: read back as timm's {architecture!r}, the file is not {model.name} "
+                                  f"({', '.join(differ)}). Nothing was written.")
+        with atomic_path(config_path) as temporary_config:
+            with open(temporary_config, "w") as f:
+                json.dump(config, f, indent=2)
     return path

@@ -1,0 +1,169 @@
+"""timm's NaFlexVit class: its folders read exactly (tokens and pooled outputs on mixed-aspect NaFlex batches), its
+architecture table, the refusals, `hf://timm/<arch>.<tag>` handles and `save_timm` back to NaFlexVit's layout.
+
+The fixtures (`tools/make_naflex_timm_fixtures.py`) are tiny NaFlexVit models written by timm's `save_for_hf`,
+one per configuration kind of the 14 architectures, and timm's outputs on one batch from timm's own NaFlex eval
+pipeline: three aspect ratios (tall, wide, square) at two patch budgets, padded together.
+"""
+
+import json
+import os
+import shutil
+
+import numpy as np
+import pytest
+from conftest import fixture, predict
+
+import keras_vit
+from keras_vit import CheckpointError, checkpoints
+from keras_vit.checkpoints.timm.naflex import NAFLEX_ARCHITECTURES
+from keras_vit.model.description import is_naflex
+
+KINDS = ("siglip", "gap_registers", "par_gap", "map_registers", "so150m2", "radio_v3", "radio_v4")
+with np.load(fixture("timm_naflex_reference.npz")) as _data:
+    REFERENCE = dict(_data)
+BATCH = {key: REFERENCE[key] for key in ("patches", "patch_grid", "patch_mask")}
+
+
+def folder(kind):
+    return fixture(os.path.join("timm_naflex", kind))
+
+
+def tokens_model(model):
+    """The model's token sequence after its final norm (timm's forward_features)."""
+    import keras
+
+    names = [layer.name for layer in model.layers]
+    last = "encoder_norm" if "encoder_norm" in names else [name for name in names
+                                                           if name.startswith("encoderblock_")][-1]
+    return keras.Model(model.inputs, model.get_layer(last).output)
+
+
+def assert_valid_tokens_equal(tokens, reference, prefix):
+    mask = np.concatenate([np.ones((len(BATCH["patch_mask"]), prefix), bool), BATCH["patch_mask"]], axis=1)
+    assert tokens.shape == reference.shape
+    np.testing.assert_allclose(tokens[mask], reference[mask], atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_loads_timm_naflexvit_with_exact_outputs_at_three_aspect_ratios_and_two_budgets(kind):
+    model = keras_vit.from_pretrained(folder(kind), classifier_activation=None)
+    assert is_naflex(model)
+    np.testing.assert_allclose(predict(model, BATCH), REFERENCE[f"{kind}/output"], atol=1e-5, rtol=0)
+    prefix = model.architecture.num_prefix_tokens
+    assert_valid_tokens_equal(predict(tokens_model(model), BATCH), REFERENCE[f"{kind}/tokens"], prefix)
+
+
+@pytest.mark.backend_independent
+def test_naflex_source_carries_timms_position_resize_and_eval_rule():
+    radio = checkpoints.read_weights(folder("radio_v3"))
+    assert (radio.naflex, radio.position_resize, radio.resize_align_corners, radio.resize_aspect_preserving,
+            tuple(radio.grid_size)) == (True, ("bilinear", False), True, True, (7, 7))
+    assert checkpoints.read_weights(folder("radio_v4")).resize_align_corners is False
+    siglip = checkpoints.read_weights(folder("siglip"))
+    assert (siglip.position_resize, siglip.resize_aspect_preserving) == (("bilinear", True), False)
+    assert siglip.naflex_preprocessing == {"rule": "timm", "max_patches": 576, "interpolation": "bicubic"}
+
+
+def _with_config(tmp_path, kind, **changes):
+    copy = tmp_path / kind
+    shutil.copytree(folder(kind), copy)
+    config = json.loads((copy / "config.json").read_text())
+    for key, value in changes.items():
+        if key == "architecture":
+            config[key] = value
+        else:
+            config["model_args"][key] = value
+    (copy / "config.json").write_text(json.dumps(config))
+    return str(copy)
+
+
+@pytest.mark.backend_independent
+@pytest.mark.parametrize("changes, message", [
+    (dict(pos_embed_use_grid_sample=True), "sets pos_embed_use_grid_sample=True: the grid-sample resize of the "
+                                           "position table, which keras_vit's NaFlex model does not compute"),
+    (dict(rope_type="axial"), "sets rope_type='axial': RoPE, which keras_vit's NaFlex model does not compute"),
+    (dict(architecture="naflexvit_base_patch16_parfac_gap"),
+     "timm's 'naflexvit_base_patch16_parfac_gap' sets pos_embed='factorized': factorized or no position tables "
+     "(only pos_embed='learned'), which keras_vit's NaFlex model does not compute (only timm's default 'learned')."),
+    (dict(not_an_argument=1), "model_args.not_an_argument is not a NaFlexVit argument keras_vit computes"),
+    (dict(pos_embed_grid_size=[4, 4]), "embeds.pos_embed has shape (1, 5, 5, 16), but timm's "
+                                       "'naflexvit_base_patch16_par_gap' builds a (1, 4, 4, width) table"),
+])
+def test_refuses_naflexvit_settings_keras_vit_does_not_compute_by_name(tmp_path, changes, message):
+    with pytest.raises(CheckpointError, match=None) as error:
+        keras_vit.from_pretrained(_with_config(tmp_path, "par_gap", **changes))
+    assert message in str(error.value) and "\n" not in str(error.value)
+
+
+@pytest.mark.backend_independent
+def test_refuses_a_factorized_table_by_its_tensors(tmp_path):
+    from safetensors.numpy import load_file, save_file
+
+    copy = _with_config(tmp_path, "par_gap")
+    tensors = load_file(os.path.join(copy, "model.safetensors"))
+    tensors["embeds.pos_embed_y"] = tensors["embeds.pos_embed_x"] = np.zeros((1, 5, 16), "float32")
+    save_file(tensors, os.path.join(copy, "model.safetensors"))
+    with pytest.raises(CheckpointError, match=r"is a timm NaFlexVit with factorized position tables "
+                                              r"\(pos_embed='factorized'\) \(embeds.pos_embed_x, embeds.pos_embed_y\)"):
+        keras_vit.from_pretrained(copy)
+
+
+# The 11 pretrained tags: (architecture, tag) -> the fixture kind whose configuration it has.
+PRETRAINED = {(name, tag): kind for name, entry in NAFLEX_ARCHITECTURES.items() for tag in entry.tags
+              for kind in [{"naflexvit_base_patch16_gap": "gap_registers", "naflexvit_base_patch16_par_gap": "par_gap",
+                            "naflexvit_base_patch16_siglip": "siglip", "naflexvit_so400m_patch16_siglip": "siglip",
+                            "naflexvit_base_patch16_radio_v3": "radio_v3", "naflexvit_huge_patch16_radio_v3":
+                            "radio_v3"}.get(name, "radio_v4" if "radio" in name else None)]}
+
+
+def test_hf_handles_of_the_pretrained_tags_read_from_an_offline_cache(tmp_path):
+    pytest.importorskip("huggingface_hub")
+    from test_pretrained import run_offline
+
+    assert len(PRETRAINED) == 11
+    cache = tmp_path / "hub"
+    for (name, tag), kind in PRETRAINED.items():
+        repo = cache / f"models--timm--{name}.{tag}"
+        (repo / "refs").mkdir(parents=True)
+        (repo / "refs" / "main").write_text("0" * 40)
+        snapshot = repo / "snapshots" / ("0" * 40)
+        shutil.copytree(folder(kind or "par_gap"), snapshot)  # parfac: a learned table where it has factorized ones
+        config = json.loads((snapshot / "config.json").read_text())
+        # The fixture's sizes, layer scale and registers where the tag's architecture has others, as timm's model_args say them.
+        own = NAFLEX_ARCHITECTURES[config["architecture"]].cfg
+        config["model_args"].update({key: own[key] for key in ("mlp_ratio", "init_values", "reg_tokens")})
+        config["architecture"], config["pretrained_cfg"]["tag"] = name, tag
+        (snapshot / "config.json").write_text(json.dumps(config))
+    code = (
+        "import numpy as np, keras, keras_vit\n"
+        f"data = np.load({fixture('timm_naflex_reference.npz')!r})\n"
+        "batch = {key: data[key] for key in ('patches', 'patch_grid', 'patch_mask')}\n"
+        f"for (name, tag), kind in {sorted(PRETRAINED.items())!r}:\n"
+        "    try:\n"
+        "        model = keras_vit.from_pretrained(f'hf://timm/{name}.{tag}', classifier_activation=None)\n"
+        "    except keras_vit.CheckpointError as error:\n"
+        "        print('REFUSED', name, str(error).split(': ', 1)[1]); continue\n"
+        "    gap = np.abs(keras.ops.convert_to_numpy(model(batch)) - data[f'{kind}/output']).max()\n"
+        "    print('GAP', name, float(gap))\n"
+    )
+    done = run_offline(cache, code)
+    assert done.returncode == 0, done.stderr[-3000:]
+    gaps = [line.split() for line in done.stdout.splitlines() if line.startswith("GAP")]
+    refused = [line for line in done.stdout.splitlines() if line.startswith("REFUSED")]
+    assert len(gaps) == 10 and max(float(gap[-1]) for gap in gaps) < 1e-5, done.stdout
+    assert refused == ["REFUSED naflexvit_base_patch16_parfac_gap timm's 'naflexvit_base_patch16_parfac_gap' sets "
+                       "pos_embed='factorized': factorized or no position tables (only pos_embed='learned'), which "
+                       "keras_vit's NaFlex model does not compute (only timm's default 'learned')."]
+
+
+def test_save_timm_writes_naflexvit_that_reads_back_with_the_same_outputs(tmp_path):
+    model = keras_vit.from_pretrained(folder("radio_v3"), classifier_activation=None)
+    path = tmp_path / "saved" / "model.safetensors"
+    path.parent.mkdir()
+    checkpoints.save_timm(model, str(path), architecture="naflexvit_base_patch16_radio_v3")
+    config = json.loads((tmp_path / "saved" / "config.json").read_text())
+    assert config["architecture"] == "naflexvit_base_patch16_radio_v3"
+    assert config["model_args"]["pos_embed_grid_size"] == [7, 7] and config["model_args"]["reg_tokens"] == 7
+    again = keras_vit.from_pretrained(str(tmp_path / "saved"), classifier_activation=None)
+    np.testing.assert_array_equal(predict(again, BATCH), predict(model, BATCH))

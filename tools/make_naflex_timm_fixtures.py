@@ -1,0 +1,102 @@
+"""Write tests/fixtures/timm_naflex/: tiny timm NaFlexVit folders and timm's outputs on NaFlex batches.
+
+Run in the side venv (timm installed there, never in the project's venv):
+
+    /work/sidevenv/bin/python tools/make_naflex_timm_fixtures.py
+
+One folder per distinct configuration kind among timm's 14 NaFlexVit
+architectures, each built by `timm.create_model(arch, pretrained=False, ...)`
+at tiny sizes (patch 4, width 16, depth 1-2, a small position grid), every
+parameter random (norm weights and layer-scale gammas too), written by
+timm's own `save_for_hf(..., safe_serialization=True)`.
+
+The batch: three images (tall, wide, square) at two patch budgets, six in
+one padded batch, made by timm's own NaFlex eval pipeline: `ResizeToSequence`
+(bicubic), `Patchify` and `NaFlexCollator`. The images are in [0, 1]; timm's
+`Normalize` (a per-channel affine map, so it commutes with cutting into
+patches) is applied to the collated patches with each folder's mean and std.
+keras_vit is given the same patches mapped to [-1, 1] and normalises them
+itself with the statistics it reads from the folder's config.json.
+
+Stored per kind (`timm_naflex_reference.npz`): timm's `model(batch)` (logits
+or pooled features) and `forward_features` (every token; the tests compare
+the prefix tokens and the valid patch tokens).
+"""
+
+import json
+import os
+import shutil
+import sys
+
+import numpy as np
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from timm_family_coverage import randomise  # noqa: E402
+
+FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "tests", "fixtures")
+OUT = os.path.join(FIXTURES, "timm_naflex")
+REFERENCE = os.path.join(FIXTURES, "timm_naflex_reference.npz")
+PATCH = 4
+BUDGETS = (6, 16)
+IMAGE_SHAPES = ((44, 16), (12, 40), (24, 24))  # tall, wide, square (height, width)
+TINY = dict(patch_size=PATCH, embed_dim=16, num_heads=2)
+# kind -> (architecture, model_args over its NaFlexVitCfg)
+KINDS = {
+    "siglip": ("naflexvit_base_patch16_siglip", dict(TINY, depth=2, pos_embed_grid_size=(5, 5))),
+    "gap_registers": ("naflexvit_base_patch16_gap", dict(TINY, depth=2, pos_embed_grid_size=(5, 5), num_classes=5)),
+    "par_gap": ("naflexvit_base_patch16_par_gap", dict(TINY, depth=1, pos_embed_grid_size=(5, 5), num_classes=0)),
+    "map_registers": ("naflexvit_base_patch16_map", dict(TINY, depth=1, pos_embed_grid_size=(5, 5), num_classes=5)),
+    "so150m2": ("naflexvit_so150m2_patch16_reg1_gap",
+                dict(patch_size=PATCH, embed_dim=26, num_heads=2, depth=1, pos_embed_grid_size=(5, 5),
+                     num_classes=3)),
+    "radio_v3": ("naflexvit_base_patch16_radio_v3", dict(TINY, depth=2, pos_embed_grid_size=(7, 7))),
+    "radio_v4": ("naflexvit_so400m_patch16_radio_v4", dict(TINY, depth=1, pos_embed_grid_size=(7, 7))),
+}
+
+
+def naflex_batch():
+    """`(patches in [0, 1], patch_coord, patch_valid)` of timm's eval pipeline: 3 shapes x 2 budgets, one batch."""
+    from timm.data.naflex_dataset import NaFlexCollator
+    from timm.data.naflex_transforms import Patchify, ResizeToSequence
+
+    generator = torch.Generator().manual_seed(0)
+    images = [torch.rand((3, *shape), generator=generator) for shape in IMAGE_SHAPES]
+    samples = []
+    for budget in BUDGETS:
+        resize, patchify = ResizeToSequence(PATCH, budget, interpolation="bicubic"), Patchify(PATCH)
+        samples.extend((patchify(resize(image)), 0) for image in images)
+    batch, _ = NaFlexCollator(max_seq_len=max(BUDGETS))(samples)
+    return batch["patches"], batch["patch_coord"], batch["patch_valid"]
+
+
+def main():
+    import timm
+    from timm.models._hub import save_for_hf
+
+    shutil.rmtree(OUT, ignore_errors=True)
+    patches, coord, valid = naflex_batch()
+    grid = (coord.amax(1) + 1).numpy().astype("int32")
+    assert (grid.prod(1) == valid.sum(1).numpy()).all()
+    arrays = {"patches": (patches.numpy() * 2 - 1).astype("float32"), "patch_grid": grid,
+              "patch_mask": valid.numpy()}
+    for kind, (arch, args) in KINDS.items():
+        model = timm.create_model(arch, pretrained=False, **args)
+        randomise(model, torch.Generator().manual_seed(len(kind)))
+        model.eval()
+        folder = os.path.join(OUT, kind)
+        save_for_hf(model, folder, safe_serialization=True)
+        with open(os.path.join(folder, "config.json")) as f:
+            config = json.load(f)
+        mean, std = (torch.tensor(config["pretrained_cfg"][key]).repeat(PATCH * PATCH) for key in ("mean", "std"))
+        inputs = {"patches": (patches - mean) / std, "patch_coord": coord, "patch_valid": valid}
+        with torch.no_grad():
+            arrays[f"{kind}/output"] = model(inputs).numpy()
+            arrays[f"{kind}/tokens"] = model.forward_features(**inputs)["patches"].numpy()
+        print(kind, arch, arrays[f"{kind}/output"].shape, arrays[f"{kind}/tokens"].shape)
+    np.savez_compressed(REFERENCE, **arrays)
+    print("grids", grid.tolist(), "->", REFERENCE)
+
+
+if __name__ == "__main__":
+    main()
