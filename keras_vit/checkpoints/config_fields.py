@@ -100,13 +100,13 @@ FIELD_KINDS = {
     # timm's pretrained_cfg.
     "input_size": Kind("[channels, height, width]", lambda value: isinstance(value, (list, tuple)) and len(value) == 3
                        and all(_int(side) and side > 0 for side in value), tuple).or_null("[channels, height, width]"),
-    # transformers' ViT, DINOv2, DINOv3, CLIP and SigLIP configs.
+    # transformers' ViT, DINOv2, DINOv3, CLIP, SigLIP and SigLIP 2 configs.
     "hidden_size": POSITIVE_INT, "num_hidden_layers": POSITIVE_INT, "num_attention_heads": POSITIVE_INT,
     "intermediate_size": POSITIVE_INT, "hidden_act": NAME, "layer_norm_eps": EPSILON, "image_size": IMAGE_SIZE,
     "num_channels": POSITIVE_INT, "pooler_output_size": POSITIVE_INT.or_null(), "pooler_act": NAME,
     "use_swiglu_ffn": FLAG, "num_register_tokens": COUNT, "vision_use_head": FLAG, "rope_theta": POSITIVE_NUMBER,
     "query_bias": FLAG, "key_bias": FLAG, "value_bias": FLAG, "mlp_bias": FLAG, "use_gated_mlp": FLAG,
-    "vision_config": OBJECT.or_null(), "vision_config_dict": OBJECT.or_null(),
+    "vision_config": OBJECT.or_null(), "vision_config_dict": OBJECT.or_null(), "num_patches": POSITIVE_INT,
 }
 
 

@@ -39,6 +39,8 @@ from keras_vit.checkpoints.transformers.dinov2 import MODEL_TYPES as DINOV2_TYPE
 from keras_vit.checkpoints.transformers.dinov2 import read_dinov2_folder
 from keras_vit.checkpoints.transformers.dinov3 import MODEL_TYPES as DINOV3_TYPES
 from keras_vit.checkpoints.transformers.dinov3 import read_dinov3_folder
+from keras_vit.checkpoints.transformers.siglip2 import MODEL_TYPES as SIGLIP2_TYPES
+from keras_vit.checkpoints.transformers.siglip2 import read_siglip2_folder
 from keras_vit.checkpoints.transformers.vit import read_transformers_folder
 from keras_vit.data import preprocessing
 from keras_vit.layers.position_embedding import resize_patch_embedding, resize_position_embeddings
@@ -98,7 +100,8 @@ def read_weights(weights, variant=None, image_size=(224, 224), sizes=None, class
 
 
 def read_folder(folder, budget=None):
-    """A Hub-style folder: timm's (`config.json` with `architecture`) or transformers' (ViT, DINOv2, CLIP, SigLIP)."""
+    """A Hub-style folder: timm's (`config.json` with `architecture`) or transformers' (ViT, DINOv2, DINOv3, CLIP,
+    SigLIP, SigLIP 2)."""
     config = read_json_object(
         os.path.join(folder, "config.json"),
         f"{folder} is a folder without a readable config.json (timm's or transformers')",
@@ -115,9 +118,12 @@ def read_folder(folder, budget=None):
         return _with_preprocessor_statistics(read_dinov3_folder(folder, config, budget), folder)
     if config.get("model_type") in VISION_TOWER_TYPES:
         return _with_preprocessor_statistics(read_vision_tower_folder(folder, config, budget), folder)
-    known = ", ".join(repr(name) for name in ("vit", *DINOV2_TYPES, *DINOV3_TYPES, *VISION_TOWER_TYPES))
+    if config.get("model_type") in SIGLIP2_TYPES:
+        return _with_preprocessor_statistics(read_siglip2_folder(folder, config, budget), folder)
+    known = ", ".join(repr(name) for name in ("vit", *DINOV2_TYPES, *DINOV3_TYPES, *VISION_TOWER_TYPES,
+                                              *SIGLIP2_TYPES))
     raise CheckpointError(f"{folder}: its config.json is neither timm's (architecture) nor a transformers ViT, "
-                          f"DINOv2, DINOv3, CLIP or SigLIP model's (model_type {known}; this one is "
+                          f"DINOv2, DINOv3, CLIP, SigLIP or SigLIP 2 model's (model_type {known}; this one is "
                           f"{config.get('model_type')!r}).")
 
 
@@ -125,17 +131,23 @@ def _with_preprocessor_statistics(source, folder):
     """`source` with the pixel mean and std and the eval transform of the folder's `preprocessor_config.json`.
 
     transformers keeps the normalisation there, not in `config.json` (DINOv2's is ImageNet's, google/vit-*'s
-    the paper's 0.5).
+    the paper's 0.5). A NaFlex source (SigLIP 2) gets its patch budget instead of an eval transform (from the
+    processor's defaults where the folder has no such file).
     """
     path = os.path.join(folder, "preprocessor_config.json")
-    if not os.path.exists(path):
+    if not os.path.exists(path) and not source.naflex:
         return source
     config = read_json_object(path, f"{path} is not a readable JSON file",
-                              "transformers writes an object ({\"image_mean\": [...], \"image_std\": [...], ...}).")
+                              "transformers writes an object ({\"image_mean\": [...], \"image_std\": [...], ...}).") \
+        if os.path.exists(path) else {}
     statistics = pixel_statistics(config.get("image_mean"), config.get("image_std"), path,
                                   ("image_mean", "image_std"))
     try:
-        source.eval_transform = preprocessing.from_preprocessor_config(config, path)
+        if source.naflex:
+            source.naflex_preprocessing = preprocessing.naflex_from_preprocessor_config(
+                config, path, int(source.state["embedding/kernel"].shape[0]))
+        else:
+            source.eval_transform = preprocessing.from_preprocessor_config(config, path)
     except ValueError as error:
         raise CheckpointError(str(error)) from None
     source.architecture = dataclasses.replace(source.architecture, **statistics)

@@ -58,6 +58,9 @@ TIMM_OTHER = ("url", "file", "state_dict", "hf_hub_id", "hf_hub_filename", "sour
 TRANSFORMERS_COMPUTED = ("do_resize", "size", "resample", "do_center_crop", "crop_size", "do_rescale",
                          "rescale_factor", "do_normalize", "image_mean", "image_std", "do_convert_rgb")
 TRANSFORMERS_NAMES = ("image_processor_type", "feature_extractor_type", "processor_class")
+# transformers' Siglip2ImageProcessor fields: a NaFlex processor (no size or crop: a patch budget per image).
+SIGLIP2_COMPUTED = ("do_resize", "resample", "do_rescale", "rescale_factor", "do_normalize", "image_mean",
+                    "image_std", "do_convert_rgb", "patch_size", "max_num_patches")
 # Processors whose integer `size` is the shorter side (`default_to_square=False`), and whose crop is on by default.
 _SHORTEST_EDGE_PROCESSORS = ("CLIPImageProcessor", "BitImageProcessor", "CLIPFeatureExtractor")
 
@@ -331,21 +334,10 @@ def from_preprocessor_config(config, where):
     _refuse_unknown(config, TRANSFORMERS_COMPUTED + TRANSFORMERS_NAMES, where, "field")
     processor = config.get("image_processor_type") or config.get("feature_extractor_type") or ""
     shortest_default = processor.removesuffix("Fast").removesuffix("Pil") in _SHORTEST_EDGE_PROCESSORS
-    for key, expected in (("do_rescale", True), ("do_normalize", True), ("do_convert_rgb", True)):
-        if config.get(key, expected) is not expected and not (key == "do_convert_rgb" and config.get(key) is None):
-            raise ValueError(f"{where}: {key} {config.get(key)!r} is not one keras_vit computes: its models take "
-                             f"RGB pixels rescaled by 1/255 and normalised by the image_mean and image_std.")
-    factor = config.get("rescale_factor", 1 / 255)
-    if not isinstance(factor, (int, float)) or abs(factor * 255 - 1) > 1e-6:
-        raise ValueError(f"{where}: rescale_factor {factor!r} is not 1/255, the only one keras_vit computes.")
-    resample = config.get("resample", 2)
-    filters = {number: name for name, number in PILLOW_FILTERS.items()}
-    if resample not in filters:
-        raise ValueError(f"{where}: resample {resample!r} is not a Pillow filter keras_vit computes "
-                         f"({', '.join(f'{n} ({name})' for n, name in filters.items())}).")
+    interpolation = _pixel_filter(config, where)
     if "size" not in config:  # the processor's default size: the model's, as its own config states none
         mode = "center" if shortest_default else "squash"
-        return EvalTransform(None, 1.0, None, mode, filters[resample], True, "transformers")
+        return EvalTransform(None, 1.0, None, mode, interpolation, True, "transformers")
     resize_kind, resize_size = _size_field(config, "size", shortest_default, where)
     if config.get("do_resize", True) is not True:
         raise ValueError(f"{where}: do_resize {config.get('do_resize')!r}: keras_vit resizes every image to the "
@@ -358,4 +350,44 @@ def from_preprocessor_config(config, where):
             raise ValueError(f"{where}: size {config.get('size')!r} without a centre crop gives images of every "
                              "aspect ratio; keras_vit computes a fixed input size (size height/width, or a crop).")
     mode = "center" if resize_kind == "shortest_edge" else "squash"
-    return EvalTransform(tuple(crop_size), 1.0, resize_size, mode, filters[resample], True, "transformers")
+    return EvalTransform(tuple(crop_size), 1.0, resize_size, mode, interpolation, True, "transformers")
+
+
+def _pixel_filter(config, where):
+    """The Pillow filter name of a transformers image processor's `config`, after refusing pixel steps keras_vit
+    does not compute (no rescale by 1/255, no normalisation, no RGB conversion)."""
+    for key, expected in (("do_rescale", True), ("do_normalize", True), ("do_convert_rgb", True)):
+        if config.get(key, expected) is not expected and not (key == "do_convert_rgb" and config.get(key) is None):
+            raise ValueError(f"{where}: {key} {config.get(key)!r} is not one keras_vit computes: its models take "
+                             f"RGB pixels rescaled by 1/255 and normalised by the image_mean and image_std.")
+    factor = config.get("rescale_factor", 1 / 255)
+    if not isinstance(factor, (int, float)) or abs(factor * 255 - 1) > 1e-6:
+        raise ValueError(f"{where}: rescale_factor {factor!r} is not 1/255, the only one keras_vit computes.")
+    resample = config.get("resample", 2)
+    filters = {number: name for name, number in PILLOW_FILTERS.items()}
+    if resample not in filters:
+        raise ValueError(f"{where}: resample {resample!r} is not a Pillow filter keras_vit computes "
+                         f"({', '.join(f'{n} ({name})' for n, name in filters.items())}).")
+    return filters[resample]
+
+
+def naflex_from_preprocessor_config(config, where, patch_size):
+    """`naflex_batch`'s keywords (`WeightsSource.naflex_preprocessing`) of a transformers `Siglip2ImageProcessor`'s
+    `preprocessor_config.json` (`{}`: its defaults), for a model of `patch_size`.
+
+    It resizes every image to its own grid of at most `max_num_patches` patches of `patch_size` (which must be
+    the model's) by the SigLIP 2 rule, with its `resample` filter. Fields it does not have are refused by name.
+    """
+    _refuse_unknown(config, SIGLIP2_COMPUTED + TRANSFORMERS_NAMES, where, "field")
+    interpolation = _pixel_filter(config, where)
+    if config.get("do_resize", True) is not True:
+        raise ValueError(f"{where}: do_resize {config.get('do_resize')!r}: a NaFlex model takes each image resized "
+                         "to its patch budget (max_num_patches).")
+    patch = config.get("patch_size", patch_size)
+    if patch != patch_size:
+        raise ValueError(f"{where}: patch_size is {patch!r}, but the model's patches are {patch_size} pixels: the "
+                         "processor would cut patches the model cannot embed; set it to the model's.")
+    budget = config.get("max_num_patches", 256)
+    if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1:
+        raise ValueError(f"{where}: max_num_patches is {budget!r}; expected a positive int.")
+    return {"rule": "siglip2", "max_patches": budget, "interpolation": interpolation}

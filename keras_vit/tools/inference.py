@@ -19,7 +19,7 @@ from keras_vit.configs import check_sizes_agree, model_sizes
 from keras_vit.data import arrays
 from keras_vit.data.imagenet import imagenet_labels
 from keras_vit.model import deployment
-from keras_vit.model.description import sizes_of
+from keras_vit.model.description import is_naflex, sizes_of
 from keras_vit.model.variants import SMALL_VIT, Variant
 from keras_vit.model.vision_transformer import eval_transform, native_image_size
 from keras_vit.training import accuracy_metrics
@@ -41,6 +41,9 @@ def load_for_inference(weights, model=None, image_size=None, sizes=None, needs_h
     With `needs_head=False`, a file without a head builds a model without
     one (its token sequence), for tools that read attention, not classes.
     `drop_remainder` builds an `image_size` the patches do not divide.
+    The tools feed whole images: a NaFlex checkpoint (SigLIP 2) builds the
+    whole-image model of its weights (`naflex=False`), at its table's size
+    unless told; a NaFlex `.keras` model, which takes patch sequences, is refused.
     """
     if weights is None:
         raise ValueError("weights=None is an untrained model, with nothing to show: pass weights=PATH, a trained "
@@ -49,6 +52,10 @@ def load_for_inference(weights, model=None, image_size=None, sizes=None, needs_h
     if weights.endswith(".keras") and os.path.exists(weights):
         network = keras.saving.load_model(weights, compile=False)
         checkpoints.check_finite(network, weights)
+        if is_naflex(network):
+            raise ValueError(f"{weights} holds a NaFlex model, which takes patch sequences "
+                             "(keras_vit.data.naflex_batch), not the whole images these tools feed; pass the "
+                             "checkpoint it was built from instead, which they run on whole images.")
         check_sizes_agree(sizes_of(network), f"--weights {weights}", given)
         return network
     source = checkpoints.read_weights(weights, model, as_pair(image_size or 32, "image_size")).with_heads(
@@ -62,7 +69,7 @@ def load_for_inference(weights, model=None, image_size=None, sizes=None, needs_h
     default = dataclasses.replace(SMALL_VIT, **given)
     sizes = model_sizes(model, source, default, given)
     return ViT(image_size=image_size, **sizes.__dict__, weights=source, classifier_activation=None,
-               include_top=not headless, drop_remainder=drop_remainder)
+               include_top=not headless, drop_remainder=drop_remainder, naflex=False)
 
 
 def _check_has_classifier(model, weights):
@@ -215,7 +222,8 @@ def convert(weights, output, model=None, image_size=None, classes=None, num_head
                   drop_remainder=drop_remainder)
     with files.atomic_path(output) as path:  # A failed write keeps any earlier file whole.
         network.save(path)
-    print(f"wrote {output}: {network.name}, {network.count_params():,} parameters, {image_size} px")
+    takes = "NaFlex patch sequences of any grid" if is_naflex(network) else f"{image_size} px"
+    print(f"wrote {output}: {network.name}, {network.count_params():,} parameters, {takes}")
     return network
 
 

@@ -112,13 +112,13 @@ LAYOUT = TensorLayout(
     })
 
 
-def from_vision_tower(tensors, description="checkpoint", expected=None):
+def from_vision_tower(tensors, description="checkpoint", expected=None, layout=LAYOUT):
     """keras_vit's state from a transformers CLIP or SigLIP vision tower's state dict (text tower ignored).
 
     `expected`: `(architecture, depth, settings)` of the tower a config.json describes, whose tensors the file
-    must hold exactly.
+    must hold exactly. `layout`: SigLIP 2's keeps this one's names (`transformers.siglip2`).
     """
-    state = LAYOUT.read(tensors, description, expected)
+    state = layout.read(tensors, description, expected)
     if "embedding/kernel" not in state or "position_embedding/pos_embedding" not in state:
         raise CheckpointError(f"{description} holds no vision tower (no vision_model patch or position embedding).")
     return state
@@ -135,19 +135,27 @@ def _tower_tensors(model_type, fields):
     return architecture, fields["num_hidden_layers"], settings(dict(fields, model_type=model_type), *keys)
 
 
+def vision_config(folder, config, key="vision_config"):
+    """`(fields, where)`: the vision tower's fields of a folder's parsed `config` (under `key` in a whole
+    image-text model's; `key=None`: the config itself), and how errors name them."""
+    where = os.path.join(folder, "config.json")
+    if key is None:
+        return config, where
+    vision = checked_fields({key: config.get(key)}, where)[key] or {}
+    if not isinstance(vision, dict):
+        raise CheckpointError(f"{folder}: {key} is a JSON {type(vision).__name__}; transformers writes an "
+                              "object of the vision tower's settings.")
+    return vision, f"{where} ({key})"
+
+
 def read_vision_tower_folder(folder, config, budget=None):
     """A transformers CLIP or SigLIP folder (its parsed `config`) as the `WeightsSource` of its vision tower."""
     model_type = config.get("model_type")
     family, whole = MODEL_TYPES[model_type]
-    where = os.path.join(folder, "config.json")
-    vision = config
-    if whole:  # CLIPConfig builds the tower from vision_config_dict alone where an older file has one.
-        key = "vision_config_dict" if family == "clip" and config.get("vision_config_dict") is not None \
-            else "vision_config"
-        vision, where = checked_fields({key: config.get(key)}, where)[key] or {}, f"{where} ({key})"
-        if not isinstance(vision, dict):
-            raise CheckpointError(f"{folder}: {key} is a JSON {type(vision).__name__}; transformers writes an "
-                                  "object of the vision tower's settings.")
+    # CLIPConfig builds the tower from vision_config_dict alone where an older file has one.
+    key = "vision_config_dict" if family == "clip" and config.get("vision_config_dict") is not None \
+        else "vision_config"
+    vision, where = vision_config(folder, config, key if whole else None)
     weights, fields = transformers_fields(folder, vision, CONFIG_DEFAULTS[f"{family}_vision_model"], where)
     state = from_vision_tower(read_state_dict(weights, budget), weights, _tower_tensors(model_type, fields))
     check_sizes(where, fields, state)
