@@ -1,0 +1,95 @@
+"""Distillation (`keras_vit.training.distillation`): the losses DeiT and Hinton define, what fit really applies."""
+
+import keras
+import numpy as np
+import pytest
+
+import keras_vit
+from keras_vit.training.distillation import Distiller, hard_distillation_loss, soft_distillation_loss
+
+SIZES = dict(image_size=16, patch_size=8, num_layers=1, num_heads=2, classes=3, classifier_activation=None)
+LABELS = np.array([0, 2, 1, 1])
+CLASS = np.array([[2.0, 0.5, -1.0], [0.1, 0.2, 0.3], [-2.0, 1.0, 0.0], [0.0, 0.0, 4.0]], "float32")
+DISTILLATION = np.array([[1.0, 1.5, -1.0], [0.3, -0.2, 0.9], [0.5, 0.0, 2.0], [1.0, -1.0, 0.0]], "float32")
+TEACHER = np.array([[0.0, 3.0, 1.0], [2.0, 0.0, 1.0], [0.0, 0.0, 5.0], [1.0, 2.0, 0.0]], "float32")
+
+
+def log_softmax(z):
+    z = z - z.max(-1, keepdims=True)
+    return z - np.log(np.exp(z).sum(-1, keepdims=True))
+
+
+def numpy_of(x):
+    return np.asarray(keras.ops.convert_to_numpy(x), "float64")
+
+
+@pytest.mark.backend_independent
+def test_hard_distillation_is_deits_eq_3_on_a_fixed_batch():
+    # By hand: the teacher's decisions are argmax rows of TEACHER = [1, 0, 2, 1].
+    teacher_labels = np.array([1, 0, 2, 1])
+    by_hand = [0.5 * -log_softmax(CLASS)[i, LABELS[i]] + 0.5 * -log_softmax(DISTILLATION)[i, teacher_labels[i]]
+               for i in range(4)]
+    got = numpy_of(hard_distillation_loss(LABELS, CLASS, DISTILLATION, TEACHER, alpha=0.5))
+    np.testing.assert_allclose(got, by_hand, rtol=1e-6)
+    one_hot = np.eye(3, dtype="float32")[LABELS]
+    np.testing.assert_allclose(numpy_of(hard_distillation_loss(one_hot, CLASS, DISTILLATION, TEACHER)), by_hand,
+                               rtol=1e-6)
+
+
+@pytest.mark.backend_independent
+def test_soft_distillation_is_hintons_on_a_fixed_batch():
+    tau, alpha = 2.0, 0.3
+    teacher, student = np.exp(log_softmax(TEACHER / tau)), log_softmax(CLASS / tau)
+    kl = (teacher * (np.log(teacher) - student)).sum(-1)
+    by_hand = (1 - alpha) * -log_softmax(CLASS)[np.arange(4), LABELS] + alpha * tau**2 * kl
+    got = numpy_of(soft_distillation_loss(LABELS, CLASS, TEACHER, alpha=alpha, temperature=tau))
+    np.testing.assert_allclose(got, by_hand, rtol=1e-6)
+
+
+def two_headed_student():
+    """A student with DeiT's two heads: [class logits, distillation logits]."""
+    images = keras.Input((16, 16, 3))
+    features = keras.layers.GlobalAveragePooling2D()(images)
+    return keras.Model(images, [keras.layers.Dense(3, name="head")(features),
+                                keras.layers.Dense(3, name="head_dist")(features)])
+
+
+def test_fit_applies_deits_loss_with_the_teacher_in_inference_mode_and_frozen():
+    keras.utils.set_random_seed(0)
+    # Dropout in the teacher: were it run in training mode, its logits would differ from predict's.
+    teacher = keras_vit.ViT(hidden_size=16, mlp_dim=32, dropout_rate=0.5, **SIZES)
+    student = two_headed_student()
+    images = np.random.default_rng(1).uniform(-1, 1, (4, 16, 16, 3)).astype("float32")
+    distiller = Distiller(student, teacher, method="hard")
+    distiller.compile(optimizer=keras.optimizers.SGD(0.0))
+    teacher_weights = [w.copy() for w in teacher.get_weights()]
+    class_logits, distillation_logits = (numpy_of(o) for o in student(images))
+    expected = hard_distillation_loss(LABELS, class_logits, distillation_logits, numpy_of(teacher(images)))
+    applied = distiller.train_on_batch(images, LABELS)
+    np.testing.assert_allclose(applied, float(np.mean(numpy_of(expected))), rtol=1e-5)
+    distiller.compile(optimizer=keras.optimizers.Adam(0.1))
+    distiller.fit(images, LABELS, epochs=2, verbose=0)
+    for before, after in zip(teacher_weights, teacher.get_weights()):
+        np.testing.assert_array_equal(before, after)
+    np.testing.assert_allclose(numpy_of(distiller(images)), sum(numpy_of(o) for o in student(images)) / 2, atol=1e-6)
+
+
+@pytest.mark.backend_independent
+def test_a_bfloat16_teacher_teaches_a_float32_student():
+    teacher = keras_vit.ViT(hidden_size=16, mlp_dim=32, dtype="mixed_bfloat16", **SIZES)
+    distiller = Distiller(keras_vit.ViT(hidden_size=8, mlp_dim=16, **SIZES), teacher, method="soft", temperature=2.0)
+    distiller.compile(optimizer="adam", metrics=["accuracy"])
+    history = distiller.fit(np.zeros((4, 16, 16, 3), "float32"), LABELS, epochs=1, verbose=0)
+    assert np.isfinite(history.history["loss"][0]) and "accuracy" in history.history
+
+
+@pytest.mark.backend_independent
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(method="feature"), "Unknown distillation method 'feature'; expected one of ('hard', 'soft')."),
+    (dict(alpha=1.5), "alpha must be in [0, 1] and temperature positive, got alpha=1.5, temperature=1.0."),
+])
+def test_refusals(kwargs, message):
+    model = keras_vit.ViT(hidden_size=8, mlp_dim=16, **SIZES)
+    with pytest.raises(ValueError) as error:
+        Distiller(model, model, **kwargs)
+    assert str(error.value) == message
