@@ -143,6 +143,15 @@ def test_naflex_saved_model_keeps_batch_and_sequence_length_open(tmp_path):
         np.testing.assert_allclose(served.serve(batch).numpy(), predict(naflex, batch), atol=1e-5, rtol=0)
 
 
+@pytest.mark.skipif(BACKEND != "tensorflow", reason="LiteRT is exported through TensorFlow")
+def test_naflex_litert_export_is_refused_in_one_line(tmp_path):
+    with pytest.raises(ValueError) as error:
+        random_pair()[1].export(str(tmp_path / "naflex.tflite"), format="litert")
+    assert str(error.value) == ("vit is a NaFlex model, whose open sequence length LiteRT runs only with TensorFlow's "
+                                "Flex ops: export it to onnx or tf_saved_model.")
+    assert not list(tmp_path.iterdir())
+
+
 def changed(**changes):
     batch = batch_of(images_of(SHAPES, seed=7), 4, length=30)
     for key, change in changes.items():

@@ -15,7 +15,7 @@ what a ViT needs around it:
   size its position table was trained at, and says so;
 - a NaFlex model's three inputs (patches, patch_grid, patch_mask) keep the
   batch and the sequence length open, on TensorFlow and PyTorch; JAX's
-  exporters cannot, which it says;
+  exporters and LiteRT cannot, which it says;
 - LoRA adapters are merged into the kernels first (equal outputs, plain ops);
 - a SavedModel keeps the model's precision (`dtype=`); ONNX and LiteRT take
   float32 models (their CPU runtimes have no bfloat16 convolution);
@@ -138,6 +138,10 @@ def export_model(model, filepath, format="tf_saved_model", verbose=None, input_s
         # and jax2tf cannot solve the sequence length plus the prefix tokens.
         raise ValueError(f"{model.name} is a NaFlex model, whose open sequence length the jax backend does not "
                          f"export to {format}: export it on the tensorflow backend (KERAS_BACKEND=tensorflow).")
+    if format == "litert" and is_naflex(model):
+        # Measured: the converter keeps FlexStridedSlice ops, which the LiteRT interpreter does not run.
+        raise ValueError(f"{model.name} is a NaFlex model, whose open sequence length LiteRT runs only with "
+                         "TensorFlow's Flex ops: export it to onnx or tf_saved_model.")
     precision = model.get_layer("embedding").compute_dtype
     if format != "tf_saved_model" and precision != "float32":
         runtime = "ONNX Runtime" if format == "onnx" else "LiteRT"
