@@ -34,7 +34,7 @@ from keras_vit.model.lora import enable_lora, merge_lora
 from keras_vit.model.variants import VARIANTS, Variant, decode_variant
 from keras_vit.model.vision_transformer import eval_transform
 from keras_vit.tools import analysis
-from keras_vit.tools.features import feature_extractor
+from keras_vit.tools.features import feature_extractor, naflex_feature_maps
 from keras_vit.training import distribute, durable, recipes  # recipes registers the optimizers saved in .keras files
 from keras_vit.training.masked_patch import MaskedPatchPretrainer, PatchCorruption, mean_colour_bins
 
@@ -59,6 +59,7 @@ __all__ = MOVED_MODULES + [
     "enable_lora",
     "eval_transform",
     "feature_extractor",
+    "naflex_feature_maps",
     "from_pretrained",
     "layers",
     "mean_colour_bins",

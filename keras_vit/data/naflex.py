@@ -180,8 +180,11 @@ def naflex_batch(images, patch_size, max_patches, rule="siglip2", interpolation=
             "patch_mask": np.arange(length)[None, :] < valid[:, None]}
 
 
-def check_naflex_batch(batch, patch_size):
-    """Raise a one-line ValueError naming what is wrong with a NaFlex batch (the module's layout), and the fix."""
+def check_naflex_shapes(batch, patch_size):
+    """`check_naflex_batch` on the keys, shapes and dtypes alone: arrays, tensors or `keras.KerasTensor`s.
+
+    An unknown size (None, as a traced or symbolic tensor has) passes; returns the keys in the layout's order.
+    """
     if not hasattr(batch, "keys"):
         raise ValueError(f"A NaFlex batch is a dict of {list(LAYOUT)}, got {type(batch).__name__}; make it with "
                          "keras_vit.data.naflex_batch.")
@@ -191,22 +194,42 @@ def check_naflex_batch(batch, patch_size):
             fix = f"rename {other!r} to {key!r}" if other else f"add {key!r}: {holds}"
             raise ValueError(f"The NaFlex batch has no {key!r} (its keys: {sorted(batch.keys())}); {fix}, as "
                              "keras_vit.data.naflex_batch makes it.")
-    patches, grid, mask = (np.asarray(batch[key]) for key in LAYOUT)
+    patches, grid, mask = (batch[key] if hasattr(batch[key], "shape") else np.asarray(batch[key]) for key in LAYOUT)
+    (shape, dtype), (grid_shape, grid_dtype), (mask_shape, mask_dtype) = (_shape_and_dtype(x) for x in
+                                                                          (patches, grid, mask))
     patch = _positive(patch_size, "patch_size")
-    if patches.ndim != 3 or not np.issubdtype(patches.dtype, np.floating):
-        raise ValueError(f"patches must be {LAYOUT['patches']}, got {patches.dtype} of shape {patches.shape}.")
-    if patches.shape[-1] != patch * patch * 3:
-        side = math.isqrt(patches.shape[-1] // 3)
-        seen = f" (patches of {side} pixels)" if 3 * side * side == patches.shape[-1] else ""
-        raise ValueError(f"patches hold {patches.shape[-1]} values each{seen} but patch_size {patch} takes "
+    if len(shape) != 3 or not np.issubdtype(dtype, np.floating):
+        raise ValueError(f"patches must be {LAYOUT['patches']}, got {dtype} of shape {shape}.")
+    if shape[-1] not in (None, patch * patch * 3):
+        side = math.isqrt(shape[-1] // 3)
+        seen = f" (patches of {side} pixels)" if 3 * side * side == shape[-1] else ""
+        raise ValueError(f"patches hold {shape[-1]} values each{seen} but patch_size {patch} takes "
                          f"{patch * patch * 3} ({patch}x{patch} pixels x 3 channels); cut the images with "
                          f"patch_size={patch} or use a model of the patch size they were cut with.")
-    if grid.shape != (len(patches), 2) or not np.issubdtype(grid.dtype, np.integer):
-        raise ValueError(f"patch_grid must be {LAYOUT['patch_grid']} for {len(patches)} images, got {grid.dtype} "
-                         f"of shape {grid.shape}.")
-    if mask.shape != patches.shape[:2] or mask.dtype != bool:
-        raise ValueError(f"patch_mask must be {LAYOUT['patch_mask']} of shape {patches.shape[:2]} as patches, got "
-                         f"{mask.dtype} of shape {mask.shape}; a 0/1 mask is mask.astype(bool).")
+    if not _same_shape(grid_shape, (shape[0], 2)) or not np.issubdtype(grid_dtype, np.integer):
+        images = "" if shape[0] is None else f" for {shape[0]} images"
+        raise ValueError(f"patch_grid must be {LAYOUT['patch_grid']}{images}, got {grid_dtype} "
+                         f"of shape {grid_shape}.")
+    if not _same_shape(mask_shape, shape[:2]) or mask_dtype != bool:
+        raise ValueError(f"patch_mask must be {LAYOUT['patch_mask']} of shape {shape[:2]} as patches, got "
+                         f"{mask_dtype} of shape {mask_shape}; a 0/1 mask is mask.astype(bool).")
+    return tuple(LAYOUT)
+
+
+def _shape_and_dtype(x):
+    """`(shape with None for unknown sizes, numpy dtype)` of an array, a tensor of any backend or a KerasTensor."""
+    shape = tuple(d if isinstance(d, (int, np.integer)) else None for d in x.shape)
+    dtype = x.dtype if isinstance(x.dtype, np.dtype) else getattr(x.dtype, "name", None) or str(x.dtype)
+    return tuple(None if d is None else int(d) for d in shape), np.dtype(str(dtype).removeprefix("torch."))
+
+
+def _same_shape(found, expected):
+    return len(found) == len(expected) and all(f is None or e is None or f == e for f, e in zip(found, expected))
+
+
+def check_naflex_batch(batch, patch_size):
+    """Raise a one-line ValueError naming what is wrong with a NaFlex batch (the module's layout), and the fix."""
+    patches, grid, mask = (np.asarray(batch[key]) for key in check_naflex_shapes(batch, patch_size))
     length = patches.shape[1]
     for index, ((rows, columns), flags) in enumerate(zip(grid.tolist(), mask)):
         count, marked = rows * columns, int(flags.sum())

@@ -46,8 +46,8 @@ def token_grid_indices(tokens, patch_grid):
 
     Padding tokens (past `rows * cols`) get the last row, any column: their values reach no valid token.
     """
-    count = ops.shape(tokens)[1]
-    index = ops.expand_dims(ops.arange(0, count, 1, dtype="float32"), 0)
+    # A running count, not `arange(count)`: jax2onnx writes an arange of a symbolic length as one of length 0.
+    index = ops.cumsum(ops.ones_like(tokens[:1, :, 0], dtype="float32"), axis=1) - 1.0
     grid = ops.cast(patch_grid, "float32")
     rows, cols = grid[:, 0:1], grid[:, 1:2]
     row = ops.floor(index / cols)
@@ -185,7 +185,7 @@ class NaFlexPositionEmbedding(keras.layers.Layer):
         if in_rows * in_cols <= _DENSE_TABLE_POSITIONS:
             weights = ops.expand_dims(row_weights, -1) * ops.expand_dims(col_weights, -2)
             weights = ops.reshape(weights, (ops.shape(weights)[0], ops.shape(weights)[1], in_rows * in_cols))
-            positions = ops.matmul(weights, patch_table)
+            positions = ops.einsum("bnk,kd->bnd", weights, patch_table)  # tf2onnx mis-sizes TF's batched matmul
         else:  # Without anti-aliasing each axis has at most 4 taps: gather them instead of a product over the table.
             taps = 2 if self.interpolation == "bilinear" else 4
             _, row_taps = ops.top_k(ops.abs(row_weights), taps)

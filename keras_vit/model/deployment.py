@@ -13,6 +13,9 @@ what a ViT needs around it:
 - a dynamic-resolution model keeps height and width open on TensorFlow and
   PyTorch (whole patches); on JAX, whose exporters cannot, it exports at the
   size its position table was trained at, and says so;
+- a NaFlex model's three inputs (patches, patch_grid, patch_mask) keep the
+  batch and the sequence length open, on TensorFlow and PyTorch; JAX's
+  exporters and LiteRT cannot, which it says;
 - LoRA adapters are merged into the kernels first (equal outputs, plain ops);
 - a SavedModel keeps the model's precision (`dtype=`); ONNX and LiteRT take
   float32 models (their CPU runtimes have no bfloat16 convolution);
@@ -36,6 +39,7 @@ import warnings
 import keras
 
 from keras_vit.configs import FORMATS, QUANTIZE_MODES
+from keras_vit.model.description import is_naflex
 from keras_vit.model.lora import merge_lora
 from keras_vit.utils import files
 from keras_vit.utils.keras_internals import has_been_called, sublayers
@@ -129,6 +133,15 @@ def export_model(model, filepath, format="tf_saved_model", verbose=None, input_s
         raise ValueError(f"{model.name} is a hybrid, whose ResNet the {keras.backend.backend()} backend does not "
                          "export to ONNX correctly: export it on the tensorflow backend "
                          "(KERAS_BACKEND=tensorflow keras-vit export ...).")
+    if keras.backend.backend() == "jax" and is_naflex(model):
+        # Measured: jax2onnx gives the prefix tokens and the patches one symbolic length (onnxruntime then fails),
+        # and jax2tf cannot solve the sequence length plus the prefix tokens.
+        raise ValueError(f"{model.name} is a NaFlex model, whose open sequence length the jax backend does not "
+                         f"export to {format}: export it on the tensorflow backend (KERAS_BACKEND=tensorflow).")
+    if format == "litert" and is_naflex(model):
+        # Measured: the converter keeps FlexStridedSlice ops, which the LiteRT interpreter does not run.
+        raise ValueError(f"{model.name} is a NaFlex model, whose open sequence length LiteRT runs only with "
+                         "TensorFlow's Flex ops: export it to onnx or tf_saved_model.")
     precision = model.get_layer("embedding").compute_dtype
     if format != "tf_saved_model" and precision != "float32":
         runtime = "ONNX Runtime" if format == "onnx" else "LiteRT"
@@ -145,7 +158,8 @@ def export_model(model, filepath, format="tf_saved_model", verbose=None, input_s
     if input_signature is None:
         input_signature = [_default_input_spec(model, native_image_size, filepath)]
     if not has_been_called(model):  # Keras' ONNX export asks for it; `predict` on JAX never sets it.
-        model(keras.KerasTensor(input_signature[0].shape, dtype=input_signature[0].dtype))
+        model(keras.tree.map_structure(lambda spec: keras.KerasTensor(spec.shape, dtype=spec.dtype),
+                                       input_signature[0]))
     # ONNX's exporters write weights over their thresholds to `<file>.data`, which the `.onnx` names.
     writing = files.atomic_path_with_sidecars if format == "onnx" else files.atomic_path
     with writing(filepath) as path:
@@ -180,7 +194,13 @@ def _plain_copy(model, quantize):
 
 
 def _default_input_spec(model, native_image_size, filepath):
-    """The model's input with a dynamic batch; on JAX a dynamic-resolution model's native size, said."""
+    """The model's input with a dynamic batch; on JAX a dynamic-resolution model's native size, said.
+
+    A NaFlex model's is its three inputs, the batch and the sequence length both dynamic.
+    """
+    if is_naflex(model):
+        return {tensor.name: keras.InputSpec(shape=tensor.shape, dtype=tensor.dtype, name=tensor.name)
+                for tensor in model.inputs}
     shape = tuple(model.inputs[0].shape)
     if None in shape[1:3] and keras.backend.backend() == "jax" and native_image_size:
         shape = (None, *native_image_size, shape[3])
@@ -199,6 +219,8 @@ def _export_onnx_torch(model, path, spec, verbose, native_image_size, patch_pixe
     """
     import torch
 
+    if isinstance(spec, dict):
+        return _export_naflex_onnx_torch(model, path, spec, verbose)
     axes = {0: torch.export.Dim("batch", min=1)}
     size = spec.shape[1:3]
     if None in size:
@@ -214,3 +236,18 @@ def _export_onnx_torch(model, path, spec, verbose, native_image_size, patch_pixe
     program.save(path)
 
 
+def _export_naflex_onnx_torch(model, path, specs, verbose):
+    """A NaFlex model's three inputs, traced on 2 images of 4 x 4 patches, the batch and sequence length open."""
+    import torch
+
+    batch, length = torch.export.Dim("batch", min=1), torch.export.Dim("length", min=1)
+    width = specs["patches"].shape[-1]
+    sample = {"patches": torch.zeros((2, 16, width)), "patch_grid": torch.full((2, 2), 4, dtype=torch.int32),
+              "patch_mask": torch.ones((2, 16), dtype=torch.bool)}
+    axes = {"patches": {0: batch, 1: length}, "patch_grid": {0: batch}, "patch_mask": {0: batch, 1: length}}
+    model.eval()
+    # The empty dict is the keyword arguments: torch.onnx.export takes a trailing dict as them.
+    program = torch.onnx.export(model, (sample, {}), dynamo=True, input_names=list(sample),
+                                dynamic_shapes=((axes,),), verbose=bool(verbose))
+    program.optimize()
+    program.save(path)

@@ -8,8 +8,10 @@ checks the images at every entry point and carries its own description
 import numbers
 
 import keras
+import numpy as np
 
 from keras_vit.data import preprocessing
+from keras_vit.data.naflex import check_naflex_batch, check_naflex_shapes
 from keras_vit.model import deployment
 from keras_vit.model.description import describe, is_naflex, native_grid, read_description, sizes_of
 from keras_vit.utils.keras_internals import keep_variables_on_error
@@ -85,7 +87,10 @@ class VisionTransformer(keras.Model):
     variables empty. Here the model's `call` checks the images' size and
     layout (a grayscale or channels-first batch is named as such) whatever
     the entry point and the kind of data, and a step that fails puts the
-    weights back before it raises.
+    weights back before it raises. A NaFlex model checks its batch's keys and
+    shapes there, and the values of a batch of numpy arrays
+    (`keras_vit.data.check_naflex_batch`) before `__call__`, `fit`,
+    `evaluate` and `predict` compute anything.
 
     Example:
     >>> import numpy as np, keras_vit
@@ -138,7 +143,23 @@ class VisionTransformer(keras.Model):
     def __call__(self, *args, **kwargs):
         if args:
             self._check_images(args[0])
+            self._check_naflex_values(args[0])
         return super().__call__(*args, **kwargs)
+
+    def fit(self, x=None, *args, **kwargs):
+        self._check_naflex_values(x)
+        validation = kwargs.get("validation_data")
+        if isinstance(validation, (tuple, list)) and validation:
+            self._check_naflex_values(validation[0])
+        return super().fit(x, *args, **kwargs)
+
+    def evaluate(self, x=None, *args, **kwargs):
+        self._check_naflex_values(x)
+        return super().evaluate(x, *args, **kwargs)
+
+    def predict(self, x, *args, **kwargs):
+        self._check_naflex_values(x)
+        return super().predict(x, *args, **kwargs)
 
     def export(self, filepath, format="tf_saved_model", verbose=None, input_signature=None, **kwargs):
         """Keras' `export`, with a dynamic batch in every format and ONNX on every backend (`keras_vit.model.deployment`).
@@ -170,8 +191,24 @@ class VisionTransformer(keras.Model):
         self.predict_function = keep_variables_on_error(self, self.predict_function, "predict")
         return self.predict_function
 
+    def _check_naflex_values(self, x):
+        """A NaFlex model refuses a batch of numpy arrays that `check_naflex_batch` refuses, before any compute.
+
+        Only numpy arrays: the trainers hand each step eager tensors, whose values a check would copy off the
+        device at every step; `call` checks every batch's keys and shapes.
+        """
+        arrays = all(isinstance(x[key], np.ndarray) for key in x) if hasattr(x, "keys") else isinstance(x, np.ndarray)
+        if arrays and is_naflex(self):
+            check_naflex_batch(x, sizes_of(self).patch_size)
+
     def _check_images(self, x):
-        """Refuse another image size, or a grayscale or channels-first batch, with a message that says so."""
+        """Refuse another image size, or a grayscale or channels-first batch, with a message that says so.
+
+        A NaFlex model's batch is checked by `check_naflex_shapes` instead: its keys, shapes and dtypes.
+        """
+        if is_naflex(self):
+            check_naflex_shapes(x, sizes_of(self).patch_size)
+            return
         if len(self.inputs) != 1:
             return
         found = _images_shape(x)

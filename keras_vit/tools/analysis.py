@@ -20,8 +20,10 @@ import keras
 import numpy as np
 
 from keras_vit.data.imagenet import preprocess_input
+from keras_vit.data.naflex import check_naflex_batch, patchify
 from keras_vit.layers import TokenPooling
-from keras_vit.model.description import architecture_of, sizes_of
+from keras_vit.layers.naflex import NAFLEX_INPUTS
+from keras_vit.model.description import architecture_of, is_naflex, sizes_of
 from keras_vit.utils import files
 
 logger = logging.getLogger("keras_vit")
@@ -43,30 +45,50 @@ def attention_weights(model, images):
     """Attention probabilities of every layer: a list of `(batch, heads, tokens, tokens)` arrays.
 
     Runs the model's own embedding layers and `TransformerBlock`s, asking each
-    block for its weights, so the numbers are those the model computes.
+    block for its weights, so the numbers are those the model computes. A
+    NaFlex model takes its batch dict (`keras_vit.data.naflex_batch`): every
+    key its padding holds gets zero attention, and `naflex_attentions` cuts
+    each image's own tokens out.
 
     Example:
     >>> model = keras_vit.ViT(image_size=32, patch_size=8, hidden_size=32, num_layers=2, num_heads=2, mlp_dim=64)
     >>> [a.shape for a in attention_weights(model, np.zeros((1, 32, 32, 3)))]
     [(1, 2, 17, 17), (1, 2, 17, 17)]
     """
-    x = keras.ops.convert_to_tensor(np.asarray(images, "float32"))
+    if is_naflex(model):
+        check_naflex_batch(images, sizes_of(model).patch_size)
+        x = {key: np.asarray(images[key]) for key in NAFLEX_INPUTS}
+    else:
+        x = keras.ops.convert_to_tensor(np.asarray(images, "float32"))
     names = {layer.name for layer in model.layers}
-    # The model's own tokens as the first block receives them (prefix tokens, position embeddings, norm_pre).
+    # The model's own tokens as the first block receives them (prefix tokens, position embeddings, norm_pre), and
+    # what each block is called with: RoPE's token positions, a NaFlex batch's mask of its valid tokens.
     first = model.get_layer("encoderblock_0").input
     first = first[0] if isinstance(first, (list, tuple)) else first
-    rope = "rotary_positions" in names  # RoPE's token positions, which each block is called with
-    outputs = keras.Model(model.inputs, [first, model.get_layer("rotary_positions").output] if rope else first)(
-        x, training=False)
-    x, rotary = (outputs[0], {"rope_positions": outputs[1]}) if rope else (outputs, {})
+    given = {argument: model.get_layer(layer).output for argument, layer in
+             (("rope_positions", "rotary_positions"), ("key_mask", "token_mask")) if layer in names}
+    outputs = keras.Model(model.input, [first, *given.values()] if given else first)(x, training=False)
+    x, options = (outputs[0], dict(zip(given, outputs[1:]))) if given else (outputs, {})
     attentions = []
     index = 0
     while f"encoderblock_{index}" in names:
         block = model.get_layer(f"encoderblock_{index}")
-        x, weights = block(x, training=False, return_attention_weights=True, **rotary)
+        x, weights = block(x, training=False, return_attention_weights=True, **options)
         attentions.append(_numpy(weights).astype("float32"))
         index += 1
     return attentions
+
+
+def naflex_attentions(attentions, patch_grid, num_prefix_tokens):
+    """Each image's own attentions from a NaFlex batch's: a list (per image) of per-layer `(1, heads, t, t)` arrays.
+
+    `t` is the image's prefix tokens plus its `rows * cols` patches, so
+    `attention_rollout`, `rollout_map` and `mean_attention_distance` take
+    them at the image's own grid.
+    """
+    grids = np.asarray(patch_grid).reshape(-1, 2).tolist()
+    return [[np.asarray(layer)[index:index + 1, :, :count, :count] for layer in attentions]
+            for index, count in enumerate(num_prefix_tokens + rows * cols for rows, cols in grids)]
 
 
 def attention_rollout(attentions, head_fusion="mean", discard_ratio=0.0, residual=True):
@@ -252,19 +274,21 @@ def feature_model(model):
         if architecture.classifier == "map":
             raise ValueError(f"{model.name!r} returns its token sequence, without the attention pooling (MAP) its "
                              "head pools with; build it with include_top=False, pooling='map' for its features.")
-        pooled = TokenPooling(architecture.classifier, architecture.num_prefix_tokens)(model.output)
+        # A NaFlex model's padding is left out of the mean, as its own pooling leaves it out.
+        mask = {"token_mask": model.get_layer("token_mask").output} if is_naflex(model) else {}
+        pooled = TokenPooling(architecture.classifier, architecture.num_prefix_tokens)(model.output, **mask)
         return keras.Model(model.input, pooled)
     return model
 
 
 def extract_features(model, dataset, max_batches=None):
-    """Frozen features and labels, as numpy arrays, from a tf.data `(images, labels)` dataset."""
+    """Frozen features and labels, as numpy arrays, from a tf.data `(images, labels)` dataset (or NaFlex batches)."""
     features_of = feature_model(model)
     features, labels = [], []
     for index, (images, batch_labels) in enumerate(dataset):
         if max_batches is not None and index >= max_batches:
             break
-        features.append(_numpy(features_of(np.asarray(images), training=False)))
+        features.append(_numpy(features_of(keras.tree.map_structure(np.asarray, images), training=False)))
         batch_labels = np.asarray(batch_labels)
         labels.append(batch_labels.argmax(-1) if batch_labels.ndim == 2 else batch_labels)
     return np.concatenate(features), np.concatenate(labels)
@@ -354,16 +378,20 @@ def plot_attention_overlay(image, attention_map, path):
 def inspect(model, image, output_dir):
     """Write every figure for one model and one image (`[-1, 1]` or uint8) to `output_dir`.
 
-    The maps are on the image's own patch grid (a dynamic-resolution model
-    takes any size); a model without a learned position table (RoPE) has no
+    The maps are on the image's own patch grid (a dynamic-resolution or
+    NaFlex model takes any size of whole patches); a model without a learned position table (RoPE) has no
     position-embedding figure, which is said.
     """
 
     os.makedirs(output_dir, exist_ok=True)
     image = np.asarray(image)
     model_input = preprocess_input(image) if image.dtype == np.uint8 else image
-    attentions = attention_weights(model, model_input[None])
     patch_size = sizes_of(model).pixels_per_patch  # In pixels, also for a hybrid.
+    if is_naflex(model):  # The image's patches at its own grid, a batch of one with no padding.
+        patches, grid = patchify(np.asarray(model_input, "float32"), patch_size)
+        model_input = {"patches": patches, "patch_grid": np.array(grid, "int32"),
+                       "patch_mask": np.ones(len(patches), bool)}
+    attentions = attention_weights(model, keras.tree.map_structure(lambda x: x[None], model_input))
     grid_size = (image.shape[0] // patch_size, image.shape[1] // patch_size)  # The image's, not the table's
     prefix = architecture_of(model).num_prefix_tokens
     written = {}

@@ -5,14 +5,22 @@ plain or hybrid, with or without its top) into a `keras.Model` whose outputs
 are chosen blocks' patch tokens, laid out as `(batch, rows, cols, hidden)`
 maps: what timm's `forward_intermediates` returns, as a Keras model that
 trains, saves and exports like any other.
+
+A NaFlex model's images each have their own grid, so one batch has no one
+map shape: as timm's `forward_intermediates` does for NaFlex inputs (NLC
+only), its features are `(batch, patches, hidden)` sequences (prefix
+tokens dropped, padding positions kept) from its three inputs, and
+`naflex_feature_maps(features, patch_grid)` lays each image's valid
+patches out as its own `(rows, cols, hidden)` map.
 """
 
 import numbers
 
 import keras
+import numpy as np
 from keras import ops
 
-from keras_vit.model.description import architecture_of, native_grid
+from keras_vit.model.description import architecture_of, is_naflex, native_grid
 
 
 @keras.saving.register_keras_serializable(package="keras_vit")
@@ -102,6 +110,11 @@ def feature_extractor(model, blocks, spatial=True, norm=False, name=None):
                 f"use 0 to {depth - 1} (or -{depth} to -1 from the end)."
             )
         chosen.append(int(index) % depth)
+    naflex = is_naflex(model)
+    if naflex and spatial:
+        raise ValueError(f"{model.name!r} is a NaFlex model, whose images each have their own grid: pass "
+                         "spatial=False for (batch, patches, hidden) features, and lay each image's out with "
+                         "keras_vit.naflex_feature_maps(features, batch['patch_grid']).")
     grid_size = native_grid(model)
     embedding = model.get_layer("embedding")
     dynamic = len(embedding.output.shape) == 4  # The dynamic model's patch grid, read on every call.
@@ -113,5 +126,30 @@ def feature_extractor(model, blocks, spatial=True, norm=False, name=None):
         if norm and any(layer.name == "encoder_norm" for layer in model.layers):  # fc_norm models have none
             features = model.get_layer("encoder_norm")(features)
         outputs.append(tokens(features, patch_grid=embedding.output) if dynamic else tokens(features))
-    inputs = model.inputs[0] if len(model.inputs) == 1 else model.inputs
+    inputs = model.input if naflex else model.inputs[0] if len(model.inputs) == 1 else model.inputs
     return keras.Model(inputs, outputs, name=name or f"{model.name}_features")
+
+
+def naflex_feature_maps(features, patch_grid):
+    """Each image's `(rows, cols, hidden)` map, a list of numpy arrays, from a NaFlex model's features.
+
+    `features` is `(batch, patches, hidden)`, one output of
+    `feature_extractor(naflex_model, blocks, spatial=False)`; `patch_grid`
+    the batch's `(batch, 2)` grids. An image's map holds its first
+    `rows * cols` patches (the valid ones), row-major.
+
+    Example:
+    >>> [m.shape for m in naflex_feature_maps(np.zeros((2, 6, 8)), np.array([[2, 3], [1, 4]]))]
+    [(2, 3, 8), (1, 4, 8)]
+    """
+    features = np.asarray(keras.ops.convert_to_numpy(features))
+    grids = np.asarray(keras.ops.convert_to_numpy(patch_grid)).reshape(-1, 2).tolist()
+    if features.ndim != 3 or len(grids) != len(features):
+        raise ValueError(f"naflex_feature_maps takes (batch, patches, hidden) features and the batch's (batch, 2) "
+                         f"patch_grid; got features of shape {features.shape} and {len(grids)} grids.")
+    too_long = [index for index, (rows, cols) in enumerate(grids) if rows * cols > features.shape[1]]
+    if too_long:
+        rows, cols = grids[too_long[0]]
+        raise ValueError(f"patch_grid of image {too_long[0]} is ({rows}, {cols}), more than the {features.shape[1]} "
+                         "patches of its features; pass the patch_grid of the batch the features came from.")
+    return [image[: rows * cols].reshape(rows, cols, -1) for image, (rows, cols) in zip(features, grids)]

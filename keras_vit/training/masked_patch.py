@@ -11,7 +11,7 @@ with plain `fit` on images alone; its `encoder` is then fine-tuned as usual.
 import keras
 from keras import ops
 
-from keras_vit.model.description import architecture_of
+from keras_vit.model.description import architecture_of, is_naflex
 from keras_vit.utils.shapes import as_pair
 
 
@@ -192,6 +192,10 @@ class MaskedPatchPretrainer(keras.Model):
                 "encoder must be a keras_vit ViT model with layers named 'embedding' and "
                 f"'position_embedding'; {getattr(encoder, 'name', encoder)!r} lacks {missing or 'them'}."
             )
+        if is_naflex(encoder):
+            raise ValueError(f"{encoder.name!r} is a NaFlex model, whose patches come cut, and masked-patch "
+                             "prediction corrupts the patches of whole images: pretrain the image model of the same "
+                             "sizes (keras_vit.ViT without naflex=True), whose weights a NaFlex model runs unchanged.")
         output_shape = encoder.output_shape
         if not isinstance(output_shape, tuple) or len(output_shape) != 3:
             raise ValueError(

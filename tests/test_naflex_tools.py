@@ -1,0 +1,203 @@
+"""Every tool on NaFlex models: features, attention, LoRA, int8, export, input checks; or a one-line refusal."""
+
+import warnings
+
+import keras
+import numpy as np
+import pytest
+from conftest import predict
+from test_naflex import SHAPES, TINY, as_naflex, batch_of, images_of
+
+import keras_vit
+from keras_vit.tools import analysis
+from keras_vit.tools.features import feature_extractor, naflex_feature_maps
+
+BACKEND = keras.backend.backend()
+
+
+def random_pair(**switches):
+    """A dynamic-resolution model with random values in every tensor, and the NaFlex model with its weights."""
+    keras.utils.set_random_seed(1)
+    dynamic = keras_vit.ViT(image_size=(None, None), **TINY, classes=3, classifier_activation=None, **switches)
+    for weight in dynamic.weights:
+        weight.assign(np.random.default_rng(len(weight.path)).normal(0, 0.5, weight.shape).astype("float32"))
+    return dynamic, as_naflex(dynamic, **TINY, classes=3, classifier_activation=None)
+
+
+@pytest.mark.backend_independent
+def test_naflex_features_are_each_images_own_map_as_the_dynamic_model_gives_it():
+    dynamic, naflex = random_pair(register_tokens=1)
+    images = images_of(SHAPES)
+    batch = batch_of(images, 4, length=30)
+    outputs = feature_extractor(naflex, (0, -1), spatial=False, norm=True)(batch)
+    assert [tuple(o.shape) for o in outputs] == [(3, 30, 16)] * 2
+    maps = [naflex_feature_maps(output, batch["patch_grid"]) for output in outputs]
+    alone = feature_extractor(dynamic, (0, -1), norm=True)
+    for index, image in enumerate(images):
+        for block, expected in enumerate(alone(image[None])):
+            np.testing.assert_allclose(maps[block][index], keras.ops.convert_to_numpy(expected)[0], atol=2e-5,
+                                       rtol=0, err_msg=f"image {index} block {block}")
+    with pytest.raises(ValueError) as error:
+        feature_extractor(naflex, (0,))
+    assert str(error.value) == (
+        "'vit' is a NaFlex model, whose images each have their own grid: pass spatial=False for (batch, patches, "
+        "hidden) features, and lay each image's out with keras_vit.naflex_feature_maps(features, "
+        "batch['patch_grid']).")
+
+
+@pytest.mark.backend_independent
+@pytest.mark.parametrize("switches", [dict(register_tokens=1), dict(rope="axial", classifier="gap",
+                                                                    class_token=False, position_embedding=False)])
+def test_naflex_attention_leaves_the_padding_out_and_is_each_images_own(switches):
+    dynamic, naflex = random_pair(**switches)
+    images = images_of(SHAPES, seed=2)
+    batch = batch_of(images, 4, length=30)
+    attentions = analysis.attention_weights(naflex, batch)
+    prefix = naflex.architecture.num_prefix_tokens
+    valid = np.concatenate([np.ones((3, prefix), bool), batch["patch_mask"]], axis=1)
+    for layer in attentions:
+        assert layer.shape == (3, 2, prefix + 30, prefix + 30)
+        assert not layer.transpose(0, 3, 1, 2)[~valid].any()  # no query attends to a padding key
+    for index, (image, own) in enumerate(zip(images, analysis.naflex_attentions(attentions, batch["patch_grid"],
+                                                                                 prefix))):
+        expected = analysis.attention_weights(dynamic, image[None])
+        for layer, (got, want) in enumerate(zip(own, expected)):
+            np.testing.assert_allclose(got, want, atol=2e-6, rtol=0, err_msg=f"image {index} layer {layer}")
+        if prefix and naflex.architecture.class_token:  # rollout at the image's own grid
+            grid = tuple(batch["patch_grid"][index])
+            np.testing.assert_allclose(
+                analysis.rollout_map(analysis.attention_rollout(own, discard_ratio=0.5), grid, prefix),
+                analysis.rollout_map(analysis.attention_rollout(expected, discard_ratio=0.5), grid, prefix),
+                atol=1e-5, rtol=0)
+
+
+@pytest.mark.backend_independent
+def test_naflex_inspect_writes_every_figure_on_the_images_own_grid(tmp_path):
+    naflex = keras_vit.ViT(naflex=True, image_size=16, **TINY, include_top=False)  # a 4 x 4 position table
+    written = analysis.inspect(naflex, np.zeros((12, 20, 3), "uint8"), str(tmp_path))
+    assert sorted(written) == ["attention_rollout", "embedding_filters", "mean_attention_distance",
+                               "position_embedding_similarity"]
+
+
+@pytest.mark.backend_independent
+def test_lora_on_a_naflex_model_trains_one_step_and_survives_a_keras_file(tmp_path):
+    _, naflex = random_pair()
+    keras_vit.enable_lora(naflex, rank=2)
+    batch = batch_of(images_of(SHAPES, seed=3), 4, length=30)
+    before = predict(naflex, batch)
+    adapters = {w.path: keras.ops.convert_to_numpy(w) for w in naflex.trainable_weights if "lora_kernel_b" in w.path}
+    naflex.compile(optimizer=keras.optimizers.SGD(0.1), loss=keras.losses.SparseCategoricalCrossentropy(True))
+    naflex.fit(batch, np.array([0, 1, 2]), epochs=1, verbose=0)
+    trained = {w.path: keras.ops.convert_to_numpy(w) for w in naflex.trainable_weights if w.path in adapters}
+    assert all(np.abs(trained[path] - adapters[path]).max() > 0 for path in adapters)
+    after = predict(naflex, batch)
+    assert np.abs(after - before).max() > 0
+    naflex.save(str(tmp_path / "lora.keras"))
+    loaded = keras.saving.load_model(str(tmp_path / "lora.keras"))
+    np.testing.assert_allclose(predict(loaded, batch), after, atol=1e-5, rtol=0)
+    np.testing.assert_allclose(predict(keras_vit.merge_lora(naflex), batch), after, atol=1e-5, rtol=0)
+
+
+@pytest.mark.backend_independent
+def test_int8_naflex_model_is_close_to_float_and_survives_a_keras_file(tmp_path):
+    _, naflex = random_pair()
+    batch = batch_of(images_of(SHAPES, seed=4), 4, length=30)
+    expected = predict(naflex, batch)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        naflex.quantize("int8")
+    quantized = predict(naflex, batch)
+    assert 0 < np.abs(quantized - expected).max() < 0.05 * np.abs(expected).max()
+    naflex.save(str(tmp_path / "int8.keras"))
+    np.testing.assert_array_equal(predict(keras.saving.load_model(str(tmp_path / "int8.keras")), batch), quantized)
+
+
+def test_naflex_onnx_export_keeps_batch_and_sequence_length_open(tmp_path):
+    pytest.importorskip("onnxruntime")
+    _, naflex = random_pair(register_tokens=1)
+    path = str(tmp_path / "naflex.onnx")
+    if BACKEND == "jax":
+        with pytest.raises(ValueError) as error:
+            naflex.export(path, format="onnx")
+        assert str(error.value) == ("vit is a NaFlex model, whose open sequence length the jax backend does not "
+                                    "export to onnx: export it on the tensorflow backend (KERAS_BACKEND=tensorflow).")
+        return
+    import onnxruntime
+
+    naflex.export(path, format="onnx", verbose=False)
+    session = onnxruntime.InferenceSession(path, providers=["CPUExecutionProvider"])
+    assert {feed.name for feed in session.get_inputs()} == {"patches", "patch_grid", "patch_mask"}
+    for batch in (batch_of(images_of(SHAPES, seed=5), 4, length=30), batch_of(images_of(SHAPES[:1]), 4, length=44)):
+        (served,) = session.run(None, batch)
+        np.testing.assert_allclose(served, predict(naflex, batch), atol=1e-4, rtol=0)
+
+
+@pytest.mark.skipif(BACKEND != "tensorflow", reason="a SavedModel is read back by TensorFlow in this process")
+def test_naflex_saved_model_keeps_batch_and_sequence_length_open(tmp_path):
+    import tensorflow as tf
+
+    _, naflex = random_pair()
+    naflex.export(str(tmp_path / "saved"), format="tf_saved_model", verbose=False)
+    served = tf.saved_model.load(str(tmp_path / "saved"))
+    for batch in (batch_of(images_of(SHAPES, seed=6), 4, length=30), batch_of(images_of(SHAPES[:1]), 4, length=44)):
+        np.testing.assert_allclose(served.serve(batch).numpy(), predict(naflex, batch), atol=1e-5, rtol=0)
+
+
+@pytest.mark.skipif(BACKEND != "tensorflow", reason="LiteRT is exported through TensorFlow")
+def test_naflex_litert_export_is_refused_in_one_line(tmp_path):
+    with pytest.raises(ValueError) as error:
+        random_pair()[1].export(str(tmp_path / "naflex.tflite"), format="litert")
+    assert str(error.value) == ("vit is a NaFlex model, whose open sequence length LiteRT runs only with TensorFlow's "
+                                "Flex ops: export it to onnx or tf_saved_model.")
+    assert not list(tmp_path.iterdir())
+
+
+def changed(**changes):
+    batch = batch_of(images_of(SHAPES, seed=7), 4, length=30)
+    for key, change in changes.items():
+        batch[key] = change(batch[key])
+    return {key: value for key, value in batch.items() if value is not None}
+
+
+def one_more_valid(mask):
+    mask = mask.copy()
+    mask[0, 20] = True
+    return mask
+
+
+@pytest.mark.backend_independent
+@pytest.mark.parametrize("batch, message", [
+    (changed(patch_mask=one_more_valid),
+     "patch_mask of image 0 marks 16 valid patches but its patch_grid (3, 5) has 15; the first rows*cols positions "
+     "must be True and the rest False."),
+    (changed(patches=lambda p: p[..., :27]),
+     "patches hold 27 values each (patches of 3 pixels) but patch_size 4 takes 48 (4x4 pixels x 3 channels); cut "
+     "the images with patch_size=4 or use a model of the patch size they were cut with."),
+    (changed(patch_grid=lambda g: None),
+     "The NaFlex batch has no 'patch_grid' (its keys: ['patch_mask', 'patches']); add 'patch_grid': int32 (batch, "
+     "2), each image's (rows, columns) of patches, as keras_vit.data.naflex_batch makes it."),
+])
+@pytest.mark.parametrize("entry", ["call", "predict", "fit", "eager tensors"])
+def test_naflex_model_refuses_a_bad_batch_with_its_one_line_message_before_any_compute(batch, message, entry):
+    model = keras_vit.ViT(naflex=True, **TINY, classes=3)
+    weights = [keras.ops.convert_to_numpy(w) for w in model.weights]
+    if entry == "eager tensors" and "marks" in message:
+        pytest.skip("the values of eager tensors are not read: only their shapes")
+    run = {"call": lambda: model(batch), "predict": lambda: model.predict(batch, verbose=0),
+           "eager tensors": lambda: model({k: keras.ops.convert_to_tensor(v) for k, v in batch.items()}),
+           "fit": lambda: (model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy"),
+                           model.fit(batch, np.zeros(3), verbose=0))}[entry]
+    with pytest.raises(ValueError) as error:
+        run()
+    assert str(error.value) == message
+    assert all(np.array_equal(keras.ops.convert_to_numpy(w), v) for w, v in zip(model.weights, weights))
+
+
+@pytest.mark.backend_independent
+def test_masked_patch_pretraining_refuses_a_naflex_encoder_and_names_the_image_model():
+    with pytest.raises(ValueError) as error:
+        keras_vit.MaskedPatchPretrainer(keras_vit.ViT(naflex=True, **TINY, include_top=False))
+    assert str(error.value) == (
+        "'vit' is a NaFlex model, whose patches come cut, and masked-patch prediction corrupts the patches of whole "
+        "images: pretrain the image model of the same sizes (keras_vit.ViT without naflex=True), whose weights a "
+        "NaFlex model runs unchanged.")
