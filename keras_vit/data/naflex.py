@@ -54,6 +54,9 @@ from keras_vit.data.preprocessing import PILLOW_FILTERS
 DEFAULT_INTERPOLATION = {"siglip2": "bilinear", "timm": "bicubic"}
 # timm's create_naflex_loader(train_seq_lens=...) and NaFlexMapDatasetWrapper(seq_lens=...).
 DEFAULT_BUCKETS = (128, 256, 576, 784, 1024)
+# How keras_vit cuts a photo for a NaFlex model it built or trained (a checkpoint's reader records its library's):
+# naflex_batch's keywords.
+KERAS_VIT_PREPROCESSING = {"rule": "siglip2", "max_patches": 256, "interpolation": "bilinear"}
 # The binary search's threshold on the scale, as both libraries set it.
 _EPS = 1e-5
 # What each key holds, for the refusals; and the names transformers and timm give a key.
@@ -144,6 +147,19 @@ def bucket_length(valid_lengths, buckets=DEFAULT_BUCKETS):
                      f"add a bucket of at least {longest} or lower max_patches.")
 
 
+def sequence_lengths(max_patches, buckets=None):
+    """The lengths NaFlex batches of a `max_patches` budget pad to: `buckets` below it (None:
+    `DEFAULT_BUCKETS`), and the budget.
+
+    Example:
+    >>> sequence_lengths(256), sequence_lengths(600), sequence_lengths(256, buckets=())
+    ((128, 256), (128, 256, 576, 600), (256,))
+    """
+    budget = _positive(max_patches, "max_patches")
+    buckets = DEFAULT_BUCKETS if buckets is None else buckets
+    return tuple(b for b in _checked_buckets(buckets, allow_empty=True) if b < budget) + (budget,)
+
+
 def naflex_batch(images, patch_size, max_patches, rule="siglip2", interpolation=None, buckets=None):
     """A NaFlex batch (the module's layout) of `images`, uint8 or float `(height, width, 3)` arrays of any shapes.
 
@@ -160,8 +176,7 @@ def naflex_batch(images, patch_size, max_patches, rule="siglip2", interpolation=
     if interpolation not in PILLOW_FILTERS:
         raise ValueError(f"interpolation must be one of {tuple(PILLOW_FILTERS)}, got {interpolation!r}.")
     patch, budget = _positive(patch_size, "patch_size"), _positive(max_patches, "max_patches")
-    buckets = DEFAULT_BUCKETS if buckets is None else buckets
-    lengths = tuple(b for b in _checked_buckets(buckets, allow_empty=True) if b < budget) + (budget,)
+    lengths = sequence_lengths(budget, buckets)
     cut, grids = [], []
     for index, image in enumerate(images):
         image = _rgb_image(image, index)
@@ -178,6 +193,27 @@ def naflex_batch(images, patch_size, max_patches, rule="siglip2", interpolation=
         row[: len(patches)] = minus_one_to_one(patches)
     return {"patches": batch, "patch_grid": np.array(grids, "int32"),
             "patch_mask": np.arange(length)[None, :] < valid[:, None]}
+
+
+def naflex_preprocessing(preprocessing=None, max_patches=None, interpolation=None):
+    """`naflex_batch`'s keywords `{"rule", "max_patches", "interpolation"}`: `preprocessing` (a model's; None:
+    `KERAS_VIT_PREPROCESSING`) with `max_patches` or `interpolation` in place of its own where given, checked.
+
+    Example:
+    >>> naflex_preprocessing(max_patches=576)
+    {'rule': 'siglip2', 'max_patches': 576, 'interpolation': 'bilinear'}
+    """
+    chosen = dict(KERAS_VIT_PREPROCESSING if preprocessing is None else preprocessing)
+    if set(chosen) != set(KERAS_VIT_PREPROCESSING):
+        raise ValueError(f"NaFlex preprocessing takes the keys {sorted(KERAS_VIT_PREPROCESSING)}, got "
+                         f"{sorted(chosen)}.")
+    chosen.update({key: value for key, value in (("max_patches", max_patches), ("interpolation", interpolation))
+                   if value is not None})
+    _check_rule(chosen["rule"])
+    chosen["max_patches"] = _positive(chosen["max_patches"], "max_patches")
+    if chosen["interpolation"] not in PILLOW_FILTERS:
+        raise ValueError(f"interpolation must be one of {tuple(PILLOW_FILTERS)}, got {chosen['interpolation']!r}.")
+    return chosen
 
 
 def check_naflex_batch(batch, patch_size):

@@ -96,7 +96,7 @@ class VisionTransformer(keras.Model):
     """
 
     def __init__(self, *args, class_names=None, classifier=None, eval_transform=None, architecture=None, sizes=None,
-                 native_grid=None, **kwargs):
+                 native_grid=None, naflex_preprocessing=None, **kwargs):
         super().__init__(*args, **kwargs)
         # What it is (`keras_vit.model.description`): its `Architecture`, `Variant` sizes and position grid; None in a
         # model loaded from a `.keras` file saved before models carried them, which is read from its layers.
@@ -104,6 +104,8 @@ class VisionTransformer(keras.Model):
         self.native_grid = None if native_grid is None else tuple(native_grid)
         # How its checkpoint's library preprocesses a photo for evaluation (`keras_vit.data.preprocessing`), or None.
         self.eval_transform = eval_transform
+        # A NaFlex model's: how a photo is cut into its patches, `keras_vit.data.naflex_batch`'s keywords.
+        self.naflex_preprocessing = dict(naflex_preprocessing) if naflex_preprocessing else None
         # One name per output, where the checkpoint named its classes (transformers' id2label, timm's labels).
         self.class_names = list(class_names) if class_names else None
         # How its head pools ("token", "gap" or "map"): no layer shows it in a model without its top that returns
@@ -118,6 +120,8 @@ class VisionTransformer(keras.Model):
             config["classifier"] = self.classifier
         if self.eval_transform is not None:
             config["eval_transform"] = self.eval_transform.get_config()
+        if self.naflex_preprocessing:
+            config["naflex_preprocessing"] = dict(self.naflex_preprocessing)
         if self.architecture is not None and self.sizes is not None:
             config.update(describe(self.architecture, self.sizes, self.native_grid))
         return config
@@ -128,10 +132,12 @@ class VisionTransformer(keras.Model):
         class_names = config.pop("class_names", None)
         classifier = config.pop("classifier", None)
         transform = config.pop("eval_transform", None)
+        naflex_preprocessing = config.pop("naflex_preprocessing", None)
         architecture, sizes, grid = read_description(config)
         model = super().from_config(config, custom_objects=custom_objects)
         model.class_names, model.classifier = class_names, classifier
         model.architecture, model.sizes, model.native_grid = architecture, sizes, grid
+        model.naflex_preprocessing = naflex_preprocessing
         model.eval_transform = None if transform is None else preprocessing.EvalTransform.from_config(transform)
         return model
 
