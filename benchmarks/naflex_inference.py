@@ -15,7 +15,8 @@ The photos are generated uint8 arrays of camera sizes and aspect ratios
 (4:3, 3:4, 16:9, 9:16, 1:1, 3:1; decoding, the same for both, is left
 out). Each round times one batch of each, end to end (resize, patches,
 `predict_on_batch`) and the model alone, after a warm-up batch that
-compiles; the contenders alternate within each round. A row gives the
+compiles; the contenders alternate within each round, each first in every
+other round. A row gives the
 median img/s of the rounds with their min and max, and NaFlex's ratio to
 fixed, of the medians and the range of the per-round ratios.
 """
@@ -75,8 +76,8 @@ def main():
     for name in prepare:  # warm-up: compile each model's step
         network[name].predict_on_batch(prepare[name]())
     rates = {(name, part): [] for name in prepare for part in ("end to end", "model")}
-    for _ in range(args.rounds):
-        for name in prepare:
+    for round_ in range(args.rounds):
+        for name in list(prepare)[::1 if round_ % 2 else -1]:  # each goes first in every other round
             inputs, preparing = timed(prepare[name])
             _, running = timed(lambda: keras.ops.convert_to_numpy(network[name].predict_on_batch(inputs)))
             rates[name, "end to end"].append(args.batch / (preparing + running))

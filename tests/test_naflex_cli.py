@@ -1,5 +1,6 @@
 """`predict`, `evaluate` and `inspect` on NaFlex models: each photo whole, cut by the model's NaFlex preprocessing."""
 
+import dataclasses
 import os
 
 import keras
@@ -8,7 +9,8 @@ import pytest
 from PIL import Image
 
 import keras_vit
-from keras_vit import cli, data
+from conftest import SMALL, fixture
+from keras_vit import checkpoints, cli, data
 from keras_vit.data import arrays
 from keras_vit.data.naflex_batches import NaflexBatches
 from keras_vit.tools import inference
@@ -56,6 +58,11 @@ def test_a_naflex_model_keeps_its_preprocessing_through_a_keras_file(naflex_file
     loaded.save(str(tmp_path / "timm.keras"))
     assert keras.saving.load_model(str(tmp_path / "timm.keras")).naflex_preprocessing == loaded.naflex_preprocessing
     assert keras_vit.ViT(image_size=16, **TINY).naflex_preprocessing is None
+    # A checkpoint's reader records its library's preprocessing; the model built from it carries it.
+    timm = {"rule": "timm", "max_patches": 576, "interpolation": "bicubic"}
+    source = dataclasses.replace(checkpoints.read_weights(fixture("vit_token.npz"), None, (32, 32)), naflex=True,
+                                 naflex_preprocessing=timm)
+    assert keras_vit.ViT(**SMALL, weights=source).naflex_preprocessing == timm
 
 
 def test_predict_scores_each_whole_photo_as_the_model_scores_its_naflex_batch(naflex_file, tmp_path):
