@@ -127,12 +127,15 @@ def add_drop_remainder_flag(parser):
 
 
 def add_eval_transform_flags(parser):
-    """`--crop-fraction` and `--interpolation`: the checkpoint's own eval preprocessing, one field overridden."""
+    """`--crop-fraction`, `--interpolation`, `--max-patches` (NaFlex): the checkpoint's own eval preprocessing, one
+    field overridden."""
     group = parser.add_argument_group("preprocessing (default: the checkpoint's own: timm's pretrained_cfg, "
                                       "transformers' preprocessor_config.json, vit_jax's for .npz files)")
     group.add_argument("--crop-fraction", type=float, help="resize to the model's size / this, then centre-crop "
-                       "(timm's crop_pct)")
+                       "(timm's crop_pct; fixed-size models)")
     group.add_argument("--interpolation", choices=PILLOW_FILTERS, help="Pillow's resize filter")
+    group.add_argument("--max-patches", type=int, help="a NaFlex model's patch budget: each image keeps its aspect "
+                       "ratio at the most patches it fits (default: the checkpoint's, else 256)")
 
 
 def add_data_flags(parser, training=True):

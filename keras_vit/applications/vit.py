@@ -9,6 +9,7 @@ model is built.
 import dataclasses
 
 from keras_vit import checkpoints
+from keras_vit.data.naflex import naflex_preprocessing
 from keras_vit.layers import dtype_policy
 from keras_vit.model.architecture import Architecture, check_switches, resolve_architecture
 from keras_vit.model.graph import ModelOptions, build, position_grid
@@ -250,7 +251,16 @@ def ViT(
         dtype=policy,
     )
     if source is None:
-        return build(options, input_tensor)
+        model = build(options, input_tensor)
+    else:
+        model = _loaded(options, input_tensor, weights, source, include_top, classes)
+    if naflex:  # how a photo is cut into its patches: the checkpoint's library's, else keras_vit's own
+        model.naflex_preprocessing = naflex_preprocessing(source.naflex_preprocessing if source else None)
+    return model
+
+
+def _loaded(options, input_tensor, weights, source, include_top, classes):
+    """The model of `options` with `source`'s weights, class names and evaluation preprocessing."""
     if not isinstance(weights, checkpoints.WeightsSource):  # Read here for this model alone.
         source = dataclasses.replace(source, single_use=True)
     # Built without random values, which the checkpoint's would replace: the state loads into bare variables.
@@ -263,7 +273,6 @@ def ViT(
     if source.eval_transform is not None:  # the file's library's evaluation, at this model's size
         model.eval_transform = source.eval_transform.fitted_to(native_image_size(model))
     return model
-
 
 
 def _naflex_resize(naflex, source, aspect_preserving, align_corners):

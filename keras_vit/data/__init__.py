@@ -33,7 +33,9 @@ from keras_vit.data.naflex import (  # noqa: F401 (NaFlex batches: public here)
     check_naflex_batch,
     naflex_batch,
     naflex_image_size,
+    naflex_preprocessing,
     patchify,
+    sequence_lengths,
 )
 from keras_vit.data.augmenters import (  # noqa: F401 (make_augmenters: public here)
     make_augmenters,

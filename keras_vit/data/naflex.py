@@ -54,6 +54,9 @@ from keras_vit.data.preprocessing import PILLOW_FILTERS
 DEFAULT_INTERPOLATION = {"siglip2": "bilinear", "timm": "bicubic"}
 # timm's create_naflex_loader(train_seq_lens=...) and NaFlexMapDatasetWrapper(seq_lens=...).
 DEFAULT_BUCKETS = (128, 256, 576, 784, 1024)
+# How keras_vit cuts a photo for a NaFlex model it built or trained (a checkpoint's reader records its library's):
+# naflex_batch's keywords.
+KERAS_VIT_PREPROCESSING = {"rule": "siglip2", "max_patches": 256, "interpolation": "bilinear"}
 # The binary search's threshold on the scale, as both libraries set it.
 _EPS = 1e-5
 # What each key holds, for the refusals; and the names transformers and timm give a key.
@@ -144,6 +147,31 @@ def bucket_length(valid_lengths, buckets=DEFAULT_BUCKETS):
                      f"add a bucket of at least {longest} or lower max_patches.")
 
 
+def sequence_lengths(max_patches, buckets=None):
+    """The lengths NaFlex batches of a `max_patches` budget pad to: `buckets` below it (None:
+    `DEFAULT_BUCKETS`), and the budget.
+
+    Example:
+    >>> sequence_lengths(256), sequence_lengths(600), sequence_lengths(256, buckets=())
+    ((128, 256), (128, 256, 576, 600), (256,))
+    """
+    budget = _positive(max_patches, "max_patches")
+    buckets = DEFAULT_BUCKETS if buckets is None else buckets
+    return tuple(b for b in _checked_buckets(buckets, allow_empty=True) if b < budget) + (budget,)
+
+
+def naflex_resize(image, patch_size, max_patches, rule="siglip2", interpolation=None, index=0):
+    """`image` resized as `naflex_batch` resizes it before cutting it: to the largest grid of whole patches within
+    `max_patches` that keeps its aspect ratio (`naflex_image_size`), by Pillow's `interpolation`."""
+    _check_rule(rule)
+    interpolation = DEFAULT_INTERPOLATION[rule] if interpolation is None else interpolation
+    if interpolation not in PILLOW_FILTERS:
+        raise ValueError(f"interpolation must be one of {tuple(PILLOW_FILTERS)}, got {interpolation!r}.")
+    image = _rgb_image(image, index)
+    size = naflex_image_size(image.shape[0], image.shape[1], patch_size, max_patches, rule)
+    return _resized(image, size, interpolation)
+
+
 def naflex_batch(images, patch_size, max_patches, rule="siglip2", interpolation=None, buckets=None):
     """A NaFlex batch (the module's layout) of `images`, uint8 or float `(height, width, 3)` arrays of any shapes.
 
@@ -155,18 +183,11 @@ def naflex_batch(images, patch_size, max_patches, rule="siglip2", interpolation=
     (None: `DEFAULT_BUCKETS`, timm's NaFlex loader's) and `max_patches`.
     `buckets=()` pads every batch to `max_patches`, as transformers does.
     """
-    _check_rule(rule)
-    interpolation = DEFAULT_INTERPOLATION[rule] if interpolation is None else interpolation
-    if interpolation not in PILLOW_FILTERS:
-        raise ValueError(f"interpolation must be one of {tuple(PILLOW_FILTERS)}, got {interpolation!r}.")
     patch, budget = _positive(patch_size, "patch_size"), _positive(max_patches, "max_patches")
-    buckets = DEFAULT_BUCKETS if buckets is None else buckets
-    lengths = tuple(b for b in _checked_buckets(buckets, allow_empty=True) if b < budget) + (budget,)
+    lengths = sequence_lengths(budget, buckets)
     cut, grids = [], []
     for index, image in enumerate(images):
-        image = _rgb_image(image, index)
-        size = naflex_image_size(image.shape[0], image.shape[1], patch, budget, rule)
-        patches, grid = patchify(_resized(image, size, interpolation), patch)
+        patches, grid = patchify(naflex_resize(image, patch, budget, rule, interpolation, index), patch)
         cut.append(patches)
         grids.append(grid)
     if not cut:
@@ -180,10 +201,32 @@ def naflex_batch(images, patch_size, max_patches, rule="siglip2", interpolation=
             "patch_mask": np.arange(length)[None, :] < valid[:, None]}
 
 
+def naflex_preprocessing(preprocessing=None, max_patches=None, interpolation=None):
+    """`naflex_batch`'s keywords `{"rule", "max_patches", "interpolation"}`: `preprocessing` (a model's; None:
+    `KERAS_VIT_PREPROCESSING`) with `max_patches` or `interpolation` in place of its own where given, checked.
+
+    Example:
+    >>> naflex_preprocessing(max_patches=576)
+    {'rule': 'siglip2', 'max_patches': 576, 'interpolation': 'bilinear'}
+    """
+    chosen = dict(KERAS_VIT_PREPROCESSING if preprocessing is None else preprocessing)
+    if set(chosen) != set(KERAS_VIT_PREPROCESSING):
+        raise ValueError(f"NaFlex preprocessing takes the keys {sorted(KERAS_VIT_PREPROCESSING)}, got "
+                         f"{sorted(chosen)}.")
+    chosen.update({key: value for key, value in (("max_patches", max_patches), ("interpolation", interpolation))
+                   if value is not None})
+    _check_rule(chosen["rule"])
+    chosen["max_patches"] = _positive(chosen["max_patches"], "max_patches")
+    if chosen["interpolation"] not in PILLOW_FILTERS:
+        raise ValueError(f"interpolation must be one of {tuple(PILLOW_FILTERS)}, got {chosen['interpolation']!r}.")
+    return chosen
+
+
 def check_naflex_shapes(batch, patch_size):
     """`check_naflex_batch` on the keys, shapes and dtypes alone: arrays, tensors or `keras.KerasTensor`s.
 
     An unknown size (None, as a traced or symbolic tensor has) passes; returns the keys in the layout's order.
+    `patch_size=None` takes patches of any square size (a NaFlex model resamples its kernel to theirs).
     """
     if not hasattr(batch, "keys"):
         raise ValueError(f"A NaFlex batch is a dict of {list(LAYOUT)}, got {type(batch).__name__}; make it with "
@@ -197,10 +240,13 @@ def check_naflex_shapes(batch, patch_size):
     patches, grid, mask = (batch[key] if hasattr(batch[key], "shape") else np.asarray(batch[key]) for key in LAYOUT)
     (shape, dtype), (grid_shape, grid_dtype), (mask_shape, mask_dtype) = (_shape_and_dtype(x) for x in
                                                                           (patches, grid, mask))
-    patch = _positive(patch_size, "patch_size")
+    patch = None if patch_size is None else _positive(patch_size, "patch_size")
     if len(shape) != 3 or not np.issubdtype(dtype, np.floating):
         raise ValueError(f"patches must be {LAYOUT['patches']}, got {dtype} of shape {shape}.")
-    if shape[-1] not in (None, patch * patch * 3):
+    if patch is None and shape[-1] is not None and 3 * math.isqrt(shape[-1] // 3) ** 2 != shape[-1]:
+        raise ValueError(f"patches hold {shape[-1]} values each, which no square patch of 3 channels has "
+                         "(patch_size * patch_size * 3); cut the images with keras_vit.data.naflex_batch.")
+    if patch is not None and shape[-1] not in (None, patch * patch * 3):
         side = math.isqrt(shape[-1] // 3)
         seen = f" (patches of {side} pixels)" if 3 * side * side == shape[-1] else ""
         raise ValueError(f"patches hold {shape[-1]} values each{seen} but patch_size {patch} takes "

@@ -1,4 +1,4 @@
-"""NaFlex batches for training and evaluation, from a `keras_vit.data.Source`: `NaFlexBatches`, a `keras.utils.PyDataset`.
+"""NaFlex batches from a `keras_vit.data.Source`: `NaFlexBatches` (training), `NaFlexEvaluationBatches`, PyDatasets.
 
 timm's NaFlex loader, in keras_vit's pipeline: every training batch draws
 one sequence length from `seq_lens` (and, with `patch_sizes`, one patch
@@ -11,18 +11,32 @@ sequence length, so XLA compiles one program per (sequence length, patch
 size, batch size): one per bucket. `loss_scale` weighs every image of a
 batch by its batch size over the smallest batch's (`"linear"`, or its
 `"sqrt"`), timm's `--naflex-loss-scale`, handed to `model.fit` as sample
-weights. Evaluation pads every batch to `max(seq_lens)` (one program).
-`as_tf_dataset` hands the same batches to tf.data (for `TPUStrategy`).
+weights. `as_tf_dataset` hands the same batches to tf.data (for
+`TPUStrategy`).
+
+`NaFlexEvaluationBatches` is evaluation's pass: each example whole, keeping
+its aspect ratio, with as many patches as the budget allows; the examples
+grouped by the bucket their patch count pads to, every batch of one
+sequence length and `batch_size` rows (a bucket's last batch filled with
+rows of one zero patch and weight 0), so each step compiles once per
+bucket. Its batches are `(naflex batch, one-hot labels, weights)`: weight 1
+for an example, 0 for a filler row or an image file that cannot be decoded
+(left out, with a note naming it), so Keras' metrics count each example once.
 
 Example:
 >>> from keras_vit import data
 >>> (x, y), _ = data.digits(image_size=32)
 >>> batches = NaFlexBatches(data.from_arrays(x, y), patch_size=4, seq_lens=(16, 32), max_tokens=256)
->>> inputs, labels, weights = batches[0]
+>>> inputs, labels = batches[0]
 >>> sorted(inputs), inputs["patches"].shape[1] in (16, 32)
 (['patch_grid', 'patch_mask', 'patches'], True)
+>>> images, labels = np.zeros((3, 40, 60, 3), "uint8"), np.array([0, 1, 1])
+>>> x, y, weights = NaFlexEvaluationBatches(data.from_arrays(images, labels), 4, batch_size=2)[1]
+>>> x["patches"].shape, x["patch_grid"].tolist(), weights.tolist()
+((2, 256, 48), [[13, 19], [1, 1]], [1.0, 0.0])
 """
 
+import collections
 import logging
 import math
 
@@ -31,7 +45,8 @@ import numpy as np
 
 from keras_vit.data import arrays, philox
 from keras_vit.data.array_batches import FLIP_OFFSET, SKIPPED, epoch_key, example_order
-from keras_vit.data.naflex import naflex_batch
+from keras_vit.data.naflex import bucket_length, naflex_batch, naflex_image_size, naflex_preprocessing, \
+    sequence_lengths
 
 logger = logging.getLogger("keras_vit")
 
@@ -40,24 +55,22 @@ PLAN_OFFSET = 1 << 41  # a batch's sequence length and patch size are drawn from
 
 
 class NaFlexBatches(keras.utils.PyDataset):
-    """One pass over `source` (arrays or image files) in NaFlex batches `(inputs, labels[, sample weights])`.
+    """One training pass over `source` (arrays or image files) in NaFlex batches `(inputs, labels[, weights])`.
 
     Args:
         source: a `keras_vit.data.Source` that keeps `examples` (arrays, folders).
         patch_size: the pixels of one patch; `patch_sizes` draws one per training batch instead.
-        seq_lens: the sequence lengths (buckets) a training batch draws from; evaluation uses `max(seq_lens)`.
-        max_tokens: patches per training batch (`batch size = max_tokens // seq_len`).
-        batch_size: evaluation's batch size (default `max_tokens // max(seq_lens)`).
-        training: draw crops, flips, lengths and patch sizes; else resize whole images in the source's order.
+        seq_lens: the sequence lengths (buckets) a batch draws from.
+        max_tokens: patches per batch (`batch size = max_tokens // seq_len`).
         seed, epoch: the key of every draw; a resumed run sees the batches an uninterrupted one would.
         rule, interpolation: `naflex_batch`'s resize (default timm's rule and its bicubic filter).
-        min_crop_area, flip: the Inception crop's smallest area and the random horizontal flip (training).
+        min_crop_area, flip: the Inception crop's smallest area and the random horizontal flip.
         loss_scale: `"none"`, `"linear"` or `"sqrt"` (timm's `--naflex-loss-scale`): yields sample weights.
         one_hot, num_classes: labels as one-hot rows.
     """
 
-    def __init__(self, source, patch_size=16, seq_lens=(128, 256, 576), max_tokens=4096, batch_size=None,
-                 training=True, seed=0, epoch=0, rule="timm", interpolation=None, min_crop_area=0.08, flip=True,
+    def __init__(self, source, patch_size=16, seq_lens=(128, 256, 576), max_tokens=4096, seed=0, epoch=0,
+                 rule="timm", interpolation=None, min_crop_area=0.08, flip=True,
                  loss_scale="none", patch_sizes=None, one_hot=False, num_classes=None):
         super().__init__()
         if source.examples is None:
@@ -73,8 +86,7 @@ class NaFlexBatches(keras.utils.PyDataset):
             raise ValueError(f"max_tokens {max_tokens} holds no image of the longest sequence {max(self.seq_lens)}; "
                              f"pass max_tokens={max(self.seq_lens)} or more.")
         self.images, self.labels = source.examples
-        self.patch_size, self.max_tokens, self.training = int(patch_size), int(max_tokens), training
-        self.batch_size = int(batch_size or max_tokens // max(self.seq_lens))
+        self.patch_size, self.max_tokens = int(patch_size), int(max_tokens)
         self.key = (int(seed), int(epoch))
         self.rule, self.interpolation = rule, interpolation
         self.min_crop_area, self.flip, self.loss_scale = min_crop_area, flip, loss_scale
@@ -88,10 +100,6 @@ class NaFlexBatches(keras.utils.PyDataset):
     def _plan(self):
         """`(first example, count, sequence length, patch size)` of every batch of this pass."""
         count, plan, start = len(self.labels), [], 0
-        if not self.training:
-            for start in range(0, count, self.batch_size):
-                plan.append((start, min(self.batch_size, count - start), max(self.seq_lens), self.patch_size))
-            return plan
         while True:
             length = self._draw(len(plan), self.seq_lens, 0)
             size = self.max_tokens // length
@@ -118,21 +126,14 @@ class NaFlexBatches(keras.utils.PyDataset):
         labels = self.labels[[row for _, row in examples]]
         if self.one_hot:
             labels = np.eye(self.num_classes, dtype="float32")[labels]
-        if self.loss_scale == "none" or not self.training:
+        if self.loss_scale == "none":
             return batch, labels
         scale = len(examples) / self.smallest_batch
         scale = math.sqrt(scale) if self.loss_scale == "sqrt" else scale
         return batch, labels, np.full(len(examples), scale, "float32")
 
     def example(self, position):
-        """`(uint8 pixels, source row)` of the `position`-th example of this pass: a crop and flip in training."""
-        if not self.training:
-            try:
-                image = self.images[position] if self.in_memory else arrays.decode_image(self.images[position])
-            except arrays.UndecodableImage as error:
-                logger.warning("%s (%s); left out of the evaluation", SKIPPED.format(error.path), error.reason)
-                return None
-            return np.asarray(image), position
+        """`(uint8 pixels, source row)` of the `position`-th example of this pass: its crop and flip."""
         order = example_order(len(self.labels), *self.key)
         row = int(order[position])
         image = self.images[row] if self.in_memory else arrays.decode_image(self.images[row])
@@ -154,7 +155,7 @@ def naflex_training_stream(source, epochs, initial_epoch=0, seed=0, **options):
     Returns `(dataset, steps_per_epoch)`; each epoch is drawn from `(seed, epoch)` alone, and every epoch is cut to
     the shortest epoch's number of batches, so that `fit` sees the same number of steps in each.
     """
-    passes = [NaFlexBatches(source, seed=seed, epoch=epoch, training=True, **options)
+    passes = [NaFlexBatches(source, seed=seed, epoch=epoch, **options)
               for epoch in range(initial_epoch, epochs)]
     steps = min(len(batches) for batches in passes)
     if steps < 1:
@@ -188,3 +189,85 @@ class _Concatenated(keras.utils.PyDataset):
 
     def __getitem__(self, index):
         return self.passes[index // self.steps][index % self.steps]
+
+
+class NaFlexEvaluationBatches(keras.utils.PyDataset):
+    """One evaluation pass over a `keras_vit.data.Source` of arrays or files, as NaFlex batches (the module's).
+
+    `preprocessing` is `naflex_batch`'s keywords (`{"rule", "max_patches",
+    "interpolation"}`, a NaFlex model's `naflex_preprocessing`; None:
+    keras_vit's own); `buckets` as `naflex_batch`'s.
+    """
+
+    def __init__(self, source, patch_size, batch_size, preprocessing=None, buckets=None, num_classes=None):
+        super().__init__()
+        if source.examples is None:
+            raise ValueError(f"NaFlex evaluation reads arrays and image folders; {source.name!r} is a "
+                             "tensorflow-datasets split: save its images into a folder of class sub-folders.")
+        self.images, self.labels = source.examples
+        if batch_size < 1:
+            raise ValueError(f"eval_batch_size must be at least 1, got {batch_size}.")
+        # No larger than the data: a small set pads no rows.
+        self.patch_size, self.batch_size = patch_size, min(int(batch_size), max(1, len(self.labels)))
+        self.preprocessing = naflex_preprocessing(preprocessing)
+        self.buckets = sequence_lengths(self.preprocessing["max_patches"], buckets)
+        self.num_classes = num_classes or source.num_classes
+        groups = {}
+        for row in range(len(self.labels)):
+            length = self._length(row)
+            if length is not None:
+                groups.setdefault(bucket_length([length], self.buckets), []).append(row)
+        # (bucket, rows) of each batch, bucket by bucket in increasing length, each in the source's order.
+        self.plan = [(bucket, rows[start:start + self.batch_size]) for bucket, rows in sorted(groups.items())
+                     for start in range(0, len(rows), self.batch_size)]
+
+    @property
+    def bucket_counts(self):
+        """`{sequence length: number of batches}`: the step shapes this pass compiles."""
+        return dict(collections.Counter(bucket for bucket, _ in self.plan))
+
+    def __len__(self):
+        return len(self.plan)
+
+    def __getitem__(self, index):
+        if not 0 <= index < len(self.plan):
+            raise IndexError(f"batch {index} of {len(self.plan)}")
+        bucket, rows = self.plan[index]
+        cut = [self._cut(row, bucket) for row in rows]
+        weights = np.array([batch is not None for batch in cut] + [False] * (self.batch_size - len(rows)), "float32")
+        filler = {"patches": np.zeros((1, bucket, self.patch_size ** 2 * 3), "float32"),
+                  "patch_grid": np.ones((1, 2), "int32"), "patch_mask": np.arange(bucket)[None] < 1}  # one patch
+        cut = [filler if batch is None else batch for batch in cut] + [filler] * (self.batch_size - len(rows))
+        batch = {key: np.concatenate([one[key] for one in cut]) for key in filler}
+        labels = np.zeros((self.batch_size, self.num_classes), "float32")
+        labels[np.arange(len(rows)), self.labels[rows]] = 1.0
+        return batch, labels, weights
+
+    def _length(self, row):
+        """The patch count of example `row` (from a file's header), or None for a file Pillow cannot open."""
+        if isinstance(self.images, np.ndarray):
+            height, width = self.images.shape[1:3]
+        else:
+            from PIL import Image
+
+            try:
+                with Image.open(self.images[row]) as image:
+                    width, height = image.size
+            except (OSError, SyntaxError, ValueError) as error:
+                logger.warning("%s (%s); left out of the evaluation", SKIPPED.format(self.images[row]), error)
+                return None
+        rows, columns = (side // self.patch_size for side in naflex_image_size(
+            height, width, self.patch_size, self.preprocessing["max_patches"], self.preprocessing["rule"]))
+        return rows * columns
+
+    def _cut(self, row, bucket):
+        """Example `row` as a NaFlex batch of one padded to `bucket`; None for a file that cannot be decoded."""
+        if isinstance(self.images, np.ndarray):
+            image = self.images[row]
+        else:
+            try:
+                image = arrays.decode_image(self.images[row])
+            except arrays.UndecodableImage as error:
+                logger.warning("%s (%s); left out of the evaluation", SKIPPED.format(error.path), error.reason)
+                return None
+        return naflex_batch([image], self.patch_size, buckets=(bucket,), **self.preprocessing)

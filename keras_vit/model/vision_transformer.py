@@ -101,7 +101,7 @@ class VisionTransformer(keras.Model):
     """
 
     def __init__(self, *args, class_names=None, classifier=None, eval_transform=None, architecture=None, sizes=None,
-                 native_grid=None, **kwargs):
+                 native_grid=None, naflex_preprocessing=None, **kwargs):
         super().__init__(*args, **kwargs)
         # What it is (`keras_vit.model.description`): its `Architecture`, `Variant` sizes and position grid; None in a
         # model loaded from a `.keras` file saved before models carried them, which is read from its layers.
@@ -109,6 +109,8 @@ class VisionTransformer(keras.Model):
         self.native_grid = None if native_grid is None else tuple(native_grid)
         # How its checkpoint's library preprocesses a photo for evaluation (`keras_vit.data.preprocessing`), or None.
         self.eval_transform = eval_transform
+        # A NaFlex model's: how a photo is cut into its patches, `keras_vit.data.naflex_batch`'s keywords.
+        self.naflex_preprocessing = dict(naflex_preprocessing) if naflex_preprocessing else None
         # One name per output, where the checkpoint named its classes (transformers' id2label, timm's labels).
         self.class_names = list(class_names) if class_names else None
         # How its head pools ("token", "gap" or "map"): no layer shows it in a model without its top that returns
@@ -123,6 +125,8 @@ class VisionTransformer(keras.Model):
             config["classifier"] = self.classifier
         if self.eval_transform is not None:
             config["eval_transform"] = self.eval_transform.get_config()
+        if self.naflex_preprocessing:
+            config["naflex_preprocessing"] = dict(self.naflex_preprocessing)
         if self.architecture is not None and self.sizes is not None:
             config.update(describe(self.architecture, self.sizes, self.native_grid))
         return config
@@ -133,10 +137,12 @@ class VisionTransformer(keras.Model):
         class_names = config.pop("class_names", None)
         classifier = config.pop("classifier", None)
         transform = config.pop("eval_transform", None)
+        naflex_preprocessing = config.pop("naflex_preprocessing", None)
         architecture, sizes, grid = read_description(config)
         model = super().from_config(config, custom_objects=custom_objects)
         model.class_names, model.classifier = class_names, classifier
         model.architecture, model.sizes, model.native_grid = architecture, sizes, grid
+        model.naflex_preprocessing = naflex_preprocessing
         model.eval_transform = None if transform is None else preprocessing.EvalTransform.from_config(transform)
         return model
 
@@ -199,7 +205,7 @@ class VisionTransformer(keras.Model):
         """
         arrays = all(isinstance(x[key], np.ndarray) for key in x) if hasattr(x, "keys") else isinstance(x, np.ndarray)
         if arrays and is_naflex(self):
-            check_naflex_batch(x, sizes_of(self).patch_size)
+            check_naflex_batch(x, None)  # any square patch size: FlexiViT resamples the kernel
 
     def _check_images(self, x):
         """Refuse another image size, or a grayscale or channels-first batch, with a message that says so.
@@ -207,7 +213,7 @@ class VisionTransformer(keras.Model):
         A NaFlex model's batch is checked by `check_naflex_shapes` instead: its keys, shapes and dtypes.
         """
         if is_naflex(self):
-            check_naflex_shapes(x, sizes_of(self).patch_size)
+            check_naflex_shapes(x, None)
             return
         if len(self.inputs) != 1:
             return

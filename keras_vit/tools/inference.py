@@ -16,7 +16,7 @@ import numpy as np
 from keras_vit import checkpoints, data
 from keras_vit.applications.vit import ViT
 from keras_vit.configs import check_sizes_agree, model_sizes
-from keras_vit.data import arrays
+from keras_vit.data import arrays, naflex
 from keras_vit.data.imagenet import imagenet_labels
 from keras_vit.model import deployment
 from keras_vit.model.description import is_naflex, sizes_of
@@ -41,9 +41,9 @@ def load_for_inference(weights, model=None, image_size=None, sizes=None, needs_h
     With `needs_head=False`, a file without a head builds a model without
     one (its token sequence), for tools that read attention, not classes.
     `drop_remainder` builds an `image_size` the patches do not divide.
-    The tools feed whole images: a NaFlex checkpoint (SigLIP 2) builds the
-    whole-image model of its weights (`naflex=False`), at its table's size
-    unless told; a NaFlex `.keras` model, which takes patch sequences, is refused.
+    A NaFlex checkpoint (timm's NaFlexVit, SigLIP 2) or `.keras` model loads
+    as a NaFlex model, which the tools feed each photo whole, by its
+    `naflex_preprocessing`.
     """
     if weights is None:
         raise ValueError("weights=None is an untrained model, with nothing to show: pass weights=PATH, a trained "
@@ -52,10 +52,6 @@ def load_for_inference(weights, model=None, image_size=None, sizes=None, needs_h
     if weights.endswith(".keras") and os.path.exists(weights):
         network = keras.saving.load_model(weights, compile=False)
         checkpoints.check_finite(network, weights)
-        if is_naflex(network):
-            raise ValueError(f"{weights} holds a NaFlex model, which takes patch sequences "
-                             "(keras_vit.data.naflex_batch), not the whole images these tools feed; pass the "
-                             "checkpoint it was built from instead, which they run on whole images.")
         check_sizes_agree(sizes_of(network), f"--weights {weights}", given)
         return network
     source = checkpoints.read_weights(weights, model, as_pair(image_size or 32, "image_size")).with_heads(
@@ -69,7 +65,7 @@ def load_for_inference(weights, model=None, image_size=None, sizes=None, needs_h
     default = dataclasses.replace(SMALL_VIT, **given)
     sizes = model_sizes(model, source, default, given)
     return ViT(image_size=image_size, **sizes.__dict__, weights=source, classifier_activation=None,
-               include_top=not headless, drop_remainder=drop_remainder, naflex=False)
+               include_top=not headless, drop_remainder=drop_remainder)
 
 
 def _check_has_classifier(model, weights):
@@ -90,17 +86,37 @@ def outputs_logits(model):
     return activation is keras.activations.linear or getattr(activation, "__name__", "") == "linear"
 
 
+def naflex_options(network, weights, max_patches=None, crop_fraction=None, interpolation=None):
+    """A NaFlex model's `naflex_batch` keywords (its `naflex_preprocessing`, else keras_vit's own) with
+    `max_patches` or `interpolation` in place of its own; None for a fixed-size model, which takes no
+    `max_patches`."""
+    if not is_naflex(network):
+        if max_patches is not None:
+            raise ValueError(f"max_patches={max_patches} sets a NaFlex model's patch budget; {weights} takes "
+                             f"{native_image_size(network)[0]}x{native_image_size(network)[1]} px images: leave "
+                             "it out, or set their size with image_size=.")
+        return None
+    if crop_fraction is not None:
+        raise ValueError(f"crop_fraction={crop_fraction} crops the images of fixed-size models; {weights} is a "
+                         "NaFlex model, which sees the whole image: leave it out, or set its patch budget with "
+                         "max_patches=.")
+    return data.naflex_preprocessing(getattr(network, "naflex_preprocessing", None), max_patches, interpolation)
+
+
 def evaluate(weights="runs/finetune/model.keras", dataset="digits", eval_split="test", data_dir=None,
              eval_batch_size=256, verbose=1, model=None, image_size=None, sizes=None, crop_fraction=None,
-             interpolation=None, drop_remainder=False):
+             interpolation=None, drop_remainder=False, max_patches=None):
     """Top-1 and top-5 of a saved model on a data-set split; prints both and returns Keras' results dict.
 
     Images are preprocessed as the checkpoint's library evaluates it
     (`keras_vit.eval_transform`), with `crop_fraction` or `interpolation`
-    in place of its own where given.
+    in place of its own where given. A NaFlex model's are cut by its
+    `naflex_preprocessing` (`max_patches` in place of its budget) into
+    batches of one sequence length each (`keras_vit.data.naflex_batches`).
     """
     network = load_for_inference(weights, model, image_size, sizes, drop_remainder=drop_remainder)
     _check_has_classifier(network, weights)
+    naflex = naflex_options(network, weights, max_patches, crop_fraction, interpolation)
     image_size = native_image_size(network)
     num_classes = network.output_shape[-1]
     names = _saved_class_names(network, weights)
@@ -110,11 +126,19 @@ def evaluate(weights="runs/finetune/model.keras", dataset="digits", eval_split="
             f"{weights} has {num_classes} classes but {dataset!r} ({eval_split}) has {source.num_classes}: "
             "evaluate a model on the data set it was trained for."
         )
-    transform = eval_transform(network, crop_fraction=crop_fraction, interpolation=interpolation)
-    batches = data.make_dataset(source, image_size, eval_batch_size, training=False, one_hot=True,
-                                num_classes=num_classes, eval_transform=transform)
-    network.compile(loss=keras.losses.CategoricalCrossentropy(from_logits=outputs_logits(network)),
-                    metrics=accuracy_metrics(num_classes))
+    if naflex is None:
+        transform = eval_transform(network, crop_fraction=crop_fraction, interpolation=interpolation)
+        batches = data.make_dataset(source, image_size, eval_batch_size, training=False, one_hot=True,
+                                    num_classes=num_classes, eval_transform=transform)
+    else:
+        from keras_vit.data.naflex_batches import NaFlexEvaluationBatches
+
+        batches = NaFlexEvaluationBatches(source, sizes_of(network).patch_size, eval_batch_size, naflex,
+                                num_classes=num_classes)
+    # The filler rows of NaFlex batches weigh 0: each batch's loss is the mean over its examples.
+    loss = keras.losses.CategoricalCrossentropy(from_logits=outputs_logits(network),
+                                                reduction="mean_with_sample_weight")
+    network.compile(loss=loss, metrics=accuracy_metrics(num_classes))
     results = network.evaluate(batches, verbose=verbose, return_dict=True)
     print(f"top-1 accuracy: {results['top1']:.4f}")
     print(f"top-5 accuracy: {results['top5']:.4f}")
@@ -154,24 +178,32 @@ def class_names(model, weights=None, labels=None):
 
 
 def predict(images, weights="runs/finetune/model.keras", labels=None, crop_fraction=None, model=None,
-            image_size=None, sizes=None, interpolation=None, drop_remainder=False):
+            image_size=None, sizes=None, interpolation=None, drop_remainder=False, max_patches=None):
     """Print the top-5 classes of each image file; returns `[(name, probability)] * 5` per image.
 
     Each photo is preprocessed as the checkpoint's library evaluates it
     (`keras_vit.eval_transform`: timm's crop_pct and filter, transformers'
     image processor, vit_jax's squash), with `crop_fraction` or
-    `interpolation` in place of its own where given.
+    `interpolation` in place of its own where given. A NaFlex model takes
+    each photo whole, cut by its `naflex_preprocessing` (`naflex_batch`;
+    `max_patches` in place of its budget), one compiled step per bucket.
     """
     network = load_for_inference(weights, model, image_size, sizes, drop_remainder=drop_remainder)
     _check_has_classifier(network, weights)
-    transform = eval_transform(network, crop_fraction=crop_fraction, interpolation=interpolation)
+    naflex = naflex_options(network, weights, max_patches, crop_fraction, interpolation)
+    if naflex is None:
+        transform = eval_transform(network, crop_fraction=crop_fraction, interpolation=interpolation)
     names = class_names(network, weights, labels)
     results = []
     for path in images:
         if not os.path.exists(path):
             raise FileNotFoundError(f"Image not found: {path}")
-        image = transform.load(path)
-        scores = keras.ops.convert_to_numpy(network(image[None], training=False))[0].astype("float64")
+        if naflex is None:
+            scores = network(transform.load(path)[None], training=False)
+        else:
+            scores = network.predict_on_batch(
+                data.naflex_batch([arrays.decode_image(path)], sizes_of(network).patch_size, **naflex))
+        scores = keras.ops.convert_to_numpy(scores)[0].astype("float64")
         probabilities = scores
         if outputs_logits(network):
             probabilities = np.exp(scores - scores.max())
@@ -192,7 +224,11 @@ def inspect(image, weights="runs/finetune/model.keras", output_dir="runs/inspect
     network = load_for_inference(weights, model, image_size, sizes, needs_head=False, drop_remainder=drop_remainder)
     if not os.path.exists(image):
         raise FileNotFoundError(f"Image not found: {image}")
-    pixels = np.clip(np.round(eval_transform(network).pixels(arrays.open_rgb(image))), 0, 255).astype("uint8")
+    if is_naflex(network):  # the whole photo at the largest grid of its budget, as predict cuts it
+        pixels = naflex.naflex_resize(arrays.open_rgb(image), sizes_of(network).patch_size,
+                                      **naflex_options(network, weights))
+    else:
+        pixels = np.clip(np.round(eval_transform(network).pixels(arrays.open_rgb(image))), 0, 255).astype("uint8")
     written = analysis.inspect(network, pixels, output_dir)
     for path in written.values():
         print("wrote", path)
