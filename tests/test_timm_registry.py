@@ -25,6 +25,8 @@ SIZES = ("patch_size", "embed_dim", "depth", "num_heads", "mlp_ratio", "img_size
 NEUTRAL = ("dynamic_img_size", "pretrained_strict")
 # timm's SwiGLUPacked: GluMlp with SiLU, the gate in the first half.
 SWIGLU_PACKED = {"act_layer": "SiLU", "gate_last": False, "partial": "GluMlp"}
+# timm's plain-ViT classes: VisionTransformer and its subclass for DeiT distilled (a distillation token and head).
+PLAIN_CLASSES = ("VisionTransformer", "VisionTransformerDistilled")
 # timm's norm classes -> keras_vit's normalization.
 NORMS = {"LayerNorm": "layer_norm", "RmsNorm": "rms_norm"}
 
@@ -89,9 +91,11 @@ def test_every_table_entry_is_what_timms_model_function_sets():
     wrong = {}
     for name, entry in ARCHITECTURES.items():
         timm = TIMM.get(name)
-        if timm is None or timm["class"] != "VisionTransformer":
+        if timm is None or timm["class"] not in PLAIN_CLASSES:
             wrong[name] = "not a VisionTransformer architecture in timm's registry"
             continue
+        if entry.distilled != (timm["class"] == "VisionTransformerDistilled"):
+            wrong[name] = f"distilled {entry.distilled}, timm's class {timm['class']}"
         kwargs = timm["kwargs"]
         if differs := sizes_differ(entry, timm):
             wrong[name] = differs
@@ -107,11 +111,12 @@ def test_every_table_entry_is_what_timms_model_function_sets():
 
 
 def test_the_table_holds_every_architecture_keras_vit_can_compute():
-    computable = {name for name, timm in TIMM.items() if timm["class"] == "VisionTransformer"
+    computable = {name for name, timm in TIMM.items() if timm["class"] in PLAIN_CLASSES
                   and timm_switches(timm["kwargs"]) is not None}
     assert computable == set(ARCHITECTURES)
-    assert len(ARCHITECTURES) >= 180
-    assert sum(len(TIMM[name]["tags"]) for name in ARCHITECTURES) >= 343
+    assert len(ARCHITECTURES) >= 184
+    assert sum(len(TIMM[name]["tags"]) for name in ARCHITECTURES) >= 347
+    assert sum(timm["class"] == "VisionTransformerDistilled" for timm in TIMM.values()) == 4
 
 
 def test_base_patch32_plus_has_timms_14_heads():
@@ -174,7 +179,7 @@ def test_the_eva_table_holds_every_eva_architecture_keras_vit_can_compute():
 
 
 def test_a_name_timm_does_not_have_is_refused_by_the_catch_all():
-    with pytest.raises(CheckpointError, match=r"^c.json: timm's 'vit_made_up_patch16_224' is not one of the 180 timm "
+    with pytest.raises(CheckpointError, match=r"^c.json: timm's 'vit_made_up_patch16_224' is not one of the 184 timm "
                                               r"ViT architectures keras_vit computes"):
         timm_architecture("vit_made_up_patch16_224", where="c.json")
 

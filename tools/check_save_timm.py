@@ -5,7 +5,7 @@ keras_vit and timm live in separate venvs, so this runs in two steps:
     KERAS_BACKEND=jax .venv/bin/python tools/check_save_timm.py write /tmp/save_timm
     /tmp/timm-venv/bin/python tools/check_save_timm.py check /tmp/save_timm
 
-`write` loads timm-written fixture folders of several families (plain ViTs,
+`write` loads timm-written fixture folders of several families (plain ViTs, DeiT distilled,
 AIMv2's SwiGLU in two layers, DINOv2 giant's packed one, differential
 attention, EVA-02, DINOv3) and one model built by keras_vit, saves each with
 `save_timm` under its architecture name, and keeps the keywords of
@@ -23,7 +23,7 @@ import sys
 import numpy as np
 
 FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "tests", "fixtures")
-CASES = ("timm_family/deit", "timm_family/siglip_remainder", "timm_family/aimv2", "timm_family/dinov2_giant_swiglu",
+CASES = ("timm_family/deit", "timm_deit_distilled", "timm_family/siglip_remainder", "timm_family/aimv2", "timm_family/dinov2_giant_swiglu",
          "timm_family/differential", "timm_eva/eva02_axial", "timm_eva/eva02_separate_qkv", "timm_eva/dinov3",
          "built/vit_base_patch16_224")
 

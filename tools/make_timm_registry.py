@@ -11,7 +11,8 @@ the function sets (before the defaults of its pretrained config are applied),
 and the position-table resize of its `pretrained_filter_fn`. Nothing is built
 or downloaded. Each architecture also gets its default pretrained config's
 input size and pixel statistics and its pretrained tags. Only the classes
-keras_vit's family tables concern are kept: `VisionTransformer`, `Eva` and
+keras_vit's family tables concern are kept: `VisionTransformer`, its subclass
+`VisionTransformerDistilled` (DeiT distilled), `Eva` and
 `NaFlexVit`, whose model functions hand over a `NaFlexVitCfg`: it is recorded
 as the fields that differ from the dataclass's defaults (`{"NaFlexVitCfg":
 {...}}`), and those defaults as the class's.
@@ -31,7 +32,7 @@ import timm
 import timm.models
 
 OUTPUT = os.path.join(os.path.dirname(__file__), "..", "tests", "fixtures", "timm_registry.json")
-CLASSES = ("VisionTransformer", "Eva", "NaFlexVit")
+CLASSES = ("VisionTransformer", "VisionTransformerDistilled", "Eva", "NaFlexVit")
 
 
 class _Captured(Exception):

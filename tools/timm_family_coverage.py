@@ -15,7 +15,7 @@ width, heads, MLP, activation, norms, pooling, classes: those of the
 architecture's default pretrained tag) is the architecture's own. Only
 models whose class is exactly `timm.models.vision_transformer.VisionTransformer`
 are in scope; the classes of the others (Eva, NaFlexVit,
-VisionTransformerDistilled, ...) are counted separately, as are the
+...) are counted separately, as are the
 architectures that do not take `depth=` at all (CNNs and the like).
 
 For each in-scope architecture, every parameter gets random values (norm
@@ -75,9 +75,10 @@ import torch.nn as nn  # noqa: E402
 TOLERANCE = 1e-4
 
 
-# The classes measured: timm's plain ViT and its RoPE ViTs (Eva). Sapiens2's per-block num_kv_heads takes no
+# The classes measured: timm's plain ViT, its DeiT-distilled subclass and its RoPE ViTs (Eva). Sapiens2's per-block num_kv_heads takes no
 # depth=1 and is listed with the builds that failed.
-IN_SCOPE = ("timm.models.vision_transformer.VisionTransformer", "timm.models.eva.Eva")
+IN_SCOPE = ("timm.models.vision_transformer.VisionTransformer", "timm.models.deit.VisionTransformerDistilled",
+            "timm.models.eva.Eva")
 
 
 def first_line(error):

@@ -41,6 +41,7 @@ from keras_vit.checkpoints.transformers.dinov3 import MODEL_TYPES as DINOV3_TYPE
 from keras_vit.checkpoints.transformers.dinov3 import read_dinov3_folder
 from keras_vit.checkpoints.transformers.siglip2 import MODEL_TYPES as SIGLIP2_TYPES
 from keras_vit.checkpoints.transformers.siglip2 import read_siglip2_folder
+from keras_vit.checkpoints.transformers.vit import MODEL_TYPES as VIT_TYPES
 from keras_vit.checkpoints.transformers.vit import read_transformers_folder
 from keras_vit.data import preprocessing
 from keras_vit.layers.position_embedding import resize_patch_embedding, resize_position_embeddings
@@ -100,7 +101,7 @@ def read_weights(weights, variant=None, image_size=(224, 224), sizes=None, class
 
 
 def read_folder(folder, budget=None):
-    """A Hub-style folder: timm's (`config.json` with `architecture`) or transformers' (ViT, DINOv2, DINOv3, CLIP,
+    """A Hub-style folder: timm's (`config.json` with `architecture`) or transformers' (ViT, DeiT, DINOv2, DINOv3, CLIP,
     SigLIP, SigLIP 2)."""
     config = read_json_object(
         os.path.join(folder, "config.json"),
@@ -110,7 +111,7 @@ def read_folder(folder, budget=None):
         return read_naflex_folder(folder, config, budget)
     if "architecture" in config:
         return read_timm_folder(folder, config, budget)
-    if config.get("model_type") == "vit":
+    if config.get("model_type") in VIT_TYPES:
         return _with_preprocessor_statistics(read_transformers_folder(folder, config, budget), folder)
     if config.get("model_type") in DINOV2_TYPES:
         return _with_preprocessor_statistics(read_dinov2_folder(folder, config, budget), folder)
@@ -120,10 +121,10 @@ def read_folder(folder, budget=None):
         return _with_preprocessor_statistics(read_vision_tower_folder(folder, config, budget), folder)
     if config.get("model_type") in SIGLIP2_TYPES:
         return _with_preprocessor_statistics(read_siglip2_folder(folder, config, budget), folder)
-    known = ", ".join(repr(name) for name in ("vit", *DINOV2_TYPES, *DINOV3_TYPES, *VISION_TOWER_TYPES,
+    known = ", ".join(repr(name) for name in (*VIT_TYPES, *DINOV2_TYPES, *DINOV3_TYPES, *VISION_TOWER_TYPES,
                                               *SIGLIP2_TYPES))
     raise CheckpointError(f"{folder}: its config.json is neither timm's (architecture) nor a transformers ViT, "
-                          f"DINOv2, DINOv3, CLIP, SigLIP or SigLIP 2 model's (model_type {known}; this one is "
+                          f"DeiT, DINOv2, DINOv3, CLIP, SigLIP or SigLIP 2 model's (model_type {known}; this one is "
                           f"{config.get('model_type')!r}).")
 
 
@@ -159,7 +160,7 @@ def _looks_like_path(weights):
     return os.sep in weights or "." in os.path.basename(weights) or os.path.exists(weights)
 
 
-_OPTIONAL = ("pre_logits/", "head/")
+_OPTIONAL = ("pre_logits/", "head/", "head_dist/")
 
 
 def load_into(model, source):
@@ -352,7 +353,10 @@ def _adapt_position_embedding(model, state, source, notes):
 
 
 def _adapt_head(variables, state, name, notes):
-    """Drop the checkpoint's pooling, pre-logits and head where the model cannot use them."""
+    """Drop the checkpoint's pooling, pre-logits and head where the model cannot use them.
+
+    A distilled DeiT's two heads (`head`, `head_dist`) load or start at zero together.
+    """
     for pooling in ("attention_pool/", "fc_norm/"):  # A model of the token sequence (include_top=False)
         if not any(key.startswith(pooling) for key in variables):
             for key in [key for key in state if key.startswith(pooling)]:
@@ -365,13 +369,15 @@ def _adapt_head(variables, state, name, notes):
                 f"{name}: model has no pre-logits layer, so the checkpoint's head is not loaded; "
                 "the head starts at zero."
             )
-            del state["head/kernel"], state["head/bias"]
+            _drop_head(state)
     if has_pre_logits and "pre_logits/kernel" not in state:
         notes.append(f"{name} has no pre-logits layer; the model's is freshly initialised.")
-        state.pop("head/kernel", None), state.pop("head/bias", None)
+        _drop_head(state)
     if "head/kernel" not in variables:
-        state.pop("head/kernel", None), state.pop("head/bias", None)
+        _drop_head(state)
         return
+    if "head_dist/kernel" in variables and "head_dist/kernel" not in state:
+        _drop_head(state)  # a distilled model's two heads load together
     if "head/kernel" not in state:
         notes.append(f"{name} has no head; the model's head starts at zero.")
         return
@@ -381,4 +387,9 @@ def _adapt_head(variables, state, name, notes):
             f"{name}: head has {checkpoint_shape[-1]} classes, model has {model_shape[-1]}: "
             "the head starts at zero instead."
         )
-        del state["head/kernel"], state["head/bias"]
+        _drop_head(state)
+
+
+def _drop_head(state):
+    for key in ("head/kernel", "head/bias", "head_dist/kernel", "head_dist/bias"):
+        state.pop(key, None)

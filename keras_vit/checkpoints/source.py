@@ -290,9 +290,9 @@ def architecture_from_state(state, grid_size=None, **known):
     """
     names = set(state)
     registers = state.get("register_tokens/registers")
-    class_token = "class_token/cls" in names
+    class_token, distillation_token = "class_token/cls" in names, "distillation_token/dist" in names
     register_tokens = 0 if registers is None else int(registers.shape[1])
-    prefix = int(class_token) + register_tokens
+    prefix = int(class_token) + int(distillation_token) + register_tokens
     table = state.get("position_embedding/pos_embedding")
     embedded_prefix = True
     if table is not None and table.ndim == 3 and prefix:
@@ -306,6 +306,7 @@ def architecture_from_state(state, grid_size=None, **known):
     fields = dict(
         class_token=class_token,
         register_tokens=register_tokens,
+        distillation_token=distillation_token,
         class_token_position_embedding=embedded_prefix,
         classifier="map" if "attention_pool/probe" in names else "token" if class_token else "gap",
         fc_norm="fc_norm/gamma" in names,

@@ -59,6 +59,7 @@ def _attention_pooling(architecture):
 MODEL_WEIGHTS = {
     "class_token/cls": lambda a: a.class_token,
     "register_tokens/registers": lambda a: a.register_tokens > 0,
+    "distillation_token/dist": lambda a: a.distillation_token,
     "position_embedding/pos_embedding": lambda a: a.position_embedding,
     **_dense("embedding", bias=lambda a: a.patch_bias),
     **_pair("patch_norm", lambda a: a.patch_norm),
@@ -92,6 +93,13 @@ BLOCK_WEIGHTS = {
 }
 # Groups a file may hold or not, each whole: the classifier and the pre-logits layer.
 OPTIONAL_GROUPS = (("head/kernel", "head/bias"), ("pre_logits/kernel", "pre_logits/bias"))
+# A distilled DeiT's second head, which comes with its first.
+DISTILLATION_HEAD = ("head_dist/kernel", "head_dist/bias")
+
+
+def optional_groups(distilled):
+    """`OPTIONAL_GROUPS`, with a distilled model's (`distilled`) two heads one group."""
+    return ((OPTIONAL_GROUPS[0] + DISTILLATION_HEAD if distilled else OPTIONAL_GROUPS[0]),) + OPTIONAL_GROUPS[1:]
 
 
 def expected_weights(architecture, depth):
@@ -230,12 +238,24 @@ class TensorLayout:
         if unknown:
             raise CheckpointError(f"{description} has {len(unknown)} tensors that are not in {self.name}: "
                                   f"{preview(unknown, 5)}{self.hint}.")
+        self._check_heads(state, description)
         if expected:
             self.check_complete(list(tensors), *expected, description)
         fuse_qkv(qkv, state, description)
         self._join_packed(packed, state, description)
         self._apply_rules(ruled, tensors, state, description)
         return state
+
+    def _check_heads(self, state, description):
+        """Refuse a distilled file (with a distillation token) that holds one of its two heads and not the other."""
+        if "distillation_token/dist" not in state:
+            return
+        held = [path for path in optional_groups(True)[0] if path in state]
+        if held and len(held) < len(optional_groups(True)[0]):
+            missing = [name for path in optional_groups(True)[0] if path not in state for name in self.file_names(path)]
+            raise CheckpointError(f"{description} is a distilled DeiT ({self.file_names('distillation_token/dist')[0]}) "
+                                  f"that lacks {' and '.join(missing)}: its class and distillation heads come together "
+                                  "(both, or neither for a model without its top). Nothing was loaded.")
 
     def _apply_rules(self, ruled, tensors, state, description):
         for (index, rule), parts in sorted(ruled.items(), key=lambda item: item[0][0]):
@@ -293,7 +313,7 @@ class TensorLayout:
         wanted = set()
         for path in expected_weights(architecture, depth) - set(supplied):
             wanted.update(self.file_names(path, architecture, own))
-        for group in OPTIONAL_GROUPS:
+        for group in optional_groups(architecture.distillation_token):
             files = {name for path in group for name in self.file_names(path)}
             if own & files:
                 wanted |= files

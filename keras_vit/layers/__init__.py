@@ -32,6 +32,7 @@ from keras_vit.layers.blocks import BlockSwitches, TransformerBlock
 from keras_vit.layers.embedding import (
     PRECISIONS,
     ClassToken,
+    DistillationToken,
     InputNormalization,
     PatchEmbedding,
     RegisterTokens,
@@ -46,6 +47,7 @@ __all__ = [
     "AttentionPooling",
     "BlockSwitches",
     "ClassToken",
+    "DistillationToken",
     "InputNormalization",
     "LAYER_NORM_EPSILON",
     "LayerNorm",

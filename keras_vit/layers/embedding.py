@@ -2,8 +2,8 @@
 
 `InputNormalization` maps the [-1, 1] input to a checkpoint's own pixel
 statistics, `PatchEmbedding` cuts an image into patches and projects them,
-`ClassToken` prepends the learned [class] token and `RegisterTokens` the
-register tokens, and `TokenPooling` reduces the tokens to one vector for the
+`ClassToken` prepends the learned [class] token, `DistillationToken`
+DeiT's distillation token and `RegisterTokens` the register tokens, and `TokenPooling` reduces the tokens to one vector for the
 head. `dtype_policy` reads a model's `dtype=`.
 """
 
@@ -175,21 +175,22 @@ class ClassToken(keras.layers.Layer):
     (2, 197, 32)
     """
 
+    WEIGHT = "cls"  # the weight's name, and the attribute that holds it
+
     def __init__(self, initializer="zeros", **kwargs):
         super().__init__(**kwargs)
         # === Config ===
         self.initializer = keras.initializers.get(initializer)
 
     def build(self, input_shape):
-        self.cls = self.add_weight(
-            name="cls", shape=(1, 1, input_shape[-1]), initializer=self.initializer
-        )
+        setattr(self, self.WEIGHT, self.add_weight(name=self.WEIGHT, shape=(1, 1, input_shape[-1]),
+                                                   initializer=self.initializer))
 
     def call(self, tokens):
         batch = ops.shape(tokens)[0]
-        cls = ops.cast(self.cls, tokens.dtype)
-        cls = ops.broadcast_to(cls, (batch, 1, ops.shape(self.cls)[-1]))
-        return ops.concatenate([cls, tokens], axis=1)
+        token = getattr(self, self.WEIGHT)
+        token = ops.broadcast_to(ops.cast(token, tokens.dtype), (batch, 1, ops.shape(token)[-1]))
+        return ops.concatenate([token, tokens], axis=1)
 
     def compute_output_shape(self, input_shape):
         tokens = None if input_shape[1] is None else input_shape[1] + 1
@@ -199,6 +200,22 @@ class ClassToken(keras.layers.Layer):
         config = super().get_config()
         config.update(initializer=keras.initializers.serialize(self.initializer))
         return config
+
+
+@keras.saving.register_keras_serializable(package="keras_vit")
+class DistillationToken(ClassToken):
+    """Prepend DeiT's learned distillation token (Touvron et al., 2021), weight `dist`.
+
+    In a ViT it sits right after the class token, as timm places it: apply
+    this layer first, then `ClassToken`.
+
+    Example:
+    >>> import numpy as np
+    >>> DistillationToken()(np.zeros((2, 196, 32))).shape
+    (2, 197, 32)
+    """
+
+    WEIGHT = "dist"
 
 
 @keras.saving.register_keras_serializable(package="keras_vit")
@@ -245,9 +262,10 @@ class RegisterTokens(keras.layers.Layer):
 
 @keras.saving.register_keras_serializable(package="keras_vit")
 class TokenPooling(keras.layers.Layer):
-    """Pool a token sequence to one vector: the class token or the patch mean.
+    """Pool a token sequence to one vector: the class token, the distillation token or the patch mean.
 
-    `method="token"` takes the first token; `method="gap"` averages the
+    `method="token"` takes the first token, `method="distillation"` the
+    second (DeiT's distillation token); `method="gap"` averages the
     tokens after the first `num_prefix_tokens` (class and register tokens),
     only those where `token_mask` (a NaFlex batch's, `(batch, tokens)`) is True.
 
@@ -257,7 +275,7 @@ class TokenPooling(keras.layers.Layer):
     (2, 32)
     """
 
-    METHODS = ("token", "gap")
+    METHODS = ("token", "gap", "distillation")
 
     def __init__(self, method, num_prefix_tokens=1, **kwargs):
         super().__init__(**kwargs)
@@ -265,13 +283,15 @@ class TokenPooling(keras.layers.Layer):
             raise ValueError(f"Unknown pooling {method!r}; expected one of {self.METHODS}.")
         if method == "token" and num_prefix_tokens < 1:
             raise ValueError("Token pooling needs a class token (num_prefix_tokens >= 1).")
+        if method == "distillation" and num_prefix_tokens < 2:
+            raise ValueError("Distillation pooling needs a class and a distillation token (num_prefix_tokens >= 2).")
         # === Config ===
         self.method = method
         self.num_prefix_tokens = int(num_prefix_tokens)
 
     def call(self, tokens, token_mask=None):
-        if self.method == "token":
-            return tokens[:, 0]
+        if self.method in ("token", "distillation"):
+            return tokens[:, int(self.method == "distillation")]
         tokens = tokens[:, self.num_prefix_tokens :]
         if token_mask is None:
             return ops.mean(tokens, axis=1)

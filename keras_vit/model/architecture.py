@@ -43,6 +43,12 @@ class Architecture(BlockSwitches):
         class_token: prepend a learned [class] token.
         register_tokens: learned register tokens after the class token
             (Darcet et al., 2023), dropped by every pooling but attention.
+        distillation_token: a learned distillation token after the class
+            token, read by a second head, `head_dist`, whose logits the
+            model averages with the class head's (DeiT distilled, timm's
+            `VisionTransformerDistilled`); pooled as timm pools it, the
+            mean of the two tokens (`keras_vit.model.graph.distillation_heads`
+            gives both heads' logits, for distillation training).
         class_token_position_embedding: the prefix tokens get position
             embeddings too (the paper's); `False` is timm's
             `no_embed_class` (DeiT-III, FlexiViT, DINOv2 with registers).
@@ -81,6 +87,7 @@ class Architecture(BlockSwitches):
 
     class_token: bool = True
     register_tokens: int = 0
+    distillation_token: bool = False
     class_token_position_embedding: bool = True
     classifier: str = "token"
     fc_norm: bool = False
@@ -120,6 +127,10 @@ class Architecture(BlockSwitches):
         if self.classifier == "token" and not self.class_token:
             raise ValueError("classifier='token' pools the class token, but class_token=False has none; use "
                              "classifier='gap' or 'map'.")
+        if self.distillation_token and (self.classifier, self.register_tokens, self.fc_norm) != ("token", 0, False):
+            raise ValueError("distillation_token=True reads the class and distillation tokens, as timm's "
+                             "VisionTransformerDistilled: it needs classifier='token' (a class token), no register "
+                             "tokens and no fc_norm.")
         if self.fc_norm and not self.final_norm:
             raise ValueError("fc_norm=True places the final LayerNorm after pooling, but final_norm=False has none.")
         if self.normalization == "rms_norm" and self.classifier == "map":
@@ -140,8 +151,9 @@ class Architecture(BlockSwitches):
 
     @property
     def num_prefix_tokens(self):
-        """The tokens before the patch tokens in the sequence the blocks see: class token, then registers."""
-        return int(self.class_token) + self.register_tokens
+        """The tokens before the patch tokens in the sequence the blocks see: class token, then the distillation
+        token or the registers."""
+        return int(self.class_token) + int(self.distillation_token) + self.register_tokens
 
     @property
     def position_prefix_rows(self):

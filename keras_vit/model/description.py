@@ -70,10 +70,10 @@ def architecture_of(model):
     if block is None or embedding is None or not hasattr(block, "switches"):
         raise ValueError(f"{getattr(model, 'name', model)!r} is not a keras_vit ViT (it has no layers named "
                          "'embedding' and 'encoderblock_0').")
-    class_token = "class_token" in layers
+    class_token, distillation_token = "class_token" in layers, "distillation_token" in layers
     register_tokens = layers["register_tokens"].count if "register_tokens" in layers else 0
     position = layers.get("position_embedding")
-    prefix = int(class_token) + register_tokens
+    prefix = int(class_token) + int(distillation_token) + register_tokens
     pool = layers.get("pool")
     if getattr(model, "classifier", None) in POOLINGS:  # Kept by the model: its pooling layers may be absent.
         classifier = model.classifier
@@ -87,6 +87,7 @@ def architecture_of(model):
         **dataclasses.asdict(block.switches),
         class_token=class_token,
         register_tokens=register_tokens,
+        distillation_token=distillation_token,
         class_token_position_embedding=not prefix or position is None or position.num_prefix_tokens == prefix,
         classifier=classifier,
         fc_norm="fc_norm" in layers,

@@ -20,6 +20,7 @@ from keras_vit.layers import (
     AddPositionEmbedding,
     AttentionPooling,
     ClassToken,
+    DistillationToken,
     InputNormalization,
     PatchEmbedding,
     RegisterTokens,
@@ -103,6 +104,8 @@ def build(options, input_tensor):
         x = _add_positions(position, x, patch_grid, dynamic)
     if architecture.register_tokens:  # [class, registers..., patches], as timm orders them.
         x = RegisterTokens(architecture.register_tokens, name="register_tokens", **typed)(x)
+    if architecture.distillation_token:  # [class, distillation, patches], as timm orders them.
+        x = DistillationToken(name="distillation_token", **typed)(x)
     if architecture.class_token:
         x = ClassToken(name="class_token", **typed)(x)
     if position is not None and architecture.class_token_position_embedding:
@@ -141,6 +144,7 @@ def build(options, input_tensor):
 
     pooling = architecture.classifier if options.include_top else options.pooling
     pooled_from = 0 if architecture.pool_include_prefix and pooling != "token" else num_prefix_tokens
+    tokens = x
     if pooling == "map":
         activation = "gelu" if architecture.mlp_activation == "swiglu" else architecture.mlp_activation
         heads, ratio = architecture.attention_pool_heads, architecture.attention_pool_mlp_ratio
@@ -151,14 +155,60 @@ def build(options, input_tensor):
         x = TokenPooling(pooling, pooled_from, name="pool", **typed)(x, **pool_options)
     if pooling is not None and architecture.fc_norm:
         x = norm_layer(architecture.normalization, epsilon, name="fc_norm", **typed)(x)
-    if options.include_top:
+    if pooling == "token" and architecture.distillation_token:
+        x = _distilled_head(options, x, tokens, typed)
+    elif options.include_top:
         if options.representation_size:
             x = keras.layers.Dense(options.representation_size, activation="tanh", name="pre_logits", **typed)(x)
         x = keras.layers.Dense(options.classes, kernel_initializer="zeros", name="head", **typed)(x)
+    if options.include_top:
         x = keras.layers.Activation(options.classifier_activation, dtype="float32", name="predictions")(x)
 
     return VisionTransformer(inputs, x, name=options.name, classifier=architecture.classifier,
                              architecture=architecture, sizes=sizes, native_grid=grid_size)
+
+
+def _distilled_head(options, class_vector, tokens, typed):
+    """DeiT distilled's pooling or heads on the class token `class_vector`, as timm's VisionTransformerDistilled.
+
+    With its top, `head` on the class token and `head_dist` on the
+    distillation token, their logits averaged; without it, the mean of the
+    two tokens (timm's `forward_head(pre_logits=True)`).
+    """
+    if options.representation_size:
+        raise ValueError("A distilled DeiT (distillation_token=True) has no pre-logits layer; pass "
+                         "representation_size=0.")
+    dist_vector = TokenPooling("distillation", 2, name="pool_distillation", **typed)(tokens)
+    if not options.include_top:
+        return keras.layers.Average(name="pool_average", **typed)([class_vector, dist_vector])
+    logits = [keras.layers.Dense(options.classes, kernel_initializer="zeros", name=name, **typed)(vector)
+              for name, vector in (("head", class_vector), ("head_dist", dist_vector))]
+    return keras.layers.Average(name="head_average", **typed)(logits)
+
+
+def distillation_heads(model):
+    """`model`'s two heads as a `keras.Model` of its inputs: `[class logits, distillation logits]`.
+
+    For a distilled DeiT (`distillation_token=True`, with its top): the
+    outputs of `head` (on the class token) and `head_dist` (on the
+    distillation token), before their average and the classifier
+    activation, sharing `model`'s layers and weights. DeiT's hard
+    distillation trains the first on the labels and the second on a
+    teacher's predictions.
+
+    Example:
+    >>> from keras_vit.model.variants import Variant
+    >>> model = build(ModelOptions(image_size=(32, 32), sizes=Variant(8, 24, 1, 3, 48), classes=5,
+    ...                            architecture=Architecture(distillation_token=True)), None)
+    >>> [tuple(output.shape) for output in distillation_heads(model).outputs]
+    [(None, 5), (None, 5)]
+    """
+    names = {layer.name for layer in model.layers}
+    if not {"head", "head_dist"} <= names:
+        raise ValueError(f"{model.name!r} has no distillation head (head_dist): build a distilled DeiT "
+                         "(distillation_token=True) with include_top=True.")
+    return keras.Model(model.input, [model.get_layer("head").output, model.get_layer("head_dist").output],
+                       name=f"{model.name}_heads")
 
 
 def _add_positions(position, x, patch_grid, dynamic):

@@ -25,7 +25,7 @@ from keras_vit.utils.keras_internals import stored_kernel
 
 LORA_TARGETS = ("qkv", "attention_output", "mlp_hidden", "mlp_output")
 # Layers that stay trainable: the task's new head.
-_HEAD = ("head", "pre_logits")
+_HEAD = ("head", "head_dist", "pre_logits")
 
 
 def _blocks(model):

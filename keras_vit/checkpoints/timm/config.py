@@ -93,6 +93,7 @@ def checked_sizes(state, entry, args, name, path, where):
 # Each tensor-visible switch: its tensor in timm's names, and the setting that decides it (for the errors).
 _SWITCH_TENSORS = {
     "class_token": ("cls_token", "class_token={}"),
+    "distillation_token": ("dist_token", "a distilled DeiT: {}"),
     "norm_pre": ("norm_pre.weight", "pre_norm={}"),
     "fc_norm": ("fc_norm.weight", "fc_norm={}"),
     "patch_bias": ("patch_embed.proj.bias", "pre_norm={}", lambda bias: not bias),

@@ -71,6 +71,8 @@ class TimmArchitecture:
     resnet_width: int = None
     # MobileCLIP's ConvStem before the patches (widths embed_dim // 4, as timm's vit_base_mci_224 builds them).
     conv_stem: bool = False
+    # timm's VisionTransformerDistilled (DeiT distilled): a distillation token and head, which no keyword sets.
+    distilled: bool = False
 
     @property
     def conv_stem_widths(self):
@@ -116,12 +118,12 @@ def timm_mlp_ratio(embed_dim, mlp_dim, switches):
 
 
 def _timm(patch_size, image_size, embed_dim, depth, num_heads, mlp_ratio=4.0, resize=DEFAULT_RESIZE,
-          resnet_layers=None, resnet_width=None, conv_stem=False, **switches):
+          resnet_layers=None, resnet_width=None, conv_stem=False, distilled=False, **switches):
     if set(switches) - set(SWITCH_KEYWORDS):
         raise TypeError(f"Not a switch of the family table: {sorted(set(switches) - set(SWITCH_KEYWORDS))}")
     sides = tuple(image_size) if isinstance(image_size, tuple) else (image_size, image_size)
     return TimmArchitecture(patch_size, sides, embed_dim, depth, num_heads, mlp_ratio, switches, tuple(resize),
-                            resnet_layers, resnet_width, conv_stem)
+                            resnet_layers, resnet_width, conv_stem, distilled)
 
 
 def _hybrid(patch_size, image_size, embed_dim, depth, num_heads, resnet_layers):
@@ -143,7 +145,6 @@ REFUSED = (
     (r"^vitamin_", "ViTamin's MbConv stages before the patches (LayerNorm2d inverted bottlenecks with depthwise "
                    "convolutions) and its GeGLU MLPs, which keras_vit does not compute"),
     (r"_xp_|_18x2_", "parallel blocks of several attention and MLP branches (timm's ParallelThingsBlock)"),
-    (r"distilled", "a distillation token and head (DeiT distilled)"),
 )
 
 ARCHITECTURES = {
@@ -175,9 +176,13 @@ ARCHITECTURES = {
     "deit3_medium_patch16_224": _timm(16, 224, 512, 12, 8, init_values=1e-06, no_embed_class=True),
     "deit3_small_patch16_224": _timm(16, 224, 384, 12, 6, init_values=1e-06, no_embed_class=True),
     "deit3_small_patch16_384": _timm(16, 384, 384, 12, 6, init_values=1e-06, no_embed_class=True),
+    "deit_base_distilled_patch16_224": _timm(16, 224, 768, 12, 12, distilled=True),
+    "deit_base_distilled_patch16_384": _timm(16, 384, 768, 12, 12, distilled=True),
     "deit_base_patch16_224": _timm(16, 224, 768, 12, 12),
     "deit_base_patch16_384": _timm(16, 384, 768, 12, 12),
+    "deit_small_distilled_patch16_224": _timm(16, 224, 384, 12, 6, distilled=True),
     "deit_small_patch16_224": _timm(16, 224, 384, 12, 6),
+    "deit_tiny_distilled_patch16_224": _timm(16, 224, 192, 12, 3, distilled=True),
     "deit_tiny_patch16_224": _timm(16, 224, 192, 12, 3),
     "eva_large_patch14_196": _timm(14, 196, 1024, 24, 16, global_pool='avg'),
     "eva_large_patch14_336": _timm(14, 336, 1024, 24, 16, global_pool='avg'),
@@ -426,7 +431,7 @@ def timm_architecture(name, where="config.json"):
     if reason is None:
         raise CheckpointError(f"{where}: timm's {name!r} is not one of the {len(ARCHITECTURES)} timm ViT architectures "
                               "keras_vit computes (keras_vit.checkpoints.timm.families.ARCHITECTURES, timm's plain "
-                              "VisionTransformer family).")
+                              "VisionTransformer family and DeiT distilled).")
     raise CheckpointError(f"{where}: timm's {name!r} is a ViT with {reason}." if not reason.startswith(("RoPE", "timm's"))
                           else f"{where}: timm's {name!r}: {reason}.")
 

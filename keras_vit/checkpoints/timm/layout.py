@@ -7,7 +7,8 @@ only through `torch.load(weights_only=True)`); timm's Hub folders add a
 `config.json` with the model's arguments and preprocessing, which
 `read_timm_folder` reads too. Every switch of timm's plain-ViT family that
 keras_vit's `Architecture` has (registers, `no_embed_class`, layer scale,
-`norm_pre`, `fc_norm`, attention pooling, q/k norms, optional biases, SwiGLU)
+`norm_pre`, `fc_norm`, attention pooling, q/k norms, optional biases, SwiGLU,
+DeiT's distillation token and head)
 is read from the tensors; what they cannot show comes from `model_args` or
 the architecture's family (`families`). timm's ResNet hybrids
 (`patch_embed.backbone.*`) are read by `hybrid`.
@@ -171,6 +172,9 @@ _TOP = {
     "norm.bias": "encoder_norm/beta",
     "head.weight": "head/kernel",
     "head.bias": "head/bias",
+    "dist_token": "distillation_token/dist",
+    "head_dist.weight": "head_dist/kernel",
+    "head_dist.bias": "head_dist/bias",
     "reg_token": "register_tokens/registers",
     "norm_pre.weight": "pre_norm/gamma",
     "norm_pre.bias": "pre_norm/beta",
@@ -194,8 +198,6 @@ _TOP = {
 _UNSUPPORTED = {
     "attn_pool.q_norm.": "query/key normalisation in attention pooling",
     "attn_pool.pos_embed": "position embeddings in attention pooling",
-    "head_dist.": "a distillation head (DeiT distilled)",
-    "dist_token": "a distillation token (DeiT distilled)",
 }
 # timm's unpacked SwiGLU (AIMv2): the gate's and the value's halves of keras_vit's first MLP layer.
 _SWIGLU_PIECES = {"mlp.fc1_g.weight": ("mlp_hidden/kernel", 0, 2), "mlp.fc1_x.weight": ("mlp_hidden/kernel", 1, 2),
@@ -234,7 +236,7 @@ def configured_architecture(config, where, resnet_epsilons=None):
     except KeyError as error:  # an act_layer or pool the checks above let through
         raise CheckpointError(f"{where}: {error} is not a setting keras_vit computes.") from None
     pretrained, statistics = configured_pixel_statistics(config, where)
-    fields.update(statistics)
+    fields.update(statistics, distillation_token=entry.distilled)
     try:
         architecture = Architecture(**fields, **({} if resnet_epsilons is None else
                                                  {"resnet_epsilons": resnet_epsilons}))

@@ -136,7 +136,9 @@ _NAMED_ONLY = {"layer_norm_epsilon": ("LayerNorm epsilon {:g}", "vit_base_patch1
                "post_norm": ("post-norm blocks", "vit_base_patch16_rpn_224 (timm's ResPostBlock)"),
                "rms_norm": ("RMSNorms", "aimv2_large_patch14_224 (AIMv2's RmsNorm)"),
                "patch_norm": ("a patch-embedding norm", "aimv2_large_patch14_224 (AIMv2's embed_norm_layer)"),
-               "parallel": ("parallel blocks", "vit_pwee_patch16_reg1_gap_256 (timm's ParallelScalingBlock)")}
+               "parallel": ("parallel blocks", "vit_pwee_patch16_reg1_gap_256 (timm's ParallelScalingBlock)"),
+               "distillation_token": ("a distillation token and head", "deit_tiny_distilled_patch16_224 (timm's "
+                                      "VisionTransformerDistilled)")}
 
 
 def timm_arguments(model, architecture=None):
@@ -210,7 +212,8 @@ def _keywords(model, architecture):
                                           ("post_norm", found.post_norm),
                                           ("parallel", found.parallel),
                                           ("rms_norm", found.normalization == "rms_norm"),
-                                          ("patch_norm", found.patch_norm)) if needed]
+                                          ("patch_norm", found.patch_norm),
+                                          ("distillation_token", found.distillation_token)) if needed]
     if stem is not None:
         arguments["patch_size"] = 1  # timm's HybridEmbed patches the ConvStem's output, its last convolution ours
         if architecture is None:

@@ -1,5 +1,10 @@
 """Hugging Face transformers' layout: `ViTForImageClassification` and `ViTModel` folders, read.
 
+DeiT's distilled folders (`model_type: "deit"`, `DeiTForImageClassificationWithTeacher`)
+are the same layout under `deit.`, with a distillation token and two heads,
+`cls_classifier` and `distillation_classifier` (keras_vit's `head` and
+`head_dist`).
+
 A folder holds `config.json` (`model_type: "vit"`) beside `model.safetensors`
 (or `pytorch_model.bin`). transformers keeps q, k and v as three `(out, in)`
 projections, which keras_vit fuses into one `(in, 3 * out)` kernel; its
@@ -23,6 +28,7 @@ Example:
 >>> source = checkpoints.read_transformers_folder("vit-base-patch16-224")  # doctest: +SKIP
 """
 
+import dataclasses
 import os
 
 from keras_vit.checkpoints.config_fields import checked_fields
@@ -152,13 +158,27 @@ LAYOUT = TensorLayout(
     qkv={f"attention.attention.{kind}.{field}": (kind, field) for kind in QKV for field in ("weight", "bias")})
 
 
-def from_transformers(tensors, description="checkpoint", expected=None):
+# DeiT's layout: ViT's under "deit.", its distillation token and two heads (not DeiTForImageClassification's one
+# head on the class token, nor DeiTModel's pooler, which keras_vit's distilled DeiT does not build).
+DEIT_LAYOUT = dataclasses.replace(
+    LAYOUT, name="transformers' DeiT layout", strip=("deit.",),
+    top={**{name: path for name, path in _TOP.items() if not name.startswith(("classifier.", "pooler."))},
+         "embeddings.distillation_token": "distillation_token/dist",
+         "cls_classifier.weight": "head/kernel", "cls_classifier.bias": "head/bias",
+         "distillation_classifier.weight": "head_dist/kernel", "distillation_classifier.bias": "head_dist/bias"},
+    hint="; keras_vit reads DeiTForImageClassificationWithTeacher folders (cls_classifier and "
+         "distillation_classifier) and headless ones")
+# model_type -> (layout, the Architecture fields its tensors always have besides qkv_bias).
+MODEL_TYPES = {"vit": (LAYOUT, {}), "deit": (DEIT_LAYOUT, {"distillation_token": True})}
+
+
+def from_transformers(tensors, description="checkpoint", expected=None, layout=LAYOUT):
     """keras_vit's state from a transformers ViT state dict (`vit.` prefix or none) of numpy arrays.
 
     `expected`: `(architecture, depth, settings)` of the model a config.json describes, whose tensors the file
     must hold exactly.
     """
-    state = LAYOUT.read(tensors, description, expected)
+    state = layout.read(tensors, description, expected)
     if "pre_logits/kernel" in state and "head/kernel" in state:
         raise CheckpointError(f"{description} has both a pooler and a classifier, which no transformers ViT has.")
     return state
@@ -172,17 +192,18 @@ def configured_grid(fields, patches, where, prefix_rows=0):
     return (height // patch, width // patch)
 
 
-def _vit_tensors(fields):
+def _vit_tensors(fields, switches):
     """The model `fields` describe, as `TensorLayout.read` checks it: `(architecture, depth, settings)`."""
-    return (Architecture(qkv_bias=fields["qkv_bias"]), fields["num_hidden_layers"],
+    return (Architecture(qkv_bias=fields["qkv_bias"], **switches), fields["num_hidden_layers"],
             settings(fields, "num_hidden_layers", "qkv_bias"))
 
 
 def read_transformers_folder(folder, config, budget=None):
-    """A transformers ViT folder (its parsed `config`) as a `WeightsSource`."""
-    weights, fields = transformers_fields(folder, config, CONFIG_DEFAULTS["vit"])
+    """A transformers ViT or DeiT folder (its parsed `config`) as a `WeightsSource`."""
+    weights, fields = transformers_fields(folder, config, CONFIG_DEFAULTS["vit"])  # DeiTConfig's are ViTConfig's
     where = os.path.join(folder, "config.json")
-    state = from_transformers(read_state_dict(weights, budget), weights, _vit_tensors(fields))
+    layout, switches = MODEL_TYPES[config.get("model_type", "vit")]
+    state = from_transformers(read_state_dict(weights, budget), weights, _vit_tensors(fields, switches), layout)
     check_sizes(where, fields, state)
     if "pre_logits/kernel" in state:
         pooler = fields["pooler_output_size"] or fields["hidden_size"]
@@ -196,7 +217,8 @@ def read_transformers_folder(folder, config, budget=None):
     if "head/kernel" in state and isinstance(labels, (dict, list)) and len(labels) != state["head/kernel"].shape[-1]:
         raise CheckpointError(f"{where}: id2label names {len(labels)} classes, but the file's classifier has "
                               f"{state['head/kernel'].shape[-1]} outputs.")
-    grid = configured_grid(fields, state["position_embedding/pos_embedding"].shape[1] - 1, where, 1)
+    prefix = 1 + len(switches)  # the class token, and DeiT's distillation token
+    grid = configured_grid(fields, state["position_embedding/pos_embedding"].shape[1] - prefix, where, prefix)
     architecture = architecture_from_state(state, grid, mlp_activation=fields["hidden_act"],
                                            layer_norm_epsilon=fields["layer_norm_eps"],
                                            class_token_position_embedding=True)
