@@ -152,6 +152,20 @@ def test_convert_of_a_weights_h5_file_takes_the_heads_of_its_width_or_asks_for_t
     assert os.path.exists(tmp_path / "ti.keras")
 
 
+def test_convert_of_a_headless_folder_writes_the_feature_model_from_pretrained_builds(tmp_path, capsys):
+    import keras_vit
+
+    folder, output = fixture(os.path.join("timm_family", "dinov2_reg")), str(tmp_path / "dinov2.keras")
+    cli.main(["convert", folder, output])
+    converted, built = keras.saving.load_model(output), keras_vit.from_pretrained(folder)
+    assert capsys.readouterr().out.splitlines()[-1] == \
+        f"wrote {output}: vit, {built.count_params():,} parameters, (28, 28) px"
+    assert converted.output_shape == (None, 24) and "head" not in {layer.name for layer in converted.layers}
+    images = np.random.default_rng(0).uniform(-1, 1, (2, 28, 28, 3)).astype("float32")
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(converted(images)),
+                               keras.ops.convert_to_numpy(built(images)), atol=1e-6, rtol=0)
+
+
 @pytest.mark.backend_independent
 def test_image_size_is_one_argument_so_predict_keeps_the_image_path():
     from keras_vit import flags

@@ -3,6 +3,7 @@ in Python and as the CLI's one-line error; none loads as a silently wrong model.
 
 import json
 import os
+import re
 import shutil
 import struct
 import zipfile
@@ -59,24 +60,33 @@ def h5_with_an_integer_weight(path):
 # --- Integer weights: refused by the one loading step every reader shares ------------------------------------
 
 
+# Each writer returns (what to load, its sizes, the file that errors name, the tensor as the file names it, its dtype).
 def integer_npz(tmp_path):
     with np.load(fixture("vit_token.npz")) as data:
         arrays = dict(data)
     arrays["Transformer/encoder_norm/scale"] = arrays["Transformer/encoder_norm/scale"].view("int32")
     np.savez(tmp_path / "int.npz", **arrays)
-    return str(tmp_path / "int.npz"), dict(SMALL, image_size=32), "encoder_norm/gamma"
+    path = str(tmp_path / "int.npz")
+    return path, dict(SMALL, image_size=32), path, "Transformer/encoder_norm/scale", "int32"
 
 
 def integer_timm(tmp_path):
     path = retyped(os.path.join(TIMM_FOLDER, "model.safetensors"), tmp_path / "int.safetensors", "blocks.0.norm1.weight")
-    return path, dict(TIMM, num_heads=3), "encoderblock_0/attention_norm/gamma"
+    return path, dict(TIMM, num_heads=3), path, "blocks.0.norm1.weight", "int32"
+
+
+def integer_timm_folder(tmp_path):
+    folder = tmp_path / "timm"
+    shutil.copytree(TIMM_FOLDER, folder)
+    retyped(folder / "model.safetensors", folder / "model.safetensors", "blocks.1.mlp.fc2.bias")
+    return str(folder), dict(TIMM, num_heads=3), f"{folder}/model.safetensors", "blocks.1.mlp.fc2.bias", "int32"
 
 
 def integer_transformers(tmp_path):
     folder = tmp_path / "hf"
     shutil.copytree(fixture("transformers_vit"), folder)
     retyped(folder / "model.safetensors", folder / "model.safetensors", "vit.layernorm.weight")
-    return str(folder), dict(TIMM), "encoder_norm/gamma"
+    return str(folder), dict(TIMM), f"{folder}/model.safetensors", "vit.layernorm.weight", "int32"
 
 
 def integer_keras(tmp_path):
@@ -88,21 +98,25 @@ def integer_keras(tmp_path):
     with zipfile.ZipFile(tmp_path / "int.keras", "w") as archive:
         for entry in sorted(os.listdir(tmp_path / "unpacked")):
             archive.write(tmp_path / "unpacked" / entry, entry)
-    return str(tmp_path / "int.keras"), dict(SMALL, image_size=32, classes=10), name
+    path = str(tmp_path / "int.keras")
+    return path, dict(SMALL, image_size=32, classes=10), path, name, "int32"
 
 
 def integer_weights_h5(tmp_path):
     model = keras_vit.ViT(image_size=32, **SMALL, classes=10)
     model.save_weights(tmp_path / "int.weights.h5")
     name = h5_with_an_integer_weight(tmp_path / "int.weights.h5")
-    return str(tmp_path / "int.weights.h5"), dict(SMALL, image_size=32, classes=10), name
+    path = str(tmp_path / "int.weights.h5")
+    return path, dict(SMALL, image_size=32, classes=10), path, name, "int32"
 
 
-@pytest.mark.parametrize("write", [integer_npz, integer_timm, integer_transformers, integer_keras, integer_weights_h5],
-                         ids=["npz", "timm", "transformers", "keras", "weights_h5"])
-def test_every_reader_refuses_integer_weights_naming_the_tensor(write, tmp_path):
-    path, sizes, name = write(tmp_path)
-    message = FLOAT_ONLY.format(name=name, dtype="int32")
+@pytest.mark.backend_independent
+@pytest.mark.parametrize("write", [integer_npz, integer_timm, integer_timm_folder, integer_transformers, integer_keras,
+                                   integer_weights_h5],
+                         ids=["npz", "timm", "timm_folder", "transformers", "keras", "weights_h5"])
+def test_every_reader_refuses_integer_weights_naming_the_tensor_as_the_file_does(write, tmp_path):
+    path, sizes, described, name, dtype = write(tmp_path)
+    message = f"^{re.escape(described)}: " + FLOAT_ONLY.format(name=re.escape(name), dtype=dtype) + "$"
     with pytest.raises(CheckpointError, match=message):
         keras_vit.ViT(**sizes, weights=path)
     with pytest.raises(CheckpointError, match=message):
@@ -308,17 +322,19 @@ def test_a_malformed_safetensors_header_is_one_clear_error(edit, message, tmp_pa
 
 @pytest.mark.backend_independent
 @pytest.mark.parametrize("dtype, scale, message", [
-    ("U16", 2, r"weights must be floating point, but 'encoderblock_0/attention_norm/gamma' is uint16"),
-    ("F8_E4M3", 4, r"tensor 'blocks.0.norm1.weight' is stored as F8_E4M3, which keras_vit does not read: weights "
-                   r"must be F64, F32, F16 or BF16"),
+    ("U16", 2, FLOAT_ONLY.format(name=r"blocks\.0\.norm1\.weight", dtype="uint16")),
+    ("F8_E4M3", 4, r"tensor 'blocks\.0\.norm1\.weight' is stored as F8_E4M3, which keras_vit does not read: weights "
+                   r"must be F64, F32, F16 or BF16\. Dequantize the file first\. Nothing was loaded\."),
 ])
-def test_a_tensor_of_a_dtype_no_vit_weight_has_is_refused_naming_the_dtype(dtype, scale, message, tmp_path):
-    """Unsigned and float8 tensors (once a KeyError of a hand-written dtype table) are named with their dtype."""
+def test_a_tensor_of_a_dtype_no_vit_weight_has_is_refused_naming_the_tensor_and_its_dtype(dtype, scale, message,
+                                                                                          tmp_path):
+    """Unsigned and float8 tensors (once a KeyError of a hand-written dtype table) are named as the file names them
+    (not by the Keras weight they would become), with their dtype."""
     header, body = safetensors_parts(os.path.join(TIMM_FOLDER, "model.safetensors"))
     entry = header["blocks.0.norm1.weight"]
     entry["dtype"], entry["shape"] = dtype, [entry["shape"][0] * scale]  # the same bytes, read as `dtype`
     path = write_safetensors(tmp_path / "odd.safetensors", header, body)
-    with pytest.raises(CheckpointError, match=message):
+    with pytest.raises(CheckpointError, match=f"^{re.escape(path)}: {message}$"):
         keras_vit.ViT(**TIMM, num_heads=3, weights=path)
 
 

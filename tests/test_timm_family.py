@@ -75,11 +75,24 @@ def test_timm_family_folder_loads_with_timms_outputs_and_saves_back_in_timms_nam
     np.testing.assert_allclose(predict(load(folder), images), outputs, atol=1e-5, rtol=0)
 
 
+# What the token sequence leaves out of the file, with the file's pooling: timm's forward_head applies it.
+UNLOADED_POOLING = {"reg_gap": ("fc_norm", 2, "gap"), "siglip_map": ("attention_pool", 13, "map")}
+
+
 @pytest.mark.parametrize("case", ["dinov2_reg", "clip_laion", "reg_gap", "siglip_map", "deit3"])
-def test_token_sequence_equals_timms_forward_features(case, reference):
+def test_token_sequence_equals_timms_forward_features_and_says_which_pooling_weights_it_leaves(
+        case, reference, keras_vit_log):
     model = load(os.path.join(FAMILY, case), include_top=False, pooling=None)
     features = predict(model, reference[f"{case}/images"])
     np.testing.assert_allclose(features, reference[f"{case}/features"], atol=1e-5, rtol=0)
+    notes = [record.getMessage() for record in keras_vit_log.records if "is not loaded" in record.getMessage()]
+    if case not in UNLOADED_POOLING:
+        assert notes == []
+        return
+    part, count, pooling = UNLOADED_POOLING[case]
+    assert notes == [f"{FAMILY}/{case}/model.safetensors: {part} ({count} weights) is not loaded: it belongs to the "
+                     f"checkpoint's {pooling!r} pooling (timm's forward_head), which the model does not apply; "
+                     f"include_top=False with pooling={pooling!r} keeps it."]
 
 
 def test_architecture_is_read_from_the_tensors_and_the_family_name():

@@ -118,6 +118,14 @@ def test_dinov2_folders_load_with_transformers_pooled_output_and_tokens(case):
     np.testing.assert_allclose(predict(model, images), pooled, atol=1e-5, rtol=0)
     sequence = keras_vit.from_pretrained(fixture(case), include_top=False, pooling=None)
     np.testing.assert_allclose(predict(sequence, images), tokens, atol=1e-5, rtol=0)
+    # The caller's classifier pools the file's tokens, its class token kept: "gap" is the mean of the patch tokens
+    # (after the class token and the 4 registers), for the features and for a new head alike.
+    patches = tokens[:, 5 if case.endswith("registers") else 1:]
+    mean = keras_vit.from_pretrained(fixture(case), classifier="gap")
+    np.testing.assert_allclose(predict(mean, images), patches.mean(axis=1), atol=1e-5, rtol=0)
+    architecture = keras_vit.checkpoints.architecture_of(keras_vit.from_pretrained(fixture(case), classifier="gap",
+                                                                                   classes=3))
+    assert (architecture.class_token, architecture.classifier) == (True, "gap")
 
 
 def test_a_folders_preprocessor_statistics_are_applied_to_the_minus_one_to_one_input(tmp_path):
@@ -234,20 +242,19 @@ def test_siglip_without_its_head_tensors_is_refused_where_its_config_has_a_head(
                     '(model_type: "siglip", num_hidden_layers: 2, vision_use_head: true): ' + SIGLIP_HEAD)
 
 
-def test_siglip_with_vision_use_head_false_loads_headless_with_transformers_tokens(tmp_path):
-    # transformers' SiglipVisionTransformer with vision_use_head=False has no head and pooler_output None; its
-    # last_hidden_state (post_layernorm'd tokens) is the same function. keras_vit pools their mean by default.
+def test_siglip_with_vision_use_head_false_loads_as_transformers_last_hidden_state(tmp_path):
+    # A SiglipVisionModel saved with vision_use_head=False (PaliGemma's towers): transformers gives no pooler_output,
+    # only last_hidden_state (the post_layernorm'd tokens), and so does from_pretrained, unless the caller pools.
+    case = "transformers_siglip_no_head"
     with np.load(fixture("transformers_vision_towers_reference.npz")) as data:
-        images, tokens = data["transformers_siglip/images"], data["transformers_siglip/last_hidden_state"]
-    folder = changed_folder(tmp_path, "transformers_siglip", drop=["vision_model.head."],
-                            change=vision(vision_use_head=False))
-    model = keras_vit.from_pretrained(folder)
-    assert keras_vit.checkpoints.architecture_of(model).classifier == "gap"
-    np.testing.assert_allclose(predict(model, images), tokens.mean(axis=1), atol=1e-5, rtol=0)
-    sequence = keras_vit.from_pretrained(folder, include_top=False, pooling=None)
-    np.testing.assert_allclose(predict(sequence, images), tokens, atol=1e-5, rtol=0)
+        images, tokens = data[f"{case}/images"], data[f"{case}/last_hidden_state"]
+    model = keras_vit.from_pretrained(fixture(case))
+    assert model.output_shape == (None, 16, 24)
+    np.testing.assert_allclose(predict(model, images), tokens, atol=1e-5, rtol=0)
+    for chosen in (dict(classifier="gap"), dict(pooling="gap")):
+        np.testing.assert_allclose(predict(keras_vit.from_pretrained(fixture(case), **chosen), images),
+                                   tokens.mean(axis=1), atol=1e-5, rtol=0)
     # ... and head tensors beside vision_use_head: false are refused, as transformers would leave them unused.
-    shutil.rmtree(folder)
     folder = changed_folder(tmp_path, "transformers_siglip", change=vision(vision_use_head=False))
     refused(folder, "{folder}/model.safetensors has 11 tensors that the model its config.json describes "
                     '(model_type: "siglip", num_hidden_layers: 2, vision_use_head: false) has not: ' + SIGLIP_HEAD)

@@ -36,10 +36,13 @@ The transformers cases write a tiny `Dinov2Model` and
 of exactly the configured size (so neither model interpolates its position
 table) in `tests/fixtures/transformers_dinov2_reference.npz`.
 
-`--only towers` writes a tiny `CLIPVisionModel` and a whole `SiglipModel`
-(text tower included, as the Hub's SigLIP repositories are) with their
-image processors' `preprocessor_config.json`, to
-`tests/fixtures/transformers_{clip_vision,siglip}/`. The references in
+`--only towers` writes a tiny `CLIPVisionModel`, a whole `SiglipModel`
+(text tower included, as the Hub's SigLIP repositories are) and a
+`SiglipVisionModel` with `vision_use_head: false` (PaliGemma's towers: no
+head, no `pooler_output`) with their image processors'
+`preprocessor_config.json`, to
+`tests/fixtures/transformers_{clip_vision,siglip,siglip_no_head}/`
+(`--case` rewrites only those named). The references in
 `transformers_vision_towers_reference.npz` are the vision tower's outputs
 for `images` in [-1, 1] (keras_vit's input) normalised by the processor's
 statistics.
@@ -388,12 +391,13 @@ def randomise_transformers(model, generator, scale=0.2):
 
 def keep_outputs(case, images, result, result_again, out):
     """Keep a transformers model's outputs in `out`, after checking that its files read back to the same."""
+    out[f"{case}/images"] = images
     for field in ("last_hidden_state", "pooler_output"):
+        if getattr(result, field) is None:  # a SigLIP tower without its head (vision_use_head: false) pools nothing
+            continue
         if not np.array_equal(numpy(getattr(result, field)), numpy(getattr(result_again, field))):
             raise AssertionError(f"{case}: transformers read its own files back differently ({field})")
-    out[f"{case}/images"] = images
-    out[f"{case}/last_hidden_state"] = numpy(result.last_hidden_state)
-    out[f"{case}/pooler_output"] = numpy(result.pooler_output)
+        out[f"{case}/{field}"] = numpy(getattr(result, field))
     return result
 
 
@@ -439,8 +443,13 @@ def write_transformers():
     print(f"transformers dinov2: {len(out)} arrays in {path}")
 
 
-def write_vision_towers():
-    """A `CLIPVisionModel` and a whole `SiglipModel` (text tower too), each with its image processor's file."""
+# The vision-tower cases (`--only towers`, `--case` picks some).
+TOWER_CASES = ("transformers_clip_vision", "transformers_siglip", "transformers_siglip_no_head")
+
+
+def write_vision_towers(chosen=TOWER_CASES):
+    """A `CLIPVisionModel`, a whole `SiglipModel` (text tower too) and a `SiglipVisionModel` without its head
+    (`vision_use_head: false`, as PaliGemma's towers), each with its image processor's file."""
     import transformers
 
     vision = dict(image_size=32, patch_size=8, hidden_size=24, intermediate_size=48, num_hidden_layers=2,
@@ -452,9 +461,17 @@ def write_vision_towers():
                                      transformers.CLIPImageProcessor),
         "transformers_siglip": (lambda: transformers.SiglipModel(transformers.SiglipConfig(
             text_config=text, vision_config=vision)), transformers.SiglipImageProcessor),
+        "transformers_siglip_no_head": (lambda: transformers.SiglipVisionModel(transformers.SiglipVisionConfig(
+            **vision, vision_use_head=False)), transformers.SiglipImageProcessor),
     }
+    path = os.path.join(FIXTURES, "transformers_vision_towers_reference.npz")
     out = {}
+    if os.path.exists(path):  # rewriting some cases keeps the others
+        with np.load(path) as existing:
+            out = {key: existing[key] for key in existing.files if key.split("/")[0] not in chosen}
     for seed, (case, (build, processor_class)) in enumerate(cases.items()):
+        if case not in chosen:
+            continue
         generator = torch.Generator().manual_seed(300 + seed)
         rng = np.random.default_rng(300 + seed)
         model = build().eval()
@@ -476,10 +493,9 @@ def write_vision_towers():
             towers = [getattr(m, "vision_model", m) for m in (model, again)]
             result = keep_outputs(case, images, *(tower(pixel_values=batch_of(pixels)) for tower in towers), out)
         sizes = {name: os.path.getsize(os.path.join(folder, name)) for name in sorted(os.listdir(folder))}
-        print(f"{case} ({type(model).__name__}): pooler_output {result.pooler_output.shape}, mean {mean}, "
-              f"files {sizes}")
+        print(f"{case} ({type(model).__name__}): last_hidden_state {result.last_hidden_state.shape}, pooler_output "
+              f"{None if result.pooler_output is None else result.pooler_output.shape}, mean {mean}, files {sizes}")
     out["transformers_version"] = transformers.__version__
-    path = os.path.join(FIXTURES, "transformers_vision_towers_reference.npz")
     np.savez(path, **out)
     print(f"transformers vision towers: {len(out)} arrays in {path}")
 
@@ -558,16 +574,17 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", choices=["timm", "transformers", "towers", "resize", "fields", "timm_hybrid"],
                         help="write only these fixtures")
-    parser.add_argument("--case", nargs="+", choices=list(CASES), help="rewrite only these timm cases")
+    parser.add_argument("--case", nargs="+", choices=list(CASES) + list(TOWER_CASES),
+                        help="rewrite only these timm (or, with --only towers, vision-tower) cases")
     args = parser.parse_args()
     os.makedirs(TIMM_FOLDER, exist_ok=True)
     torch.set_num_threads(min(2, os.cpu_count() or 1))
     if args.only in (None, "timm"):
-        write_timm(args.case or list(CASES))
+        write_timm([case for case in args.case if case in CASES] if args.case else list(CASES))
     if args.only in (None, "transformers"):
         write_transformers()
     if args.only in (None, "towers"):
-        write_vision_towers()
+        write_vision_towers([case for case in args.case if case in TOWER_CASES] if args.case else TOWER_CASES)
     if args.only in (None, "resize"):
         write_resize_references()
     if args.only in (None, "fields"):

@@ -40,9 +40,11 @@ def from_pretrained(source, **overrides):
     activation, position-embedding resize and dynamic resolution
     (`image_size=(None, None)`). A file without a head (DINOv2,
     CLIP and SigLIP towers) builds the feature model timm's forward gives
-    (`include_top=False`, the file's pooling), and a `.keras` model without
-    its top the same model again (its own `pooling`, `None` included),
-    unless `classes=` asks for a new head. A `.keras` model is returned as
+    (`include_top=False`, the file's pooling, or `classifier=`'s), a
+    SigLIP tower without its head transformers' `last_hidden_state`
+    (`pooling=None`), and a `.keras` model without its top the same model
+    again (its own `pooling`, `None` included), unless `classes=` asks for
+    a new head (`top_options`). A `.keras` model is returned as
     Keras loads it (after the file's checks) unless overrides ask for
     another model or it holds LoRA adapters, which are merged into its
     kernels in a rebuilt model; one that Keras quantized
@@ -89,12 +91,32 @@ def from_pretrained(source, **overrides):
         options["dtype"] = checkpoint.dtype_policy
     if checkpoint.classifier_activation:
         options["classifier_activation"] = checkpoint.classifier_activation
-    if "head/kernel" not in state and "classes" not in overrides and "include_top" not in overrides:
-        # A .keras model without its top pools as it did (None: its token sequence); any other file without a
-        # head as timm's forward with num_classes=0: the pooled features, fc_norm included.
-        options.update(include_top=False, pooling=saved.get("pooling", checkpoint.classifier))
+    options.update(top_options(checkpoint, overrides))
     options.update(overrides)
     return ViT(weights=dataclasses.replace(checkpoint, single_use=True), **options)
+
+
+def top_options(checkpoint, overrides):
+    """The `ViT` keywords of the top `from_pretrained` (and `keras-vit convert`) builds on `checkpoint` besides
+    `overrides` (the caller's `ViT` keywords).
+
+    A file without a head gives its features unless `classes` or
+    `include_top` ask for one: a `.keras` model without its top pools as it
+    did (None: its token sequence), a SigLIP tower without its head as
+    transformers (its `last_hidden_state`), any other file as timm's forward
+    with `num_classes=0` (the pooled features, `fc_norm` included). The
+    caller's `classifier` decides that pooling, and the head's, over the
+    file's tokens: its class token is kept (given to `ViT` alone, a
+    classifier decides the class token).
+    """
+    state, top = checkpoint.state, {}
+    if overrides.get("classifier") and not {"class_token", "architecture"} & set(overrides):
+        top["class_token"] = "class_token/cls" in state
+    if "head/kernel" not in state and "classes" not in overrides and "include_top" not in overrides:
+        saved = checkpoint.layout or {}
+        top.update(include_top=False,
+                   pooling=overrides.get("classifier") or saved.get("pooling", checkpoint.classifier))
+    return top
 
 
 def _as_saved(model, path, overrides):

@@ -18,6 +18,7 @@ from keras_vit.checkpoints.source import (
     architecture_from_state,
     check_declared_size,
     preview,
+    refuse_non_float,
     require_regular_file,
     source_from_state,
     state_of,
@@ -52,6 +53,7 @@ def from_flax(arrays, description="checkpoint"):
             f"{description} is not a ViT checkpoint: no 'embedding/kernel' "
             f"(found {preview(arrays)})."
         )
+    refuse_non_float(description, {key: np.asarray(value).dtype for key, value in arrays.items()})  # all are used
     used = set()
 
     def take(key):

@@ -280,8 +280,8 @@ def refuse_integer_datasets(archive, path):
     """Refuse an h5 weights archive holding integer arrays, which Keras' loader casts into a float model silently."""
     import h5py  # A Keras dependency.
 
-    found = []  # An optimizer's step counter is an integer: only the layers' arrays are weights.
-    archive.visititems(lambda name, item: found.append((name, item.dtype))
+    found = {}  # An optimizer's step counter is an integer: only the layers' arrays are weights.
+    archive.visititems(lambda name, item: found.update({name: item.dtype})
                        if isinstance(item, h5py.Dataset) and item.dtype.kind in "iub"
                        and not name.startswith("optimizer/") else None)
     refuse_non_float(path, found)

@@ -177,7 +177,7 @@ def load_into(model, source):
     variables = {v.path: v for v in model.weights}
     state = source.state if source.single_use else dict(source.state)
     name = source.description
-    _refuse_non_float(state, name)
+    refuse_non_float(name, {key: np.asarray(value).dtype for key, value in state.items()})
     model_depth = len({m.group(1) for m in map(BLOCK.match, variables) if m})
     if source.num_layers != model_depth:
         raise CheckpointError(
@@ -216,7 +216,7 @@ def load_into(model, source):
     notes = []  # Said only once the load succeeds.
     _adapt_patch_embedding(variables, state, name, notes)
     _adapt_position_embedding(model, state, source, notes)
-    _adapt_head(variables, state, name, notes)
+    _adapt_head(variables, state, source, notes)
 
     missing = sorted(k for k in variables if k not in state and not k.startswith(_OPTIONAL))
     unexpected = sorted(k for k in state if k not in variables and not k.startswith(_OPTIONAL))
@@ -253,16 +253,6 @@ def _cast(value, dtype):
     """`value` as `dtype`, copied only where the dtypes differ."""
     with np.errstate(over="ignore"):
         return np.asarray(value).astype(dtype, copy=False)
-
-
-def _is_floating(array):
-    # ml_dtypes' bfloat16 and float8 types are floats too, but not numpy's np.floating.
-    return array.dtype.kind == "f" or array.dtype.name.startswith(("bfloat16", "float8"))
-
-
-def _refuse_non_float(state, name):
-    refuse_non_float(name, [(key, np.asarray(value).dtype) for key, value in state.items()
-                            if not _is_floating(np.asarray(value))])
 
 
 def _apparent_size(state):
@@ -352,15 +342,22 @@ def _adapt_position_embedding(model, state, source, notes):
     state[key] = resized
 
 
-def _adapt_head(variables, state, name, notes):
-    """Drop the checkpoint's pooling, pre-logits and head where the model cannot use them.
+def _adapt_head(variables, state, source, notes):
+    """Drop the checkpoint's pooling, pre-logits and head where the model cannot use them; a note says which
+    pooling weights (`attention_pool`, `fc_norm`: timm's `forward_head`, not its `forward_features`) go.
 
     A distilled DeiT's two heads (`head`, `head_dist`) load or start at zero together.
     """
-    for pooling in ("attention_pool/", "fc_norm/"):  # A model of the token sequence (include_top=False)
-        if not any(key.startswith(pooling) for key in variables):
-            for key in [key for key in state if key.startswith(pooling)]:
-                del state[key]
+    name = source.description
+    for pooling in ("attention_pool/", "fc_norm/"):  # A model of the token sequence, or pooled otherwise
+        dropped = [] if any(key.startswith(pooling) for key in variables) else \
+            sorted(key for key in state if key.startswith(pooling))
+        for key in dropped:
+            del state[key]
+        if dropped:
+            notes.append(f"{name}: {pooling.rstrip('/')} ({len(dropped)} weights) is not loaded: it belongs to the "
+                         f"checkpoint's {source.classifier!r} pooling (timm's forward_head), which the model does "
+                         f"not apply; include_top=False with pooling={source.classifier!r} keeps it.")
     has_pre_logits = "pre_logits/kernel" in variables
     if "pre_logits/kernel" in state and not has_pre_logits:
         del state["pre_logits/kernel"], state["pre_logits/bias"]

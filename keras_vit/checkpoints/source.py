@@ -147,7 +147,8 @@ class WeightsSource:
     `keras_vit.model.graph.ModelOptions` its shapes imply) until a model of that
     layout loads it (`keras_files.read_weights_h5_state`). A `.keras` file's
     `layout` holds the options its saved layers show and its tensors cannot
-    (`include_top`, `pooling`).
+    (`include_top`, `pooling`), and a folder's the pooling its library gives
+    where that is not its classifier's (a SigLIP tower without its head: none).
     """
 
     description: str
@@ -389,12 +390,19 @@ def pixel_statistics(mean, std, where, fields=("mean", "std")):
     return found
 
 
-def refuse_non_float(description, found):
-    """Raise for weights that are not floating point, `found` as `[(name, dtype)]`; every reader ends here.
+def is_float(dtype):
+    """Whether `dtype` is floating point: numpy's, or ml_dtypes' bfloat16 and float8 (not numpy's np.floating)."""
+    return dtype.kind == "f" or dtype.name.startswith(("bfloat16", "float8"))
 
-    An integer or boolean array cast into a float model is silent garbage
-    (the bytes of 1.0f read as I32 become 1065353216).
+
+def refuse_non_float(description, dtypes):
+    """Raise for weights that are not floating point, `dtypes` as `{name: dtype}` in the file's own names.
+
+    Each reader checks the tensors it takes as it reads them (`TensorLayout.read`, `flax_npz.from_flax`, the
+    hybrids' stems, a `.keras` archive), and `loading.load_into` any state built otherwise. An integer or
+    boolean array cast into a float model is silent garbage (the bytes of 1.0f read as I32 become 1065353216).
     """
+    found = [(name, dtype) for name, dtype in dtypes.items() if not is_float(dtype)]
     if found:
         listed = ", ".join(f"'{name}' is {dtype}" for name, dtype in sorted(found)[:3])
         more = f" (and {len(found) - 3} more)" if len(found) > 3 else ""

@@ -25,7 +25,7 @@ import json
 
 import numpy as np
 
-from keras_vit.checkpoints.source import CheckpointError, preview
+from keras_vit.checkpoints.source import CheckpointError, preview, refuse_non_float
 
 QKV = ("query", "key", "value")
 
@@ -214,10 +214,10 @@ class TensorLayout:
         """
         state, qkv, packed, ruled, unknown = {}, {}, {}, {}, []
         rules = {name: rule for rule in self.rules for name in rule.names}
-        for original in tensors:
-            name = self.own_name(original)
-            if name is None or name in self.ignored:
-                continue
+        own = {original: name for original, name in zip(tensors, map(self.own_name, tensors))
+               if name is not None and name not in self.ignored}
+        refuse_non_float(description, {original: np.asarray(tensors[original]).dtype for original in own})
+        for original, name in own.items():
             value = np.asarray(tensors[original])
             index, rest = self.block_part(name)
             if name in self.reshaped:

@@ -14,6 +14,7 @@ import keras
 import numpy as np
 
 from keras_vit import checkpoints, data
+from keras_vit.applications.pretrained import top_options
 from keras_vit.applications.vit import ViT
 from keras_vit.configs import check_sizes_agree, model_sizes
 from keras_vit.data import arrays, naflex
@@ -239,7 +240,9 @@ def convert(weights, output, model=None, image_size=None, classes=None, num_head
     """Convert a checkpoint (what `from_pretrained` reads, or a name with `model`) to a `.keras` file.
 
     `image_size` and `classes` default to the checkpoint's own, `num_heads`
-    to the file's (for a file that does not store it); returns the model.
+    to the file's (for a file that does not store it); a file without a head
+    writes the feature model `from_pretrained` builds, unless `classes` asks
+    for a new head. Returns the model.
     """
     source = checkpoints.read_weights(weights, model, as_pair(image_size or 224, "image_size")).with_heads(num_heads)
     if num_heads and source.num_heads and num_heads != source.num_heads:
@@ -254,8 +257,9 @@ def convert(weights, output, model=None, image_size=None, classes=None, num_head
             "name its variant with `model` (--model), e.g. ViT_B16, or pass `num_heads` (--num-heads)."
         )
     image_size = image_size or source.image_size or 224
-    network = ViT(image_size=image_size, **sizes.__dict__, weights=source, classes=classes,
-                  drop_remainder=drop_remainder)
+    given = {} if classes is None else {"classes": classes}
+    network = ViT(image_size=image_size, **sizes.__dict__, weights=source, drop_remainder=drop_remainder,
+                  **top_options(source, given), **given)
     with files.atomic_path(output) as path:  # A failed write keeps any earlier file whole.
         network.save(path)
     takes = "NaFlex patch sequences of any grid" if is_naflex(network) else f"{image_size} px"

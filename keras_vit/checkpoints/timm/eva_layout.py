@@ -16,7 +16,7 @@ Example:
 
 import numpy as np
 
-from keras_vit.checkpoints.source import CheckpointError, source_from_state, state_of
+from keras_vit.checkpoints.source import CheckpointError, refuse_non_float, source_from_state, state_of
 from keras_vit.checkpoints.state_dict_files import read_state_dict
 from keras_vit.checkpoints.tensor_layout import BlockRule, TensorLayout, settings
 from keras_vit.checkpoints.timm.config import (
@@ -212,6 +212,8 @@ def read_timm_eva(path, budget, config, where):
     transform = configured_eval_transform(config, where)
     tensors = read_state_dict(path, budget)
     frequencies = tensors.pop("rope.freqs", None)
+    if frequencies is not None:  # Read apart from the layout, which checks the others.
+        refuse_non_float(path, {"rope.freqs": np.asarray(frequencies).dtype})
     layout = layout_of(switches, architecture)
     state = layout.read(tensors, path)
     if "embedding/kernel" not in state or "encoderblock_0/mlp_hidden/kernel" not in state:

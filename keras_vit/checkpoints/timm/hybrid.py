@@ -27,7 +27,7 @@ import re
 
 import numpy as np
 
-from keras_vit.checkpoints.source import CheckpointError, preview
+from keras_vit.checkpoints.source import CheckpointError, preview, refuse_non_float
 from keras_vit.model.description import UNIT, conv_stem_widths_of, resnet_layers_of
 
 BACKBONE = "patch_embed.backbone."
@@ -107,6 +107,8 @@ def backbone_from_timm(tensors, description, convert):
     names = sorted(name for name in tensors if name.startswith(BACKBONE))
     if not names:
         return {}
+    counters = {BACKBONE + name for name in CONV_STEM_COUNTERS}
+    refuse_non_float(description, {name: np.asarray(tensors[name]).dtype for name in names if name not in counters})
     if is_conv_stem(names):
         return conv_stem_from_timm(tensors, description, convert)
     blocks = {}

@@ -33,7 +33,7 @@ import os
 import numpy as np
 
 from keras_vit.checkpoints.config_fields import checked_fields
-from keras_vit.checkpoints.source import CheckpointError, pixel_statistics, source_from_state
+from keras_vit.checkpoints.source import CheckpointError, pixel_statistics, refuse_non_float, source_from_state
 from keras_vit.checkpoints.state_dict_files import folder_weights, read_state_dict
 from keras_vit.checkpoints.tensor_layout import settings
 from keras_vit.checkpoints.timm.config import check_head, check_tensors_agree, checked_sizes
@@ -153,6 +153,8 @@ def to_vision_transformer(tensors, patch_size, description):
                 else "embedding norms or a patch-size interpolator")
         raise CheckpointError(f"{description} is a timm NaFlexVit with {what} ({', '.join(other[:3])}), which "
                               "keras_vit's NaFlex model does not have.")
+    # Checked under the file's names before they become VisionTransformer's (LAYOUT.read checks the others).
+    refuse_non_float(description, {name: np.asarray(tensors[name]).dtype for name in _EMBEDS if name in tensors})
     out = {_EMBEDS.get(name, name): value for name, value in tensors.items()}
     kernel = out.get("patch_embed.proj.weight")
     if kernel is not None and kernel.ndim == 2:  # (D, P*P*C) in (row, column, channel) order -> (D, C, P, P)

@@ -15,8 +15,9 @@ keeps q, k and v apart (fused here). The model is the vision tower's
   `post_layernorm`, then attention pooling (`head.*`, whose packed
   `nn.MultiheadAttention` projection is split into query and key/value).
   With `vision_use_head: false` (PaliGemma's towers) there is no head and
-  transformers' `pooler_output` is None; keras_vit pools the mean of the
-  normed tokens (timm's `*_siglip_gap`), which are its `last_hidden_state`.
+  transformers' `pooler_output` is None: `from_pretrained` builds such a
+  tower with `pooling=None`, its `last_hidden_state` (`without_head`, which
+  SigLIP 2's reader shares); a `classifier` or `pooling` asks for another.
 The pixel statistics come from the folder's `preprocessor_config.json`.
 As for transformers' ViT (`transformers.vit`), every config field is
 computed, checked against the tensors or `INFERENCE_IRRELEVANT`, and the
@@ -124,6 +125,14 @@ def from_vision_tower(tensors, description="checkpoint", expected=None, layout=L
     return state
 
 
+def without_head(source, head):
+    """`source`, which `from_pretrained` builds as transformers does a SigLIP tower whose `vision_use_head` (`head`)
+    is false: with no pooled output, as its token sequence (`last_hidden_state`)."""
+    if not head:
+        source.layout = dict(include_top=False, pooling=None)
+    return source
+
+
 def _tower_tensors(model_type, fields):
     """The tower `fields` describe, as `TensorLayout.read` checks it: `(architecture, depth, settings)`."""
     family = MODEL_TYPES[model_type][0]
@@ -167,4 +176,4 @@ def read_vision_tower_folder(folder, config, budget=None):
                                            class_token_position_embedding=True)
     source = source_from_state(weights, state, grid, fields["num_attention_heads"], architecture)
     source.position_resize = ("bicubic", False)  # CLIP's and SigLIP's interpolate_pos_encoding
-    return source
+    return without_head(source, family == "clip" or fields["vision_use_head"])

@@ -40,7 +40,7 @@ from keras_vit.checkpoints.source import CheckpointError, architecture_from_stat
 from keras_vit.checkpoints.state_dict_files import read_state_dict
 from keras_vit.checkpoints.tensor_layout import keras_to_torch, settings
 from keras_vit.checkpoints.transformers.clip import LAYOUT as SIGLIP_LAYOUT
-from keras_vit.checkpoints.transformers.clip import from_vision_tower, vision_config
+from keras_vit.checkpoints.transformers.clip import from_vision_tower, vision_config, without_head
 from keras_vit.checkpoints.transformers.vit import check_sizes, transformers_fields
 from keras_vit.model.architecture import Architecture
 
@@ -56,8 +56,6 @@ CONFIG_DEFAULTS = {
     "siglip2": dict(vision_config=None),
 }
 LAYOUT = dataclasses.replace(SIGLIP_LAYOUT, name="transformers' SigLIP 2 vision layout")
-# The pooling a tower without its head gives in transformers: none (its `last_hidden_state`).
-_HEADLESS = dict(include_top=False, pooling=None)
 
 
 def _patch_kernel(state, fields, weights, where):
@@ -106,6 +104,4 @@ def read_siglip2_folder(folder, config, budget=None):
     source = source_from_state(weights, state, grid, fields["num_attention_heads"], architecture)
     source.position_resize = ("bilinear", True)  # Siglip2VisionEmbeddings.resize_positional_embeddings
     source.naflex = True
-    if not head:
-        source.layout = dict(_HEADLESS)
-    return source
+    return without_head(source, head)
