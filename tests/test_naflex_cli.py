@@ -109,7 +109,9 @@ def test_a_partial_naflex_batch_is_filled_with_rows_of_weight_zero():
     x, y, weights = batches[1]
     assert weights.tolist() == [1.0, 1.0, 0.0]
     assert x["patch_grid"].tolist() == [[13, 19], [13, 19], [1, 1]] and x["patches"].shape == (3, 256, 48)
-    assert y.tolist() == [[1, 0, 0], [0, 0, 1], [0, 0, 0]]
+    assert y.tolist() == [0, 2, 0]
+    one_hot = NaFlexEvaluationBatches(data.from_arrays(images, labels), 4, batch_size=3, one_hot=True)[1][1]
+    assert one_hot.tolist() == [[1, 0, 0], [0, 0, 1], [0, 0, 0]]
     data.check_naflex_batch(x, 4)
 
 
@@ -180,7 +182,8 @@ def test_photos_of_many_shapes_compile_once_per_bucket(naflex_file, tmp_path, xl
     traces.clear()
     for budget in (16, 32, 64, 32):
         before = len(xla_compiles)
-        network.evaluate(NaFlexEvaluationBatches(source, 4, 5, dict(network.naflex_preprocessing, max_patches=budget)),
+        network.evaluate(NaFlexEvaluationBatches(source, 4, 5, dict(network.naflex_preprocessing, max_patches=budget),
+                                                 one_hot=True),
                          verbose=0)
         compiles[budget] += len(xla_compiles) - before
     # The first evaluation also traces once to build the metrics (Keras' symbolic build, jax.eval_shape), and

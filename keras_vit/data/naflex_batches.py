@@ -19,7 +19,7 @@ its aspect ratio, with as many patches as the budget allows; the examples
 grouped by the bucket their patch count pads to, every batch of one
 sequence length and `batch_size` rows (a bucket's last batch filled with
 rows of one zero patch and weight 0), so each step compiles once per
-bucket. Its batches are `(naflex batch, one-hot labels, weights)`: weight 1
+bucket. Its batches are `(naflex batch, labels (one-hot with one_hot=True), weights)`: weight 1
 for an example, 0 for a filler row or an image file that cannot be decoded
 (left out, with a note naming it), so Keras' metrics count each example once.
 
@@ -199,7 +199,8 @@ class NaFlexEvaluationBatches(keras.utils.PyDataset):
     keras_vit's own); `buckets` as `naflex_batch`'s.
     """
 
-    def __init__(self, source, patch_size, batch_size, preprocessing=None, buckets=None, num_classes=None):
+    def __init__(self, source, patch_size, batch_size, preprocessing=None, buckets=None, num_classes=None,
+                 one_hot=False):
         super().__init__()
         if source.examples is None:
             raise ValueError(f"NaFlex evaluation reads arrays and image folders; {source.name!r} is a "
@@ -211,7 +212,7 @@ class NaFlexEvaluationBatches(keras.utils.PyDataset):
         self.patch_size, self.batch_size = patch_size, min(int(batch_size), max(1, len(self.labels)))
         self.preprocessing = naflex_preprocessing(preprocessing)
         self.buckets = sequence_lengths(self.preprocessing["max_patches"], buckets)
-        self.num_classes = num_classes or source.num_classes
+        self.num_classes, self.one_hot = num_classes or source.num_classes, bool(one_hot)
         groups = {}
         for row in range(len(self.labels)):
             length = self._length(row)
@@ -239,8 +240,10 @@ class NaFlexEvaluationBatches(keras.utils.PyDataset):
                   "patch_grid": np.ones((1, 2), "int32"), "patch_mask": np.arange(bucket)[None] < 1}  # one patch
         cut = [filler if batch is None else batch for batch in cut] + [filler] * (self.batch_size - len(rows))
         batch = {key: np.concatenate([one[key] for one in cut]) for key in filler}
-        labels = np.zeros((self.batch_size, self.num_classes), "float32")
-        labels[np.arange(len(rows)), self.labels[rows]] = 1.0
+        labels = np.zeros(self.batch_size, "int64")  # a filler row's label is 0, at weight 0
+        labels[: len(rows)] = self.labels[rows]
+        if self.one_hot:
+            labels = np.eye(self.num_classes, dtype="float32")[labels] * (np.arange(self.batch_size) < len(rows))[:, None]
         return batch, labels, weights
 
     def _length(self, row):
