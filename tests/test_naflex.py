@@ -124,6 +124,7 @@ def test_naflex_model_round_trips_through_a_keras_file(tmp_path):
     (dict(naflex=True, resnet_layers=(1,), patch_size=1),
      "A hybrid ViT's convolutional stem needs whole images, and NaFlex cuts the patches before the model: build it "
      "without naflex=True."),
+    (dict(naflex_patch_sizes=(8,)), "naflex_patch_sizes applies to NaFlex models only; pass naflex=True."),
     (dict(position_embedding_aspect_preserving=True),
      "position_embedding_aspect_preserving and position_embedding_align_corners apply to NaFlex models only; pass "
      "naflex=True."),
@@ -142,7 +143,7 @@ def test_patches_of_another_size_meet_the_kernel_resampled_as_flexivit_does():
     keras.utils.set_random_seed(7)
     # Both tables 28x28: 112 px of 4 px patches, and the dynamic model's default 224 px of 8 px ones.
     naflex = keras_vit.ViT(naflex=True, image_size=112, **TINY, include_top=False, classifier="gap",
-                           class_token=False)
+                           class_token=False, naflex_patch_sizes=(8,))
     coarse = keras_vit.ViT(image_size=(None, None), **dict(TINY, patch_size=8), include_top=False,
                            classifier="gap", class_token=False)
     weights = naflex.get_weights()
@@ -153,3 +154,19 @@ def test_patches_of_another_size_meet_the_kernel_resampled_as_flexivit_does():
     for index, image in enumerate(images):
         alone = predict(coarse, image[None])[0]
         np.testing.assert_allclose(got[index, : len(alone)], alone, atol=2e-5, rtol=0)
+
+
+@pytest.mark.backend_independent
+def test_patches_of_a_size_the_model_was_not_built_for_are_refused_not_resampled():
+    model = keras_vit.ViT(naflex=True, **TINY, classes=3)  # 4-pixel patches only
+    batch = batch_of(images_of([(16, 24)], seed=9), 8)
+    with pytest.raises(ValueError) as error:
+        model(batch)
+    assert str(error.value) == ("patches hold 192 values each (patches of 8 pixels) but patch_size 4 takes 48 (4x4 "
+                                "pixels x 3 channels); cut the images with patch_size=4 or use a model of the patch "
+                                "size they were cut with.")
+    flexible = keras_vit.ViT(naflex=True, **TINY, classes=3, naflex_patch_sizes=(8, 16))
+    assert flexible.get_layer("embedding").patch_sizes == (4, 8, 16)
+    with pytest.raises(ValueError, match=r"but the model takes patches of 4, 8, 16 pixels"):
+        flexible(batch_of(images_of([(12, 24)], seed=9), 6))
+    assert predict(flexible, batch).shape == (1, 3)

@@ -127,6 +127,9 @@ def test_naflex_flags_on_the_wrong_model_are_refused_in_one_line(naflex_file, tm
         ("predict", image, "--weights", naflex_file, "--crop-fraction", "0.9"):
             f"--crop-fraction 0.9 crops the images of fixed-size models; {naflex_file} is a NaFlex model, which sees "
             "the whole image: leave it out, or set its patch budget with --max-patches.",
+        ("predict", image, "--weights", naflex_file, "--image-size", "128"):
+            f"--image-size 128 sizes the images of fixed-size models; {naflex_file} is a NaFlex model, which sees "
+            "each image whole at its own grid: leave it out, or set its patch budget with --max-patches.",
         ("predict", image, "--weights", naflex_file, "--max-patches", "0"):
             "max_patches must be a positive integer, got 0.",
     }

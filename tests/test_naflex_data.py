@@ -184,3 +184,15 @@ def test_check_naflex_batch_names_the_problem_and_the_fix_in_one_line(batch, mes
 
 def test_docstring_examples_run():
     assert doctest.testmod(naflex).failed == 0
+
+
+@pytest.mark.backend_independent
+def test_naflex_batch_takes_image_files_as_their_decoded_pixels(tmp_path):
+    from PIL import Image
+
+    pixels = np.random.default_rng(0).integers(0, 256, (30, 50, 3)).astype("uint8")
+    Image.fromarray(pixels).save(tmp_path / "photo.png")
+    from_file = naflex.naflex_batch([str(tmp_path / "photo.png")], 4, 32)
+    from_array = naflex.naflex_batch([pixels], 4, 32)
+    for key in from_array:
+        np.testing.assert_array_equal(from_file[key], from_array[key])

@@ -170,9 +170,9 @@ def one_more_valid(mask):
     (changed(patch_mask=one_more_valid),
      "patch_mask of image 0 marks 16 valid patches but its patch_grid (3, 5) has 15; the first rows*cols positions "
      "must be True and the rest False."),
-    (changed(patches=lambda p: p[..., :40]),  # patches of another square size are FlexiViT's, and taken
-     "patches hold 40 values each, which no square patch of 3 channels has (patch_size * patch_size * 3); cut the "
-     "images with keras_vit.data.naflex_batch."),
+    (changed(patches=lambda p: p[..., :27]),
+     "patches hold 27 values each (patches of 3 pixels) but patch_size 4 takes 48 (4x4 pixels x 3 channels); cut "
+     "the images with patch_size=4 or use a model of the patch size they were cut with."),
     (changed(patch_grid=lambda g: None),
      "The NaFlex batch has no 'patch_grid' (its keys: ['patch_mask', 'patches']); add 'patch_grid': int32 (batch, "
      "2), each image's (rows, columns) of patches, as keras_vit.data.naflex_batch makes it."),

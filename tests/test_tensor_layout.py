@@ -46,7 +46,7 @@ def test_declared_weights_are_exactly_the_weights_vit_builds(name):
 
 @pytest.mark.parametrize("layout", LAYOUTS, ids=lambda layout: layout.name)
 def test_every_layout_names_only_keras_vit_weights(layout):
-    known = set(tensor_layout.MODEL_WEIGHTS) | {name for group in tensor_layout.OPTIONAL_GROUPS for name in group}
+    known = set(tensor_layout.MODEL_WEIGHTS) | {name for group in tensor_layout.optional_groups(True) for name in group}
     paths = [tensor_layout._path(value) for value in layout.top.values()]
     paths += [path for _, outputs in layout.reshaped.values() for path in outputs]
     assert set(paths) <= known

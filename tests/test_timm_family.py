@@ -160,17 +160,6 @@ def test_feature_extractor_equals_timms_forward_intermediates_on_a_register_mode
             np.testing.assert_allclose(keras.ops.convert_to_numpy(found), want, atol=1e-5, rtol=0)
 
 
-@pytest.mark.backend_independent
-def test_plain_deit_folders_are_read_and_distilled_ones_named(tmp_path):
-    folder = tmp_path / "distilled"
-    shutil.copytree(os.path.join(FAMILY, "deit"), folder)
-    config = json.loads((folder / "config.json").read_text())
-    (folder / "config.json").write_text(json.dumps(dict(config, architecture="deit_small_distilled_patch16_224")))
-    with pytest.raises(CheckpointError, match=r"distilled/config.json: timm's 'deit_small_distilled_patch16_224' is a "
-                                              r"ViT with a distillation token and head \(DeiT distilled\).$"):
-        keras_vit.from_pretrained(str(folder))
-
-
 def test_attention_maps_and_inspect_read_the_model_with_registers(reference, tmp_path):
     model = load(os.path.join(FAMILY, "dinov2_reg"))
     attentions = keras_vit.tools.analysis.attention_weights(model, reference["dinov2_reg/images"])

@@ -74,6 +74,7 @@ def ViT(
     position_embedding_interpolation=None,
     position_embedding_antialias=None,
     naflex=None,
+    naflex_patch_sizes=None,
     position_embedding_aspect_preserving=None,
     position_embedding_align_corners=None,
     drop_remainder=False,
@@ -138,6 +139,10 @@ def ViT(
             its own grid) instead of images, as timm's `use_naflex=True`;
             default the checkpoint's (timm's NaFlexVit, transformers'
             Siglip2), else False. Any fixed-size model's weights run so.
+        naflex_patch_sizes: with `naflex`, other square patch sizes the
+            model takes besides `patch_size`, its patch kernel resampled to
+            each (FlexiViT; `naflex_batches.NaFlexBatches(patch_sizes=...)`
+            trains on them); any other size is refused.
         position_embedding_aspect_preserving, position_embedding_align_corners:
             with `naflex`, resize the position table to a square of the
             longer side and crop it (timm's `pos_embed_ar_preserving`), and
@@ -221,6 +226,8 @@ def ViT(
     interpolation = position_embedding_interpolation or resize[0]
     antialias = bool(resize[1] if position_embedding_antialias is None else position_embedding_antialias)
     naflex = bool(source.naflex if naflex is None and source else naflex)
+    if naflex_patch_sizes and not naflex:
+        raise ValueError("naflex_patch_sizes applies to NaFlex models only; pass naflex=True.")
     if naflex and (source is not None or image_size == (224, 224)):  # the checkpoint's table, else 224 px worth
         image_size = DYNAMIC
     naflex_resize = _naflex_resize(naflex, source, position_embedding_aspect_preserving,
@@ -245,6 +252,7 @@ def ViT(
         position_embedding_interpolation=interpolation,
         position_embedding_antialias=antialias,
         naflex=naflex,
+        naflex_patch_sizes=tuple(int(size) for size in naflex_patch_sizes) if naflex_patch_sizes else None,
         **naflex_resize,
         drop_remainder=bool(drop_remainder),
         name=name or variant_name(sizes) or "vit",

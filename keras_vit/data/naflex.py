@@ -43,10 +43,11 @@ Example:
 """
 
 import math
+import os
 
 import numpy as np
 
-from keras_vit.data.arrays import minus_one_to_one
+from keras_vit.data.arrays import decode_image, minus_one_to_one
 from keras_vit.data.preprocessing import PILLOW_FILTERS
 
 # Each rule's filter: transformers' Siglip2ImageProcessor resamples bilinear; timm's NaFlexVit pretrained configs
@@ -173,7 +174,8 @@ def naflex_resize(image, patch_size, max_patches, rule="siglip2", interpolation=
 
 
 def naflex_batch(images, patch_size, max_patches, rule="siglip2", interpolation=None, buckets=None):
-    """A NaFlex batch (the module's layout) of `images`, uint8 or float `(height, width, 3)` arrays of any shapes.
+    """A NaFlex batch (the module's layout) of `images`, uint8 or float `(height, width, 3)` arrays of any shapes
+    (or image files' paths).
 
     Each image is resized to `naflex_image_size(..., rule)` with Pillow's
     `interpolation` (None: the rule's, `DEFAULT_INTERPOLATION`; float pixels
@@ -226,7 +228,7 @@ def check_naflex_shapes(batch, patch_size):
     """`check_naflex_batch` on the keys, shapes and dtypes alone: arrays, tensors or `keras.KerasTensor`s.
 
     An unknown size (None, as a traced or symbolic tensor has) passes; returns the keys in the layout's order.
-    `patch_size=None` takes patches of any square size (a NaFlex model resamples its kernel to theirs).
+    `patch_size` may be a tuple of the sizes a model takes (`naflex_patch_sizes`); None takes any square size.
     """
     if not hasattr(batch, "keys"):
         raise ValueError(f"A NaFlex batch is a dict of {list(LAYOUT)}, got {type(batch).__name__}; make it with "
@@ -240,18 +242,25 @@ def check_naflex_shapes(batch, patch_size):
     patches, grid, mask = (batch[key] if hasattr(batch[key], "shape") else np.asarray(batch[key]) for key in LAYOUT)
     (shape, dtype), (grid_shape, grid_dtype), (mask_shape, mask_dtype) = (_shape_and_dtype(x) for x in
                                                                           (patches, grid, mask))
-    patch = None if patch_size is None else _positive(patch_size, "patch_size")
+    sizes = None if patch_size is None else tuple(
+        _positive(size, "patch_size") for size in (patch_size if isinstance(patch_size, (tuple, list)) else
+                                                   (patch_size,)))
     if len(shape) != 3 or not np.issubdtype(dtype, np.floating):
         raise ValueError(f"patches must be {LAYOUT['patches']}, got {dtype} of shape {shape}.")
-    if patch is None and shape[-1] is not None and 3 * math.isqrt(shape[-1] // 3) ** 2 != shape[-1]:
+    side = None if shape[-1] is None else math.isqrt(shape[-1] // 3)
+    if sizes is None and side is not None and 3 * side * side != shape[-1]:
         raise ValueError(f"patches hold {shape[-1]} values each, which no square patch of 3 channels has "
                          "(patch_size * patch_size * 3); cut the images with keras_vit.data.naflex_batch.")
-    if patch is not None and shape[-1] not in (None, patch * patch * 3):
-        side = math.isqrt(shape[-1] // 3)
+    if sizes is not None and side is not None and shape[-1] not in [size * size * 3 for size in sizes]:
         seen = f" (patches of {side} pixels)" if 3 * side * side == shape[-1] else ""
-        raise ValueError(f"patches hold {shape[-1]} values each{seen} but patch_size {patch} takes "
-                         f"{patch * patch * 3} ({patch}x{patch} pixels x 3 channels); cut the images with "
-                         f"patch_size={patch} or use a model of the patch size they were cut with.")
+        patch = sizes[0]
+        if len(sizes) == 1:
+            raise ValueError(f"patches hold {shape[-1]} values each{seen} but patch_size {patch} takes "
+                             f"{patch * patch * 3} ({patch}x{patch} pixels x 3 channels); cut the images with "
+                             f"patch_size={patch} or use a model of the patch size they were cut with.")
+        raise ValueError(f"patches hold {shape[-1]} values each{seen} but the model takes patches of "
+                         f"{', '.join(str(size) for size in sizes)} pixels (patch_size * patch_size * 3 values); cut "
+                         f"the images with one of them.")
     if not _same_shape(grid_shape, (shape[0], 2)) or not np.issubdtype(grid_dtype, np.integer):
         images = "" if shape[0] is None else f" for {shape[0]} images"
         raise ValueError(f"patch_grid must be {LAYOUT['patch_grid']}{images}, got {grid_dtype} "
@@ -318,6 +327,8 @@ def _checked_buckets(buckets, allow_empty=False):
 
 
 def _rgb_image(image, index):
+    if isinstance(image, (str, os.PathLike)):  # an image file, decoded as every keras_vit tool decodes it
+        image = decode_image(image)
     image = np.asarray(image)
     if image.ndim != 3 or image.shape[-1] != 3:
         raise ValueError(f"Image {index} has shape {image.shape}; naflex_batch takes (height, width, 3) RGB images.")

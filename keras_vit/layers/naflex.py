@@ -61,9 +61,9 @@ class NaFlexPatchEmbedding(keras.layers.Layer):
     The convolution of `PatchEmbedding` written as one product: its kernel
     `(P, P, channels, hidden)`, flattened in the patches' (row, column,
     channel) order, is this layer's weight, under the same name. Patches of
-    another size get the kernel resampled to theirs by FlexiViT's
+    the other `patch_sizes` get the kernel resampled to theirs by FlexiViT's
     pseudo-inverse resize (`resize_patch_embedding`), as timm's NaFlex
-    training with random patch sizes does.
+    training with random patch sizes does; any other size is refused.
 
     Example:
     >>> import numpy as np
@@ -72,10 +72,12 @@ class NaFlexPatchEmbedding(keras.layers.Layer):
     """
 
     def __init__(self, patch_size, hidden_size, use_bias=True, kernel_initializer="lecun_normal", channels=3,
-                 **kwargs):
+                 patch_sizes=None, **kwargs):
         super().__init__(**kwargs)
         # === Config ===
         self.patch_size = as_pair(patch_size, "patch_size")
+        # The square patch sizes it takes: its own, and those it resamples its kernel to (FlexiViT).
+        self.patch_sizes = tuple(sorted({self.patch_size[0], *(int(size) for size in (patch_sizes or ()))}))
         self.hidden_size = int(hidden_size)
         self.use_bias = bool(use_bias)
         self.channels = int(channels)
@@ -93,11 +95,12 @@ class NaFlexPatchEmbedding(keras.layers.Layer):
             if self.use_bias else None
 
     def patch_size_of(self, width):
-        """The square patch size whose flattened patches have `width` values, or a ValueError."""
+        """The patch size (one of `patch_sizes`) whose flattened patches have `width` values, or a ValueError."""
         side = math.isqrt(max(int(width) // self.channels, 0))
-        if side < 1 or side * side * self.channels != width:
-            raise ValueError(f"NaFlex patches have patch_size * patch_size * {self.channels} values each "
-                             f"({self.patch_width} for this model's {self.patch_size[0]}-pixel patches), got {width}.")
+        if side not in self.patch_sizes or side * side * self.channels != width:
+            raise ValueError(f"NaFlex patches of {width} values are none of the {self.patch_sizes}-pixel patches this "
+                             f"model takes (patch_size * patch_size * {self.channels} values); cut the images with "
+                             "one of them, or build the model with naflex_patch_sizes= the sizes to resample to.")
         return side
 
     def call(self, patches):
@@ -116,6 +119,8 @@ class NaFlexPatchEmbedding(keras.layers.Layer):
 
     def get_config(self):
         config = super().get_config()
+        if len(self.patch_sizes) > 1:
+            config.update(patch_sizes=list(self.patch_sizes))
         config.update(patch_size=self.patch_size, hidden_size=self.hidden_size, use_bias=self.use_bias,
                       channels=self.channels, kernel_initializer=keras.initializers.serialize(self.kernel_initializer))
         return config

@@ -137,7 +137,7 @@ def traced_interpolation_matrix(in_size, out_size, interpolation="bicubic", anti
     unknown image sizes builds its resize here. Equal to
     `interpolation_matrix` to float32 rounding (tested).
     """
-    out_index = ops.expand_dims(ops.arange(0, out_size, 1, dtype="float32"), 1)
+    out_index = ops.arange(0, out_size, 1, dtype="float32")
     # The size counted from the graph's own tensor: a symbolic size made a tensor is fixed by torch's exporter.
     return interpolation_weights(in_size, out_index, ops.sum(ops.ones_like(out_index)), interpolation, antialias)
 

@@ -77,6 +77,7 @@ class ModelOptions:
     position_embedding_interpolation: str = "bicubic"
     position_embedding_antialias: bool = False
     naflex: bool = False  # Take NaFlex batches (`keras_vit.layers.naflex`) instead of images.
+    naflex_patch_sizes: tuple = None  # NaFlex: other patch sizes it takes, its kernel resampled (FlexiViT).
     position_embedding_aspect_preserving: bool = False  # NaFlex: timm's pos_embed_ar_preserving.
     position_embedding_align_corners: bool = False  # NaFlex: timm's pos_embed_align_corners (RADIO v3).
     drop_remainder: bool = False
@@ -268,8 +269,8 @@ def _naflex_patches(options, input_tensor, grid_size, typed):
     x = inputs["patches"]
     if architecture.normalizes_input:
         x = InputNormalization(architecture.input_mean, architecture.input_std, name="input_normalization", **typed)(x)
-    x = NaFlexPatchEmbedding(sizes.patch_size, sizes.hidden_size, use_bias=architecture.patch_bias, name="embedding",
-                             **typed)(x)
+    x = NaFlexPatchEmbedding(sizes.patch_size, sizes.hidden_size, use_bias=architecture.patch_bias,
+                             patch_sizes=options.naflex_patch_sizes, name="embedding", **typed)(x)
     position = NaFlexPositionEmbedding(
         grid_size,
         architecture.position_prefix_rows,

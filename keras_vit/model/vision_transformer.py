@@ -205,7 +205,7 @@ class VisionTransformer(keras.Model):
         """
         arrays = all(isinstance(x[key], np.ndarray) for key in x) if hasattr(x, "keys") else isinstance(x, np.ndarray)
         if arrays and is_naflex(self):
-            check_naflex_batch(x, None)  # any square patch size: FlexiViT resamples the kernel
+            check_naflex_batch(x, self.get_layer("embedding").patch_sizes)
 
     def _check_images(self, x):
         """Refuse another image size, or a grayscale or channels-first batch, with a message that says so.
@@ -213,7 +213,7 @@ class VisionTransformer(keras.Model):
         A NaFlex model's batch is checked by `check_naflex_shapes` instead: its keys, shapes and dtypes.
         """
         if is_naflex(self):
-            check_naflex_shapes(x, None)
+            check_naflex_shapes(x, self.get_layer("embedding").patch_sizes)
             return
         if len(self.inputs) != 1:
             return

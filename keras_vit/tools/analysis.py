@@ -56,7 +56,7 @@ def attention_weights(model, images):
     [(1, 2, 17, 17), (1, 2, 17, 17)]
     """
     if is_naflex(model):
-        check_naflex_batch(images, None)
+        check_naflex_batch(images, model.get_layer("embedding").patch_sizes)
         x = {key: np.asarray(images[key]) for key in NAFLEX_INPUTS}
     else:
         x = keras.ops.convert_to_tensor(np.asarray(images, "float32"))

@@ -87,7 +87,7 @@ def outputs_logits(model):
     return activation is keras.activations.linear or getattr(activation, "__name__", "") == "linear"
 
 
-def naflex_options(network, weights, max_patches=None, crop_fraction=None, interpolation=None):
+def naflex_options(network, weights, max_patches=None, crop_fraction=None, interpolation=None, image_size=None):
     """A NaFlex model's `naflex_batch` keywords (its `naflex_preprocessing`, else keras_vit's own) with
     `max_patches` or `interpolation` in place of its own; None for a fixed-size model, which takes no
     `max_patches`."""
@@ -97,6 +97,10 @@ def naflex_options(network, weights, max_patches=None, crop_fraction=None, inter
                              f"{native_image_size(network)[0]}x{native_image_size(network)[1]} px images: leave "
                              "it out, or set their size with image_size=.")
         return None
+    if image_size is not None:
+        raise ValueError(f"image_size={image_size} sizes the images of fixed-size models; {weights} is a NaFlex "
+                         "model, which sees each image whole at its own grid: leave it out, or set its patch budget "
+                         "with max_patches=.")
     if crop_fraction is not None:
         raise ValueError(f"crop_fraction={crop_fraction} crops the images of fixed-size models; {weights} is a "
                          "NaFlex model, which sees the whole image: leave it out, or set its patch budget with "
@@ -117,7 +121,7 @@ def evaluate(weights="runs/finetune/model.keras", dataset="digits", eval_split="
     """
     network = load_for_inference(weights, model, image_size, sizes, drop_remainder=drop_remainder)
     _check_has_classifier(network, weights)
-    naflex = naflex_options(network, weights, max_patches, crop_fraction, interpolation)
+    naflex = naflex_options(network, weights, max_patches, crop_fraction, interpolation, image_size)
     image_size = native_image_size(network)
     num_classes = network.output_shape[-1]
     names = _saved_class_names(network, weights)
@@ -191,7 +195,7 @@ def predict(images, weights="runs/finetune/model.keras", labels=None, crop_fract
     """
     network = load_for_inference(weights, model, image_size, sizes, drop_remainder=drop_remainder)
     _check_has_classifier(network, weights)
-    naflex = naflex_options(network, weights, max_patches, crop_fraction, interpolation)
+    naflex = naflex_options(network, weights, max_patches, crop_fraction, interpolation, image_size)
     if naflex is None:
         transform = eval_transform(network, crop_fraction=crop_fraction, interpolation=interpolation)
     names = class_names(network, weights, labels)
