@@ -196,10 +196,13 @@ def _plain_copy(model, quantize):
 def _default_input_spec(model, native_image_size, filepath):
     """The model's input with a dynamic batch; on JAX a dynamic-resolution model's native size, said.
 
-    A NaFlex model's is its three inputs, the batch and the sequence length both dynamic.
+    A NaFlex model's is its three inputs, the batch and the sequence length both dynamic, the patches of the
+    model's own patch size.
     """
     if is_naflex(model):
-        return {tensor.name: keras.InputSpec(shape=tensor.shape, dtype=tensor.dtype, name=tensor.name)
+        width = model.get_layer("embedding").patch_width
+        return {tensor.name: keras.InputSpec(shape=(*tensor.shape[:2], width) if tensor.name == "patches" else
+                                             tensor.shape, dtype=tensor.dtype, name=tensor.name)
                 for tensor in model.inputs}
     shape = tuple(model.inputs[0].shape)
     if None in shape[1:3] and keras.backend.backend() == "jax" and native_image_size:
