@@ -53,8 +53,11 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("case", CASES)
-@pytest.mark.parametrize("pooling", [None, "pooled"])
+# Every case's tokens on every backend; pooled, the two whose pooling is masked on a kernel path (MAP's
+# attention, GAP's masked mean), and the other two once.
+@pytest.mark.parametrize("case, pooling", [(case, None) for case in CASES] + [
+    (case, "pooled") if case in ("siglip_map", "registers_gap") else
+    pytest.param(case, "pooled", marks=pytest.mark.backend_independent) for case in CASES])
 def test_each_image_of_a_padded_batch_equals_the_dynamic_model_on_that_image_alone(case, pooling):
     switches = CASES[case]
     resize = {key: switches[key] for key in ("position_embedding_interpolation", "position_embedding_antialias")
@@ -170,3 +173,14 @@ def test_patches_of_a_size_the_model_was_not_built_for_are_refused_not_resampled
     with pytest.raises(ValueError, match=r"but the model takes patches of 4, 8, 16 pixels"):
         flexible(batch_of(images_of([(12, 24)], seed=9), 6))
     assert predict(flexible, batch).shape == (1, 3)
+
+
+@pytest.mark.backend_independent
+def test_eval_transform_of_a_naflex_model_points_to_naflex_batch():
+    model = keras_vit.ViT(naflex=True, **TINY, classes=3, name="flex")
+    with pytest.raises(ValueError) as error:
+        keras_vit.eval_transform(model)
+    assert str(error.value) == (
+        "flex is a NaFlex model: it takes each photo whole, cut into its own grid of patches, not an image of one "
+        "size; make its batches with keras_vit.data.naflex_batch(photos, model.sizes.patch_size, "
+        "**model.naflex_preprocessing).")

@@ -65,6 +65,7 @@ def test_a_naflex_model_keeps_its_preprocessing_through_a_keras_file(naflex_file
     assert keras_vit.ViT(**SMALL, weights=source).naflex_preprocessing == timm
 
 
+@pytest.mark.backend_independent
 def test_predict_scores_each_whole_photo_as_the_model_scores_its_naflex_batch(naflex_file, tmp_path):
     paths = write_images(str(tmp_path), PHOTOS)
     network = keras.saving.load_model(naflex_file)
@@ -84,6 +85,7 @@ def test_predict_scores_each_whole_photo_as_the_model_scores_its_naflex_batch(na
             np.testing.assert_allclose(np.sort(eager)[::-1], [p for _, p in result], atol=1e-6, rtol=0)
 
 
+@pytest.mark.backend_independent
 def test_evaluate_scores_a_folder_of_mixed_shapes_in_one_sequence_length_per_bucket(naflex_file, tmp_path):
     shapes = ((40, 60), (90, 30), (33, 33), (20, 100), (64, 48))
     for label in ("0", "1", "2"):

@@ -44,6 +44,7 @@ def images_of(batch):
     return images
 
 
+@pytest.mark.backend_independent
 def test_fixture_batches_mix_three_aspect_ratios_with_padding(reference):
     for case in CASES:
         for budget in BUDGETS:

@@ -61,7 +61,8 @@ def eval_transform(model, image_size=None, crop_fraction=None, interpolation=Non
     `.npz` file's vit_jax's, and a model keras_vit trained or built
     keras_vit's own. Each field can be overridden (`None` keeps it), as
     timm's `resolve_data_config(args)` does; the size is the model's unless
-    `image_size` says otherwise.
+    `image_size` says otherwise. A NaFlex model has none (its
+    `naflex_preprocessing` cuts photos): refused.
 
     Example:
     >>> import numpy as np, keras_vit
@@ -71,6 +72,10 @@ def eval_transform(model, image_size=None, crop_fraction=None, interpolation=Non
     >>> model.predict(transform(np.zeros((375, 500, 3), "uint8"))[None], verbose=0).shape
     (1, 3)
     """
+    if is_naflex(model):
+        raise ValueError(f"{model.name} is a NaFlex model: it takes each photo whole, cut into its own grid of "
+                         "patches, not an image of one size; make its batches with keras_vit.data.naflex_batch("
+                         "photos, model.sizes.patch_size, **model.naflex_preprocessing).")
     transform = getattr(model, "eval_transform", None) or preprocessing.keras_vit()
     transform = transform.fitted_to(native_image_size(model))
     return transform.replace(image_size=image_size, crop_fraction=crop_fraction, interpolation=interpolation,
