@@ -184,3 +184,26 @@ def test_eval_transform_of_a_naflex_model_points_to_naflex_batch():
         "flex is a NaFlex model: it takes each photo whole, cut into its own grid of patches, not an image of one "
         "size; make its batches with keras_vit.data.naflex_batch(photos, model.sizes.patch_size, "
         "**model.naflex_preprocessing).")
+
+
+@pytest.mark.parametrize("interpolation, aspect_preserving, align_corners", [
+    ("bilinear", True, True), ("bicubic", False, False)])
+def test_a_table_too_large_for_one_product_gathers_each_tokens_taps_as_the_host_resize_computes(
+        interpolation, aspect_preserving, align_corners):
+    from keras_vit.layers.naflex import NaFlexPositionEmbedding
+    from keras_vit.layers.position_embedding import resize_position_embeddings
+
+    grid, width = (65, 66), 3  # 4290 positions: past the dense product, as RADIO's 128x128 table
+    table = np.random.default_rng(10).normal(size=(1, grid[0] * grid[1], width)).astype("float32")
+    layer = NaFlexPositionEmbedding(grid, interpolation=interpolation, aspect_preserving=aspect_preserving,
+                                    align_corners=align_corners)
+    layer.build((None, None, width))
+    layer.pos_embedding.assign(table)
+    grids = np.array([[3, 7], [9, 2], [1, 1]], "int32")
+    positions = np.asarray(keras.ops.convert_to_numpy(layer(np.zeros((3, 21, width), "float32"), grids)))
+    for index, (rows, cols) in enumerate(grids):
+        size = (max(rows, cols),) * 2 if aspect_preserving else (rows, cols)
+        expected = resize_position_embeddings(table.astype("float64"), size, grid, num_prefix_tokens=0,
+                                              interpolation=interpolation, align_corners=align_corners)
+        expected = expected.reshape(*size, width)[:rows, :cols].reshape(-1, width)
+        np.testing.assert_allclose(positions[index, : rows * cols], expected, atol=1e-5, rtol=0)
