@@ -206,4 +206,6 @@ def test_a_table_too_large_for_one_product_gathers_each_tokens_taps_as_the_host_
         expected = resize_position_embeddings(table.astype("float64"), size, grid, num_prefix_tokens=0,
                                               interpolation=interpolation, align_corners=align_corners)
         expected = expected.reshape(*size, width)[:rows, :cols].reshape(-1, width)
-        np.testing.assert_allclose(positions[index, : rows * cols], expected, atol=1e-5, rtol=0)
+        # float32 source coordinates near row 64 are off by ~6e-6 of a row; neighbouring rows of a random table
+        # differ by up to ~3, so the float64 host resize is within 5e-5, not 1e-5.
+        np.testing.assert_allclose(positions[index, : rows * cols], expected, atol=5e-5, rtol=0)
