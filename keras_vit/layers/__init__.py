@@ -20,6 +20,7 @@ is `keras_vit.layers.kernels`' business, not the layers'.
 - `mlp`: the MLP (GELU, QuickGELU, SwiGLU; its hidden norm) and its activations;
 - `parts`: what the block's parts share, and why they are plain Python rather than Keras layers;
 - `attention_pooling`: multi-head attention pooling (MAP);
+- `naflex`: NaFlex inputs (pre-cut patches, each image's own grid, padding masks);
 - `norm`, `dense`: the LayerNorm/RMSNorm and the projections every block uses;
 - `conv_stem`, `resnet`: the stems of the hybrid models;
 - `kernels`: the speed kernels and their switches.
