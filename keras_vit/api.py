@@ -36,6 +36,7 @@ from keras_vit.model.vision_transformer import eval_transform
 from keras_vit.tools import analysis
 from keras_vit.tools.features import feature_extractor, naflex_feature_maps
 from keras_vit.training import distribute, durable, recipes  # recipes registers the optimizers saved in .keras files
+from keras_vit.training.distillation import Distiller
 from keras_vit.training.masked_patch import MaskedPatchPretrainer, PatchCorruption, mean_colour_bins
 
 # Modules that moved into subpackages (issue 46), still reachable as `keras_vit.<name>` since the guides import
@@ -46,6 +47,7 @@ MOVED_MODULES = ["analysis", "distribute", "durable", "kernels", "recipes", "res
 __all__ = MOVED_MODULES + [
     "Checkpoint",
     "CheckpointError",
+    "Distiller",
     "MaskedPatchPretrainer",
     "PatchCorruption",
     "Architecture",

@@ -1,4 +1,5 @@
-"""Train a small ViT for a few steps under one distribution engine and save its weights.
+"""Train a small ViT, a distilled student and a masked-patch pretrainer for a few steps under one
+distribution engine and save their weights: `model.fit`'s own loss and the trainers' `compute_loss`.
 
 Run by tests/test_distribute.py in fresh processes, because virtual devices and
 multi-process JAX must be configured before the backend starts:
@@ -47,6 +48,25 @@ with engine.scope():
     model.compile(optimizer=recipes.finetuning_optimizer(0.05), loss="sparse_categorical_crossentropy")
 model.fit(dataset, epochs=2, verbose=0)
 
+# The two trainers that compute their own loss must average over the global batch as Keras' losses do (the
+# data-parallel engines; model parallelism and multi-host split no batch differently).
+student = pretrainer = None
+if engine_name in ("none", "data_parallel", "mirrored"):
+    with engine.scope():
+        student = keras_vit.ViT(image_size=16, patch_size=4, hidden_size=16, num_layers=1, num_heads=2, mlp_dim=32,
+                                classes=5, classifier_activation=None, name="student",
+                                architecture=keras_vit.Architecture(distillation_token=True))
+        distiller = keras_vit.Distiller(student, model, method="hard", teacher_from_logits=False)
+        distiller.compile(optimizer=keras.optimizers.SGD(0.5))
+        encoder = keras_vit.ViT(image_size=16, patch_size=4, hidden_size=16, num_layers=1, num_heads=2, mlp_dim=32,
+                                include_top=False, name="encoder")
+        # Every patch masked: the corruption draws nothing that differs between one device and several replicas.
+        pretrainer = keras_vit.MaskedPatchPretrainer(encoder, corruption_rate=1.0, mask_rate=1.0, random_rate=0.0,
+                                                     seed=0)
+        pretrainer.compile(optimizer=keras.optimizers.SGD(0.5))
+    distiller.fit(dataset, epochs=1, verbose=0)
+    pretrainer.fit(tf.data.Dataset.from_tensor_slices(images).batch(8), epochs=1, verbose=0)
+
 report = {"engine": engine_name, "replicas": engine.num_replicas}
 if engine_name == "model_parallel":
     kernel = model.get_layer("encoderblock_0").qkv.kernel.value
@@ -62,5 +82,8 @@ def local(variable):
 
 
 if engine.is_chief:
-    np.savez(output, **{v.path: local(v) for v in model.weights})
+    trained = {"vit": model.weights}
+    if student is not None:
+        trained.update(student=student.weights, pretrainer=pretrainer.trainable_weights)
+    np.savez(output, **{f"{name}:{v.path}": local(v) for name, weights in trained.items() for v in weights})
 print("REPORT " + json.dumps(report), flush=True)

@@ -35,6 +35,7 @@ from keras_vit.model.lora import enable_lora
 from keras_vit.model.vision_transformer import VisionTransformer, check_image_size
 from keras_vit.training import distribute, durable, recipes
 from keras_vit.training.durable import backup_dir, resumed_epoch  # noqa: F401 (public here too)
+from keras_vit.training.distillation import Distiller  # noqa: F401 (public here too)
 from keras_vit.training.masked_patch import MaskedPatchPretrainer
 from keras_vit.utils import files
 

@@ -32,6 +32,8 @@ Example:
 import keras
 from keras import ops
 
+from keras_vit.utils.keras_internals import per_replica_loss
+
 METHODS = ("hard", "soft")
 
 
@@ -124,7 +126,9 @@ class Distiller(keras.Model):
             losses = losses * ops.cast(ops.reshape(sample_weight, (-1,)), "float32")
         loss = ops.mean(losses)
         regularization = self.student.losses
-        return loss + ops.sum(ops.stack(regularization)) if regularization else loss
+        if regularization:
+            loss = loss + ops.sum(ops.stack(regularization))
+        return per_replica_loss(loss)
 
     def compute_metrics(self, x, y, y_pred, sample_weight=None):
         if len(y_pred.shape) == 3:

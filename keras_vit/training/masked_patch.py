@@ -13,6 +13,7 @@ from keras import ops
 
 from keras_vit.model.description import architecture_of, is_naflex
 from keras_vit.utils.shapes import as_pair
+from keras_vit.utils.keras_internals import per_replica_loss
 
 
 @keras.saving.register_keras_serializable(package="keras_vit")
@@ -264,7 +265,7 @@ class MaskedPatchPretrainer(keras.Model):
         loss = ops.sum(cross_entropy * mask) / ops.maximum(ops.sum(mask), 1.0)
         for extra in self.losses:
             loss = loss + ops.sum(ops.cast(extra, "float32"))
-        return loss
+        return per_replica_loss(loss)
 
     def compute_metrics(self, x, y, y_pred, sample_weight=None):
         self.corrupted_accuracy.update_state(

@@ -134,3 +134,17 @@ def check_optimizer_hooks(optimizer, overridden):
                 f"{keras.__version__} does not have; keras_vit is tested with Keras {TESTED_KERAS}: "
                 "pip install 'keras<3.16'."
             )
+
+
+def per_replica_loss(loss):
+    """`loss` (a mean over this replica's batch) scaled as Keras' own losses are under a `tf.distribute` strategy.
+
+    Keras sums the replicas' gradients, so its losses divide each replica's
+    mean by the number of replicas (`keras.src.losses.loss.scale_loss_for_distribution`,
+    a no-op on the other backends and on one replica). A `compute_loss`
+    override that returns a plain mean would take N replicas' steps N times
+    too large.
+    """
+    from keras.src.losses import loss as loss_module
+
+    return _private(loss_module, "scale_loss_for_distribution")(loss)
