@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 import keras_vit
+from keras_vit.model.graph import distillation_heads
 from keras_vit.training.distillation import Distiller, hard_distillation_loss, soft_distillation_loss
 
 SIZES = dict(image_size=16, patch_size=8, num_layers=1, num_heads=2, classes=3, classifier_activation=None)
@@ -72,6 +73,27 @@ def test_fit_applies_deits_loss_with_the_teacher_in_inference_mode_and_frozen():
     for before, after in zip(teacher_weights, teacher.get_weights()):
         np.testing.assert_array_equal(before, after)
     np.testing.assert_allclose(numpy_of(distiller(images)), sum(numpy_of(o) for o in student(images)) / 2, atol=1e-6)
+
+
+@pytest.mark.backend_independent
+def test_a_keras_vit_distilled_deit_learns_through_its_two_heads_not_their_average():
+    keras.utils.set_random_seed(0)
+    teacher = keras_vit.ViT(hidden_size=16, mlp_dim=32, **SIZES)
+    student = keras_vit.ViT(hidden_size=8, mlp_dim=16, architecture=keras_vit.Architecture(distillation_token=True),
+                            **SIZES)
+    for name in ("head", "head_dist"):  # distinct heads, so their average differs from each
+        layer = student.get_layer(name)
+        layer.set_weights([np.random.default_rng(len(name)).normal(size=w.shape) for w in layer.get_weights()])
+    images = np.random.default_rng(1).uniform(-1, 1, (4, 16, 16, 3)).astype("float32")
+    heads = distillation_heads(student)
+    class_logits, distillation_logits = (numpy_of(o) for o in heads(images))
+    expected = hard_distillation_loss(LABELS, class_logits, distillation_logits, numpy_of(teacher(images)))
+    distiller = Distiller(student, teacher, method="hard")
+    distiller.compile(optimizer=keras.optimizers.SGD(0.0))
+    np.testing.assert_allclose(distiller.train_on_batch(images, LABELS), float(np.mean(numpy_of(expected))),
+                               rtol=1e-5)
+    assert len(distiller.trainable_weights) == len(student.trainable_weights)
+    np.testing.assert_allclose(numpy_of(distiller(images)), numpy_of(student(images)), atol=1e-6)
 
 
 @pytest.mark.backend_independent

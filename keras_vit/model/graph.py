@@ -187,6 +187,11 @@ def _distilled_head(options, class_vector, tokens, typed):
     return keras.layers.Average(name="head_average", **typed)(logits)
 
 
+def has_distillation_heads(model):
+    """Whether `model` is a distilled DeiT with its top: layers `head` and `head_dist` whose logits it averages."""
+    return {"head", "head_dist"} <= {layer.name for layer in getattr(model, "layers", ())}
+
+
 def distillation_heads(model):
     """`model`'s two heads as a `keras.Model` of its inputs: `[class logits, distillation logits]`.
 
@@ -204,8 +209,7 @@ def distillation_heads(model):
     >>> [tuple(output.shape) for output in distillation_heads(model).outputs]
     [(None, 5), (None, 5)]
     """
-    names = {layer.name for layer in model.layers}
-    if not {"head", "head_dist"} <= names:
+    if not has_distillation_heads(model):
         raise ValueError(f"{model.name!r} has no distillation head (head_dist): build a distilled DeiT "
                          "(distillation_token=True) with include_top=True.")
     return keras.Model(model.input, [model.get_layer("head").output, model.get_layer("head_dist").output],

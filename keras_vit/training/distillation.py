@@ -8,8 +8,10 @@ backend and under `keras.distribution` or a `tf.distribute` strategy:
   transformers & distillation through attention", eq. 3): the student's
   class logits learn the labels and its distillation logits the teacher's
   decision, `(1 - alpha) CE(psi(Z_cls), y) + alpha CE(psi(Z_dist), argmax Z_t)`,
-  `alpha = 1/2` in DeiT. A student with one output (any model) uses that
-  output for both terms; a distilled DeiT gives its two heads' logits.
+  `alpha = 1/2` in DeiT. A distilled DeiT (keras_vit's `distillation_token=True`)
+  is trained through its two heads (`head`, `head_dist`), though the model
+  itself predicts their average; a student with one output (any model)
+  uses that output for both terms.
 - `method="soft"` (Hinton et al., 2015): `(1 - alpha) CE(psi(Z_s), y) +
   alpha tau^2 KL(psi(Z_t / tau) || psi(Z_s / tau))`.
 
@@ -32,6 +34,7 @@ Example:
 import keras
 from keras import ops
 
+from keras_vit.model.graph import distillation_heads, has_distillation_heads
 from keras_vit.utils.keras_internals import per_replica_loss
 
 METHODS = ("hard", "soft")
@@ -64,7 +67,8 @@ class Distiller(keras.Model):
     """A student trained against a frozen teacher; `fit` it like any model, keep `distiller.student`.
 
     Args:
-        student: a Keras model giving logits, or `[class logits, distillation logits]` (a distilled DeiT's).
+        student: a Keras model giving logits, or `[class logits, distillation logits]`; a keras_vit distilled
+            DeiT learns through its two heads.
         teacher: any Keras model giving logits (`teacher_from_logits=False`: probabilities, whose logarithms are
             the logits up to a constant per example, which neither loss sees).
         method: `"hard"` (DeiT's) or `"soft"` (Hinton's KL).
@@ -87,6 +91,8 @@ class Distiller(keras.Model):
             if not isinstance(model, keras.Model):
                 raise ValueError(f"The {role} must be a keras.Model, got {type(model).__name__}.")
         self.student, self.teacher = student, teacher
+        # A distilled DeiT predicts its heads' average; training reads the two heads (same layers and weights).
+        self._trained_student = distillation_heads(student) if has_distillation_heads(student) else student
         self.teacher.trainable = False
         self.method, self.alpha, self.temperature = method, float(alpha), float(temperature)
         self.teacher_from_logits = bool(teacher_from_logits)
@@ -100,7 +106,7 @@ class Distiller(keras.Model):
         return outputs, outputs
 
     def call(self, inputs, training=None):
-        class_logits, distillation_logits = self._student_heads(self.student(inputs, training=training))
+        class_logits, distillation_logits = self._student_heads(self._trained_student(inputs, training=training))
         class_logits, distillation_logits = ops.cast(class_logits, "float32"), ops.cast(distillation_logits, "float32")
         if training:  # both heads, for the loss; `compute_metrics` sees their average
             return ops.stack([class_logits, distillation_logits], axis=1)
