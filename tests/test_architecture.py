@@ -116,7 +116,7 @@ def test_bad_switches_name_the_problem():
     with pytest.raises(ValueError, match=r"classifier='token' pools the class token, but class_token=False has none"):
         keras_vit.ViT(**SMALL, class_token=False, classifier="token")
     with pytest.raises(ValueError, match=r"Unknown mlp_activation 'relu'; expected one of \('gelu_tanh', 'gelu', "
-                                         r"'quick_gelu', 'swiglu'\)"):
+                                         r"'quick_gelu', 'swiglu', 'geglu'\)"):
         keras_vit.ViT(**SMALL, mlp_activation="relu")
     with pytest.raises(ValueError, match=r"layer_scale is the initial value of the learned scales, a number >= 0"):
         keras_vit.ViT(**SMALL, layer_scale=-1e-5)
@@ -162,7 +162,7 @@ def test_a_state_dict_with_a_switch_keras_vit_lacks_names_it(tmp_path):
     tensors["patch_embed.backbone.stem.conv.weight"] = np.ones((8, 3, 3, 3), "float32")
     save_file(tensors, tmp_path / "stem.safetensors")
     with pytest.raises(CheckpointError, match=r"is a timm ViT with a convolutional stem before the patches \(a hybrid's "
-                                              r"ResNet, .* nor MobileCLIP's ConvStem: another backbone such as ViTamin's\) "
+                                              r"ResNet, .* nor MobileCLIP's ConvStem or ViTamin's MbConvStages: another backbone\) "
                                               r"\(\['patch_embed.backbone.stem.conv.weight'\]\)"):
         keras_vit.ViT(**SMALL, weights=str(tmp_path / "stem.safetensors"))
 

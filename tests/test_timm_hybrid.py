@@ -1,5 +1,6 @@
 """timm's hybrids load exactly: the ResNet ones (`vit_*_r50_*`, `vit_*_r26_*`, `vit_tiny_r_s16_p8_*`) into keras_vit's
-ResNet hybrid, MobileCLIP's (`vit_base_mci_224`) into `keras_vit.layers.conv_stem`.
+ResNet hybrid, MobileCLIP's (`vit_base_mci_224`) into `keras_vit.layers.conv_stem`, ViTamin's (`vitamin_*`, with its
+GeGLU MLPs) into `keras_vit.layers.mbconv`.
 
 The folders in `fixtures/timm_hybrid/` were written by timm's own `save_for_hf` from tiny hybrids with random
 values in every tensor and read back by timm (`tools/timm_hybrid_fixtures.py`); the references are timm's.
@@ -21,7 +22,7 @@ pytest.importorskip("safetensors")
 from safetensors.numpy import load_file, save_file  # noqa: E402
 
 HYBRID = fixture("timm_hybrid")
-CASES = ("resnet", "stem_only", "conv_stem")
+CASES = ("resnet", "stem_only", "conv_stem", "mbconv")
 
 
 @pytest.fixture(scope="module")
@@ -46,11 +47,17 @@ def test_timm_hybrid_folder_gives_timms_logits(case, reference):
 @pytest.mark.parametrize("case", CASES)
 def test_timm_hybrid_saves_back_in_timms_names_and_reloads_from_keras(case, reference, tmp_path):
     model = load(os.path.join(HYBRID, case))
-    assert checkpoints.architecture_of(model).resnet_epsilons == ("flax" if case == "conv_stem" else "timm")
+    assert checkpoints.architecture_of(model).resnet_epsilons == ("timm" if case in ("resnet", "stem_only") else
+                                                                  "flax")
     architecture = json.loads((open(os.path.join(HYBRID, case, "config.json")).read()))["architecture"]
-    if case == "conv_stem":  # timm's vit_base_mci_224 builds its ConvStem 192 wide; timm's names are written whole
-        with pytest.raises(CheckpointError, match=r"ConvStem has widths \(8, 8\) before a 24-wide ViT, but timm's "
-                                                  r"'vit_base_mci_224' builds \(192, 192\) before 768 and takes no"):
+    refused = {  # timm's model functions build these stems wider and take no config.json argument for them
+        "conv_stem": r"ConvStem has widths \(8, 8\) before a 24-wide ViT, but timm's 'vit_base_mci_224' builds "
+                     r"\(192, 192\) before 768 and takes no",
+        "mbconv": r"MbConv stem has widths \(8, 8, 16\) and depths \(1, 2\) before a 24-wide ViT, but timm's "
+                  r"'vitamin_small_224' builds \(64, 64, 128\) and \(2, 4\) before 384 and takes no config.json",
+    }
+    if case in refused:  # timm's names are written whole all the same
+        with pytest.raises(CheckpointError, match=refused[case]):
             checkpoints.save_timm(model, tmp_path / "model.safetensors", architecture=architecture)
         written = checkpoints.to_timm(model, architecture)
         original = load_file(os.path.join(HYBRID, case, "model.safetensors"))
@@ -74,9 +81,9 @@ def test_timm_hybrid_saves_back_in_timms_names_and_reloads_from_keras(case, refe
                                atol=1e-6)
 
 
-def broken(tmp_path, change):
-    folder = tmp_path / "resnet"
-    shutil.copytree(os.path.join(HYBRID, "resnet"), folder)
+def broken(tmp_path, change, case="resnet"):
+    folder = tmp_path / case
+    shutil.copytree(os.path.join(HYBRID, case), folder)
     tensors = load_file(folder / "model.safetensors")
     change(tensors)
     save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
@@ -95,24 +102,37 @@ def narrow_norm(tensors):
         tensors[f"patch_embed.backbone.stages.0.blocks.0.norm1.{field}"] = np.ones(48, "float32")
 
 
+NOT_WHOLE = "the file is not whole: load the complete checkpoint (timm's save_for_hf writes every tensor). Nothing was " \
+            "loaded."
+
+
 @pytest.mark.backend_independent
-@pytest.mark.parametrize("change, message", [
-    (drop("patch_embed.backbone.stages.1."),
+@pytest.mark.parametrize("case, change, message", [
+    ("resnet", drop("patch_embed.backbone.stages.1."),
      "patch_embed.proj.weight takes 256 channels, but the hybrid's ResNet ends in its last stage "
      "(patch_embed.backbone.stages.0) with 128: a stage is missing or the tensors are of two models. "
      "Nothing was loaded."),
-    (drop("patch_embed.backbone.stages.0.blocks.0.downsample.conv."),
+    ("resnet", drop("patch_embed.backbone.stages.0.blocks.0.downsample.conv."),
      "the hybrid's ResNet lacks ['patch_embed.backbone.stages.0.blocks.0.downsample.conv.weight'] (timm's "
      "ResNetStage projects the shortcut in the first block of every stage). Nothing was loaded."),
-    (narrow_norm,
+    ("resnet", narrow_norm,
      "patch_embed.backbone.stages.0.blocks.0.norm1.weight has 48 channels, which GroupNorm's 32 groups (timm's "
      "GroupNormAct in every hybrid) do not divide. Nothing was loaded."),
-    (drop("patch_embed.backbone.stem.norm."),
+    ("resnet", drop("patch_embed.backbone.stem.norm."),
      "the hybrid's ResNet stem lacks ['patch_embed.backbone.stem.norm.weight', 'patch_embed.backbone.stem.norm.bias']. "
      "Nothing was loaded."),
-], ids=["last_stage_missing", "downsample_missing", "group_count", "stem_norm_missing"])
-def test_a_hybrid_that_is_not_whole_is_refused_naming_its_tensors(tmp_path, change, message):
-    folder = broken(tmp_path, change)
+    ("mbconv", drop("patch_embed.backbone.stages.1."),
+     "ViTamin's MbConv stem lacks stage 1 (no patch_embed.backbone.stages.1.* tensors; timm's MbConvStages has 2); "
+     + NOT_WHOLE),
+    ("mbconv", drop("patch_embed.backbone.stages.1.0."),
+     "ViTamin's MbConv stem lacks stage 1's block 0 (patch_embed.backbone.stages.1.0.*) before its block 1; "
+     + NOT_WHOLE),
+    ("mbconv", drop("patch_embed.backbone.stages.1.0.shortcut.expand.weight"),
+     "ViTamin's MbConv stem lacks ['patch_embed.backbone.stages.1.0.shortcut.expand.weight']; " + NOT_WHOLE),
+], ids=["last_stage_missing", "downsample_missing", "group_count", "stem_norm_missing", "mbconv_stage_missing",
+        "mbconv_block_missing", "mbconv_shortcut_missing"])
+def test_a_hybrid_that_is_not_whole_is_refused_naming_its_tensors(tmp_path, case, change, message):
+    folder = broken(tmp_path, change, case)
     with pytest.raises(CheckpointError) as error:
         load(folder)
     assert str(error.value) == f"{folder}/model.safetensors: {message}"

@@ -39,6 +39,8 @@ def timm_backbone(kwargs):
         return None, None
     if embed == {"partial": "HybridEmbed", "backbone": "ConvStem", "proj": False}:  # MobileCLIP's, as timm builds it
         return "ConvStem", None
+    if embed == {"partial": "HybridEmbed", "backbone": "MbConvStages", "proj": False}:  # ViTamin's (its VitCfg unrecorded)
+        return "MbConvStages", None
     backbone = embed.get("backbone") if isinstance(embed, dict) and embed.get("partial") == "HybridEmbed" else None
     if not isinstance(backbone, dict) or set(embed) != {"partial", "backbone"}:
         return None
@@ -68,9 +70,10 @@ def timm_switches(kwargs):
         switches["embed_norm_layer"] = switches["norm_layer"]
     mlp = switches.pop("mlp_layer", None)
     if mlp is not None:
-        if mlp not in (SWIGLU_PACKED, "SwiGLU"):
+        if mlp not in (SWIGLU_PACKED, "SwiGLU", "GeGluMlp"):
             return None
-        switches["mlp_layer"] = "swiglu_packed" if mlp == SWIGLU_PACKED else "swiglu"
+        switches["mlp_layer"] = "swiglu_packed" if mlp == SWIGLU_PACKED else {"SwiGLU": "swiglu",
+                                                                               "GeGluMlp": "geglu"}[mlp]
         if switches.get("act_layer") in ("SiLU", "silu"):
             del switches["act_layer"]
     if set(switches) - set(timm_families.SWITCH_KEYWORDS) or switches.get("block_fn", "Block") not in timm_families.BLOCKS:
@@ -101,7 +104,8 @@ def test_every_table_entry_is_what_timms_model_function_sets():
             wrong[name] = differs
         if entry.switches != timm_switches(kwargs):
             wrong[name] = f"switches {entry.switches}, timm {timm_switches(kwargs)}"
-        backbone = ("ConvStem", None) if entry.conv_stem else (entry.resnet_layers, entry.resnet_width)
+        backbone = ("ConvStem", None) if entry.conv_stem else ("MbConvStages", None) if entry.mbconv else (
+            entry.resnet_layers, entry.resnet_width)
         if backbone != timm_backbone(kwargs):
             wrong[name] = f"backbone {backbone}, timm {timm_backbone(kwargs)}"
         resize = timm["resize"]
@@ -179,7 +183,7 @@ def test_the_eva_table_holds_every_eva_architecture_keras_vit_can_compute():
 
 
 def test_a_name_timm_does_not_have_is_refused_by_the_catch_all():
-    with pytest.raises(CheckpointError, match=r"^c.json: timm's 'vit_made_up_patch16_224' is not one of the 184 timm "
+    with pytest.raises(CheckpointError, match=r"^c.json: timm's 'vit_made_up_patch16_224' is not one of the 197 timm "
                                               r"ViT architectures keras_vit computes"):
         timm_architecture("vit_made_up_patch16_224", where="c.json")
 

@@ -16,6 +16,11 @@ and read back by timm with `strict=True`:
   patch convolution, `HybridEmbed(proj=False)`) but 8 and 24 wide instead of 192 and 768; BatchNorm
   running statistics are random too. Its pixel statistics are 0 and 1: the images stay keras_vit's
   [-1, 1] and timm is given `(images + 1) / 2`.
+- `mbconv`: `vitamin_small_224` (ViTamin) with its `MbConvStages` built from a tiny `VitCfg` (an 8-wide stem,
+  stages of 1 and 2 blocks 8 and 16 wide, then the 24-wide pool projection), the config `_create_vitamin`
+  takes as `embed_cfg` (timm's model function passes it on; config.json cannot hold it). The blocks keep
+  their GeGluMlp MLPs (`w0`, `w1`, `w2`, the input norm); the stem widens in its second stage, so its first
+  block's shortcut has its 1x1 convolution after the average pool. Its pixel statistics are OpenAI's CLIP's.
 
 Every tensor is random: GroupNorm weights around 1, convolution kernels with a per-channel
 scale from 3e-5 to 0.3 (so that where timm adds the standardisation's epsilon, to the variance,
@@ -45,6 +50,9 @@ CASES = {
                                                 num_heads=3, num_classes=4), None),
     "conv_stem": ("vit_base_mci_224", dict(img_size=list(IMAGE_SIZE), embed_dim=24, depth=1, num_heads=2,
                                            num_classes=3), dict(conv_stem=(8, 8, 24))),
+    "mbconv": ("vitamin_small_224", dict(img_size=list(IMAGE_SIZE), embed_dim=24, depth=2, num_heads=2,
+                                         num_classes=3), dict(mbconv=dict(embed_dim=(8, 16, 24), depths=(1, 2),
+                                                                          stem_width=8))),
 }
 
 
@@ -61,7 +69,11 @@ def build(arch, model_args, backbone):
     import timm
     from timm.layers import HybridEmbed
 
-    if backbone is not None and "conv_stem" in backbone:
+    if backbone is not None and "mbconv" in backbone:
+        from timm.models.vitamin import VitCfg
+
+        extra = dict(embed_cfg=VitCfg(**backbone["mbconv"]))
+    elif backbone is not None and "conv_stem" in backbone:
         from timm.models.vision_transformer_hybrid import ConvStem
 
         stem = ConvStem(channels=backbone["conv_stem"], stride=(4, 2, 2), kernel_size=(4, 2, 2), padding=0,
@@ -70,7 +82,8 @@ def build(arch, model_args, backbone):
     else:
         extra = {} if backbone is None else dict(embed_layer=partial(HybridEmbed, backbone=tiny_resnetv2(**backbone)))
     model = timm.create_model(arch, pretrained=False, **model_args, **extra).eval()
-    getattr(model, "_model_args", {}).pop("embed_layer", None)  # not JSON: timm has no keyword for it
+    for key in ("embed_layer", "embed_cfg"):  # not JSON: timm's config.json has no keyword for them
+        getattr(model, "_model_args", {}).pop(key, None)
     return model
 
 
@@ -84,7 +97,8 @@ def randomise(model, generator):
             if name in group_norms or name in layer_norms:
                 noise = noise + 1.0
             elif parameter.ndim == 4 and "backbone" in name and not name.startswith("patch_embed.backbone.0.") \
-                    and not name.startswith(("patch_embed.backbone.1.", "patch_embed.backbone.2.")):  # not a ConvStem
+                    and not name.startswith(("patch_embed.backbone.1.", "patch_embed.backbone.2.")) \
+                    and type(model.patch_embed.backbone).__name__ != "MbConvStages":  # a ResNet's (standardised)
                 scale = 10 ** (torch.rand(parameter.shape[0], 1, 1, 1, generator=generator) * 4 - 4.5)
                 noise = noise * 5 * scale
             parameter.copy_(noise)
@@ -115,8 +129,8 @@ def write_case(case, seed, out, save_timm_folder, record_case):
     save_timm_folder(model, folder)
     with open(os.path.join(folder, "config.json")) as f:
         config = json.load(f)
-    if "embed_layer" in config.get("model_args", {}):
-        raise AssertionError("embed_layer leaked into model_args")
+    if {"embed_layer", "embed_cfg"} & set(config.get("model_args", {})):
+        raise AssertionError("embed_layer or embed_cfg leaked into model_args")
     again = build(arch, model_args, backbone)
     timm.models.load_checkpoint(again, os.path.join(folder, "model.safetensors"), strict=True)
     images = rng.uniform(-1, 1, size=(2, *IMAGE_SIZE, 3)).astype(np.float32)

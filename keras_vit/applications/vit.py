@@ -59,6 +59,8 @@ def ViT(
     resnet_layers=None,
     resnet_width=64,
     conv_stem_widths=None,
+    mbconv_widths=None,
+    mbconv_depths=None,
     classes=None,
     include_top=True,
     weights=None,
@@ -104,6 +106,10 @@ def ViT(
         conv_stem_widths: for MobileCLIP's hybrid (timm's `vit_base_mci_224`),
             the two widths of its convolutional stem (`keras_vit.layers.conv_stem`),
             which puts 8 pixels in each position before `patch_size` patches.
+        mbconv_widths, mbconv_depths: for ViTamin (timm's `vitamin_*`), the
+            widths of its MbConv stem (the stem's, then each stage's) and
+            the blocks of each stage (`keras_vit.layers.mbconv`); its patch
+            embedding is then a 3x3 convolution striding by `patch_size` (2).
         classes: classifier outputs; default the checkpoint's class count
             when `weights` has a head, else 1000.
         include_top: add the classifier (pre-logits and head).
@@ -197,8 +203,16 @@ def ViT(
         conv_stem_widths = tuple(int(width) for width in conv_stem_widths)
         if resnet_layers is not None or len(conv_stem_widths) != 2 or min(conv_stem_widths) < 1:
             raise ValueError(f"conv_stem_widths {conv_stem_widths} must be two widths >= 1, without resnet_layers.")
+    if (mbconv_widths is None) != (mbconv_depths is None):
+        raise ValueError("mbconv_widths and mbconv_depths come together (ViTamin's MbConv stem); got one of them.")
+    if mbconv_widths is not None:
+        mbconv_widths, mbconv_depths = (tuple(int(n) for n in values) for values in (mbconv_widths, mbconv_depths))
+        if resnet_layers is not None or conv_stem_widths is not None or not mbconv_depths \
+                or len(mbconv_widths) != len(mbconv_depths) + 1 or min(mbconv_widths + mbconv_depths) < 1:
+            raise ValueError(f"mbconv_widths {mbconv_widths} must be one width (the stem's) more than the stages "
+                             f"of mbconv_depths {mbconv_depths}, each >= 1, without another stem.")
     sizes = Variant(patch_size, hidden_size, num_layers, num_heads or 12, mlp_dim, resnet_layers, resnet_width,
-                    conv_stem_widths)
+                    conv_stem_widths, mbconv_widths, mbconv_depths)
     check_image_size(image_size, sizes, drop_remainder)
     if position_embedding_interpolation not in (None, "bicubic", "bilinear"):
         raise ValueError(f"Unknown position_embedding_interpolation {position_embedding_interpolation!r}; "

@@ -45,7 +45,7 @@ from keras_vit.checkpoints.transformers.vit import MODEL_TYPES as VIT_TYPES
 from keras_vit.checkpoints.transformers.vit import read_transformers_folder
 from keras_vit.data import preprocessing
 from keras_vit.layers.position_embedding import resize_patch_embedding, resize_position_embeddings
-from keras_vit.model.description import conv_stem_widths_of, resnet_layers_of
+from keras_vit.model.description import conv_stem_widths_of, mbconv_of, resnet_layers_of
 from keras_vit.model.variants import VARIANTS, width_name
 from keras_vit.utils.keras_internals import set_value
 
@@ -207,6 +207,13 @@ def load_into(model, source):
             return "without a convolutional stem" if widths is None else f"with a convolutional stem of widths {widths}"
         raise CheckpointError(f"{name} is a ViT {describe(stems[0])}, but the model is one {describe(stems[1])} "
                               "(conv_stem_widths).")
+    stems = mbconv_of(state), mbconv_of(variables)
+    if stems[0] != stems[1]:
+        def describe(stem):
+            return "without an MbConv stem" if stem is None else f"with an MbConv stem of widths {stem[0]} and " \
+                f"depths {stem[1]}"
+        raise CheckpointError(f"{name} is a ViT {describe(stems[0])}, but the model is one {describe(stems[1])} "
+                              "(mbconv_widths, mbconv_depths).")
     model_heads = model.get_layer("encoderblock_0").num_heads if model_depth else None
     if source.num_heads and model_heads and source.num_heads != model_heads:
         raise CheckpointError(

@@ -16,9 +16,17 @@ import stat
 
 import keras
 
+from keras_vit.layers.mlp import GATED
 from keras_vit.model.architecture import IMAGENET_PIXEL_STATISTICS, Architecture
-from keras_vit.model.description import architecture_of, conv_stem_widths_of, resnet_layers_of
-from keras_vit.model.variants import CONV_STEM_STRIDE, VARIANTS, Variant, resnet_stride
+from keras_vit.model.description import architecture_of, conv_stem_widths_of, mbconv_of, resnet_layers_of
+from keras_vit.model.variants import (
+    CONV_STEM_STRIDE,
+    MBCONV_PATCH_SIZE,
+    VARIANTS,
+    Variant,
+    mbconv_stride,
+    resnet_stride,
+)
 
 
 class CheckpointError(ValueError):
@@ -130,6 +138,10 @@ def weight_budget(sizes, classes=None):
     if sizes.conv_stem_widths is not None:
         first, second = sizes.conv_stem_widths
         resnet, channels = 16 * 3 * first + 4 * first * second + 4 * (first + second), second
+    if sizes.mbconv_widths is not None:  # each block at most 16 (4 + 9/4 + 4 + 1 + norms) width^2 weights
+        stem, *stages = sizes.mbconv_widths
+        resnet = 36 * stem + 9 * stem * stem + sum(depth * 16 * (2 * width) ** 2 for width, depth
+                                                    in zip(stages, sizes.mbconv_depths)) + 9 * stages[-1] * h
     embedding = sizes.patch_size**2 * channels * h + h + (1 + _BUDGET_GRID**2) * h
     head = (h + 1) * (h + max(classes or 0, _BUDGET_CLASSES) + 1)
     parameters = blocks + resnet + embedding + head
@@ -196,8 +208,10 @@ class WeightsSource:
             resnet = dict(resnet_layers=self.resnet_layers, resnet_width=int(self.state["conv_root/kernel"].shape[-1]))
         if conv_stem_widths_of(self.state) is not None:
             resnet = dict(conv_stem_widths=conv_stem_widths_of(self.state))
-        return Variant(int(kernel.shape[0]), int(kernel.shape[-1]), self.num_layers, self.num_heads,
-                       int(mlp.shape[1]), **resnet)
+        patch = int(kernel.shape[0])
+        if mbconv_of(self.state) is not None:  # a 3x3 kernel striding by 2
+            resnet, patch = dict(zip(("mbconv_widths", "mbconv_depths"), mbconv_of(self.state))), MBCONV_PATCH_SIZE
+        return Variant(patch, int(kernel.shape[-1]), self.num_layers, self.num_heads, int(mlp.shape[1]), **resnet)
 
     @property
     def classifier(self):
@@ -220,6 +234,8 @@ class WeightsSource:
         step = kernel.shape[0] * (1 if self.resnet_layers is None else resnet_stride(self.resnet_layers))
         if conv_stem_widths_of(self.state) is not None:
             step = kernel.shape[0] * CONV_STEM_STRIDE
+        if mbconv_of(self.state) is not None:
+            step = MBCONV_PATCH_SIZE * mbconv_stride(mbconv_of(self.state)[1])
         return (self.grid_size[0] * step, self.grid_size[1] * step)
 
     @property
@@ -304,6 +320,7 @@ def architecture_from_state(state, grid_size=None, **known):
             embedded_prefix = not (_is_square(rows) and not _is_square(rows - prefix))
     hidden, output = state.get("encoderblock_0/mlp_hidden/kernel"), state.get("encoderblock_0/mlp_output/kernel")
     gated = hidden is not None and output is not None and hidden.shape[-1] == 2 * output.shape[0]
+    table_or_none = "position_embedding/pos_embedding" in names or "embedding/kernel" not in names
     fields = dict(
         class_token=class_token,
         register_tokens=register_tokens,
@@ -318,6 +335,8 @@ def architecture_from_state(state, grid_size=None, **known):
         qk_norm="encoderblock_0/query_norm/gamma" in names,
         attention_output_norm="encoderblock_0/attention_output_norm/gamma" in names,
         mlp_hidden_norm="encoderblock_0/mlp_hidden_norm/gamma" in names,
+        mlp_input_norm="encoderblock_0/mlp_input_norm/gamma" in names,
+        position_embedding=table_or_none,
         normalization="rms_norm" if "encoderblock_0/attention_norm/gamma" in names
         and "encoderblock_0/attention_norm/beta" not in names else "layer_norm",
         projection_bias="encoderblock_0/attention_output/bias" in names
@@ -329,9 +348,9 @@ def architecture_from_state(state, grid_size=None, **known):
         else None,
     )
     fields.update({key: value for key, value in known.items() if value is not None})
-    if gated:
+    if gated and fields.get("mlp_activation") not in GATED:  # which gate, only the file's layout shows
         fields["mlp_activation"] = "swiglu"
-    elif fields.get("mlp_activation") == "swiglu":
+    elif not gated and fields.get("mlp_activation") in GATED:
         fields.pop("mlp_activation")
     return Architecture(**fields)
 

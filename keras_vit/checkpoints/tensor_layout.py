@@ -87,6 +87,7 @@ BLOCK_WEIGHTS = {
     **_pair("key_norm", lambda a: a.qk_norm),
     **_pair("attention_output_norm", lambda a: a.attention_output_norm),
     **_pair("mlp_hidden_norm", lambda a: a.mlp_hidden_norm),
+    **_pair("mlp_input_norm", lambda a: a.mlp_input_norm),
     "rope_frequencies": lambda a: a.rope == "mixed",  # learned; timm keeps all blocks' in one tensor
     **{name: lambda a: a.differential_attention for name in ("lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2",
                                                             "attention_sub_norm/gamma")},

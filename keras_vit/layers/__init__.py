@@ -17,12 +17,12 @@ is `keras_vit.layers.kernels`' business, not the layers'.
 - `blocks`: the Transformer encoder block in its three shapes (pre-norm, post-norm, parallel) and its
   switches, `BlockSwitches`;
 - `attention`: multi-head self-attention (plain, with weights, differential; RoPE, q/k norm, key bias);
-- `mlp`: the MLP (GELU, QuickGELU, SwiGLU; its hidden norm) and its activations;
+- `mlp`: the MLP (GELU, QuickGELU, SwiGLU, GeGLU; its input and hidden norms) and its activations;
 - `parts`: what the block's parts share, and why they are plain Python rather than Keras layers;
 - `attention_pooling`: multi-head attention pooling (MAP);
 - `naflex`: NaFlex inputs (pre-cut patches, each image's own grid, padding masks);
 - `norm`, `dense`: the LayerNorm/RMSNorm and the projections every block uses;
-- `conv_stem`, `resnet`: the stems of the hybrid models;
+- `conv_stem`, `resnet`, `mbconv`: the stems of the hybrid models (MobileCLIP's, the ResNet, ViTamin's);
 - `kernels`: the speed kernels and their switches.
 
 This package imports nothing from the rest of keras_vit but `keras_vit.utils`.

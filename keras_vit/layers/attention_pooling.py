@@ -10,7 +10,7 @@ from keras import ops
 from keras_vit.layers import kernels
 from keras_vit.layers.blocks import _QuantizableSublayers
 from keras_vit.layers.dense import Dense
-from keras_vit.layers.mlp import ACTIVATIONS, mlp_activation
+from keras_vit.layers.mlp import ACTIVATIONS, GATED, mlp_activation
 from keras_vit.layers.norm import LAYER_NORM_EPSILON, LayerNorm
 
 
@@ -35,9 +35,9 @@ class AttentionPooling(_QuantizableSublayers, keras.layers.Layer):
     def __init__(self, num_heads, mlp_dim, activation="gelu", qkv_bias=True, layer_norm_epsilon=LAYER_NORM_EPSILON,
                  num_prefix_tokens=0, **kwargs):
         super().__init__(**kwargs)
-        if activation not in ACTIVATIONS or activation == "swiglu":
+        if activation not in ACTIVATIONS or activation in GATED:
             raise ValueError(f"Unknown attention-pooling activation {activation!r}; expected one of "
-                             f"{[name for name in ACTIVATIONS if name != 'swiglu']}.")
+                             f"{[name for name in ACTIVATIONS if name not in GATED]}.")
         # === Config ===
         self.num_heads = int(num_heads)
         self.mlp_dim = int(mlp_dim)

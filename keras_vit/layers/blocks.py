@@ -50,6 +50,8 @@ class BlockSwitches:
         attention_output_norm, mlp_hidden_norm: a norm before the
             attention's output projection, and before the second MLP layer
             (timm's `scale_attn_norm` and `scale_mlp_norm`, BEiT-3's).
+        mlp_input_norm: a norm on the MLP's input, after the block's own
+            (timm's `GeGluMlp`, ViTamin's).
         rope: rotary position embeddings in every attention, one form of
             `keras_vit.layers.rope.ROPE_FORMS`, or None; `rope_temperature`
             and `rope_rotate_half` (half-split instead of interleaved pairs)
@@ -71,6 +73,7 @@ class BlockSwitches:
     parallel: bool = False
     attention_output_norm: bool = False
     mlp_hidden_norm: bool = False
+    mlp_input_norm: bool = False
     rope: str = None
     rope_temperature: float = 10000.0
     rope_rotate_half: bool = False

@@ -113,12 +113,21 @@ class PatchEmbedding(keras.layers.Layer):
             for size, patch in zip((height, width), self.patch_size)
         )
 
+    @property
+    def window(self):
+        """The `(height, width)` of the kernel: the patch's (a subclass's may overlap its neighbours)."""
+        return self.patch_size
+
+    def pad(self, images):
+        """The images the kernel slides over: as they are (a subclass's may pad them)."""
+        return images
+
     def build(self, input_shape):
         self.grid_size(input_shape)
         channels = input_shape[-1]
         self.kernel = self.add_weight(
             name="kernel",
-            shape=(*self.patch_size, channels, self.hidden_size),
+            shape=(*self.window, channels, self.hidden_size),
             initializer=self.kernel_initializer,
         )
         self.bias = self.add_weight(
@@ -128,7 +137,7 @@ class PatchEmbedding(keras.layers.Layer):
     def call(self, images):
         self.grid_size(images.shape)  # Unless drop_remainder, a "valid" convolution must not crop silently.
         patches = ops.conv(
-            images,
+            self.pad(images),
             self.kernel,
             strides=self.patch_size,
             padding="valid",

@@ -8,15 +8,18 @@ from keras_vit.layers.parts import BlockPart
 
 # "gelu_tanh": the original Flax checkpoints'; "gelu": exact (timm, DINOv2, OpenCLIP); "quick_gelu":
 # x * sigmoid(1.702 x) (OpenAI's CLIP); "swiglu": silu(a) * b of the two halves of the first MLP layer
-# (DINOv2's giant, timm's SwiGLUPacked).
-ACTIVATIONS = ("gelu_tanh", "gelu", "quick_gelu", "swiglu")
+# (DINOv2's giant, timm's SwiGLUPacked); "geglu": gelu(a) * b, exact GELU, of the two halves (timm's GeGluMlp,
+# ViTamin: its w0 then its w1).
+ACTIVATIONS = ("gelu_tanh", "gelu", "quick_gelu", "swiglu", "geglu")
+GATED = ("swiglu", "geglu")  # the activations that halve the first layer's outputs
 
 
 def mlp_activation(x, activation):
     """The MLP's nonlinearity `activation` (one of `ACTIVATIONS`) applied to `x`.
 
     `"swiglu"` halves the last axis: `silu(first half) * second half`, as
-    timm's `SwiGLUPacked`.
+    timm's `SwiGLUPacked`; `"geglu"` likewise `gelu(first half) * second
+    half`, exact GELU, as timm's `GeGluMlp`.
 
     Example:
     >>> import numpy as np
@@ -29,17 +32,18 @@ def mlp_activation(x, activation):
         return kernels.gelu(x, approximate=False)
     if activation == "quick_gelu":
         return x * ops.sigmoid(1.702 * x)
-    if activation == "swiglu":
+    if activation in GATED:
         gate, value = ops.split(x, 2, axis=-1)
-        return ops.silu(gate) * value
+        return (ops.silu(gate) if activation == "swiglu" else kernels.gelu(gate, approximate=False)) * value
     raise ValueError(f"Unknown activation {activation!r}; expected one of {ACTIVATIONS}.")
 
 
 class Mlp(BlockPart):
     """MLP(x) of a block: two dense layers with `switches.mlp_activation` between them, each followed by dropout.
 
-    `"swiglu"` halves the first layer's `mlp_dim` outputs; the switch
-    `mlp_hidden_norm` adds a norm before the second layer. `biases` says
+    A gated activation (`GATED`) halves the first layer's `mlp_dim` outputs;
+    the switch `mlp_hidden_norm` adds a norm before the second layer,
+    `mlp_input_norm` one before the first (timm's `GeGluMlp`). `biases` says
     which of the two layers have one (a parallel block's output bias is
     its attention's).
     """
@@ -48,13 +52,16 @@ class Mlp(BlockPart):
         super().__init__(block)
         self.biases = tuple(biases)
         self.mlp_dim = block.mlp_dim
-        if self.switches.mlp_activation == "swiglu" and self.mlp_dim % 2:
-            raise ValueError(f"A SwiGLU MLP halves its mlp_dim, which must be even; got {self.mlp_dim}.")
+        if self.switches.mlp_activation in GATED and self.mlp_dim % 2:
+            kind = {"swiglu": "SwiGLU", "geglu": "GeGLU"}[self.switches.mlp_activation]
+            raise ValueError(f"A {kind} MLP halves its mlp_dim, which must be even; got {self.mlp_dim}.")
 
     def build(self, token_shape):
         block, (hidden_bias, output_bias) = self.block, self.biases
-        hidden_shape = (*token_shape[:-1], self.mlp_dim // 2 if self.switches.mlp_activation == "swiglu"
+        hidden_shape = (*token_shape[:-1], self.mlp_dim // 2 if self.switches.mlp_activation in GATED
                         else self.mlp_dim)
+        if self.switches.mlp_input_norm:
+            self.input_norm = self.norm("mlp_input_norm_layer", token_shape, name="mlp_input_norm")
         if self.switches.mlp_hidden_norm:
             self.hidden_norm = self.norm("mlp_hidden_norm_layer", hidden_shape, name="mlp_hidden_norm")
 
@@ -69,6 +76,8 @@ class Mlp(BlockPart):
         self.output_dropout = self.dropout("mlp_output_dropout", block.dropout_rate, 9)
 
     def __call__(self, x, training):
+        if self.switches.mlp_input_norm:
+            x = self.input_norm(x)
         hidden = mlp_activation(self.hidden(x), self.switches.mlp_activation)
         hidden = self.apply_dropout(self.hidden_dropout, hidden, training)
         if self.switches.mlp_hidden_norm:

@@ -118,6 +118,8 @@ def sizes_of(model):
                       resnet_width=int(paths["conv_root/kernel"].shape[-1]))
     if "conv_stem_0/kernel" in paths:
         resnet = dict(conv_stem_widths=conv_stem_widths_of(paths))
+    if mbconv_of(paths) is not None:
+        resnet = dict(zip(("mbconv_widths", "mbconv_depths"), mbconv_of(paths)))
     return Variant(embedding.patch_size[0], embedding.hidden_size, depth, block.num_heads, block.mlp_dim, **resnet)
 
 
@@ -184,6 +186,26 @@ def conv_stem_widths_of(state):
     if any(kernel is None for kernel in kernels):
         return None
     return tuple(int(kernel.shape[-1]) for kernel in kernels)
+
+
+MBCONV_BLOCK = re.compile(r"mbconv_stage(\d+)_block(\d+)/")
+
+
+def mbconv_of(state):
+    """`(widths, depths)` of ViTamin's MbConv stem that keras_vit-named `state` holds (None: no such stem): the
+    stem's width then each stage's, and each stage's blocks."""
+    stem = state.get("mbconv_stem_conv1/kernel")
+    if stem is None:
+        return None
+    depths, widths = {}, {}
+    for name in state:
+        match = MBCONV_BLOCK.match(name)
+        if match and name.endswith("/conv3/kernel"):
+            stage, block = int(match.group(1)), int(match.group(2))
+            depths[stage] = max(depths.get(stage, 0), block + 1)
+            widths[stage] = int(state[name].shape[-1])
+    return (int(stem.shape[-1]), *(widths[stage] for stage in sorted(widths))), tuple(depths[stage]
+                                                                                      for stage in sorted(depths))
 
 
 def resnet_layers_of(names):

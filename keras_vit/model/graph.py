@@ -30,6 +30,8 @@ from keras_vit.layers import (
 )
 from keras_vit.layers.blocks import BlockSwitches
 from keras_vit.layers.conv_stem import apply_conv_stem
+from keras_vit.layers.mbconv import MbConvEmbedding, apply_mbconv_stem
+from keras_vit.layers.mlp import GATED
 from keras_vit.layers.naflex import (
     NaFlexPatchEmbedding,
     NaFlexPositionEmbedding,
@@ -147,7 +149,7 @@ def build(options, input_tensor):
     pooled_from = 0 if architecture.pool_include_prefix and pooling != "token" else num_prefix_tokens
     tokens = x
     if pooling == "map":
-        activation = "gelu" if architecture.mlp_activation == "swiglu" else architecture.mlp_activation
+        activation = "gelu" if architecture.mlp_activation in GATED else architecture.mlp_activation
         heads, ratio = architecture.attention_pool_heads, architecture.attention_pool_mlp_ratio
         x = AttentionPooling(heads or sizes.num_heads, int(sizes.hidden_size * ratio) if ratio else sizes.mlp_dim,
                              activation=activation, layer_norm_epsilon=epsilon,
@@ -240,7 +242,11 @@ def _image_patches(options, input_tensor, grid_size, typed):
         x = apply_resnet(x, sizes.resnet_layers, sizes.resnet_width, architecture.resnet_epsilons, options.dtype)
     if sizes.conv_stem_widths is not None:
         x = apply_conv_stem(x, sizes.conv_stem_widths, options.dtype)
-    x = patch_grid = PatchEmbedding(sizes.patch_size, sizes.hidden_size, flatten=not dynamic,
+    embedding = PatchEmbedding
+    if sizes.mbconv_widths is not None:
+        x = apply_mbconv_stem(x, sizes.mbconv_widths, sizes.mbconv_depths, options.dtype)
+        embedding = MbConvEmbedding
+    x = patch_grid = embedding(sizes.patch_size, sizes.hidden_size, flatten=not dynamic,
                                     use_bias=architecture.patch_bias, drop_remainder=options.drop_remainder,
                                     name="embedding", **typed)(x)
     if dynamic:
@@ -263,7 +269,7 @@ def _naflex_patches(options, input_tensor, grid_size, typed):
     if input_tensor is not None:
         raise ValueError("A NaFlex model takes its three inputs (patches, patch_grid, patch_mask) itself; "
                          "leave input_tensor unset.")
-    if sizes.resnet_layers is not None or sizes.conv_stem_widths is not None:
+    if sizes.resnet_layers is not None or sizes.conv_stem_widths is not None or sizes.mbconv_widths is not None:
         raise ValueError("A hybrid ViT's convolutional stem needs whole images, and NaFlex cuts the patches before "
                          "the model: build it without naflex=True.")
     # Any patch width: NaFlexPatchEmbedding resamples its kernel to another patch size (FlexiViT).

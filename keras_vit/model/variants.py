@@ -18,6 +18,13 @@ import difflib
 # MobileCLIP's convolutional stem before the patches (`keras_vit.layers.conv_stem`): a 4x4/4 and a 2x2/2
 # convolution.
 CONV_STEM_STRIDE = 8
+# ViTamin's MbConv stem (`keras_vit.layers.mbconv`): its patch embedding, a 3x3 convolution, strides by 2.
+MBCONV_PATCH_SIZE = 2
+
+
+def mbconv_stride(depths):
+    """How many pixels one position of ViTamin's stem output spans: 2 for its stem, x2 per stage."""
+    return 2 * 2 ** len(depths)
 
 
 def resnet_stride(resnet_layers):
@@ -34,7 +41,10 @@ class Variant:
     `patch_size` patches; `resnet_width` is the root block's width.
     `conv_stem_widths` are the widths of MobileCLIP's convolutional stem
     (`keras_vit.layers.conv_stem`), which puts `CONV_STEM_STRIDE` pixels in each
-    position before the patches (None: no such stem).
+    position before the patches (None: no such stem). `mbconv_widths` (the
+    stem's, then each stage's) and `mbconv_depths` (blocks per stage) are
+    ViTamin's MbConv stem (`keras_vit.layers.mbconv`), whose patch
+    embedding strides by `patch_size` (`MBCONV_PATCH_SIZE`) with a 3x3 kernel.
     """
 
     patch_size: int
@@ -45,10 +55,14 @@ class Variant:
     resnet_layers: tuple = None
     resnet_width: int = 64
     conv_stem_widths: tuple = None
+    mbconv_widths: tuple = None
+    mbconv_depths: tuple = None
 
     @property
     def pixels_per_patch(self):
         """The side in pixels of the image region one token stands for (16 for B/16 and R50+B/16)."""
+        if self.mbconv_depths is not None:
+            return self.patch_size * mbconv_stride(self.mbconv_depths)
         if self.conv_stem_widths is not None:
             return self.patch_size * CONV_STEM_STRIDE
         if self.resnet_layers is None:

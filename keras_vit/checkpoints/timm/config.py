@@ -10,6 +10,8 @@ Example:
 {'num_heads': 6, 'drop_path_rate': 0.1}
 """
 
+import dataclasses
+
 from keras_vit.checkpoints.config_fields import checked_fields
 from keras_vit.checkpoints.source import CheckpointError, architecture_from_state, pixel_statistics
 from keras_vit.checkpoints.tensor_layout import check_table_fits, image_size_of_grid
@@ -72,9 +74,10 @@ def checked_sizes(state, entry, args, name, path, where):
         pieces = timm_mlp_pieces(entry.switches)  # fc1_g and fc1_x, each of the ratio, or one fc1
         sizes["mlp_dim"] = timm_mlp_dim(sizes["embed_dim"], ratio, entry.switches)
         found["mlp_dim"] = (int(mlp.shape[-1]), "blocks.0.mlp.fc1.weight" if pieces == 1 else
+                            "blocks.0.mlp.w0.weight and w1.weight" if entry.switches.get("mlp_layer") == "geglu" else
                             "blocks.0.mlp.fc1_g.weight and fc1_x.weight")
-    if "conv_stem_0/kernel" in state:  # timm's patch 1 is over the ConvStem, whose last convolution is ours
-        found.pop("patch_size")
+    if "conv_stem_0/kernel" in state or "mbconv_stem_conv1/kernel" in state:  # timm's patch 1 is over the stem,
+        found.pop("patch_size")  # whose last convolution is keras_vit's patches
     for key, (value, tensor) in found.items():
         if value != sizes[key] and not (key == "patch_size" and kernel.shape[0] != kernel.shape[1]):
             given = f"model_args.{key}" if key in args else (
@@ -101,6 +104,8 @@ _SWITCH_TENSORS = {
     "qk_norm": ("blocks.0.attn.q_norm.weight", "qk_norm={}"),
     "attention_output_norm": ("blocks.0.attn.norm.weight", "scale_attn_norm={}"),
     "mlp_hidden_norm": ("blocks.0.mlp.norm.weight", "scale_mlp_norm={}"),
+    "mlp_input_norm": ("blocks.0.mlp.norm.weight", "GeGluMlp: {}"),
+    "position_embedding": ("pos_embed", "pos_embed {}", lambda table: "'learn'" if table else "'none'"),
     "layer_scale": ("blocks.0.ls1.gamma", "init_values {}", lambda scale: "set" if scale else "None"),
     "projection_bias": ("blocks.0.attn.proj.bias", "proj_bias={}"),
     "patch_norm": ("patch_embed.norm.weight", "embed_norm_layer {}", lambda norm: "set" if norm else "None"),
@@ -119,6 +124,9 @@ def check_tensors_agree(state, architecture, name, path, unpacked=(False, False)
     shown = architecture_from_state(state, None)
     problems = []
     declared, found = unpacked
+    if architecture.mlp_activation == "geglu":  # its gate, which the tensors do not show, is the layout's
+        shown = dataclasses.replace(shown, mlp_activation="geglu" if shown.mlp_activation == "swiglu"
+                                    else shown.mlp_activation)
     if architecture.mlp_activation == "swiglu" and shown.mlp_activation == "swiglu" and declared != found:
         problems.append("keeps its SwiGLU " + ("packed in blocks.0.mlp.fc1.weight where the architecture's has "
                                                "fc1_g and fc1_x" if declared else "in blocks.0.mlp.fc1_g and fc1_x "
@@ -143,7 +151,12 @@ def check_tensors_agree(state, architecture, name, path, unpacked=(False, False)
         problems.append(f"{'has' if rms else 'lacks'} norm biases (blocks.0.norm1.bias): "
                         f"{'Layer' if rms else 'RMS'}Norms where the architecture's norm_layer is "
                         f"{'RmsNorm' if rms else 'LayerNorm'}")
-    if (architecture.mlp_activation == "swiglu") != (shown.mlp_activation == "swiglu"):
+    if architecture.mlp_activation != shown.mlp_activation and "geglu" in (architecture.mlp_activation,
+                                                                           shown.mlp_activation):
+        problems.append(f"has {'no ' if architecture.mlp_activation == 'geglu' else ''}GeGluMlp MLP "
+                        "(blocks.0.mlp.w0.weight, w1.weight) where the architecture's "
+                        f"{'is one' if architecture.mlp_activation == 'geglu' else 'has none'}")
+    elif (architecture.mlp_activation == "swiglu") != (shown.mlp_activation == "swiglu"):
         problems.append("has a plain MLP (blocks.0.mlp.fc1.weight) where the architecture's is a SwiGLU"
                         if architecture.mlp_activation == "swiglu" else "has a SwiGLU MLP (blocks.0.mlp.fc1_g and "
                         "fc1_x, or an fc1 twice fc2's width) where the architecture's is plain")
@@ -176,6 +189,10 @@ def grid_of_config(state, architecture, entry, args, pretrained, patch, where):
     `image_size`.
     """
     candidates = configured_image_sizes(args, pretrained, entry, where)
+    if "position_embedding/pos_embedding" not in state:  # no table (ViTamin XL): the size its eval transform gives
+        stated = configured_image_sizes({}, pretrained, entry, where)  # (timm's vitamin_xlarge_336 states 256 px)
+        size = tuple(stated[0] if len(stated) > 1 else candidates[0])
+        return (size[0] // patch, size[1] // patch), size
     rows = state["position_embedding/pos_embedding"].shape[1] - architecture.position_prefix_rows
     if args.get("img_size") is not None:
         check_table_fits(rows + architecture.position_prefix_rows, architecture.position_prefix_rows, candidates[0],

@@ -33,10 +33,10 @@ SIZE_KEYWORDS = ("img_size", "patch_size", "embed_dim", "depth", "num_heads", "m
 SWITCH_KEYWORDS = ("class_token", "reg_tokens", "no_embed_class", "global_pool", "fc_norm", "pre_norm",
                    "final_norm", "qkv_bias", "qk_norm", "init_values", "act_layer", "norm_eps", "mlp_layer",
                    "block_fn", "scale_attn_norm", "scale_mlp_norm", "pool_include_prefix", "proj_bias", "norm_layer",
-                   "embed_norm_layer", "attn_layer")
+                   "embed_norm_layer", "attn_layer", "pos_embed")
 # Switches only a model function sets (classes in timm, names here): never taken from model_args. timm also
 # takes attn_layer by name ('diff'), so model_args may set that one.
-TABLE_ONLY_KEYWORDS = ("norm_eps", "mlp_layer", "norm_layer", "embed_norm_layer")
+TABLE_ONLY_KEYWORDS = ("norm_eps", "mlp_layer", "norm_layer", "embed_norm_layer", "pos_embed")
 INFERENCE_NEUTRAL_KEYWORDS = ("drop_rate", "pos_drop_rate", "patch_drop_rate", "proj_drop_rate", "attn_drop_rate",
                               "drop_path_rate", "weight_init", "fix_init", "dynamic_img_size")
 # Keywords keras_vit computes only at timm's default value (a file that changes them is refused).
@@ -73,6 +73,9 @@ class TimmArchitecture:
     conv_stem: bool = False
     # timm's VisionTransformerDistilled (DeiT distilled): a distillation token and head, which no keyword sets.
     distilled: bool = False
+    # ViTamin's MbConv stem as timm's model function builds it (its VitCfg): widths (the stem's, then each
+    # stage's) and blocks per stage; None for none.
+    mbconv: tuple = None
 
     @property
     def conv_stem_widths(self):
@@ -88,12 +91,13 @@ class TimmArchitecture:
 def timm_mlp_pieces(switches):
     """How many of timm's MLP widths `int(dim * mlp_ratio)` keras_vit's first MLP layer holds, by the switches.
 
-    Two where timm sizes a SwiGLU by each half (AIMv2's `SwiGLU`, `fc1_g`
-    and `fc1_x`; every `swiglu_mlp` of timm's Eva), one where the width is
+    Two where timm sizes a gated MLP by each half (AIMv2's `SwiGLU`, `fc1_g`
+    and `fc1_x`; ViTamin's `GeGluMlp`, `w0` and `w1`; every `swiglu_mlp` of
+    timm's Eva), one where the width is
     the whole layer (a plain MLP, DINOv2 giant's `SwiGLUPacked`, which
     halves it).
     """
-    return 2 if switches.get("mlp_layer") == "swiglu" or switches.get("swiglu_mlp") else 1
+    return 2 if switches.get("mlp_layer") in ("swiglu", "geglu") or switches.get("swiglu_mlp") else 1
 
 
 def timm_mlp_dim(embed_dim, mlp_ratio, switches):
@@ -118,12 +122,12 @@ def timm_mlp_ratio(embed_dim, mlp_dim, switches):
 
 
 def _timm(patch_size, image_size, embed_dim, depth, num_heads, mlp_ratio=4.0, resize=DEFAULT_RESIZE,
-          resnet_layers=None, resnet_width=None, conv_stem=False, distilled=False, **switches):
+          resnet_layers=None, resnet_width=None, conv_stem=False, distilled=False, mbconv=None, **switches):
     if set(switches) - set(SWITCH_KEYWORDS):
         raise TypeError(f"Not a switch of the family table: {sorted(set(switches) - set(SWITCH_KEYWORDS))}")
     sides = tuple(image_size) if isinstance(image_size, tuple) else (image_size, image_size)
     return TimmArchitecture(patch_size, sides, embed_dim, depth, num_heads, mlp_ratio, switches, tuple(resize),
-                            resnet_layers, resnet_width, conv_stem, distilled)
+                            resnet_layers, resnet_width, conv_stem, distilled, mbconv)
 
 
 def _hybrid(patch_size, image_size, embed_dim, depth, num_heads, resnet_layers):
@@ -138,12 +142,24 @@ def _aimv2(image_size, embed_dim, num_heads, mlp_ratio):
                  embed_norm_layer="rms_norm", norm_eps=1e-05, mlp_layer="swiglu")
 
 
+def _vitamin(image_size, embed_dim, depth, num_heads, stem_width, pos_embed="learn"):
+    """ViTamin: its MbConv stem (two stages of 2 and 4 blocks, `stem_width` and twice that wide) before a ViT of
+    GeGLU MLPs, average-pooled (XL: without position embeddings)."""
+    switches = {} if pos_embed == "learn" else dict(pos_embed=pos_embed)
+    return _timm(1, image_size, embed_dim, depth, num_heads, 2.0, mbconv=((stem_width, stem_width, 2 * stem_width),
+                                                                          (2, 4)),
+                 class_token=False, global_pool="avg", mlp_layer="geglu", **switches)
+
+
+# ViTamin's sizes: (name, image sizes, (embed_dim, depth, num_heads, stem width[, switches])).
+_VITAMINS = (("small", (224,), (384, 14, 6, 64)), ("base", (224,), (768, 14, 12, 128)),
+             *((large, (224, 256, 336, 384), (1024, 31, 16, 160)) for large in ("large", "large2")),
+             ("xlarge", (256, 336, 384), (1152, 32, 16, 192, "none")))
+
 # Why timm architectures outside the table are refused, by name (first match).
 REFUSED = (
     (r"sapiens2", "grouped-query attention (num_kv_heads) and a layer scale on attention only (Sapiens2), which "
                   "keras_vit does not compute"),
-    (r"^vitamin_", "ViTamin's MbConv stages before the patches (LayerNorm2d inverted bottlenecks with depthwise "
-                   "convolutions) and its GeGLU MLPs, which keras_vit does not compute"),
     (r"_xp_|_18x2_", "parallel blocks of several attention and MLP branches (timm's ParallelThingsBlock)"),
 )
 
@@ -196,6 +212,7 @@ ARCHITECTURES = {
                        norm_layer='rms_norm', reg_tokens=1),
     "test_vit2": _timm(16, 160, 64, 8, 2, mlp_ratio=3, class_token=False, global_pool='avg', init_values=1e-05,
                        reg_tokens=1),
+    **{f"vitamin_{size}_{image}": _vitamin(image, *sizes) for size, images, sizes in _VITAMINS for image in images},
     "vit_base_patch14_dinov2": _timm(14, 518, 768, 12, 12, init_values=1e-05),
     "vit_base_patch14_reg1_tipsv2": _timm(14, 448, 768, 12, 12, init_values=1.0, no_embed_class=True, reg_tokens=1),
     "vit_base_patch14_reg4_dinov2": _timm(14, 518, 768, 12, 12, init_values=1e-05, no_embed_class=True, reg_tokens=4),
@@ -465,7 +482,9 @@ def timm_switches_to_architecture(switches):
         qk_norm=bool(switches.get("qk_norm", False)),
         layer_scale=float(init_values) if init_values else None,
         mlp_activation="swiglu" if switches.get("mlp_layer") in ("swiglu_packed", "swiglu") else
-        ACTIVATIONS[switches.get("act_layer")],
+        "geglu" if switches.get("mlp_layer") == "geglu" else ACTIVATIONS[switches.get("act_layer")],
+        mlp_input_norm=switches.get("mlp_layer") == "geglu",  # GeGluMlp normalises its input
+        position_embedding=switches.get("pos_embed", "learn") != "none",
         normalization=switches.get("norm_layer", "layer_norm"),
         projection_bias=bool(switches.get("proj_bias", True)),
         patch_norm=switches.get("embed_norm_layer") is not None,

@@ -18,6 +18,12 @@ convolutions with BatchNorm, then `patch_embed.backbone.2.conv`, which is
 the patch embedding, as timm's `HybridEmbed` has no projection there) maps
 onto `keras_vit.layers.conv_stem` and keras_vit's `embedding`.
 
+ViTamin's `MbConvStages` (`vitamin_*`: `patch_embed.backbone.stem.conv1`,
+`...stages.S.B.conv1_1x1`, ..., then `...pool.norm` and `pool.proj`, the
+patch embedding, as its `HybridEmbed` has no projection either) maps onto
+`keras_vit.layers.mbconv`; a stem without one of timm's two stages, a
+block or a tensor is refused, naming them.
+
 Example:
 >>> timm_backbone_name("block2_unit1/conv_proj/kernel", stem_only=False)
 'patch_embed.backbone.stages.1.blocks.0.downsample.conv.weight'
@@ -28,7 +34,7 @@ import re
 import numpy as np
 
 from keras_vit.checkpoints.source import CheckpointError, preview, refuse_non_float
-from keras_vit.model.description import UNIT, conv_stem_widths_of, resnet_layers_of
+from keras_vit.model.description import MBCONV_BLOCK, UNIT, conv_stem_widths_of, mbconv_of, resnet_layers_of
 
 BACKBONE = "patch_embed.backbone."
 STEM = BACKBONE + "stem."  # ResNetV2's stem; the stem alone (a Sequential) has no "stem." part.
@@ -65,6 +71,99 @@ CONV_STEM_NAMES = {
 }
 # BatchNorm's step counter: a buffer that changes no output (written back as 0).
 CONV_STEM_COUNTERS = ("0.bn.num_batches_tracked", "1.bn.num_batches_tracked")
+
+
+# ViTamin's MbConvStages: timm name after "patch_embed.backbone." -> keras_vit name; pool.proj is the patches.
+_FIELDS = {"conv": (("weight", "kernel"), ("bias", "bias")), "norm": (("weight", "gamma"), ("bias", "beta"))}
+MBCONV_NAMES = {f"{timm}.{field}": f"{ours}/{kind}" for timm, ours, layer in (
+    ("stem.conv1", "mbconv_stem_conv1", "conv"), ("stem.norm1", "mbconv_stem_norm1", "norm"),
+    ("stem.conv2", "mbconv_stem_conv2", "conv"), ("pool.norm", "mbconv_pool_norm", "norm"),
+    ("pool.proj", "embedding", "conv")) for field, kind in _FIELDS[layer]}
+# timm name after "patch_embed.backbone.stages.{S}.{B}." -> keras_vit name after "mbconv_stage{S}_block{B}/".
+MBCONV_BLOCK_NAMES = {
+    **{f"{timm}.{field}": f"{ours}/{kind}" for timm, ours in (("conv1_1x1", "conv1"), ("conv2_kxk", "conv2"),
+                                                              ("conv3_1x1", "conv3"), ("shortcut.expand", "shortcut"))
+       for field, kind in _FIELDS["conv"]},
+    **{f"pre_norm.{field}": f"pre_norm/{kind}" for field, kind in _FIELDS["norm"]},
+}
+MBCONV_SHORTCUT = ("shortcut.expand.weight", "shortcut.expand.bias")  # the first block's, where the width changes
+MBCONV_STAGES = 2  # timm's MbConvStages builds two, from embed_dim[:2]
+_MBCONV_STAGED = re.compile(r"patch_embed\.backbone\.stages\.(\d+)\.(\d+)\.(.+)$")
+
+
+def is_mbconv(names):
+    """Whether timm tensor `names` hold ViTamin's MbConvStages."""
+    return any(name.startswith((BACKBONE + "stem.conv1.", BACKBONE + "pool.")) for name in names)
+
+
+def mbconv_from_timm(tensors, description, convert):
+    """keras_vit's state of ViTamin's MbConvStages among timm `tensors`, `pool.proj` as the patches; a stem that
+    is not whole (a stage, a block or a tensor missing) is refused, naming them."""
+    names = sorted(name for name in tensors if name.startswith(BACKBONE))
+    blocks, state, unknown = {}, {}, []
+    for name in names:
+        match = _MBCONV_STAGED.match(name)
+        if match and match.group(3) in MBCONV_BLOCK_NAMES:
+            blocks.setdefault((int(match.group(1)), int(match.group(2))), set()).add(match.group(3))
+        elif name[len(BACKBONE):] not in MBCONV_NAMES:
+            unknown.append(name)
+    if unknown:
+        raise CheckpointError(f"{description} has {preview(unknown, 3)}, which ViTamin's MbConvStages (a stem, two "
+                              "stages of MbConv blocks, a pool) does not have. Nothing was loaded.")
+    fix = "the file is not whole: load the complete checkpoint (timm's save_for_hf writes every tensor)"
+    missing = [BACKBONE + name for name in MBCONV_NAMES if BACKBONE + name not in tensors]
+    if missing:
+        raise CheckpointError(f"{description}: ViTamin's MbConv stem lacks {preview(missing, 4)}; {fix}. Nothing "
+                              "was loaded.")
+    stages = sorted({stage for stage, _ in blocks})
+    for stage in range(MBCONV_STAGES):
+        if stage not in stages:
+            raise CheckpointError(f"{description}: ViTamin's MbConv stem lacks stage {stage} (no "
+                                  f"{BACKBONE}stages.{stage}.* tensors; timm's MbConvStages has {MBCONV_STAGES}); "
+                                  f"{fix}. Nothing was loaded.")
+    if stages[-1] >= MBCONV_STAGES:
+        raise CheckpointError(f"{description} has {BACKBONE}stages.{stages[-1]}.*, a stage past the "
+                              f"{MBCONV_STAGES} of timm's MbConvStages. Nothing was loaded.")
+    width = int(tensors[BACKBONE + "stem.conv1.weight"].shape[0])
+    for stage in stages:
+        depth = max(block for found, block in blocks if found == stage) + 1
+        base = f"{BACKBONE}stages.{stage}."
+        out = int(tensors[f"{base}{depth - 1}.conv3_1x1.weight"].shape[0]) if "conv3_1x1.weight" in blocks.get(
+            (stage, depth - 1), ()) else None
+        gaps = sorted(set(range(depth)) - {block for found, block in blocks if found == stage})
+        if gaps:
+            raise CheckpointError(f"{description}: ViTamin's MbConv stem lacks stage {stage}'s block {gaps[0]} "
+                                  f"({base}{gaps[0]}.*) before its block {depth - 1}; {fix}. Nothing was loaded.")
+        for block in range(depth):
+            needed = [rest for rest in MBCONV_BLOCK_NAMES
+                      if rest not in MBCONV_SHORTCUT or (block == 0 and width != out)]
+            lacking = [f"{base}{block}.{rest}" for rest in needed if rest not in blocks.get((stage, block), ())]
+            extra = [f"{base}{block}.{rest}" for rest in blocks.get((stage, block), ()) if rest not in needed]
+            if lacking or extra:
+                what = f"lacks {preview(lacking, 4)}" if lacking else f"has {preview(extra, 2)}, which its " \
+                    "block does not (a shortcut convolution only where the first block of a stage changes the width)"
+                raise CheckpointError(f"{description}: ViTamin's MbConv stem {what}; "
+                                      f"{fix if lacking else 'the tensors are of two models'}. Nothing was loaded.")
+            for rest in needed:
+                name = f"{base}{block}.{rest}"
+                ours = f"mbconv_stage{stage}_block{block}/{MBCONV_BLOCK_NAMES[rest]}"
+                value = convert(name, tensors[name])  # a depthwise kernel: Keras' (h, w, channels, 1)
+                state[ours] = value.transpose(0, 1, 3, 2) if rest == "conv2_kxk.weight" else value
+        width = out
+    state.update({ours: convert(BACKBONE + name, tensors[BACKBONE + name]) for name, ours in MBCONV_NAMES.items()})
+    return state
+
+
+def mbconv_to_timm(state, convert):
+    """timm's names and tensors for a model's MbConv stem and patch embedding (popped from keras_vit's `state`)."""
+    tensors = {BACKBONE + name: convert(BACKBONE + name, state.pop(ours)) for name, ours in MBCONV_NAMES.items()}
+    blocks = {ours: rest for rest, ours in MBCONV_BLOCK_NAMES.items()}
+    for path in [path for path in state if MBCONV_BLOCK.match(path)]:
+        match = MBCONV_BLOCK.match(path)
+        name = f"{BACKBONE}stages.{match.group(1)}.{match.group(2)}.{blocks[path[match.end():]]}"
+        value = state.pop(path)
+        tensors[name] = convert(name, value.transpose(0, 1, 3, 2) if name.endswith("conv2_kxk.weight") else value)
+    return tensors
 
 
 def is_conv_stem(names):
@@ -111,6 +210,8 @@ def backbone_from_timm(tensors, description, convert):
     refuse_non_float(description, {name: np.asarray(tensors[name]).dtype for name in names if name not in counters})
     if is_conv_stem(names):
         return conv_stem_from_timm(tensors, description, convert)
+    if is_mbconv(names):
+        return mbconv_from_timm(tensors, description, convert)
     blocks = {}
     for name in names:
         match = _STAGED.match(name)
@@ -131,7 +232,7 @@ def backbone_from_timm(tensors, description, convert):
     if unknown:
         raise CheckpointError(
             f"{description} is a timm ViT with a convolutional stem before the patches (a hybrid's ResNet, but not "
-            "timm's ResNetV2 or its stem alone, nor MobileCLIP's ConvStem: another backbone such as ViTamin's) "
+            "timm's ResNetV2 or its stem alone, nor MobileCLIP's ConvStem or ViTamin's MbConvStages: another backbone) "
             f"({preview(unknown, 3)}), which keras_vit's ViT does not have.")
     _check_whole(tensors, blocks, prefix, description)
     return state
@@ -213,15 +314,21 @@ def check_backbone_agrees(state, entry, name, path):
     found, declared = resnet_layers_of(state), entry.resnet_layers
     if conv_stem_widths_of(state) is not None:
         found = "conv_stem"
+    if mbconv_of(state) is not None:
+        found = "mbconv"
     if entry.conv_stem:
         declared = "conv_stem"
+    if entry.mbconv is not None:
+        declared = "mbconv"
     if (found is None) == (declared is None) and (found == ()) == (declared == ()) and \
-            (found == "conv_stem") == (declared == "conv_stem"):
+            (found == "conv_stem") == (declared == "conv_stem") and (found == "mbconv") == (declared == "mbconv"):
         return
     def describe(layers):
         return ("a plain ViT (no patch_embed.backbone.*)" if layers is None else
                 "a hybrid on MobileCLIP's ConvStem (patch_embed.backbone.0.conv, 1.conv, 2.conv)"
                 if layers == "conv_stem" else
+                "a hybrid on ViTamin's MbConvStages (patch_embed.backbone.stem.conv1, stages.*, pool.*)"
+                if layers == "mbconv" else
                 "a hybrid on a ResNet stem alone (patch_embed.backbone.conv, norm)" if layers == () else
                 "a hybrid on a ResNetV2 (patch_embed.backbone.stem.*, stages.*)")
     raise CheckpointError(f"{path} holds {describe(found)}, but timm's {name!r} is {describe(declared)}. Nothing was "

@@ -18,6 +18,7 @@ Example:
 >>> source = checkpoints.read_timm("model.safetensors")  # doctest: +SKIP
 """
 
+import dataclasses
 import logging
 import os
 
@@ -53,8 +54,8 @@ from keras_vit.checkpoints.timm.families import (
 from keras_vit.checkpoints.timm.hybrid import BACKBONE, backbone_from_timm, check_backbone_agrees
 from keras_vit.data import preprocessing
 from keras_vit.model.architecture import Architecture
-from keras_vit.model.description import conv_stem_widths_of, resnet_layers_of
-from keras_vit.model.variants import CONV_STEM_STRIDE, resnet_stride
+from keras_vit.model.description import conv_stem_widths_of, mbconv_of, resnet_layers_of
+from keras_vit.model.variants import CONV_STEM_STRIDE, MBCONV_PATCH_SIZE, mbconv_stride, resnet_stride
 
 logger = logging.getLogger("keras_vit")
 
@@ -205,6 +206,22 @@ _SWIGLU_PIECES = {"mlp.fc1_g.weight": ("mlp_hidden/kernel", 0, 2), "mlp.fc1_x.we
 LAYOUT = TensorLayout("timm's VisionTransformer layout", top=_TOP, block_prefix="blocks.", block=_BLOCK,
                       packed=_SWIGLU_PIECES, rules=_RULES,
                       hint="; keras_vit reads timm ViT state dicts (blocks.N.attn.qkv.weight, ...)")
+# ViTamin's GeGluMlp: a norm on its input (`mlp.norm`, BEiT-3's hidden norm elsewhere), then `w0` (the gate) and
+# `w1`, the halves of keras_vit's first MLP layer, and `w2`.
+GEGLU_LAYOUT = dataclasses.replace(
+    LAYOUT, name="timm's VisionTransformer layout with GeGluMlp MLPs (ViTamin)",
+    block={**{name: ours for name, ours in _BLOCK.items() if not name.startswith("mlp.")},
+           "mlp.norm.weight": "mlp_input_norm/gamma", "mlp.norm.bias": "mlp_input_norm/beta",
+           "mlp.w2.weight": "mlp_output/kernel", "mlp.w2.bias": "mlp_output/bias"},
+    packed={f"mlp.{name}.{field}": (f"mlp_hidden/{kind}", part, 2) for part, name in enumerate(("w0", "w1"))
+            for field, kind in (("weight", "kernel"), ("bias", "bias"))})
+
+
+def layout_of(names, architecture=None):
+    """The layout of timm tensor `names`, or of a model of `architecture`: with GeGluMlp MLPs, or the plain one."""
+    if architecture is not None:
+        return GEGLU_LAYOUT if architecture.mlp_activation == "geglu" else LAYOUT
+    return GEGLU_LAYOUT if any(name.endswith(".mlp.w0.weight") for name in names) else LAYOUT
 
 
 def from_timm(tensors, description="checkpoint"):
@@ -216,10 +233,11 @@ def from_timm(tensors, description="checkpoint"):
                 f"{description} is a timm ViT with {what} ({preview(found, 3)}), which keras_vit's ViT does not have."
             )
     backbone = backbone_from_timm(tensors, description, torch_to_keras)
-    state = LAYOUT.read({name: value for name, value in tensors.items() if not name.startswith(BACKBONE)},
-                        description)
+    state = layout_of(tensors).read({name: value for name, value in tensors.items() if not name.startswith(BACKBONE)},
+                                    description)
     state.update(backbone)
-    if "embedding/kernel" not in state or "position_embedding/pos_embedding" not in state:
+    # timm's pos_embed='none' is ViTamin XL's alone among the VisionTransformers keras_vit reads.
+    if "embedding/kernel" not in state or ("position_embedding/pos_embedding" not in state and mbconv_of(state) is None):
         raise CheckpointError(f"{description} lacks a patch or position embedding (patch_embed.proj.weight, pos_embed).")
     return state
 
@@ -260,7 +278,8 @@ def read_timm(path, budget=None, config=None, config_path=None):
     resnet = resnet_layers_of(state)
     epsilons = None if resnet is None else "timm"
     if not config:
-        architecture = architecture_from_state(state, None, mlp_activation="gelu", resnet_epsilons=epsilons)
+        gate = "geglu" if layout_of(tensors) is GEGLU_LAYOUT else "gelu"  # else SwiGLU where the MLP is gated
+        architecture = architecture_from_state(state, None, mlp_activation=gate, resnet_epsilons=epsilons)
         source = source_from_state(path, state, None, None, architecture)
         source.position_resize = DEFAULT_RESIZE[:2]
         source.eval_transform = preprocessing.from_timm_config({}, path)  # timm's defaults, at the model's size
@@ -273,15 +292,18 @@ def read_timm(path, budget=None, config=None, config_path=None):
     sizes = checked_sizes(state, entry, args, name, path, where)
     check_tensors_agree(state, architecture, name, path,
                         unpacked=(switches.get("mlp_layer") == "swiglu", "blocks.0.mlp.fc1_g.weight" in tensors))
-    stem = conv_stem_widths_of(state)
-    LAYOUT.check_complete([name for name in tensors if not name.startswith(BACKBONE)], architecture, sizes["depth"],
-                          settings(dict(sizes, architecture=name), "architecture", "depth"), path,
-                          supplied=() if stem is None else ("embedding/kernel", "embedding/bias"))
+    stem, mbconv = conv_stem_widths_of(state), mbconv_of(state)
+    layout_of(tensors, architecture).check_complete(
+        [name for name in tensors if not name.startswith(BACKBONE)], architecture, sizes["depth"],
+        settings(dict(sizes, architecture=name), "architecture", "depth"), path,
+        supplied=() if stem is None and mbconv is None else ("embedding/kernel", "embedding/bias"))
     num_classes = args.get("num_classes", config.get("num_classes"))
     check_head(state, num_classes, path, where)
     stride = 1 if resnet is None else resnet_stride(resnet)
     if stem is not None:  # timm's patch 1 over the whole ConvStem, whose last convolution is keras_vit's patches
         stride = CONV_STEM_STRIDE * int(state["embedding/kernel"].shape[0])
+    if mbconv is not None:  # timm's patch 1 over the whole MbConvStages, whose pool.proj is keras_vit's patches
+        stride = MBCONV_PATCH_SIZE * mbconv_stride(mbconv[1])
     step = sizes["patch_size"] * stride
     grid, image_size = grid_of_config(state, architecture, entry, args, pretrained, step, where)
     source = source_from_state(path, state, grid, sizes["num_heads"], architecture)

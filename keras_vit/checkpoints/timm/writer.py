@@ -26,8 +26,13 @@ from keras_vit.checkpoints.tensor_layout import keras_to_torch
 from keras_vit.checkpoints.timm.eva_families import EVA_ARCHITECTURES
 from keras_vit.checkpoints.timm.eva_layout import configured_eva_architecture, eva_arguments, read_timm_eva, to_timm_eva
 from keras_vit.checkpoints.timm.families import timm_architecture, timm_mlp_dim, timm_mlp_ratio
-from keras_vit.checkpoints.timm.hybrid import check_timm_rebuilds_backbone, conv_stem_to_timm, timm_backbone_name
-from keras_vit.checkpoints.timm.layout import LAYOUT, configured_architecture, read_timm
+from keras_vit.checkpoints.timm.hybrid import (
+    check_timm_rebuilds_backbone,
+    conv_stem_to_timm,
+    mbconv_to_timm,
+    timm_backbone_name,
+)
+from keras_vit.checkpoints.timm.layout import configured_architecture, layout_of, read_timm
 from keras_vit.checkpoints.timm.naflex import from_vision_transformer, naflex_architecture, naflex_arguments, \
     read_timm_naflex
 from keras_vit.model.architecture import Architecture
@@ -35,10 +40,11 @@ from keras_vit.model.description import (
     architecture_of,
     conv_stem_widths_of,
     is_naflex,
+    mbconv_of,
     native_image_size,
     resnet_layers_of,
 )
-from keras_vit.model.variants import CONV_STEM_STRIDE, resnet_stride
+from keras_vit.model.variants import CONV_STEM_STRIDE, MBCONV_PATCH_SIZE, mbconv_stride, resnet_stride
 from keras_vit.utils.files import atomic_path
 
 
@@ -61,9 +67,13 @@ def to_timm(model, architecture=None):
     stem = {name: np.ascontiguousarray(value if value.dtype == np.int64 else value.astype("float32"))
             for name, value in conv_stem_to_timm(state, keras_to_torch).items()} \
         if conv_stem_widths_of(state) is not None else {}
-    unpacked = architecture is not None and \
+    if mbconv_of(state) is not None:
+        stem = {name: np.ascontiguousarray(value.astype("float32"))
+                for name, value in mbconv_to_timm(state, keras_to_torch).items()}
+    found = architecture_of(model)
+    unpacked = found.mlp_activation == "geglu" or architecture is not None and \
         timm_architecture(architecture, "save_timm").switches.get("mlp_layer") == "swiglu"
-    tensors = LAYOUT.write(state, unpacked=unpacked, architecture=architecture_of(model))
+    tensors = layout_of((), found).write(state, unpacked=unpacked, architecture=found)
     tensors.update(stem)
     for path, value in backbone.items():
         name = timm_backbone_name(path, stem_only=hybrid == ())
@@ -133,6 +143,7 @@ def check_timm_rebuilds(model, architecture, arguments, path=None, written=None)
 # Where a model needs what only one of timm's model functions sets, one such architecture to name.
 _NAMED_ONLY = {"layer_norm_epsilon": ("LayerNorm epsilon {:g}", "vit_base_patch16_clip_224 (CLIP's 1e-5)"),
                "swiglu": ("a SwiGLU MLP", "vit_giant_patch14_dinov2 (a packed SwiGLU MLP)"),
+               "geglu": ("GeGLU MLPs", "vitamin_small_224 (ViTamin's GeGluMlp)"),
                "post_norm": ("post-norm blocks", "vit_base_patch16_rpn_224 (timm's ResPostBlock)"),
                "rms_norm": ("RMSNorms", "aimv2_large_patch14_224 (AIMv2's RmsNorm)"),
                "patch_norm": ("a patch-embedding norm", "aimv2_large_patch14_224 (AIMv2's embed_norm_layer)"),
@@ -174,7 +185,8 @@ def _keywords(model, architecture):
     if architecture in EVA_ARCHITECTURES:
         return eva_arguments(model, architecture)
     entry = None if architecture is None else timm_architecture(architecture, "timm_arguments")
-    if found.rope or not found.key_bias or not found.position_embedding:
+    no_table = entry is not None and entry.switches.get("pos_embed") == "none"  # ViTamin XL's pos_embed='none'
+    if found.rope or not found.key_bias or (not found.position_embedding and not no_table):
         raise CheckpointError(f"{model.name} has RoPE, no key bias or no position table, as timm's Eva class: pass "
                               "architecture= the Eva name it is (eva02_base_patch14_224, vit_base_patch16_dinov3, ...).")
     if found.patch_bias == found.norm_pre:
@@ -189,7 +201,10 @@ def _keywords(model, architecture):
     patch = tuple(model.get_layer("embedding").kernel.shape[:2])
     resnet = resnet_layers_of({v.path for v in model.weights})
     stem = conv_stem_widths_of({variable.path: variable for variable in model.weights})
+    mbconv = mbconv_of({variable.path: variable for variable in model.weights})
     stride = CONV_STEM_STRIDE if stem is not None else 1 if resnet is None else resnet_stride(resnet)
+    if mbconv is not None:  # keras_vit's patches are timm's pool.proj, a 3x3 kernel striding by 2
+        patch, stride = (MBCONV_PATCH_SIZE,) * 2, mbconv_stride(mbconv[1])
     head = [layer for layer in model.layers if layer.name == "head"]
     arguments = dict(
         img_size=native_image_size(model, (patch[0] * stride, patch[1] * stride)),
@@ -209,6 +224,7 @@ def _keywords(model, architecture):
         arguments["attn_layer"] = "diff"
     needs_name = [key for key, needed in (("layer_norm_epsilon", found.layer_norm_epsilon != 1e-6),
                                           ("swiglu", found.mlp_activation == "swiglu"),
+                                          ("geglu", found.mlp_activation == "geglu" or found.mlp_input_norm),
                                           ("post_norm", found.post_norm),
                                           ("parallel", found.parallel),
                                           ("rms_norm", found.normalization == "rms_norm"),
@@ -219,6 +235,11 @@ def _keywords(model, architecture):
         if architecture is None:
             raise CheckpointError(f"{model.name} has MobileCLIP's ConvStem, which only timm's model function builds; "
                                   "pass architecture='vit_base_mci_224'.")
+    if mbconv is not None:
+        arguments["patch_size"] = 1  # timm's HybridEmbed patches the MbConvStages' output, its pool.proj ours
+        if architecture is None:
+            raise CheckpointError(f"{model.name} has ViTamin's MbConv stem, which only timm's model functions build; "
+                                  "pass architecture= the vitamin_* it is (vitamin_small_224, ...).")
     if resnet is not None and architecture is None:
         raise CheckpointError(f"{model.name} is a hybrid, which only timm's model functions build; pass "
                               "architecture= the timm hybrid it is (vit_base_r50_s16_224, ..., vit_tiny_r_s16_p8_224).")
@@ -243,7 +264,15 @@ def _keywords(model, architecture):
         raise CheckpointError(f"{model.name}'s ConvStem has widths {stem} before a {embed}-wide ViT, but timm's "
                               f"{architecture!r} builds {entry.conv_stem_widths} before {entry.embed_dim} and takes no "
                               "argument for them, so timm.create_model cannot rebuild this model.")
-    if found.mlp_activation != "swiglu":
+    if (mbconv is not None) != (entry.mbconv is not None):
+        raise CheckpointError(f"timm's {architecture!r} {'has' if entry.mbconv else 'has no'} MbConv stem, but "
+                              f"{model.name} {'has' if mbconv is not None else 'has none'}.")
+    if mbconv is not None and (mbconv, embed) != (entry.mbconv, entry.embed_dim):
+        raise CheckpointError(f"{model.name}'s MbConv stem has widths {mbconv[0]} and depths {mbconv[1]} before a "
+                              f"{embed}-wide ViT, but timm's {architecture!r} builds {entry.mbconv[0]} and "
+                              f"{entry.mbconv[1]} before {entry.embed_dim} and takes no config.json argument for them, "
+                              "so timm.create_model cannot rebuild this model.")
+    if found.mlp_activation not in ("swiglu", "geglu"):
         arguments["act_layer"] = activations[found.mlp_activation]
     return arguments
 
