@@ -304,7 +304,14 @@ def check_architecture(arch, work):
             info = dict(introspection_error=first_line(error))
         result["timm"] = info
         data = timm.data.resolve_model_data_config(model)
-        size = tuple(int(n) for n in data["input_size"][1:])
+        folder = os.path.join(work, "with_model_args")
+        save_for_hf(model, folder, safe_serialization=True)
+        with open(os.path.join(folder, "config.json")) as f:
+            config = json.load(f)
+        result["model_args"] = config.get("model_args")
+        # The size the written file states: timm's vitamin_xlarge_336 is built under vitamin_xlarge_256's
+        # pretrained_cfg, so the live model's data config says 256 where its file (and the Hub's) says 336.
+        size = tuple(int(n) for n in config.get("pretrained_cfg", {}).get("input_size", data["input_size"])[1:])
         result["input_size"] = list(size)
         images = torch.randn((1, 3, *size), generator=torch.Generator().manual_seed(seed + 1))
         with torch.no_grad():
@@ -314,11 +321,6 @@ def check_architecture(arch, work):
         # the images that become timm's input exactly. (A bare state dict has no statistics: timm's input as is.)
         mean, std = (np.array(data[key], dtype=np.float64) for key in ("mean", "std"))
         keras_images = ((images_nhwc * std + mean) * 2 - 1).astype(np.float32)
-        folder = os.path.join(work, "with_model_args")
-        save_for_hf(model, folder, safe_serialization=True)
-        with open(os.path.join(folder, "config.json")) as f:
-            config = json.load(f)
-        result["model_args"] = config.get("model_args")
     except Exception as error:  # noqa: BLE001
         result["setup_error"] = first_line(error)
         result["with_model_args"] = dict(passed=False, stage="timm", error=result["setup_error"])

@@ -190,7 +190,7 @@ def grid_of_config(state, architecture, entry, args, pretrained, patch, where):
     """
     candidates = configured_image_sizes(args, pretrained, entry, where)
     if "position_embedding/pos_embedding" not in state:  # no table (ViTamin XL): the size its eval transform gives
-        stated = configured_image_sizes({}, pretrained, entry, where)  # (timm's vitamin_xlarge_336 states 256 px)
+        stated = configured_image_sizes({}, pretrained, entry, where)
         size = tuple(stated[0] if len(stated) > 1 else candidates[0])
         return (size[0] // patch, size[1] // patch), size
     rows = state["position_embedding/pos_embedding"].shape[1] - architecture.position_prefix_rows
