@@ -68,8 +68,9 @@ def as_flags(**values):
     return [f"--{name.replace('_', '-')}={value}" for name, value in values.items()]
 
 
+@pytest.mark.backend_independent  # the scripts call the same library steps on each backend
 def test_pretrain_and_finetune_examples_train_the_weights_the_library_does(tmp_path):
-    """Both scripts, step by step, equal `training.train` on this backend, and write what the library writes."""
+    """Both scripts, step by step, equal `training.train`, and write what the library writes."""
     _run("pretrain", "--output-dir", str(tmp_path / "example"), *as_flags(**SMALL_FLAGS), cwd=tmp_path)
     training.train(training.PretrainConfig(output_dir=str(tmp_path / "library"), **SMALL_FLAGS))
     assert_same_weights(tmp_path / "example" / "model.keras", tmp_path / "library" / "model.keras")
