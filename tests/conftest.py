@@ -50,7 +50,13 @@ def runs_backend_independent_tests():
     return keras.backend.backend() == BACKEND_INDEPENDENT_PASS or os.environ.get("KERAS_VIT_TEST_EVERY_BACKEND") == "1"
 
 
+# Files of minute-long tests (whole guides, the digits job, fresh distributed processes), handed out first: xdist's
+# two workers then finish together, not one idle while the other runs a long test it got last.
+LONG_FIRST = ("test_examples.py", "test_guides.py", "test_distribute.py")
+
+
 def pytest_collection_modifyitems(config, items):
+    items.sort(key=lambda item: item.path.name not in LONG_FIRST)  # stable: each file keeps its order
     if runs_backend_independent_tests():
         return
     left = [item for item in items if item.get_closest_marker("backend_independent")]
