@@ -140,8 +140,6 @@ def _aimv2(image_size, embed_dim, num_heads, mlp_ratio):
 
 # Why timm architectures outside the table are refused, by name (first match).
 REFUSED = (
-    (r"sapiens2", "grouped-query attention (num_kv_heads) and a layer scale on attention only (Sapiens2), which "
-                  "keras_vit does not compute"),
     (r"^vitamin_", "ViTamin's MbConv stages before the patches (LayerNorm2d inverted bottlenecks with depthwise "
                    "convolutions) and its GeGLU MLPs, which keras_vit does not compute"),
     (r"_xp_|_18x2_", "parallel blocks of several attention and MLP branches (timm's ParallelThingsBlock)"),
