@@ -110,7 +110,7 @@ def test_lora_quantize_and_dtype_work_with_the_switches(tmp_path):
 
 
 @pytest.mark.backend_independent
-def test_bad_switches_name_the_problem():
+def test_bad_switches_name_the_problem(tmp_path):
     with pytest.raises(ValueError, match=r"register_tokens must be a whole number >= 0, got -1"):
         keras_vit.ViT(**SMALL, register_tokens=-1)
     with pytest.raises(ValueError, match=r"classifier='token' pools the class token, but class_token=False has none"):
@@ -130,6 +130,25 @@ def test_bad_switches_name_the_problem():
         keras_vit.ViT(**dict(SMALL, mlp_dim=47), mlp_activation="swiglu")
     with pytest.raises(ValueError, match="fc_norm=True places the final LayerNorm after pooling, but final_norm=False"):
         keras_vit.ViT(**SMALL, classifier="gap", fc_norm=True, final_norm=False)
+    with pytest.raises(ValueError, match=r"^num_kv_heads 2 \(block 1\) does not divide num_heads 3: each key/value "
+                                         r"head serves num_heads / num_kv_heads query heads.$"):
+        keras_vit.ViT(**SMALL, num_kv_heads=(3, 2))
+    with pytest.raises(ValueError, match=r"^num_kv_heads \(3,\) is for 1 blocks, but the model has 2: give one count "
+                                         r"per block, or one number for every block.$"):
+        keras_vit.ViT(**SMALL, num_kv_heads=(3,))
+    with pytest.raises(ValueError, match=r"num_kv_heads must be a whole number > 0, a tuple of them \(one per block\) "
+                                         r"or None; got 0."):
+        Architecture(num_kv_heads=0)
+    with pytest.raises(ValueError, match="attention_only_layer_scale=True is not supported with parallel=True"):
+        Architecture(layer_scale=0.1, parallel=True, attention_only_layer_scale=True)
+    with pytest.raises(ValueError, match=r"Grouped-query attention \(num_kv_heads\) is not supported with "
+                                         "differential attention"):
+        keras_vit.ViT(**SMALL, num_kv_heads=1, differential_attention=True)
+    with pytest.raises(CheckpointError, match=r"^vit has grouped-query attention \(num_kv_heads\), which the original "
+                                              r"layout has not: save it with model.save, or checkpoints.save_timm "
+                                              r"with architecture= a Sapiens2 name.$"):
+        checkpoints.save_npz(keras_vit.ViT(**SMALL, num_kv_heads=1), tmp_path / "grouped.npz")
+    assert not os.listdir(tmp_path)
     assert Architecture(class_token=False, classifier="gap").num_prefix_tokens == 0
 
 
@@ -178,7 +197,9 @@ def test_a_model_carries_the_description_its_layers_give_and_a_keras_file_keeps_
            dict(SMALL, architecture=Architecture(rope="axial", mlp_activation="swiglu", qk_norm=True,
                                                  layer_scale=0.1, class_token=False, classifier="gap")),
            *(dict(SMALL, **switches) for switches in (DINOV2_REG, dict(classifier="map", qkv_bias=False),
-                                                     dict(normalization="rms_norm", projection_bias=False)))]
+                                                     dict(normalization="rms_norm", projection_bias=False),
+                                                     dict(num_kv_heads=(3, 1), layer_scale=0.1,
+                                                          attention_only_layer_scale=True)))]
     for options in zoo:
         model = keras_vit.ViT(**options)
         carried = (model.architecture, model.sizes, model.native_grid)

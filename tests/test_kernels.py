@@ -210,6 +210,39 @@ def test_transformer_block_gradients_equal_with_and_without_custom_gradients(mon
     np.testing.assert_allclose(gradients[True], gradients[False], atol=2e-5)
 
 
+def repeated_heads(kernel, heads, groups, width):
+    """A grouped q/k/v kernel or bias (last axis: queries, then `heads / groups` key and value heads of `width`)
+    as a full-attention one: each key/value head repeated for the query heads of its group."""
+    queries = heads * width
+    parts = np.split(kernel, [queries, queries + queries // groups], axis=-1)
+    full = [np.repeat(part.reshape(*part.shape[:-1], -1, width), groups, axis=-2).reshape(*part.shape[:-1], queries)
+            for part in parts[1:]]
+    return np.concatenate([parts[0], *full], axis=-1)
+
+
+@pytest.mark.parametrize("custom, torch_kernels", [(True, False), (False, True), (False, False)])
+def test_grouped_query_attention_is_full_attention_with_each_key_value_head_repeated(monkeypatch, custom,
+                                                                                     torch_kernels):
+    # Query head h takes key/value head h // (num_heads / num_kv_heads), as timm's repeat_interleave, on every
+    # attention path: the written-out one, torch's or Keras' fused one, and the one that returns its weights.
+    monkeypatch.setattr(kernels, "use_custom_gradients", lambda: custom)
+    monkeypatch.setattr(kernels, "use_torch_kernels", lambda: torch_kernels and keras.backend.backend() == "torch")
+    x = np.random.default_rng(17).normal(size=(2, 5, 16)).astype("float32")
+    d_output = np.random.default_rng(18).normal(size=x.shape).astype("float32")
+    grouped = TransformerBlock(num_heads=4, num_kv_heads=2, mlp_dim=16, qk_norm=True, seed=5)
+    full = TransformerBlock(num_heads=4, mlp_dim=16, qk_norm=True, seed=5)
+    grouped.build(x.shape), full.build(x.shape)
+    rng = np.random.default_rng(19)
+    for ours, theirs in zip(grouped.weights, full.weights):
+        value = rng.normal(size=ours.shape).astype("float32") * 0.5
+        ours.assign(value)
+        theirs.assign(repeated_heads(value, 4, 2, 4) if "/qkv/" in ours.path else value)
+    results = [(keras.ops.convert_to_numpy(block(x)), input_gradients(block, [x], d_output)[0],
+                keras.ops.convert_to_numpy(block(x, return_attention_weights=True)[1])) for block in (grouped, full)]
+    for got, want in zip(*results):
+        np.testing.assert_allclose(got, want, atol=2e-5, rtol=1e-5)
+
+
 # --- layer_norm ---------------------------------------------------------------
 
 

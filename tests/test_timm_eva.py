@@ -114,7 +114,8 @@ def test_rope_model_tools_keep_its_outputs(tmp_path):
 
 
 @pytest.mark.backend_independent
-@pytest.mark.parametrize("case", ["eva02_axial", "eva02_separate_qkv", "naver_mixed_ape", "dinov3", "pe_core"])
+@pytest.mark.parametrize("case", ["eva02_axial", "eva02_separate_qkv", "naver_mixed_ape", "dinov3", "pe_core",
+                                  "sapiens2"])
 def test_save_timm_writes_the_file_timm_wrote(case, tmp_path):
     # The same names and values as timm's own save_for_hf file: timm's strict load takes it.
     model = load(case)
@@ -126,7 +127,10 @@ def test_save_timm_writes_the_file_timm_wrote(case, tmp_path):
     for tensor in original:
         np.testing.assert_allclose(written[tensor], original[tensor], atol=1e-7, rtol=0, err_msg=tensor)
     arguments = checkpoints.timm_arguments(model, name)
-    assert (arguments["embed_dim"], arguments["depth"], arguments["num_heads"]) == (32, 2, 2)
+    sizes = ("embed_dim", "depth", "num_heads", "num_kv_heads")
+    given = CASES[case]["model_args"]
+    assert {key: arguments[key] for key in sizes if key in arguments} == {key: given[key] for key in sizes
+                                                                          if key in given}
 
 
 @pytest.mark.backend_independent
@@ -193,9 +197,47 @@ def test_rope_files_that_disagree_with_their_config_are_refused(tmp_path):
     no_bias = copy_case("eva02_axial", tmp_path, lambda t: {k: v for k, v in t.items() if not k.endswith("v_bias")})
     with pytest.raises(CheckpointError, match=r"holds .*blocks.0.attn.q_bias.* but not .*blocks.0.attn.v_bias"):
         keras_vit.from_pretrained(no_bias)
-    sapiens = copy_case("dinov3", tmp_path, change_config=lambda c: c.update(architecture="vit_base_patch16_sapiens2"))
-    with pytest.raises(CheckpointError, match="grouped-query attention"):
-        keras_vit.from_pretrained(sapiens)
+
+
+def keys_and_values_of(block, heads):
+    """A tensor change: block `block`'s k_proj and v_proj as wide as `heads` key/value heads (of width 8)."""
+    def change(tensors):
+        for name in [f"blocks.{block}.attn.{part}.{kind}" for part in ("k_proj", "v_proj") for kind in ("weight", "bias")]:
+            tensors[name] = np.ascontiguousarray(np.concatenate([tensors[name]] * heads)[:8 * heads])
+        return tensors
+    return change
+
+
+# The sapiens2 fixture (4 heads of width 8, key/value heads (4, 2, 4)) changed -> the one line that refuses it.
+GROUPED_QUERY_REFUSALS = {
+    "config_not_dividing": (None, lambda config: config["model_args"].update(num_kv_heads=[4, 3, 4]),
+                            "{config}: model_args.num_kv_heads is 3 for block 1, which does not divide num_heads 4; "
+                            "set it to a divisor of 4 (each key/value head serves num_heads / num_kv_heads query "
+                            "heads). Nothing was loaded."),
+    "tensors_not_dividing": (keys_and_values_of(1, 3), None,
+                             "{file}: blocks.1.attn.k_proj.weight gives 3 key/value heads of width 8, which do not "
+                             "divide num_heads 4: no timm Eva of these sizes holds it (check model_args.num_heads and "
+                             "embed_dim against the file). Nothing was loaded."),
+    "tensors_not_the_configs": (keys_and_values_of(1, 1), None,
+                                "{file}: blocks.1.attn.k_proj.weight gives 1 key/value heads, but "
+                                "model_args.num_kv_heads has 2 for block 1; the name, config and tensors disagree: "
+                                "set model_args.num_kv_heads to the file's, one per block. Nothing was loaded."),
+    "the_names_for_another_depth": (None, lambda config: config["model_args"].pop("num_kv_heads"),
+                                    "{config}: timm's 'vit_base_patch16_sapiens2' num_kv_heads is for 12 blocks, but "
+                                    "depth is 3: timm takes one count per block (or one number for all); list them in "
+                                    "model_args.num_kv_heads. Nothing was loaded."),
+}
+
+
+@pytest.mark.backend_independent
+@pytest.mark.parametrize("case", sorted(GROUPED_QUERY_REFUSALS))
+def test_grouped_query_attention_that_does_not_divide_the_heads_is_refused(case, tmp_path):
+    change_tensors, change_config, message = GROUPED_QUERY_REFUSALS[case]
+    folder = copy_case("sapiens2", tmp_path, change_tensors, change_config)
+    with pytest.raises(CheckpointError) as error:
+        keras_vit.from_pretrained(folder)
+    assert str(error.value) == message.format(config=os.path.join(folder, "config.json"),
+                                              file=os.path.join(folder, "model.safetensors"))
 
 
 @pytest.mark.backend_independent
@@ -232,9 +274,11 @@ def test_a_transformers_dinov3_gated_mlp_other_than_silu_is_refused(tmp_path):
 
 
 @pytest.mark.skipif(keras.backend.backend() != "torch", reason="PyTorch builds layers on its meta device")
-def test_interleaved_rope_models_build_without_running_a_real_forward_pass(monkeypatch):
+@pytest.mark.parametrize("case, rotate_half", [("eva02_axial", False), ("sapiens2", True)])
+def test_rope_models_build_without_running_a_real_forward_pass(monkeypatch, case, rotate_half):
     # Keras' torch backend infers shapes on the meta device; an op it cannot run there made Keras fall back to
-    # running every block on real batch-83 tensors while building: minutes for a full-size EVA-02.
+    # running every block on real batch-83 tensors while building: minutes for a full-size EVA-02 (interleaved
+    # RoPE), gigabytes for a Sapiens2 at 1024x768 (keras.ops.repeat of grouped keys and values).
     from keras_vit.layers import rope
 
     devices = []
@@ -245,6 +289,6 @@ def test_interleaved_rope_models_build_without_running_a_real_forward_pass(monke
         return rotate(query, *args, **kwargs)
 
     monkeypatch.setattr(rope, "rotate_queries_and_keys", recording)
-    model = load("eva02_axial")
-    assert not model.get_config().get("rope_rotate_half", False) and devices
+    model = load(case)
+    assert model.architecture.rope_rotate_half is rotate_half and devices
     assert set(devices) == {"meta"}, devices

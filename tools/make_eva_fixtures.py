@@ -11,7 +11,8 @@ by timm. One case per RoPE form (axial with EVA-02's reference grid, mixed,
 DINOv3's) and per block variant (q/v biases only, q/k/v apart with the
 split SwiGLU and its norm, attention's inner norm, all three biases with a
 pre-norm and attention pooling, post-norm blocks, registers without a
-position table). `timm_eva_reference.npz` keeps, per case, the images and
+position table, Sapiens2's grouped-query attention per block with a layer
+scale on attention only). `timm_eva_reference.npz` keeps, per case, the images and
 timm's logits at the case's own size (`<case>/native`) and at a second size
 (`<case>/other`: timm with `dynamic_img_size=True`, which recomputes RoPE
 on the new grid and resamples a position table as its checkpoint filter
@@ -53,6 +54,10 @@ CASES = {
     "init_values_zero": ("vit_small_patch16_rope_224", dict(TINY, depth=1, img_size=32, patch_size=8, init_values=0.0),
                          (48, 24)),
     "patch_size_pair": ("eva02_tiny_patch14_224", dict(TINY, depth=1, img_size=32, patch_size=(8, 8)), (48, 32)),
+    # Sapiens2: grouped-query attention set per block (full in the first and last, 2 key/value heads between), a
+    # layer scale on attention only, RMSNorms and 8 registers, at a portrait size as its own 1024x768.
+    "sapiens2": ("vit_base_patch16_sapiens2", dict(TINY, num_heads=4, depth=3, num_kv_heads=(4, 2, 4), mlp_ratio=1.0,
+                                                   img_size=(32, 24), patch_size=8), (24, 40)),
 }
 # transformers DINOv3 case -> (DINOv3ViTConfig keywords, (model, weights, images) seeds). The second has no
 # registers (its file holds an empty register_tokens) and apply_layernorm false, which only the Backbone reads.

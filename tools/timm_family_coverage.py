@@ -10,7 +10,9 @@ package added (nothing is downloaded: every model is built with `pretrained=Fals
 
 It groups `timm.list_pretrained()` by architecture (the name before the
 first '.') and builds each with `timm.create_model(arch, pretrained=False,
-depth=1)`: one block keeps it fast, and everything else (image size, patch,
+depth=1)`: one block keeps it fast (where timm sets a setting per block,
+which one block cannot take, Sapiens2's `num_kv_heads`: three blocks, with
+the first, a middle and the last block's settings), and everything else (image size, patch,
 width, heads, MLP, activation, norms, pooling, classes: those of the
 architecture's default pretrained tag) is the architecture's own. Only
 models whose class is exactly `timm.models.vision_transformer.VisionTransformer`
@@ -26,11 +28,12 @@ random image of the model's default input size:
 
   1. `keras_vit.from_pretrained(folder, classifier_activation=None)` gives
      timm's `model(x)` (logits, or pooled features without a head) to 1e-4;
-  2. the same with `model_args` removed from `config.json` but for `depth`, as in the Hub's
+  2. the same with `model_args` removed from `config.json` but for `depth` (and the per-block
+     settings of a three-block build), as in the Hub's
      own timm configs (the architecture name and `pretrained_cfg` remain);
   3. for an architecture that passes 1, a round trip: `checkpoints.save_timm`
      of the Keras model, read by a fresh `timm.create_model(arch,
-     pretrained=False, depth=1)` with `timm.models.load_checkpoint(...,
+     pretrained=False, depth=1)` (or the three-block keywords) with `timm.models.load_checkpoint(...,
      strict=True)`, gives timm's outputs to 1e-4.
 
 With `--naflex`, timm's `NaFlexVit` class instead: all 14 architectures
@@ -53,6 +56,7 @@ its default tag's configuration).
 import argparse
 import collections
 import dataclasses
+import functools
 import gc
 import json
 import logging
@@ -75,10 +79,31 @@ import torch.nn as nn  # noqa: E402
 TOLERANCE = 1e-4
 
 
-# The classes measured: timm's plain ViT, its DeiT-distilled subclass and its RoPE ViTs (Eva). Sapiens2's per-block num_kv_heads takes no
-# depth=1 and is listed with the builds that failed.
+# The classes measured: timm's plain ViT, its DeiT-distilled subclass and its RoPE ViTs (Eva).
 IN_SCOPE = ("timm.models.vision_transformer.VisionTransformer", "timm.models.deit.VisionTransformerDistilled",
             "timm.models.eva.Eva")
+
+
+@functools.lru_cache(maxsize=None)
+def build_keywords(arch):
+    """The keywords with which `arch` is built small: `depth=1`, or where timm's model function sets a setting per
+    block that one block cannot take (Sapiens2's num_kv_heads, full attention in the first and last 8 blocks),
+    three blocks with the settings of its first, middle and last."""
+    import timm
+
+    try:
+        with torch.device("meta"):
+            timm.create_model(arch, pretrained=False, depth=1)
+        return {"depth": 1}
+    except Exception:  # noqa: BLE001 - any failure: try the per-block settings, else report depth=1's own
+        pass
+    try:
+        with torch.device("meta"):
+            full = timm.create_model(arch, pretrained=False)
+        kv_heads = [block.attn.num_kv_heads for block in full.blocks]
+    except Exception:  # noqa: BLE001
+        return {"depth": 1}
+    return {"depth": 3, "num_kv_heads": (kv_heads[0], kv_heads[len(kv_heads) // 2], kv_heads[-1])}
 
 
 def first_line(error):
@@ -295,7 +320,7 @@ def check_architecture(arch, work):
     seed = zlib.crc32(arch.encode())
     model = kmodel = kmodel2 = m2 = None
     try:
-        model = timm.create_model(arch, pretrained=False, depth=1)
+        model = timm.create_model(arch, pretrained=False, **build_keywords(arch))
         randomise(model, torch.Generator().manual_seed(seed))
         model.eval()
         try:
@@ -340,11 +365,11 @@ def check_architecture(arch, work):
 
     bare = os.path.join(work, "without_model_args")
     shutil.copytree(folder, bare)
-    # As the Hub's own configs, but for the one size this tool shrinks: keras_vit refuses tensors that disagree
-    # with the name's sizes.
-    depth = (config.pop("model_args", None) or {}).get("depth")
-    if depth is not None:
-        config["model_args"] = {"depth": depth}
+    # As the Hub's own configs, but for what this tool shrinks: keras_vit refuses tensors that disagree with the
+    # name's sizes.
+    given = config.pop("model_args", None) or {}
+    if "depth" in given:
+        config["model_args"] = {key: given[key] for key in build_keywords(arch) if key in given}
     with open(os.path.join(bare, "config.json"), "w") as f:
         json.dump(config, f, indent=2)
     check2, kmodel2 = keras_check(bare, keras_images, reference)
@@ -357,7 +382,7 @@ def check_architecture(arch, work):
         path = os.path.join(work, "round_trip.safetensors")
         try:
             keras_vit.checkpoints.save_timm(kmodel, path, architecture=arch)
-            m2 = timm.create_model(arch, pretrained=False, depth=1)
+            m2 = timm.create_model(arch, pretrained=False, **build_keywords(arch))
             timm.models.load_checkpoint(m2, path, strict=True)
             m2.eval()
             with torch.no_grad():
@@ -371,7 +396,8 @@ def check_architecture(arch, work):
 
 
 def scan(only):
-    """`(tags by architecture, class name by architecture)`: every pretrained architecture built at depth=1."""
+    """`(tags by architecture, class name by architecture)`: every pretrained architecture built small
+    (`build_keywords`)."""
     import timm
 
     tags = collections.OrderedDict()
@@ -384,9 +410,9 @@ def scan(only):
         try:  # On the meta device (no memory, no init time); where that fails, for real.
             try:
                 with torch.device("meta"):
-                    model = timm.create_model(arch, pretrained=False, depth=1)
+                    model = timm.create_model(arch, pretrained=False, **build_keywords(arch))
             except Exception:  # noqa: BLE001
-                model = timm.create_model(arch, pretrained=False, depth=1)
+                model = timm.create_model(arch, pretrained=False, **build_keywords(arch))
             classes[arch] = f"{type(model).__module__}.{type(model).__name__}"
             del model
         except Exception as error:  # noqa: BLE001

@@ -72,6 +72,13 @@ PATCH_SIZE = Kind("a positive int or [side, side]", lambda value: (_int(value) a
 LAYER_SCALE = Kind("a finite number >= 0", lambda value: _number(value) and value >= 0)
 
 
+# timm's Eva num_kv_heads: one count for every block, or a list of one per block (Sapiens2's).
+KV_HEADS = Kind("a positive int, a list of them (one per block) or null", lambda value: value is None or (
+    _int(value) and value > 0) or (isinstance(value, (list, tuple)) and len(value) > 0
+                                    and all(_int(count) and count > 0 for count in value)),
+    lambda value: tuple(value) if isinstance(value, (list, tuple)) else value)
+
+
 def one_of(*choices):
     """The kind of a field that takes one of `choices`."""
     return Kind("one of " + ", ".join(map(repr, choices)), lambda value: value in choices and isinstance(value, str))
@@ -97,6 +104,7 @@ FIELD_KINDS = {
     "rope_temperature": POSITIVE_NUMBER, "rope_grid_offset": NUMBER, "rope_grid_indexing": one_of("ij", "xy"),
     "rope_rotate_half": FLAG, "ref_feat_shape": IMAGE_SIZE.or_null("a positive int, [height, width] or null"),
     "attn_pool_num_heads": POSITIVE_INT.or_null(), "attn_pool_mlp_ratio": POSITIVE_NUMBER.or_null(),
+    "attn_only_layer_scale": FLAG, "num_kv_heads": KV_HEADS,
     # timm's pretrained_cfg.
     "input_size": Kind("[channels, height, width]", lambda value: isinstance(value, (list, tuple)) and len(value) == 3
                        and all(_int(side) and side > 0 for side in value), tuple).or_null("[channels, height, width]"),

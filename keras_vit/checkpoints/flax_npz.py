@@ -185,6 +185,10 @@ def to_flax(model):
     while f"encoderblock_{index}/qkv/kernel" in state:
         ours, theirs = f"encoderblock_{index}/", f"Transformer/encoderblock_{index}/"
         heads = model.get_layer(f"encoderblock_{index}").num_heads
+        if getattr(model.get_layer(f"encoderblock_{index}"), "num_kv_heads", heads) != heads:
+            raise CheckpointError(f"{model.name} has grouped-query attention (num_kv_heads), which the original "
+                                  "layout has not: save it with model.save, or checkpoints.save_timm with "
+                                  "architecture= a Sapiens2 name.")
         out[theirs + "LayerNorm_0/scale"] = state[ours + "attention_norm/gamma"]
         out[theirs + "LayerNorm_0/bias"] = state[ours + "attention_norm/beta"]
         kernels = np.split(state[ours + "qkv/kernel"], 3, axis=1)

@@ -81,7 +81,7 @@ BLOCK_WEIGHTS = {
     **_dense("mlp_hidden", bias=lambda a: a.projection_bias or a.parallel),
     **_dense("mlp_output", bias=lambda a: a.projection_bias and not a.parallel),
     "attention_layer_scale": lambda a: a.layer_scale is not None and not a.parallel,
-    "mlp_layer_scale": lambda a: a.layer_scale is not None and not a.parallel,
+    "mlp_layer_scale": lambda a: a.layer_scale is not None and not a.parallel and not a.attention_only_layer_scale,
     "layer_scale": lambda a: a.layer_scale is not None and a.parallel,
     **_pair("query_norm", lambda a: a.qk_norm),
     **_pair("key_norm", lambda a: a.qk_norm),

@@ -1,6 +1,8 @@
 """Multi-head self-attention, the part of an encoder block that mixes its tokens: `SelfAttention`, `ZeroKeyBias`.
 
-One fused q/k/v projection split into heads; plain attention
+One fused q/k/v projection split into heads (with grouped-query attention,
+fewer key/value heads, each repeated for its group of query heads before
+attention, so every attention path computes it); plain attention
 (`keras_vit.layers.kernels.attention`, fused where the platform has it),
 attention that returns its weights, or differential attention; RoPE
 rotation of queries and keys, per-head query/key norms and a key bias
@@ -36,7 +38,7 @@ class ZeroKeyBias(keras.constraints.Constraint):
 class SelfAttention(BlockPart):
     """MSA(x) of a block: q/k/v, attention over the heads, the output projection and its dropout.
 
-    Reads the block's `num_heads`, `attention_dropout_rate`, `dropout_rate`,
+    Reads the block's `num_heads`, `num_kv_heads`, `attention_dropout_rate`, `dropout_rate`,
     `layer_index` (differential attention's lambda offset) and its switches
     `qkv_bias`, `key_bias`, `qk_norm`, `rope`, `rope_temperature`,
     `rope_rotate_half`, `differential_attention`, `attention_output_norm`
@@ -51,20 +53,27 @@ class SelfAttention(BlockPart):
         if hidden_size % self.num_heads:
             raise ValueError(f"hidden_size {hidden_size} is not divisible by num_heads {self.num_heads}.")
         self.head_dim = hidden_size // self.num_heads
+        self.num_kv_heads = block.num_kv_heads
+        grouped = self.num_kv_heads != self.num_heads
+        if grouped and (switches.differential_attention or switches.rope == "mixed"
+                        or (switches.qkv_bias and not switches.key_bias)):
+            raise ValueError("Grouped-query attention (num_kv_heads) is not supported with differential attention, "
+                             "mixed RoPE (learned per query head) or a key bias held at zero (key_bias=False).")
         if switches.differential_attention and self.head_dim % 2:
             raise ValueError(f"Differential attention halves each head's queries and keys, so the head width "
                              f"{self.head_dim} (hidden_size / num_heads) must be even.")
         # Glorot over each of q, k and v (fan D -> D), as the original's three
-        # separate projections, although they are stored as one (D, 3D) kernel.
+        # separate projections, although they are stored as one (D, 3D) kernel
+        # (keys and values narrower with grouped-query attention).
         qkv_init = keras.initializers.VarianceScaling(2.0, "fan_avg", "uniform", seed=block.seed_for(0))
-        self.qkv = self.dense(3 * hidden_size, "qkv", token_shape, 0, kernel_initializer=qkv_init,
-                              use_bias=switches.qkv_bias, bias_constraint=None if switches.key_bias else ZeroKeyBias())
+        width = hidden_size + 2 * self.num_kv_heads * self.head_dim
+        self.qkv = self.dense(width, "qkv", token_shape, 0, kernel_initializer=qkv_init, use_bias=switches.qkv_bias, bias_constraint=None if switches.key_bias else ZeroKeyBias())
         self._build_rope()
         if switches.qk_norm:  # differential attention normalises each half-width query and key (timm's DiffAttention)
             heads = (self.num_heads, 2, self.head_dim // 2) if switches.differential_attention else (self.num_heads,
                                                                                                      self.head_dim)
             self.query_norm = self.norm("query_norm", (*token_shape[:-1], *heads))
-            self.key_norm = self.norm("key_norm", (*token_shape[:-1], *heads))
+            self.key_norm = self.norm("key_norm", (*token_shape[:-1], self.num_kv_heads, *heads[1:]))
         if switches.attention_output_norm:
             self.output_norm = self.norm("attention_output_norm_layer", token_shape, name="attention_output_norm")
         self.output = self.dense(hidden_size, "attention_output", token_shape, 1, use_bias=switches.projection_bias)
@@ -107,8 +116,14 @@ class SelfAttention(BlockPart):
         # Split the fused projection on its last axis, then reshape each part, rather than
         # reshaping to (..., 3, heads, dim) and slicing: TensorFlow trains better this way
         # (see benchmarks/README.md).
-        heads = (batch, tokens, self.num_heads, self.head_dim)
-        query, key, value = (ops.reshape(part, heads) for part in ops.split(self.qkv(x), 3, axis=-1))
+        fused = self.qkv(x)
+        if self.num_kv_heads == self.num_heads:
+            query, key, value = ops.split(fused, 3, axis=-1)
+        else:  # narrower keys and values; sliced, as PyTorch's meta device cannot split at indices
+            queries, keys = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+            query, key, value = fused[..., :queries], fused[..., queries:queries + keys], fused[..., queries + keys:]
+        query = ops.reshape(query, (batch, tokens, self.num_heads, self.head_dim))
+        key, value = (ops.reshape(part, (batch, tokens, self.num_kv_heads, self.head_dim)) for part in (key, value))
         if switches.qk_norm and not switches.differential_attention:
             query, key = self.query_norm(query), self.key_norm(key)
         if switches.rope:
@@ -120,6 +135,8 @@ class SelfAttention(BlockPart):
                 frequencies = ops.convert_to_tensor(frequencies)
             query, key = rope_module.rotate_queries_and_keys(query, key, positions, frequencies,
                                                              switches.rope_rotate_half)
+        if self.num_kv_heads != self.num_heads:
+            key, value = self._for_each_query_head(key), self._for_each_query_head(value)
         if switches.differential_attention:
             context, weights = self._differential(query, key, value, training, key_mask)
             weights = weights if return_weights else None
@@ -131,6 +148,15 @@ class SelfAttention(BlockPart):
         if switches.attention_output_norm:
             context = self.output_norm(context)
         return self.apply_dropout(self.output_dropout, self.output(context), training), weights
+
+    def _for_each_query_head(self, part):
+        """Grouped keys or values `(batch, tokens, num_kv_heads, head_dim)` for each query head: head h takes
+        key/value head h // (num_heads / num_kv_heads), as timm's `repeat_interleave`. Broadcast, not `ops.repeat`,
+        which PyTorch's meta device (where Keras infers shapes) cannot run."""
+        batch, tokens = ops.shape(part)[0], ops.shape(part)[1]
+        group = self.num_heads // self.num_kv_heads
+        spread = ops.broadcast_to(ops.expand_dims(part, 3), (batch, tokens, self.num_kv_heads, group, self.head_dim))
+        return ops.reshape(spread, (batch, tokens, self.num_heads, self.head_dim))
 
     @property
     def lambda_init(self):

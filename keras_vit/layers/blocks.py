@@ -35,6 +35,9 @@ class BlockSwitches:
             differential attention).
         layer_scale: the initial value of learned per-channel scales on both
             residual branches (CaiT, DeiT-III, DINOv2), or `None` for none.
+        attention_only_layer_scale: with `layer_scale`, only the attention
+            branch is scaled, not the MLP (timm's `attn_only_layer_scale`,
+            Sapiens2's).
         mlp_activation: one of `keras_vit.layers.mlp.ACTIVATIONS`.
         post_norm: each block normalises its branches' outputs, not their
             inputs (`x + LN(MSA(x))`, timm's `ResPostBlock`).
@@ -65,6 +68,7 @@ class BlockSwitches:
     qkv_bias: bool = True
     qk_norm: bool = False
     layer_scale: float = None
+    attention_only_layer_scale: bool = False
     mlp_activation: str = "gelu_tanh"
     post_norm: bool = False
     normalization: str = "layer_norm"
@@ -96,6 +100,9 @@ class BlockSwitches:
                              f"none; got {self.layer_scale!r}.")
         if self.normalization not in NORMALIZATIONS:
             raise ValueError(f"Unknown normalization {self.normalization!r}; expected one of {NORMALIZATIONS}.")
+        if self.attention_only_layer_scale and self.parallel:
+            raise ValueError("attention_only_layer_scale=True is not supported with parallel=True (a parallel "
+                             "block has one layer scale on the sum of both branches).")
         if self.parallel and (self.post_norm or self.attention_output_norm or self.mlp_hidden_norm):
             raise ValueError("parallel=True is not supported with post_norm, attention_output_norm or "
                              "mlp_hidden_norm (timm's parallel blocks have none of them).")
@@ -189,7 +196,10 @@ class TransformerBlock(_QuantizableSublayers, keras.layers.Layer):
     attention dropout and stochastic depth on both branches are optional.
     `layer_index` sets differential attention's lambda offset; `lora_rank`
     adds LoRA adapters to the dense layers named in `lora_targets`
-    (`keras_vit.enable_lora`). It is called with `rope_positions` (from
+    (`keras_vit.enable_lora`). With `num_kv_heads` (a divisor of
+    `num_heads`) attention is grouped-query: keys and values have that many
+    heads, each shared by `num_heads / num_kv_heads` query heads in turn
+    (timm's `AttentionRope`). It is called with `rope_positions` (from
     `keras_vit.layers.rope.RotaryPositions`) where it has RoPE, and
     `return_attention_weights=True` returns the float32 attention weights too;
     `key_mask`, `(batch, tokens)` booleans, leaves out the padding of a
@@ -204,7 +214,8 @@ class TransformerBlock(_QuantizableSublayers, keras.layers.Layer):
     """
 
     def __init__(self, num_heads, mlp_dim, dropout_rate=0.0, attention_dropout_rate=0.0, stochastic_depth_rate=0.0,
-                 seed=None, lora_rank=None, lora_targets=(), layer_index=0, switches=None, **kwargs):
+                 seed=None, lora_rank=None, lora_targets=(), layer_index=0, switches=None, num_kv_heads=None,
+                 **kwargs):
         switches = BlockSwitches.take(switches, kwargs)
         super().__init__(**kwargs)
         # === Config ===
@@ -218,6 +229,11 @@ class TransformerBlock(_QuantizableSublayers, keras.layers.Layer):
         self.lora_rank = lora_rank  # LoRA adapters on the dense layers named in lora_targets (keras_vit.enable_lora)
         self.lora_targets = tuple(lora_targets)
         self.layer_index = int(layer_index)
+        self.num_kv_heads = self.num_heads if num_kv_heads is None else num_kv_heads
+        if isinstance(self.num_kv_heads, bool) or not isinstance(self.num_kv_heads, int) \
+                or self.num_kv_heads < 1 or self.num_heads % self.num_kv_heads:
+            raise ValueError(f"num_kv_heads must be a whole number that divides num_heads {self.num_heads} (each "
+                             f"key/value head serves num_heads / num_kv_heads query heads); got {num_kv_heads!r}.")
         for name in ("dropout_rate", "attention_dropout_rate", "stochastic_depth_rate"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}.")
@@ -249,7 +265,9 @@ class TransformerBlock(_QuantizableSublayers, keras.layers.Layer):
             scale = keras.initializers.Constant(self.layer_scale)
             self.attention_layer_scale = self.add_weight(name="attention_layer_scale", shape=(hidden_size,),
                                                          initializer=scale)
-            self.mlp_layer_scale = self.add_weight(name="mlp_layer_scale", shape=(hidden_size,), initializer=scale)
+            if not self.attention_only_layer_scale:
+                self.mlp_layer_scale = self.add_weight(name="mlp_layer_scale", shape=(hidden_size,),
+                                                       initializer=scale)
         if self.lora_rank:
             self.freeze_all_but_lora()
 
@@ -281,7 +299,7 @@ class TransformerBlock(_QuantizableSublayers, keras.layers.Layer):
 
     def _scaled(self, branch, name):
         """A residual branch times its layer scale, where the block has one."""
-        if self.layer_scale is None:
+        if self.layer_scale is None or (name == "mlp_layer_scale" and self.attention_only_layer_scale):
             return branch
         return branch * ops.cast(getattr(self, name), branch.dtype)
 
@@ -317,6 +335,8 @@ class TransformerBlock(_QuantizableSublayers, keras.layers.Layer):
         config.update(self.switches.changed())
         if self.differential_attention:
             config.update(layer_index=self.layer_index)
+        if self.num_kv_heads != self.num_heads:
+            config.update(num_kv_heads=self.num_kv_heads)
         if self.lora_rank:
             config.update(lora_rank=self.lora_rank, lora_targets=list(self.lora_targets))
         return self._with_quantized_sublayers(config)

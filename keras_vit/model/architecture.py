@@ -80,6 +80,11 @@ class Architecture(BlockSwitches):
             into `(x - input_mean) / input_std`, so the same images suit
             every checkpoint (ImageNet's statistics for DeiT and DINOv2,
             OpenAI's for CLIP).
+        num_kv_heads: grouped-query attention: each block's key/value
+            heads, a divisor of `num_heads` (each key/value head serves
+            `num_heads / num_kv_heads` query heads), as one number for every
+            block or a tuple with one per block (Sapiens2's: full attention
+            in the first and last 8 blocks); None for full attention.
         resnet_epsilons: for a hybrid, its ResNet's epsilons, a key of
             `RESNET_EPSILONS`: `"flax"` (the original `.npz` models') or
             `"timm"` (timm's `vit_*_r50_*` and `vit_*_r26_*` hybrids).
@@ -105,6 +110,7 @@ class Architecture(BlockSwitches):
     input_mean: tuple = PAPER_PIXEL_STATISTICS
     input_std: tuple = PAPER_PIXEL_STATISTICS
     resnet_epsilons: str = "flax"
+    num_kv_heads: tuple = None
 
     def __post_init__(self):
         super().__post_init__()
@@ -145,6 +151,14 @@ class Architecture(BlockSwitches):
                 raise ValueError(f"rope_reference_grid must be (rows, columns), two positive whole numbers, or None; "
                                  f"got {self.rope_reference_grid!r}.")
             object.__setattr__(self, "rope_reference_grid", tuple(int(side) for side in sides))
+        if self.num_kv_heads is not None:
+            counts = self.num_kv_heads if isinstance(self.num_kv_heads, (list, tuple)) else (self.num_kv_heads,)
+            if not counts or not all(isinstance(count, int) and not isinstance(count, bool) and count > 0
+                                     for count in counts):
+                raise ValueError(f"num_kv_heads must be a whole number > 0, a tuple of them (one per block) or "
+                                 f"None; got {self.num_kv_heads!r}.")
+            if isinstance(self.num_kv_heads, list):
+                object.__setattr__(self, "num_kv_heads", tuple(self.num_kv_heads))
         if self.resnet_epsilons not in RESNET_EPSILONS:
             raise ValueError(f"Unknown resnet_epsilons {self.resnet_epsilons!r}; expected one of "
                              f"{tuple(RESNET_EPSILONS)}.")
@@ -164,6 +178,26 @@ class Architecture(BlockSwitches):
     def normalizes_input(self):
         """Whether the model maps its [-1, 1] input to other pixel statistics than the paper's."""
         return (self.input_mean, self.input_std) != (PAPER_PIXEL_STATISTICS, PAPER_PIXEL_STATISTICS)
+
+    def kv_heads_per_block(self, num_layers, num_heads):
+        """Each block's key/value head count (`num_heads` where attention is full); a ValueError where
+        `num_kv_heads` has not one count per block or a count does not divide `num_heads`."""
+        counts = self.num_kv_heads if self.num_kv_heads is not None else num_heads
+        counts = counts if isinstance(counts, tuple) else (counts,) * num_layers
+        if len(counts) != num_layers:
+            raise ValueError(f"num_kv_heads {counts} is for {len(counts)} blocks, but the model has {num_layers}: "
+                             "give one count per block, or one number for every block.")
+        wrong = next(((index, count) for index, count in enumerate(counts) if num_heads % count), None)
+        if wrong is not None:
+            raise ValueError(f"num_kv_heads {wrong[1]} (block {wrong[0]}) does not divide num_heads {num_heads}: "
+                             "each key/value head serves num_heads / num_kv_heads query heads.")
+        return counts
+
+    def with_blocks(self, num_layers, num_heads):
+        """This architecture as a model of `num_layers` blocks of `num_heads` heads carries it: `num_kv_heads`
+        checked (`kv_heads_per_block`), one count per block, or None where every block's attention is full."""
+        counts = self.kv_heads_per_block(num_layers, num_heads)
+        return dataclasses.replace(self, num_kv_heads=None if set(counts) == {num_heads} else counts)
 
     def replace(self, **changes):
         """This architecture with `changes` (keywords that are `None` are left as they are)."""

@@ -83,8 +83,11 @@ def architecture_of(model):
         classifier = pool.method
     else:
         classifier = "token" if class_token else "gap"
+    blocks = [layer for layer in model.layers if layer.name.startswith("encoderblock_")]
+    kv_heads = tuple(getattr(layer, "num_kv_heads", layer.num_heads) for layer in blocks)
     return Architecture(
         **dataclasses.asdict(block.switches),
+        num_kv_heads=None if set(kv_heads) == {block.num_heads} else kv_heads,
         class_token=class_token,
         register_tokens=register_tokens,
         distillation_token=distillation_token,

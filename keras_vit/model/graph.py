@@ -88,7 +88,9 @@ class ModelOptions:
 
 
 def build(options, input_tensor):
-    sizes, image_size, architecture = options.sizes, options.image_size, options.architecture
+    sizes, image_size = options.sizes, options.image_size
+    architecture = options.architecture.with_blocks(sizes.num_layers, sizes.num_heads)
+    kv_heads = architecture.kv_heads_per_block(sizes.num_layers, sizes.num_heads)
     if options.pooling == "token" and not architecture.class_token:
         raise ValueError(f"pooling='token' needs a class token, but classifier={architecture.classifier!r} has none.")
     grid_size = options.position_grid or position_grid(image_size, sizes, None)
@@ -139,6 +141,7 @@ def build(options, input_tensor):
             stochastic_depth_rate=depth_rate,
             layer_index=index,
             switches=BlockSwitches.of(architecture),
+            num_kv_heads=kv_heads[index],
             name=f"encoderblock_{index}",
             **typed,
         )(x, **call_options)

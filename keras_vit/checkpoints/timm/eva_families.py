@@ -2,7 +2,7 @@
 
 timm's `Eva` class (timm/models/eva.py) holds the RoPE ViTs: EVA-02, EVA-01
 giant, Perception Encoder, timm's SBB `vit_*_rope_reg*_gap_256`, Naver's
-`vit_*_rope_*_224`, DINOv3 and LingBot. `EVA_ARCHITECTURES` holds, in
+`vit_*_rope_*_224`, DINOv3, LingBot and Sapiens2. `EVA_ARCHITECTURES` holds, in
 timm's own `Eva` keywords, what each model function sets beyond the sizes;
 `eva_switches_to_architecture` turns them into keras_vit's `Architecture`.
 `tests/test_timm_registry.py` audits the table against timm's registry.
@@ -24,7 +24,7 @@ EVA_KEYWORDS = ("class_token", "num_reg_tokens", "no_embed_class", "use_abs_pos_
                 "init_values", "swiglu_mlp", "swiglu_align_to", "scale_mlp", "scale_attn_inner", "attn_type",
                 "use_post_norm", "use_rot_pos_emb", "rope_type", "rope_temperature", "rope_grid_offset",
                 "rope_grid_indexing", "rope_rotate_half", "ref_feat_shape", "attn_pool_num_heads",
-                "attn_pool_mlp_ratio", "norm_eps", "norm_layer")
+                "attn_pool_mlp_ratio", "norm_eps", "norm_layer", "num_kv_heads", "attn_only_layer_scale")
 # Train-time RoPE coordinate augmentations: read and kept, not applied at inference (as in timm).
 TRAINING_ONLY_KEYWORDS = ("rope_shift_coords", "rope_jitter_coords", "rope_rescale_coords")
 ROPE_TYPES = {"cat": "axial", "mixed": "mixed", "dinov3": "dinov3"}
@@ -37,6 +37,17 @@ def _eva(patch_size, image_size, embed_dim, depth, num_heads, mlp_ratio=4.0, **s
         raise TypeError(f"Not a switch of the Eva table: {sorted(unknown)}")
     sides = tuple(image_size) if isinstance(image_size, tuple) else (image_size, image_size)
     return TimmArchitecture(patch_size, sides, embed_dim, depth, num_heads, mlp_ratio, switches, DEFAULT_RESIZE)
+
+
+def _sapiens2(embed_dim, depth, num_heads, num_kv_heads):
+    """timm's `_sapiens2_args`: grouped-query attention but in the first and last 8 blocks, a layer scale on
+    attention only, RMSNorms, 8 registers and DINOv3's RoPE."""
+    kv_heads = tuple(num_heads if index < 8 or index >= depth - 8 else num_kv_heads for index in range(depth))
+    return _eva(16, (1024, 768), embed_dim, depth, num_heads, attn_only_layer_scale=True, attn_type='rope',
+                class_token=True, global_pool='token', init_values=1.0, norm_eps=1e-06, norm_layer='rms_norm',
+                num_kv_heads=kv_heads, num_reg_tokens=8, qk_norm=True, qkv_bias=True, qkv_fused=False,
+                rope_rescale_coords=2.0, rope_rotate_half=True, rope_temperature=100, rope_type='dinov3',
+                swiglu_mlp=True, use_abs_pos_emb=False, use_fc_norm=False, use_rot_pos_emb=True)
 
 
 def eva_unpacked_swiglu(switches):
@@ -81,6 +92,8 @@ def eva_switches_to_architecture(switches):
         # Eva's blocks make gammas for any init_values but None (0.0 too); its post-norm blocks ignore it.
         layer_scale=None if switches.get("init_values") is None or switches.get("use_post_norm")
         else float(switches["init_values"]),
+        attention_only_layer_scale=bool(switches.get("attn_only_layer_scale", False)),
+        num_kv_heads=switches.get("num_kv_heads"),  # one per block, or one for all; None: full attention
         mlp_activation="swiglu" if switches.get("swiglu_mlp") else "gelu",
         normalization=switches.get("norm_layer", "layer_norm"),
         layer_norm_epsilon=float(switches.get("norm_eps", 1e-6)),
@@ -133,6 +146,7 @@ EVA_ARCHITECTURES = {
     "eva_giant_patch14_336": _eva(14, 336, 1408, 40, 16, mlp_ratio=4.363636363636363),
     "eva_giant_patch14_560": _eva(14, 560, 1408, 40, 16, mlp_ratio=4.363636363636363),
     "eva_giant_patch14_clip_224": _eva(14, 224, 1408, 40, 16, mlp_ratio=4.363636363636363, global_pool='token'),
+    "vit_5b_patch16_sapiens2": _sapiens2(2432, 56, 32, 16),
     "vit_7b_patch16_dinov3": _eva(16, 256, 4096, 40, 32, mlp_ratio=2, init_values=1e-05, norm_eps=1e-05,
                                   num_reg_tokens=4, qkv_bias=False, rope_rotate_half=True, rope_temperature=100,
                                   rope_type='dinov3', swiglu_align_to=64, swiglu_mlp=True, use_abs_pos_emb=False,
@@ -143,6 +157,7 @@ EVA_ARCHITECTURES = {
     "vit_base_patch16_dinov3_qkvb": _eva(16, 256, 768, 12, 12, init_values=1e-05, norm_eps=1e-05, num_reg_tokens=4,
                                          qkv_bias=True, rope_rotate_half=True, rope_temperature=100, rope_type='dinov3',
                                          use_abs_pos_emb=False, use_fc_norm=False, use_rot_pos_emb=True),
+    "vit_base_patch16_sapiens2": _sapiens2(768, 12, 12, 6),
     "vit_base_patch16_lingbot": _eva(16, 512, 768, 12, 12, global_pool='token', init_values=1e-05, norm_eps=1e-05,
                                      num_reg_tokens=4, qkv_bias=True, rope_rotate_half=True, rope_temperature=100,
                                      rope_type='dinov3', use_abs_pos_emb=False, use_fc_norm=False,
@@ -168,11 +183,13 @@ EVA_ARCHITECTURES = {
     "vit_betwixt_patch16_rope_reg4_gap_256": _eva(16, 256, 640, 12, 10, class_token=False, init_values=1e-05,
                                                   num_reg_tokens=4, qkv_bias=True, qkv_fused=True,
                                                   ref_feat_shape=(16, 16), use_abs_pos_emb=False, use_rot_pos_emb=True),
+    "vit_giant_patch16_sapiens2": _sapiens2(1536, 40, 24, 12),
     "vit_giant_patch16_lingbot": _eva(16, 512, 1536, 40, 24, mlp_ratio=2.6666666666666665, global_pool='token',
                                       init_values=1e-05, norm_eps=1e-05, num_reg_tokens=4, qkv_bias=False,
                                       rope_rotate_half=True, rope_temperature=100, rope_type='dinov3',
                                       swiglu_align_to=8, swiglu_mlp=True, use_abs_pos_emb=False, use_fc_norm=False,
                                       use_rot_pos_emb=True),
+    "vit_huge_patch16_sapiens2": _sapiens2(1280, 32, 16, 8),
     "vit_huge_plus_patch16_dinov3": _eva(16, 256, 1280, 32, 20, init_values=1e-05, norm_eps=1e-05, num_reg_tokens=4,
                                          qkv_bias=False, rope_rotate_half=True, rope_temperature=100,
                                          rope_type='dinov3', swiglu_align_to=8, swiglu_mlp=True, use_abs_pos_emb=False,
@@ -189,6 +206,7 @@ EVA_ARCHITECTURES = {
                                           qkv_bias=True, rope_rotate_half=True, rope_temperature=100,
                                           rope_type='dinov3', use_abs_pos_emb=False, use_fc_norm=False,
                                           use_rot_pos_emb=True),
+    "vit_large_patch16_sapiens2": _sapiens2(1024, 24, 16, 8),
     "vit_large_patch16_lingbot": _eva(16, 512, 1024, 24, 16, global_pool='token', init_values=1e-05, norm_eps=1e-05,
                                       num_reg_tokens=4, qkv_bias=True, rope_rotate_half=True, rope_temperature=100,
                                       rope_type='dinov3', use_abs_pos_emb=False, use_fc_norm=False,

@@ -2,7 +2,8 @@
 
 Besides timm's plain-ViT names, an `Eva` file has EVA's attention biases
 (`attn.q_bias` and `attn.v_bias`, no key bias), q, k and v apart
-(`attn.q_proj`, ...), layer scales as `gamma_1`/`gamma_2`, and for mixed
+(`attn.q_proj`, ...; with Sapiens2's grouped-query attention, `k_proj` and
+`v_proj` narrower, by each block's `num_kv_heads`), layer scales as `gamma_1`/`gamma_2`, and for mixed
 RoPE the learned frequencies of every block in one tensor (`rope.freqs`,
 `(2, depth, heads, head_dim / 2)`). RoPE's other settings are not in the
 tensors: they come from the architecture's name (`eva_families`) and
@@ -163,6 +164,25 @@ def _sizes(state, entry, args, switches, name, path, where):
     return sizes
 
 
+def _check_kv_heads(state, architecture, sizes, tensor, given, path):
+    """Refuse a block whose key/value projection (`blocks.N.attn.<tensor>`) is not as wide as the key/value heads
+    `architecture` gives it (`given` names the setting)."""
+    width, heads, depth = sizes["embed_dim"], sizes["num_heads"], sizes["depth"]
+    head_dim = width // heads
+    for index, expected in enumerate(architecture.kv_heads_per_block(depth, heads)):
+        found = (state[f"encoderblock_{index}/qkv/kernel"].shape[-1] - width) / 2 / head_dim
+        if found == expected:
+            continue
+        name = f"blocks.{index}.attn.{tensor}"
+        if found != int(found) or found < 1 or heads % int(found):
+            raise CheckpointError(f"{path}: {name} gives {found:g} key/value heads of width {head_dim}, which do "
+                                  f"not divide num_heads {heads}: no timm Eva of these sizes holds it (check "
+                                  "model_args.num_heads and embed_dim against the file). Nothing was loaded.")
+        raise CheckpointError(f"{path}: {name} gives {found:g} key/value heads, but {given} has {expected} for "
+                              f"block {index}; the name, config and tensors disagree: set model_args.num_kv_heads "
+                              "to the file's, one per block. Nothing was loaded.")
+
+
 def _split_frequencies(frequencies, architecture, sizes, path):
     """Mixed RoPE's `rope.freqs` `(2, depth, heads, head_dim / 2)` as each block's `rope_frequencies`."""
     if architecture.rope != "mixed":
@@ -201,7 +221,34 @@ def configured_eva_architecture(config, where):
     except ValueError as error:
         raise CheckpointError(f"{where}: timm's {name!r} with these model_args is no model keras_vit can build: "
                               f"{error}") from None
-    return entry, args, switches, pretrained, architecture
+    return entry, args, switches, pretrained, _grouped(architecture, name, entry, args, switches, where)
+
+
+def _kv_heads_setting(args, name):
+    """Where a config's key/value heads come from, as the errors name it."""
+    return "model_args.num_kv_heads" if "num_kv_heads" in args else f"timm's {name!r} num_kv_heads"
+
+
+def _grouped(architecture, name, entry, args, switches, where):
+    """`architecture` with each block's key/value heads, checked as timm's `Eva` and `AttentionRope` check them."""
+    given = _kv_heads_setting(args, name)
+    depth, heads = args.get("depth", entry.depth), args.get("num_heads", entry.num_heads)
+    counts = switches.get("num_kv_heads")
+    if isinstance(counts, tuple) and len(counts) != depth:
+        raise CheckpointError(f"{where}: {given} is for {len(counts)} blocks, but depth is {depth}: timm takes one "
+                              "count per block (or one number for all); list them in model_args.num_kv_heads. Nothing "
+                              "was loaded.")
+    for index, count in enumerate(counts if isinstance(counts, tuple) else (counts,) * depth):
+        if count is not None and heads % count:
+            raise CheckpointError(f"{where}: {given} is {count} for block {index}, which does not divide num_heads "
+                                  f"{heads}; set it to a divisor of {heads} (each key/value head serves num_heads / "
+                                  "num_kv_heads query heads). Nothing was loaded.")
+    grouped = architecture.with_blocks(depth, heads)
+    if grouped.num_kv_heads and (switches.get("qkv_fused", True) or switches.get("attn_type", "eva") != "rope"):
+        raise CheckpointError(f"{where}: {given} groups the keys and values, which timm computes only with q, k and "
+                              "v apart in its AttentionRope: set qkv_fused false and attn_type 'rope'. Nothing was "
+                              "loaded.")
+    return grouped
 
 
 def read_timm_eva(path, budget, config, where):
@@ -220,6 +267,8 @@ def read_timm_eva(path, budget, config, where):
         raise CheckpointError(f"{path} lacks timm's patch embedding or first block (patch_embed.proj.weight, "
                               "blocks.0.mlp.fc1*). Nothing was loaded.")
     sizes = _sizes(state, entry, args, switches, name, path, where)
+    _check_kv_heads(state, architecture, sizes, "qkv.weight" if layout is FUSED else "k_proj.weight",
+                    _kv_heads_setting(args, name), path)
     unpacked = eva_unpacked_swiglu(switches)
     if unpacked != ("blocks.0.mlp.fc1_g.weight" in tensors) and architecture.mlp_activation == "swiglu":
         found, built = ("one packed SwiGLU layer (mlp.fc1)", "two (mlp.fc1_g, mlp.fc1_x)") if unpacked else \
@@ -249,10 +298,15 @@ def eva_arguments(model, architecture):
     embed = int(model.get_layer("embedding").kernel.shape[-1])
     patch = tuple(model.get_layer("embedding").kernel.shape[:2])
     head = [layer for layer in model.layers if layer.name == "head"]
-    return dict(img_size=native_image_size(model, patch), patch_size=patch[0], embed_dim=embed,
-                depth=sum(layer.name.startswith("encoderblock_") for layer in model.layers),
-                num_heads=int(block.num_heads), mlp_ratio=timm_mlp_ratio(embed, block.mlp_dim, entry.switches),
-                num_classes=int(head[0].kernel.shape[-1]) if head else 0)
+    blocks = [layer for layer in model.layers if layer.name.startswith("encoderblock_")]
+    arguments = dict(img_size=native_image_size(model, patch), patch_size=patch[0], embed_dim=embed,
+                     depth=len(blocks), num_heads=int(block.num_heads),
+                     mlp_ratio=timm_mlp_ratio(embed, block.mlp_dim, entry.switches),
+                     num_classes=int(head[0].kernel.shape[-1]) if head else 0)
+    kv_heads = [int(getattr(layer, "num_kv_heads", layer.num_heads)) for layer in blocks]
+    if "num_kv_heads" in entry.switches or kv_heads != [int(block.num_heads)] * len(blocks):
+        arguments["num_kv_heads"] = kv_heads  # one per block: the name's own are for its own depth
+    return arguments
 
 
 def to_timm_eva(model, architecture):
@@ -268,12 +322,14 @@ def to_timm_eva(model, architecture):
     layout = layout_of(entry.switches, found)
     tensors = {}
     if layout is not FUSED:  # q, k and v apart: split keras_vit's fused projection here
+        queries = int(model.get_layer("embedding").kernel.shape[-1])
         for name in [name for name in state if name.endswith(("/qkv/kernel", "/qkv/bias"))]:
             block, _, rest = name.partition("/")
             prefix = f"blocks.{block.removeprefix('encoderblock_')}.attn."
             value = state.pop(name)
             kind = "weight" if rest.endswith("kernel") else "bias"
-            for part, piece in zip("qkv", np.split(value, 3, axis=-1)):
+            keys = (value.shape[-1] - queries) // 2  # fewer than the queries with grouped-query attention
+            for part, piece in zip("qkv", np.split(value, [queries, queries + keys], axis=-1)):
                 if kind == "bias" and part == "k" and not found.key_bias:
                     if np.any(piece):
                         raise CheckpointError("the model's key bias is not zero, but timm's Eva attention has none.")

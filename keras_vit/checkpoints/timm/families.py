@@ -158,8 +158,6 @@ _VITAMINS = (("small", (224,), (384, 14, 6, 64)), ("base", (224,), (768, 14, 12,
 
 # Why timm architectures outside the table are refused, by name (first match).
 REFUSED = (
-    (r"sapiens2", "grouped-query attention (num_kv_heads) and a layer scale on attention only (Sapiens2), which "
-                  "keras_vit does not compute"),
     (r"_xp_|_18x2_", "parallel blocks of several attention and MLP branches (timm's ParallelThingsBlock)"),
 )
 
