@@ -11,8 +11,8 @@ IMAGES = np.random.default_rng(0).uniform(-1, 1, (8, 32, 32, 3)).astype("float32
 LABELS = np.arange(8) % 3
 
 
-def adapted(targets=("qkv", "mlp_hidden")):
-    model = keras_vit.ViT(image_size=32, **SMALL, classes=3, classifier_activation=None)
+def adapted(targets=("qkv", "mlp_hidden"), architecture=None):
+    model = keras_vit.ViT(image_size=32, **SMALL, classes=3, classifier_activation=None, architecture=architecture)
     rng = np.random.default_rng(1)
     for variable in model.weights:  # a non-zero head, so the adapters get gradients
         variable.assign(rng.normal(scale=0.1, size=variable.shape).astype("float32"))
@@ -21,6 +21,19 @@ def adapted(targets=("qkv", "mlp_hidden")):
 
 def values(model):
     return {v.path: keras.ops.convert_to_numpy(v).copy() for v in model.weights}
+
+
+@pytest.mark.backend_independent
+@pytest.mark.parametrize("architecture", [
+    keras_vit.Architecture(layer_scale=0.1),  # DeiT-III, DINOv2, Eva: the block's own gammas
+    keras_vit.Architecture(layer_scale=0.1, attention_only_layer_scale=True, num_kv_heads=(3, 1)),  # Sapiens2
+    keras_vit.Architecture(differential_attention=True, rope="axial", class_token=False, classifier="gap"),
+], ids=["layer_scale", "sapiens2", "differential"])
+def test_the_blocks_own_variables_are_frozen_with_their_sublayers(architecture):
+    model = adapted(architecture=architecture)
+    adapters = [f"encoderblock_{i}/{name}/lora_kernel_{ab}" for i in range(2) for name in ("mlp_hidden", "qkv")
+                for ab in "ab"]
+    assert sorted(v.path for v in model.trainable_weights) == sorted(adapters + ["head/bias", "head/kernel"])
 
 
 def test_only_the_adapters_and_the_head_train():

@@ -276,8 +276,14 @@ class TransformerBlock(_QuantizableSublayers, keras.layers.Layer):
         return self.lora_rank if name in self.lora_targets else None
 
     def freeze_all_but_lora(self):
-        """Train only the LoRA adapters: every sublayer, and the adapted layers' kernels and biases, frozen."""
-        for layer in sublayers(self, include_self=False):
+        """Train only the LoRA adapters: every sublayer, the adapted layers' kernels and biases, and the block's own
+        variables (layer scales, differential attention's lambdas) frozen."""
+        inner = sublayers(self, include_self=False)
+        inner_variables = {id(variable) for layer in inner for variable in layer.weights}
+        for variable in self.weights:
+            if id(variable) not in inner_variables:
+                variable.trainable = False
+        for layer in inner:
             layer.trainable = getattr(layer, "lora_enabled", False)  # The setter also resets its variables.
             if layer.trainable:
                 stored_kernel(layer).trainable = False
