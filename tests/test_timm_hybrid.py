@@ -6,6 +6,7 @@ The folders in `fixtures/timm_hybrid/` were written by timm's own `save_for_hf` 
 values in every tensor and read back by timm (`tools/timm_hybrid_fixtures.py`); the references are timm's.
 """
 
+import dataclasses
 import json
 import os
 import shutil
@@ -136,6 +137,29 @@ def test_a_hybrid_that_is_not_whole_is_refused_naming_its_tensors(tmp_path, case
     with pytest.raises(CheckpointError) as error:
         load(folder)
     assert str(error.value) == f"{folder}/model.safetensors: {message}"
+
+
+@pytest.mark.backend_independent
+def test_timms_vitamin_stem_missing_a_stages_last_block_is_refused(tmp_path, monkeypatch):
+    """A stem of timm's widths for its name must have timm's block counts: without its last block a stage would
+    load shallower, the outputs wrong. (The fixture's stem is small; the name's entry is made to match it.)"""
+    from keras_vit.checkpoints.timm import families
+    from keras_vit.model.description import mbconv_of
+
+    model = load(os.path.join(HYBRID, "mbconv"))
+    widths, depths = mbconv_of({v.path: v for v in model.weights})
+    assert depths == (1, 2)
+    entry = families.ARCHITECTURES["vitamin_small_224"]
+    monkeypatch.setitem(families.ARCHITECTURES, "vitamin_small_224",
+                        dataclasses.replace(entry, mbconv=(widths, depths)))
+    load(os.path.join(HYBRID, "mbconv"))  # whole: loads
+    folder = broken(tmp_path, drop("patch_embed.backbone.stages.1.1."), "mbconv")
+    with pytest.raises(CheckpointError) as error:
+        load(folder)
+    assert str(error.value) == (
+        f"{folder}/model.safetensors: ViTamin's MbConv stem has [1, 1] blocks in its stages "
+        "(patch_embed.backbone.stages.<stage>.<block>.*), but timm's 'vitamin_small_224' builds [1, 2]; the file is "
+        "not whole: load the complete checkpoint. Nothing was loaded.")
 
 
 @pytest.mark.backend_independent

@@ -322,6 +322,7 @@ def check_backbone_agrees(state, entry, name, path):
         declared = "mbconv"
     if (found is None) == (declared is None) and (found == ()) == (declared == ()) and \
             (found == "conv_stem") == (declared == "conv_stem") and (found == "mbconv") == (declared == "mbconv"):
+        _check_stage_depths(state, entry, name, path)
         return
     def describe(layers):
         return ("a plain ViT (no patch_embed.backbone.*)" if layers is None else
@@ -333,6 +334,20 @@ def check_backbone_agrees(state, entry, name, path):
                 "a hybrid on a ResNetV2 (patch_embed.backbone.stem.*, stages.*)")
     raise CheckpointError(f"{path} holds {describe(found)}, but timm's {name!r} is {describe(declared)}. Nothing was "
                           "loaded.")
+
+
+def _check_stage_depths(state, entry, name, path):
+    """Refuse timm's own ViTamin stem for `name` (its widths) with other block counts: a file missing a stage's last
+    blocks would otherwise load as a shallower stem, its outputs wrong. A stem of other widths is a model built with
+    its own `embed_cfg`, read from its tensors."""
+    if entry.mbconv is None:
+        return
+    (widths, depths), (declared_widths, declared_depths) = mbconv_of(state), entry.mbconv
+    if tuple(widths) == tuple(declared_widths) and tuple(depths) != tuple(declared_depths):
+        raise CheckpointError(f"{path}: ViTamin's MbConv stem has {list(depths)} blocks in its stages "
+                              f"({BACKBONE}stages.<stage>.<block>.*), but timm's {name!r} builds "
+                              f"{list(declared_depths)}; the file is not whole: load the complete checkpoint. Nothing "
+                              "was loaded.")
 
 
 def check_timm_rebuilds_backbone(model_layers, model_width, epsilons, entry, architecture, model_name):
