@@ -115,3 +115,24 @@ def test_refusals(kwargs, message):
     with pytest.raises(ValueError) as error:
         Distiller(model, model, **kwargs)
     assert str(error.value) == message
+
+
+@pytest.mark.backend_independent
+def test_a_student_of_other_classes_or_giving_probabilities_is_refused_and_a_distiller_is_not_saved(tmp_path):
+    teacher = keras_vit.ViT(hidden_size=8, mlp_dim=16, **SIZES)
+    other_classes = keras_vit.ViT(hidden_size=8, mlp_dim=16, **dict(SIZES, classes=5))
+    with pytest.raises(ValueError) as error:
+        Distiller(other_classes, teacher)
+    assert str(error.value) == ("The student gives 5 classes and the teacher 3: distillation compares them class by "
+                                "class; give the student the teacher's classes (keras_vit.ViT(..., classes=3)).")
+    probabilities = keras_vit.ViT(hidden_size=8, mlp_dim=16, **dict(SIZES, classifier_activation="softmax"))
+    with pytest.raises(ValueError) as error:
+        Distiller(probabilities, teacher, method="soft")
+    assert str(error.value) == ("The student ends in a softmax ('predictions'): the distiller trains its logits; "
+                                "build it without one (keras_vit.ViT(..., classifier_activation=None)).")
+    distiller = Distiller(keras_vit.ViT(hidden_size=8, mlp_dim=16, **SIZES), teacher)
+    path = tmp_path / "distiller.keras"
+    with pytest.raises(ValueError, match=r"^A Distiller is not saved whole .*: save distiller.student, the model to "
+                                         r"keep, instead of writing"):
+        distiller.save(path)
+    assert not path.exists()

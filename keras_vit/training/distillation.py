@@ -63,6 +63,30 @@ def soft_distillation_loss(labels, student_logits, teacher_logits, alpha=0.5, te
     return (1.0 - alpha) * _cross_entropy(labels, student_logits) + alpha * temperature**2 * divergence
 
 
+def _built_output(model):
+    """`(the last layer, the class count of the first output)` of a model with known outputs, else `(None, None)`."""
+    try:
+        outputs = model.outputs
+    except (AttributeError, ValueError):  # a subclassed or unbuilt model
+        return None, None
+    if not outputs:
+        return None, None
+    return model.layers[-1] if model.layers else None, outputs[0].shape[-1]
+
+
+def _check_student_and_teacher(student, teacher):
+    """Refuse a student that gives probabilities, or whose classes are not the teacher's, before any training."""
+    last, student_classes = _built_output(student)
+    if getattr(getattr(last, "activation", None), "__name__", None) == "softmax":
+        raise ValueError(f"The student ends in a softmax ({last.name!r}): the distiller trains its logits; build it "
+                         "without one (keras_vit.ViT(..., classifier_activation=None)).")
+    _, teacher_classes = _built_output(teacher)
+    if None not in (student_classes, teacher_classes) and student_classes != teacher_classes:
+        raise ValueError(f"The student gives {student_classes} classes and the teacher {teacher_classes}: "
+                         "distillation compares them class by class; give the student the teacher's classes "
+                         f"(keras_vit.ViT(..., classes={teacher_classes})).")
+
+
 class Distiller(keras.Model):
     """A student trained against a frozen teacher; `fit` it like any model, keep `distiller.student`.
 
@@ -93,9 +117,16 @@ class Distiller(keras.Model):
         self.student, self.teacher = student, teacher
         # A distilled DeiT predicts its heads' average; training reads the two heads (same layers and weights).
         self._trained_student = distillation_heads(student) if has_distillation_heads(student) else student
+        _check_student_and_teacher(self._trained_student, teacher)
         self.teacher.trainable = False
         self.method, self.alpha, self.temperature = method, float(alpha), float(temperature)
         self.teacher_from_logits = bool(teacher_from_logits)
+
+    def save(self, filepath, *args, **kwargs):
+        """Refused: the distiller is for training; keep `distiller.student` (nothing is written)."""
+        raise ValueError(f"A Distiller is not saved whole (its teacher is not part of the result): save "
+                         f"distiller.student, the model to keep, instead of writing {filepath!r}; during fit, "
+                         "keras.callbacks.ModelCheckpoint(..., save_weights_only=True) saves the weights.")
 
     def _student_heads(self, outputs):
         if isinstance(outputs, (list, tuple)):
