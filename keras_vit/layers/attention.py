@@ -67,7 +67,8 @@ class SelfAttention(BlockPart):
         # (keys and values narrower with grouped-query attention).
         qkv_init = keras.initializers.VarianceScaling(2.0, "fan_avg", "uniform", seed=block.seed_for(0))
         width = hidden_size + 2 * self.num_kv_heads * self.head_dim
-        self.qkv = self.dense(width, "qkv", token_shape, 0, kernel_initializer=qkv_init, use_bias=switches.qkv_bias, bias_constraint=None if switches.key_bias else ZeroKeyBias())
+        self.qkv = self.dense(width, "qkv", token_shape, 0, kernel_initializer=qkv_init, use_bias=switches.qkv_bias,
+                              bias_constraint=None if switches.key_bias else ZeroKeyBias())
         self._build_rope()
         if switches.qk_norm:  # differential attention normalises each half-width query and key (timm's DiffAttention)
             heads = (self.num_heads, 2, self.head_dim // 2) if switches.differential_attention else (self.num_heads,

@@ -250,8 +250,8 @@ def _image_patches(options, input_tensor, grid_size, typed):
         x = apply_mbconv_stem(x, sizes.mbconv_widths, sizes.mbconv_depths, options.dtype)
         embedding = MbConvEmbedding
     x = patch_grid = embedding(sizes.patch_size, sizes.hidden_size, flatten=not dynamic,
-                                    use_bias=architecture.patch_bias, drop_remainder=options.drop_remainder,
-                                    name="embedding", **typed)(x)
+                               use_bias=architecture.patch_bias, drop_remainder=options.drop_remainder,
+                               name="embedding", **typed)(x)
     if dynamic:
         x = keras.layers.Reshape((-1, sizes.hidden_size), name="flatten_patches", **typed)(patch_grid)
     position = AddPositionEmbedding(
