@@ -26,7 +26,7 @@ from keras_vit.model.variants import SMALL_VIT
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse with one-line errors, and the closest flags of the command for an unknown one."""
+    """argparse with one-line errors, and the closest flags or command for an unknown one."""
 
     def error(self, message):
         self.exit(2, f"{self.prog}: error: {message}\n")
@@ -37,6 +37,14 @@ class Parser(argparse.ArgumentParser):
             command = self.command(getattr(parsed, "command", None))
             command.error(unknown_arguments(unknown, command))
         return parsed
+
+    def _check_value(self, action, value):
+        """An unknown command: one line with the command it may have meant (`predcit` -> `predict`)."""
+        if isinstance(action, argparse._SubParsersAction) and value not in action.choices:
+            close = difflib.get_close_matches(value, list(action.choices), n=1)
+            hint = f"did you mean {close[0]}?" if close else f"the commands are {', '.join(action.choices)}"
+            raise argparse.ArgumentError(None, f"unknown command {value!r}; {hint}")
+        super()._check_value(action, value)
 
     def command(self, name):
         """The parser of the sub-command `name`, or this parser where it has none of that name."""

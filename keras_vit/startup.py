@@ -9,6 +9,7 @@ standard library, so the `keras-vit` command can parse its flags, and answer
 `--help`, without importing any backend.
 """
 
+import difflib
 import importlib.util
 import json
 import logging
@@ -17,6 +18,8 @@ import sys
 
 # Keras' backends that keras_vit supports, in the order one is taken when TensorFlow, Keras' default, is missing.
 BACKENDS = ("jax", "torch", "tensorflow")
+# Every name Keras 3 takes (keras/src/backend/__init__.py): also its inference-only backends. Case counts.
+KERAS_BACKENDS = BACKENDS + ("numpy", "openvino")
 COMMAND = "keras-vit"
 CHOOSE = "set KERAS_BACKEND=jax|torch|tensorflow to choose"
 
@@ -51,7 +54,8 @@ def choose_backend(say):
     """Set `KERAS_BACKEND` where Keras would otherwise import a TensorFlow that is not installed, and `say` which.
 
     A backend named by `KERAS_BACKEND` or keras.json is kept (an error if it
-    is one of `BACKENDS` and not installed). With neither, or keras.json's
+    is one of `BACKENDS` and not installed, or a name Keras does not take,
+    such as `JAX` or `pytorch`). With neither, or keras.json's
     `"tensorflow"` (which Keras writes there itself on its first import),
     and no TensorFlow, the first installed of JAX and PyTorch is taken and
     `say` gets a one-line note saying so. Raises `ImportError` (one line)
@@ -65,6 +69,11 @@ def choose_backend(say):
         wanted, where = saved, f'{path} sets "backend": "{{}}"'
     available = [backend for backend in BACKENDS if installed(backend)]
     if wanted:
+        if wanted not in KERAS_BACKENDS:
+            close = difflib.get_close_matches(wanted.lower(), KERAS_BACKENDS, n=1)
+            raise ValueError(f"{where.format(wanted)}, which is not a Keras backend"
+                             f"{f' (did you mean {close[0]}?)' if close else ''}: set jax, torch or tensorflow, "
+                             "or Keras' inference-only numpy or openvino.")
         if wanted in BACKENDS and wanted not in available:
             others = f"; installed: {', '.join(available)}" if available else ""
             raise ImportError(f"{where.format(wanted)}, but {wanted} is not installed: "

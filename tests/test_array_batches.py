@@ -157,6 +157,26 @@ def test_both_pipelines_give_the_same_training_batches(digits, tmp_path, monkeyp
 
 
 @pytest.mark.backend_independent
+def test_both_pipelines_read_bmp_gif_16_bit_cmyk_and_turned_files_alike(tmp_path, monkeypatch):
+    # tf.data read the palette BMP's indices as grey, the GIF's transparent pixels as black, the 16-bit grey PNG's
+    # high byte and CMYK rounded down, and cropped the turned JPEGs' windows from the unturned picture.
+    from test_arrays import DECODED_FILES
+
+    names = ["palette.bmp", "bilevel.bmp", "palette_transparent.gif", "grey_16bit.png", "cmyk.jpg", "orientation_1.jpg",
+             "orientation_3.jpg", "orientation_6.jpg", "orientation_6.png", "palette_transparent.png"]
+    for index, name in enumerate(names):
+        (tmp_path / f"c{index % 2}").mkdir(exist_ok=True)
+        (tmp_path / f"c{index % 2}" / name).write_bytes(DECODED_FILES[name]())
+    (tf_train, tf_eval), (np_train, np_eval) = on_both_pipelines(
+        monkeypatch, lambda: data.from_folder(str(tmp_path)), lambda source: (
+            np.stack([np.asarray(x) for x, _ in data.training_stream(source, 8, 5, epochs=1, seed=4, workers=0)]),
+            np.concatenate([np.asarray(x) for x, _ in data.make_dataset(source, 8, 5, training=False)])))
+    assert tf_train.shape == (2, 5, 8, 8, 3) and tf_eval.shape == (10, 8, 8, 3)
+    np.testing.assert_array_equal(np_train, tf_train)
+    np.testing.assert_array_equal(np_eval, tf_eval)
+
+
+@pytest.mark.backend_independent
 def test_a_file_that_cannot_be_decoded_is_skipped_mid_epoch_with_a_note_naming_it(tmp_path, monkeypatch, caplog, capfd):
     # The corrupt PNG passed the folder check, then both pipelines stopped mid-epoch with a traceback naming no file.
     folder = png_folder(tmp_path)

@@ -315,6 +315,23 @@ def test_without_tensorflow_the_command_takes_an_installed_backend_and_says_so(t
     assert imported == []  # the flags were refused before Keras was imported
 
 
+@pytest.mark.parametrize("keras_json,env,given", [
+    (None, {"KERAS_BACKEND": "JAX"}, "KERAS_BACKEND=JAX, which is not a Keras backend (did you mean jax?)"),
+    (None, {"KERAS_BACKEND": "pytorch"}, "KERAS_BACKEND=pytorch, which is not a Keras backend (did you mean torch?)"),
+    ({"backend": "Tensorflow"}, {}, '{home}/keras.json sets "backend": "Tensorflow", which is not a Keras backend (did '
+                                    'you mean tensorflow?)'),
+])
+@pytest.mark.backend_independent
+def test_a_backend_name_keras_does_not_take_is_refused_in_one_line_naming_the_valid_ones(tmp_path, keras_json, env,
+                                                                                        given):
+    # Keras refused them on import with "Unable to import backend : JAX", naming none of its backends.
+    done, imported = command(tmp_path, ["pretrain", "--batch-size", "0"], keras_json=keras_json, **env)
+    assert (done.returncode, done.stderr) == (2, f"keras-vit: error: {given.format(home=tmp_path / 'keras_home')}: "
+                                                 "set jax, torch or tensorflow, or Keras' inference-only numpy or "
+                                                 "openvino.\n")
+    assert imported == []
+
+
 @pytest.mark.backend_independent
 def test_without_tensorflow_the_command_runs_on_jax(tmp_path):
     if not startup.installed("jax"):
@@ -346,9 +363,14 @@ def test_import_keras_vit_without_tensorflow_takes_jax_and_warns(tmp_path):
      "keras-vit evaluate: error: unknown flags --foo, --bar; keras-vit evaluate --help lists the flags"),
     ([], "keras-vit: error: the following arguments are required: "
          "{pretrain,finetune,evaluate,predict,inspect,convert,export}"),
+    # A mistyped command was "invalid choice: 'predcit' (choose from ...)", with no suggestion.
+    (["predcit", "photo.jpg"], "keras-vit: error: unknown command 'predcit'; did you mean predict?"),
+    (["--debug", "Evaluate"], "keras-vit: error: unknown command 'Evaluate'; did you mean evaluate?"),
+    (["serve"], "keras-vit: error: unknown command 'serve'; the commands are pretrain, finetune, evaluate, predict, "
+                "inspect, convert, export"),
 ])
 @pytest.mark.backend_independent
-def test_a_mistyped_flag_gets_one_line_with_the_flags_it_may_mean(capsys, arguments, line):
+def test_a_mistyped_flag_or_command_gets_one_line_with_those_it_may_mean(capsys, arguments, line):
     with pytest.raises(SystemExit) as exit:
         cli.console_main(arguments)
     assert (exit.value.code, capsys.readouterr().err) == (2, line + "\n")

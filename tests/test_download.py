@@ -216,6 +216,20 @@ def test_bad_arguments_fail_before_downloading(server):
     assert CountingHandler.requests == []
 
 
+@pytest.mark.parametrize("handle,whole", [("hf://timm/vit_test/sub", "hf://timm/vit_test"),
+                                          ("hf://org/name/a/b@refs/pr/1", "hf://org/name@refs/pr/1")])
+def test_an_hf_handle_with_a_subfolder_is_refused_before_the_hub_or_its_cache_is_asked(monkeypatch, handle, whole):
+    # It was "not an hf://org/name handle", without saying that subfolders are not read, and only after huggingface_hub
+    # was imported: without it installed, the error asked to install it.
+    monkeypatch.setitem(sys.modules, "huggingface_hub", None)  # any use of the Hub or its cache fails otherwise
+    subfolder = handle.split("/", 4)[4].split("@")[0]
+    with pytest.raises(CheckpointError) as refused:
+        keras_vit.from_pretrained(handle)
+    assert str(refused.value) == (f"{handle} names a subfolder ({subfolder}), and hf:// handles take none: pass {whole} "
+                                  "(the form hf://org/name[@revision]), or download the subfolder and pass its local "
+                                  "path.")
+
+
 def test_documented_checkpoint_table_matches_the_registry():
     import re
 

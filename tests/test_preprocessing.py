@@ -155,6 +155,23 @@ def test_evaluation_batches_of_a_folder_are_the_transforms_output_decoded_by_pil
     np.testing.assert_array_equal(labels, [0, 1])
 
 
+@pytest.mark.parametrize("case", ["timm_deit", "hf_vit", "keras_vit"])
+def test_load_and_predict_see_a_photo_turned_upright_by_its_exif_orientation(case, tmp_path):
+    # `load` (which `keras-vit predict` calls) read a phone's portrait photo lying on its side.
+    from PIL import Image, ImageOps
+
+    with Image.open(photo("portrait")) as image:
+        upright = image.convert("RGB")
+    exif = Image.Exif()
+    exif[0x0112] = 6  # stored turned: a viewer turns it back 90 degrees clockwise
+    upright.transpose(Image.Transpose.ROTATE_90).save(tmp_path / "turned.png", exif=exif.tobytes())
+    with Image.open(tmp_path / "turned.png") as turned:
+        assert np.array_equal(np.asarray(ImageOps.exif_transpose(turned)), np.asarray(upright))
+    transform = preprocessing.EvalTransform((32, 32)) if case == "keras_vit" else transform_of(case)
+    transform = transform.replace(image_size=(32, 32))
+    np.testing.assert_array_equal(transform.load(str(tmp_path / "turned.png")), transform(np.asarray(upright)))
+
+
 def test_evaluation_batches_of_a_tf_data_source_are_the_transforms_output():
     tf = pytest.importorskip("tensorflow")
     from keras_vit import data

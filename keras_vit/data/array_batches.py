@@ -10,9 +10,10 @@ sampler), `keras_vit.data.arrays.resize` (tf.image.resize's bilinear, bit for
 bit), keras_vit's RandAugment on each example (in the workers too), the
 Keras augmentation layers on each batch, and pixels to [-1, 1]. For arrays
 and PNG, GIF or BMP folders the two pipelines give the same training
-batches before the Keras layers; JPEGs differ by a few levels (Pillow's
-decoder and TensorFlow's), and MixUp and CutMix draw from their layer's own
-seed, the same distribution but not the same draws. A resumed run sees the
+batches before the Keras layers (each file decoded as `arrays.decode_image`
+decodes it); JPEGs differ by a few levels (Pillow's decoder and
+TensorFlow's), and MixUp and CutMix draw from their layer's own seed, the
+same distribution but not the same draws. A resumed run sees the
 batches an uninterrupted one would.
 
 An image file that cannot be decoded mid-epoch is skipped with a note

@@ -22,44 +22,52 @@ import numpy as np
 DIGITS_FILE = os.path.join(os.path.dirname(__file__), "digits.npz")
 
 
-def decode_image(path):
-    """An image file (JPEG, PNG, GIF's first frame, BMP, ...) as uint8 `(height, width, 3)`, decoded by Pillow.
+def decode_image(file):
+    """An image file (JPEG, PNG, GIF's first frame, BMP, ...; a path or a binary file object) as uint8
+    `(height, width, 3)`: the pixels of transformers' `load_image`.
 
-    The pixels `tf.io.decode_image(..., channels=3)` gives where TensorFlow
-    reads the format (`rgb_pixels`). A file that cannot be decoded is a
-    ValueError naming it.
+    Pillow decodes it, turns it upright by its EXIF orientation
+    (`ImageOps.exif_transpose`, as transformers' `load_image` and photo
+    viewers do, so that a phone's portrait photo is seen upright; timm's
+    loader does not), then converts it with `convert("RGB")`, as timm's and
+    transformers' loaders do: alpha dropped, not blended; a palette's colours;
+    CMYK by Pillow's formula; 16-bit grey clipped at 255, as Pillow converts
+    it. tf.data gives the same pixels (`keras_vit.data.tf_data_steps.decode`).
+    A file that cannot be decoded is an `UndecodableImage` naming it.
     """
-    return rgb_pixels(_opened(path), path)
+    return np.asarray(open_rgb(file))
 
 
-def open_rgb(path):
-    """An image file as an RGB Pillow image, with `decode_image`'s pixels."""
-    from PIL import Image
-
-    image = _opened(path)
-    return image if image.mode == "RGB" else Image.fromarray(rgb_pixels(image, path), "RGB")
+def open_rgb(file):
+    """An image file as the RGB Pillow image whose pixels `decode_image` gives."""
+    image = _opened(file)
+    if image.mode == "P" and "transparency" in image.info:
+        image = image.convert("RGBA")  # the palette's colours, as convert("RGB") gives them, without its warning
+    return image if image.mode == "RGB" else image.convert("RGB")
 
 
 # What Pillow raises for a file it cannot decode: a broken stream or checksum, a truncated file, an unknown format.
-_DECODE_ERRORS = (OSError, SyntaxError, ValueError, EOFError, struct.error, zlib.error)
+DECODE_ERRORS = (OSError, SyntaxError, ValueError, EOFError, struct.error, zlib.error)
 
 
-def _opened(path):
-    """The decoded Pillow image of a file (its first frame); `UndecodableImage` where Pillow cannot decode it."""
+def _opened(file):
+    """The decoded Pillow image of a file (its first frame), turned upright; `UndecodableImage` where Pillow cannot
+    decode it."""
     try:
-        from PIL import Image
+        from PIL import Image, ImageOps
     except ImportError as error:
         raise ImportError("Reading image files needs Pillow, a dependency of keras-vision-transformer: "
                           "pip install pillow.") from error
     try:
-        with Image.open(path) as image:
+        with Image.open(file) as image:
             image.load()
+            ImageOps.exif_transpose(image, in_place=True)
             return image
     except FileNotFoundError:
         raise
-    except (*_DECODE_ERRORS, Image.DecompressionBombError) as error:
+    except (*DECODE_ERRORS, Image.DecompressionBombError) as error:
         reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise UndecodableImage(path, reason) from None
+        raise UndecodableImage(file if isinstance(file, (str, os.PathLike)) else "the image", reason) from None
 
 
 class UndecodableImage(ValueError):
@@ -68,40 +76,6 @@ class UndecodableImage(ValueError):
     def __init__(self, path, reason):
         super().__init__(f"{path} cannot be decoded as an image ({reason}); remove or replace the file.")
         self.path, self.reason = path, reason
-
-
-def rgb_pixels(image, name="the image"):
-    """The uint8 RGB pixels of any Pillow image: as `tf.io.decode_image(..., channels=3)` decodes the file, where
-    TensorFlow reads its format.
-
-    16-bit samples (PNG's, Pillow's modes `I;16*`, and `I`, where Pillow keeps
-    16-bit PGM samples) keep their high byte, as libpng's `png_set_strip_16`
-    does for TensorFlow; alpha is dropped, not blended; CMYK becomes
-    `(255 - C) * (255 - K) // 255`, TensorFlow's rounding (Pillow's own rounds);
-    a GIF's transparent pixels are black, as TensorFlow's GIF decoder leaves
-    them. Float pixels (mode `F`) have no 8-bit scale and are refused.
-    """
-    mode = image.mode
-    if mode == "RGB":
-        return np.asarray(image)
-    if mode.startswith("I"):
-        samples = np.asarray(image)
-        if samples.size and (samples.min() < 0 or samples.max() > 65535):
-            raise ValueError(f"{name} holds 32-bit integer pixels ({samples.min()} to {samples.max()}), beyond 16 "
-                             "bits: save it with 8 or 16 bits per sample.")
-        return np.repeat((samples.astype("uint32") >> 8).astype("uint8")[..., None], 3, axis=-1)
-    if mode == "F":
-        raise ValueError(f"{name} holds 32-bit float pixels (Pillow mode F), which have no 8-bit scale: save it with "
-                         "8 or 16 bits per sample.")
-    if mode == "CMYK":
-        cmyk = np.asarray(image).astype("uint32")
-        return ((255 - cmyk[..., :3]) * (255 - cmyk[..., 3:]) // 255).astype("uint8")
-    # Through RGBA where Pillow keeps transparency (it warns of a palette's converted straight to RGB).
-    through_alpha = mode == "La" or "transparency" in image.info
-    pixels = np.asarray(image.convert("RGBA").convert("RGB") if through_alpha else image.convert("RGB"))
-    if image.format == "GIF" and mode == "P" and "transparency" in image.info:
-        pixels = np.where((np.asarray(image) == image.info["transparency"])[..., None], np.uint8(0), pixels)
-    return pixels
 
 
 @functools.lru_cache(maxsize=4096)

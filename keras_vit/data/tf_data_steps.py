@@ -4,12 +4,14 @@ TensorFlow ops that run inside tf.data (`keras_vit.data.array_batches` computes
 the same steps in numpy where TensorFlow is not installed).
 """
 
+import io
+import struct
 import sys
 
 import numpy as np
 import tensorflow as tf
 
-from keras_vit.data import array_batches, preprocessing, randaugment
+from keras_vit.data import array_batches, arrays, preprocessing, randaugment
 from keras_vit.data.array_batches import check_label_mixing, mixes_labels
 
 
@@ -41,7 +43,10 @@ def decode_and_inception_crop(encoded, size, seed, area_range=(0.05, 1.0)):
     from the JPEG header's size (`extract_jpeg_shape`) and only it is decoded
     (`decode_and_crop_jpeg`). Other formats are decoded whole, then cropped.
     The window is the one `inception_crop` samples from the decoded image.
+    A JPEG that Pillow decodes (`decoded_by_tensorflow`: CMYK, or turned by its
+    EXIF orientation) is decoded whole.
     """
+    by_tensorflow = _by_tensorflow(encoded)
 
     def jpeg():
         shape = tf.image.extract_jpeg_shape(encoded)
@@ -54,11 +59,11 @@ def decode_and_inception_crop(encoded, size, seed, area_range=(0.05, 1.0)):
         return wide[:, begin[1] - left:begin[1] - left + crop_size[1]]
 
     def other():
-        image = decode(encoded)
+        image = _decoded(encoded, by_tensorflow)
         begin, crop_size = crop_window(tf.shape(image), seed, area_range)
         return image[begin[0]:begin[0] + crop_size[0], begin[1]:begin[1] + crop_size[1]]
 
-    crop = tf.cond(tf.io.is_jpeg(encoded), jpeg, other)
+    crop = tf.cond(tf.logical_and(tf.io.is_jpeg(encoded), by_tensorflow), jpeg, other)
     return tf.image.resize(crop, size, method="bilinear")
 
 
@@ -113,8 +118,88 @@ def example_order(count, seed, epoch):
 
 
 def decode(encoded):
-    """An encoded image file's bytes as uint8 `(height, width, 3)`: JPEG, PNG, GIF's first frame, BMP; grey made RGB."""
-    return tf.io.decode_image(encoded, channels=3, expand_animations=False)
+    """An encoded image file's bytes as uint8 `(height, width, 3)`: `keras_vit.data.arrays.decode_image`'s pixels.
+
+    TensorFlow's decoder where it gives them (`decoded_by_tensorflow`), else
+    Pillow's decode through `tf.numpy_function`.
+    """
+    return _decoded(encoded, _by_tensorflow(encoded))
+
+
+def _decoded(encoded, by_tensorflow):
+    def pillow():
+        pixels = tf.numpy_function(_pillow_pixels, [encoded], tf.uint8, stateful=False)
+        return tf.ensure_shape(pixels, (None, None, 3))
+
+    return tf.cond(by_tensorflow, lambda: tf.io.decode_image(encoded, channels=3, expand_animations=False), pillow)
+
+
+def _by_tensorflow(encoded):
+    return tf.ensure_shape(tf.numpy_function(decoded_by_tensorflow, [encoded], tf.bool, stateful=False), ())
+
+
+def _pillow_pixels(encoded):
+    """`arrays.decode_image` of a file's bytes; an undecodable file is the InvalidArgumentError TensorFlow's decoders
+    raise, which tf.data's `ignore_errors` skips."""
+    try:
+        return arrays.decode_image(io.BytesIO(_as_bytes(encoded)))
+    except arrays.UndecodableImage as error:
+        raise tf.errors.InvalidArgumentError(None, None, error.reason) from None
+
+
+def _as_bytes(encoded):
+    """A string tensor's bytes as `tf.numpy_function` hands them: bytes in a graph, a 0-d object array eagerly."""
+    return encoded.item() if isinstance(encoded, np.ndarray) else encoded
+
+
+_ORIENTATION = 0x0112  # EXIF's Orientation tag
+_TURNED = range(2, 9)  # the orientations `ImageOps.exif_transpose` turns or mirrors
+
+
+# The text chunks where Pillow finds a PNG's orientation (ImageMagick's EXIF, XMP's tiff:Orientation).
+_PNG_ORIENTATION_TEXTS = (b"Raw profile type exif", b"XML:com.adobe.xmp")
+
+
+def decoded_by_tensorflow(encoded):
+    """Whether `tf.io.decode_image(encoded, channels=3)` gives `arrays.decode_image`'s pixels for a file's bytes.
+
+    A JPEG (the same pixels within a few levels, as libjpeg builds differ) in
+    YCbCr or grey, not CMYK (Pillow rounds where TensorFlow floors), and a PNG
+    that is not 16-bit grey (TensorFlow keeps the high byte where Pillow
+    clips), each without an EXIF orientation to apply. Not BMP (TensorFlow
+    reads a palette's indices as grey) or GIF (it blacks out transparent
+    pixels). A file Pillow cannot identify is left to TensorFlow's decoder,
+    which gives its own error.
+    """
+    from PIL import Image
+
+    encoded = _as_bytes(encoded)
+    try:
+        with Image.open(io.BytesIO(encoded)) as image:  # reads the header only
+            if image.format in ("JPEG", "MPO"):  # MPO: a phone's JPEG with more pictures after the first
+                return image.mode in ("RGB", "L") and image.getexif().get(_ORIENTATION, 1) not in _TURNED
+            return image.format == "PNG" and not image.mode.startswith("I") and not _png_orientation_chunk(encoded)
+    except Image.UnidentifiedImageError:
+        return True
+    except (*arrays.DECODE_ERRORS, Image.DecompressionBombError):
+        return False  # Pillow's decode refuses it too, with its reason
+
+
+def _png_orientation_chunk(encoded):
+    """Whether a PNG holds a chunk that may give an orientation: eXIf, or a text chunk of `_PNG_ORIENTATION_TEXTS`,
+    before or after the pixels. Walks the chunk headers only."""
+    position = 8
+    while position + 8 <= len(encoded):
+        length, kind = struct.unpack_from(">I4s", encoded, position)
+        if kind == b"eXIf":
+            return True
+        if kind in (b"tEXt", b"zTXt", b"iTXt"):
+            if encoded[position + 8:position + 8 + min(length, 80)].split(b"\0", 1)[0] in _PNG_ORIENTATION_TEXTS:
+                return True
+        if kind == b"IEND":
+            break
+        position += length + 12
+    return False
 
 
 def _note(files, rows, suffix):

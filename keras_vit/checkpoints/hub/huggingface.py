@@ -18,8 +18,18 @@ def resolve_handle(handle):
     """The local folder of an `hf://org/name[@revision]` handle, downloaded into the Hugging Face cache once.
 
     With `HF_HUB_OFFLINE=1` (or no network) a cached snapshot is used; a
-    handle that is not cached is a `CheckpointError` that names it.
+    handle that is not cached is a `CheckpointError` that names it. A handle
+    of another form is refused before the Hub or the cache is asked.
     """
+    repo, _, revision = handle.removeprefix(HF_PREFIX).partition("@")  # a revision may hold "/": refs/pr/1
+    parts = repo.split("/")
+    if len(parts) > 2 and all(parts):
+        whole = HF_PREFIX + "/".join(parts[:2]) + (f"@{revision}" if revision else "")
+        raise CheckpointError(f"{handle} names a subfolder ({'/'.join(parts[2:])}), and hf:// handles take none: "
+                              f"pass {whole} (the form hf://org/name[@revision]), or download the subfolder and pass "
+                              "its local path.")
+    if len(parts) != 2 or not all(parts):
+        raise CheckpointError(f"{handle} is not an hf://org/name handle (for example hf://timm/vit_base_patch16_224).")
     try:
         import huggingface_hub
         from huggingface_hub.errors import LocalEntryNotFoundError
@@ -27,9 +37,6 @@ def resolve_handle(handle):
         raise CheckpointError(
             f"{handle}: hf:// handles need huggingface_hub: pip install 'keras-vision-transformer[hub]'."
         ) from error
-    repo, _, revision = handle.removeprefix(HF_PREFIX).partition("@")
-    if repo.count("/") != 1 or not all(repo.split("/")):
-        raise CheckpointError(f"{handle} is not an hf://org/name handle (for example hf://timm/vit_base_patch16_224).")
     try:
         return huggingface_hub.snapshot_download(repo, revision=revision or None, allow_patterns=HUB_FILES)
     except LocalEntryNotFoundError as error:
