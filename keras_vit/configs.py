@@ -32,7 +32,8 @@ class _TrainingConfig:
     # Model: a named variant, else the checkpoint's sizes, else the five size fields.
     model: str = None
     weights: str = None
-    image_size: tuple = 32  # An int or (height, width); a (height, width) pair once made.
+    # An int or (height, width), a pair once made; None: the checkpoint's own, else the digits' (`at_checkpoint_size`).
+    image_size: tuple = None
     drop_remainder: bool = False  # an image_size the patches do not divide: leave out the last rows and columns
     # None: the digits ViT's (SMALL_VIT); a value given with `model` or sized `weights` must agree.
     patch_size: int = None
@@ -71,7 +72,8 @@ class _TrainingConfig:
     overwrite: bool = False
 
     def __post_init__(self):
-        self.image_size = as_pair(self.image_size, "image_size")
+        if self.image_size is not None:
+            self.image_size = as_pair(self.image_size, "image_size")
         for name, value in vars(self).items():
             if value is None or name not in _RULES:
                 continue
@@ -80,6 +82,22 @@ class _TrainingConfig:
                 raise ValueError(f"{flag(name)} must be {allowed}, got {value!r}.")
         if self.model:
             named_variant(self.model)
+
+    def at_checkpoint_size(self, checkpoint=None):
+        """This config with its `image_size` settled: its own, else the checkpoint's (a `WeightsSource`), else the
+        digits' (`digits_image_size`).
+
+        A size the checkpoint states and its patches do not divide (timm's
+        so400m/14 at 384 px) is trained as its library runs it, the last
+        rows and columns left out (`drop_remainder`).
+        """
+        if self.image_size is not None:
+            return self
+        own = None if checkpoint is None else checkpoint.image_size
+        if own is None:
+            return dataclasses.replace(self, image_size=self.digits_image_size)
+        return dataclasses.replace(self, image_size=own,
+                                   drop_remainder=self.drop_remainder or checkpoint.input_size is not None)
 
     def sizes(self, checkpoint=None):
         """The `Variant` to build: `model`, else the checkpoint's, else the size fields (the digits ViT's)."""
@@ -118,7 +136,7 @@ class PretrainConfig(_TrainingConfig):
     """`keras-vit pretrain`: the paper's Adam recipe; by default the small digits ViT at 16 px."""
 
     stage: typing.ClassVar[str] = "pretrain"
-    image_size: int = 16
+    digits_image_size: typing.ClassVar[int] = 16  # without a checkpoint to take the size of
     output_dir: str = "runs/pretrain"
     epochs: int = 60
     learning_rate: float = 1e-3
@@ -131,12 +149,13 @@ class PretrainConfig(_TrainingConfig):
 
 @dataclasses.dataclass
 class FinetuneConfig(_TrainingConfig):
-    """`keras-vit finetune`: the paper's SGD recipe with a zero head; by default runs/pretrain at 32 px.
+    """`keras-vit finetune`: the paper's SGD recipe with a zero head; by default runs/pretrain at its own size.
 
-    `weights=None` starts from a random initialisation.
+    `weights=None` starts from a random initialisation, at 32 px unless `image_size` says otherwise.
     """
 
     stage: typing.ClassVar[str] = "finetune"
+    digits_image_size: typing.ClassVar[int] = 32  # without a checkpoint to take the size of
     weights: str = "runs/pretrain/model.keras"  # what `keras-vit pretrain` writes
     output_dir: str = "runs/finetune"
     epochs: int = 10
