@@ -2,14 +2,15 @@
 
 `train(PretrainConfig(...))` and `train(FinetuneConfig(...))` run a whole
 job (`keras_vit.training`); each field is a flag of the same name
-(`keras_vit.flags`). This module imports only the standard library and
-`keras_vit.model.variants`, so the command reads and checks its flags before it
-imports Keras.
+(`keras_vit.flags`). This module imports only the standard library,
+`keras_vit.model.variants` and `keras_vit.data` (numpy), so the command reads and
+checks its flags before it imports Keras.
 """
 
 import dataclasses
 import typing
 
+from keras_vit.data import HOLDOUT_FRACTION
 from keras_vit.model.variants import SMALL_VIT, named_variant
 from keras_vit.utils.shapes import as_pair
 
@@ -46,7 +47,7 @@ class _TrainingConfig:
     data_dir: str = None
     train_split: str = "train"
     eval_split: str = "test"
-    holdout_fraction: float = 0.2
+    holdout_fraction: float = HOLDOUT_FRACTION
     eval_batch_size: int = 256
     verbose: int = 1
     # Training.

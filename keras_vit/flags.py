@@ -20,6 +20,7 @@ import difflib
 import re
 
 from keras_vit.configs import ENGINES, flag
+from keras_vit.data import HOLDOUT_FRACTION
 from keras_vit.data.preprocessing import PILLOW_FILTERS
 from keras_vit.data.randaugment import RandAugment
 from keras_vit.model.variants import SMALL_VIT
@@ -148,7 +149,7 @@ def add_data_flags(parser, training=True):
         group.add_argument("--train-split")
         group.add_argument("--holdout-fraction", type=float,
                            help="an image folder without train/test sub-folders: the part of each class held out "
-                           "for evaluation (default 0.2)")
+                           f"for evaluation (default {HOLDOUT_FRACTION})")
     group.add_argument("--eval-split")
     group.add_argument("--eval-batch-size", type=int)
     group.add_argument("--verbose", type=int, help="Keras progress: 0 silent, 1 bar, 2 per epoch")

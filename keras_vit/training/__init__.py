@@ -60,7 +60,7 @@ def precision(mixed_precision, distribution="none"):
 
 
 def load_sources(dataset="digits", image_size=32, train_split="train", eval_split="test", data_dir=None,
-                 holdout_fraction=0.2):
+                 holdout_fraction=data.HOLDOUT_FRACTION):
     """The training and held-out `data.Source`s of `dataset`, labelled from one class list.
 
     An image folder without split folders gives both: `holdout_fraction` of
