@@ -1,12 +1,13 @@
 """Fine-tune a ViT at a higher resolution with the paper's recipe, then evaluate.
 
-With no flags this is the second half of the digits example: it loads
-runs/pretrain/model.keras (from examples/pretrain.py) at 32 px instead of 16
-(the position embeddings are resized), replaces the head with a
-zero-initialised one, fine-tunes for 10 epochs with SGD and a cosine
-schedule, writes runs/finetune/ and prints `top-1 accuracy: 0.xxxx`:
+With `--image-size 32` this is the second half of the digits example: it
+loads runs/pretrain/model.keras (from examples/pretrain.py) at 32 px instead
+of 16 (the position embeddings are resized; without the flag it stays at
+the checkpoint's own 16 px), replaces the head with a zero-initialised one,
+fine-tunes for 10 epochs with SGD and a cosine schedule, writes
+runs/finetune/ and prints `top-1 accuracy: 0.xxxx`:
 
-    python examples/pretrain.py && python examples/finetune.py
+    python examples/pretrain.py && python examples/finetune.py --image-size 32
 
 Named checkpoints work as well:
 
@@ -35,12 +36,14 @@ engine.check_batch_size(config.batch_size)
 # A finished --output-dir is not trained again, nor are --weights replaced by their own run, without --overwrite.
 durable.check_output_dir(config.output_dir, config.overwrite, config.weights, engine.process_index)
 
-# The pretrained weights, and the sizes they were trained with (or --model's).
+# The pretrained weights, and the sizes they were trained with (or --model's);
+# the resolution: --image-size, else that of --weights, else the digits'.
 checkpoint = None
-if config.weights:
-    checkpoint = checkpoints.read_weights(config.weights, config.model, config.image_size)
+if config.weights:  # a named checkpoint's file at --image-size, else at 224 px where it has one
+    checkpoint = checkpoints.read_weights(config.weights, config.model, config.image_size or (224, 224))
+config = config.at_checkpoint_size(checkpoint)
 sizes = config.sizes(checkpoint)
-check_image_size(config.image_size, sizes)
+check_image_size(config.image_size, sizes, config.drop_remainder)
 
 # The data: training and held-out splits (the embedded digits by default).
 train_source, eval_source = training.load_sources(config.dataset, config.image_size, config.train_split,
@@ -58,7 +61,7 @@ with engine.scope():
         image_size=config.image_size, **sizes.__dict__, classes=num_classes, weights=checkpoint,
         representation_size=0, classifier=config.classifier, dropout_rate=config.dropout,
         stochastic_depth_rate=config.stochastic_depth, classifier_activation=None, name="vit_finetune",
-        dtype=dtype,
+        dtype=dtype, drop_remainder=config.drop_remainder,
     )
     training.zero_head(model)  # The paper's fine-tuning head: one zero-initialised layer.
     if config.lora_rank:  # Low-rank adapters on every block's qkv: only they and the head train.

@@ -35,12 +35,14 @@ engine.check_batch_size(config.batch_size)
 # A finished --output-dir is not trained again, nor are --weights replaced by their own run, without --overwrite.
 durable.check_output_dir(config.output_dir, config.overwrite, config.weights, engine.process_index)
 
-# The sizes: --model, else those of --weights, else the size flags (the small digits ViT).
+# The sizes: --model, else those of --weights, else the size flags (the small digits ViT);
+# the resolution: --image-size, else that of --weights, else the digits'.
 checkpoint = None
-if config.weights:
-    checkpoint = checkpoints.read_weights(config.weights, config.model, config.image_size)
+if config.weights:  # a named checkpoint's file at --image-size, else at 224 px where it has one
+    checkpoint = checkpoints.read_weights(config.weights, config.model, config.image_size or (224, 224))
+config = config.at_checkpoint_size(checkpoint)
 sizes = config.sizes(checkpoint)
-check_image_size(config.image_size, sizes)
+check_image_size(config.image_size, sizes, config.drop_remainder)
 
 # The data: training and held-out splits (the embedded digits by default).
 train_source, eval_source = training.load_sources(config.dataset, config.image_size, config.train_split,
@@ -57,7 +59,7 @@ with engine.scope():
         image_size=config.image_size, **sizes.__dict__, classes=num_classes, include_top=not masked_patch,
         weights=checkpoint, representation_size=config.representation_size, classifier=config.classifier,
         dropout_rate=config.dropout, stochastic_depth_rate=config.stochastic_depth, classifier_activation=None,
-        name="vit_pretrain", dtype=dtype,
+        name="vit_pretrain", dtype=dtype, drop_remainder=config.drop_remainder,
     )
     # The paper's recipe: AdamW, linear warmup then linear (or cosine) decay, global-norm clipping.
     schedule = recipes.WarmupDecay(config.learning_rate, total_updates, min(config.warmup_steps, total_updates),

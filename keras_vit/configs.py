@@ -2,14 +2,15 @@
 
 `train(PretrainConfig(...))` and `train(FinetuneConfig(...))` run a whole
 job (`keras_vit.training`); each field is a flag of the same name
-(`keras_vit.flags`). This module imports only the standard library and
-`keras_vit.model.variants`, so the command reads and checks its flags before it
-imports Keras.
+(`keras_vit.flags`). This module imports only the standard library,
+`keras_vit.model.variants` and `keras_vit.data` (numpy), so the command reads and
+checks its flags before it imports Keras.
 """
 
 import dataclasses
 import typing
 
+from keras_vit.data import HOLDOUT_FRACTION
 from keras_vit.model.variants import SMALL_VIT, named_variant
 from keras_vit.utils.shapes import as_pair
 
@@ -32,7 +33,8 @@ class _TrainingConfig:
     # Model: a named variant, else the checkpoint's sizes, else the five size fields.
     model: str = None
     weights: str = None
-    image_size: tuple = 32  # An int or (height, width); a (height, width) pair once made.
+    # An int or (height, width), a pair once made; None: the checkpoint's own, else the digits' (`at_checkpoint_size`).
+    image_size: tuple = None
     drop_remainder: bool = False  # an image_size the patches do not divide: leave out the last rows and columns
     # None: the digits ViT's (SMALL_VIT); a value given with `model` or sized `weights` must agree.
     patch_size: int = None
@@ -45,7 +47,7 @@ class _TrainingConfig:
     data_dir: str = None
     train_split: str = "train"
     eval_split: str = "test"
-    holdout_fraction: float = 0.2
+    holdout_fraction: float = HOLDOUT_FRACTION
     eval_batch_size: int = 256
     verbose: int = 1
     # Training.
@@ -71,7 +73,8 @@ class _TrainingConfig:
     overwrite: bool = False
 
     def __post_init__(self):
-        self.image_size = as_pair(self.image_size, "image_size")
+        if self.image_size is not None:
+            self.image_size = as_pair(self.image_size, "image_size")
         for name, value in vars(self).items():
             if value is None or name not in _RULES:
                 continue
@@ -80,6 +83,22 @@ class _TrainingConfig:
                 raise ValueError(f"{flag(name)} must be {allowed}, got {value!r}.")
         if self.model:
             named_variant(self.model)
+
+    def at_checkpoint_size(self, checkpoint=None):
+        """This config with its `image_size` settled: its own, else the checkpoint's (a `WeightsSource`), else the
+        digits' (`digits_image_size`).
+
+        A size the checkpoint states and its patches do not divide (timm's
+        so400m/14 at 384 px) is trained as its library runs it, the last
+        rows and columns left out (`drop_remainder`).
+        """
+        if self.image_size is not None:
+            return self
+        own = None if checkpoint is None else checkpoint.image_size
+        if own is None:
+            return dataclasses.replace(self, image_size=self.digits_image_size)
+        return dataclasses.replace(self, image_size=own,
+                                   drop_remainder=self.drop_remainder or checkpoint.input_size is not None)
 
     def sizes(self, checkpoint=None):
         """The `Variant` to build: `model`, else the checkpoint's, else the size fields (the digits ViT's)."""
@@ -118,7 +137,7 @@ class PretrainConfig(_TrainingConfig):
     """`keras-vit pretrain`: the paper's Adam recipe; by default the small digits ViT at 16 px."""
 
     stage: typing.ClassVar[str] = "pretrain"
-    image_size: int = 16
+    digits_image_size: typing.ClassVar[int] = 16  # without a checkpoint to take the size of
     output_dir: str = "runs/pretrain"
     epochs: int = 60
     learning_rate: float = 1e-3
@@ -131,12 +150,13 @@ class PretrainConfig(_TrainingConfig):
 
 @dataclasses.dataclass
 class FinetuneConfig(_TrainingConfig):
-    """`keras-vit finetune`: the paper's SGD recipe with a zero head; by default runs/pretrain at 32 px.
+    """`keras-vit finetune`: the paper's SGD recipe with a zero head; by default runs/pretrain at its own size.
 
-    `weights=None` starts from a random initialisation.
+    `weights=None` starts from a random initialisation, at 32 px unless `image_size` says otherwise.
     """
 
     stage: typing.ClassVar[str] = "finetune"
+    digits_image_size: typing.ClassVar[int] = 32  # without a checkpoint to take the size of
     weights: str = "runs/pretrain/model.keras"  # what `keras-vit pretrain` writes
     output_dir: str = "runs/finetune"
     epochs: int = 10

@@ -10,8 +10,8 @@ Nothing here imports Keras.
 Example:
 >>> from keras_vit.configs import PretrainConfig
 >>> config = parse_config(PretrainConfig, ["--epochs", "3"])
->>> config.epochs, config.image_size
-(3, 16)
+>>> config.epochs, config.image_size, config.at_checkpoint_size(None).image_size
+(3, None, (16, 16))
 """
 
 import argparse
@@ -20,6 +20,7 @@ import difflib
 import re
 
 from keras_vit.configs import ENGINES, flag
+from keras_vit.data import HOLDOUT_FRACTION
 from keras_vit.data.preprocessing import PILLOW_FILTERS
 from keras_vit.data.randaugment import RandAugment
 from keras_vit.model.variants import SMALL_VIT
@@ -106,14 +107,15 @@ def in_flags(message, parser):
     return _KEYWORD.sub(as_flag, message)
 
 
-def add_model_flags(parser):
+def add_model_flags(parser, digits_image_size=32):
+    """`--model`, `--weights`, `--image-size` (default: the checkpoint's own, else `digits_image_size`), the sizes."""
     group = parser.add_argument_group("model")
     group.add_argument("--model", help="a named variant, e.g. ViT_B16 (default: the size flags below, "
                        "or the sizes saved in --weights)")
     group.add_argument("--weights", type=weights_flag,
                        help="a named checkpoint, a .npz / .keras / .weights.h5 / .safetensors file, a timm or "
                        "transformers folder, hf://org/name, or none (random initialisation)")
-    add_image_size_flag(group)
+    add_image_size_flag(group, f"default: the checkpoint's own resolution, else {digits_image_size}")
     add_drop_remainder_flag(group)
     digits = "default: the digits ViT's {}, or the sizes of --model / --weights"
     group.add_argument("--patch-size", type=int, help=digits.format(SMALL_VIT.patch_size))
@@ -155,7 +157,7 @@ def add_data_flags(parser, training=True):
         group.add_argument("--train-split")
         group.add_argument("--holdout-fraction", type=float,
                            help="an image folder without train/test sub-folders: the part of each class held out "
-                           "for evaluation (default 0.2)")
+                           f"for evaluation (default {HOLDOUT_FRACTION})")
     group.add_argument("--eval-split")
     group.add_argument("--eval-batch-size", type=int)
     group.add_argument("--verbose", type=int, help="Keras progress: 0 silent, 1 bar, 2 per epoch")
@@ -211,7 +213,8 @@ def add_training_flags(parser, config_class):
 
 def add_config_flags(parser, config_class):
     """Every flag of `config_class` (a training config), with its defaults."""
-    add_model_flags(parser), add_data_flags(parser), add_training_flags(parser, config_class)
+    add_model_flags(parser, config_class.digits_image_size), add_data_flags(parser)
+    add_training_flags(parser, config_class)
     parser.set_defaults(**dataclasses.asdict(config_class()))
     return parser
 

@@ -52,6 +52,9 @@ def test_help_shows_every_default_and_the_inference_defaults_are_the_functions_o
     parser = cli.build_parser()
     commands = next(a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction").choices
     assert "(default: runs/pretrain/model.keras)" in commands["finetune"].format_help()
+    for name, digits in (("pretrain", 16), ("finetune", 32), ("evaluate", 32)):
+        assert commands[name]._option_string_actions["--image-size"].help.endswith(
+            f"; default: the checkpoint's own resolution, else {digits}")
     for name, command in commands.items():
         for action in command._actions:
             if action.option_strings and action.nargs != 0 and action.dest != "help":

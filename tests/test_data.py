@@ -73,7 +73,7 @@ def test_image_folder_source(tmp_path):
             pixels = rng.integers(0, 256, (20 + i, 24, 3), dtype=np.uint8)
             tf.io.write_file(str(tmp_path / class_name / f"{i}.png"), tf.io.encode_png(pixels))
     (tmp_path / "dog" / "notes.txt").write_text("not an image")
-    source = data.load_source(str(tmp_path), "train")
+    source = data.load_source(str(tmp_path), "train", holdout_fraction=None)  # the whole folder
     assert (source.num_examples, source.num_classes, source.class_names) == (5, 2, ("cat", "dog"))
     assert data.load_source(str(tmp_path), "train", holdout_fraction=0.2).num_examples == 3
     labels = [int(y) for _, y in source.dataset]
@@ -202,7 +202,8 @@ def test_test_split_labels_follow_the_training_split_classes(tmp_path):
     test = data.load_source(str(tmp_path), "test")
     assert test.class_names == ("a", "b", "c") and test.num_classes == 3
     assert labels_by_file(test) == [0, 2]  # 'c' keeps label 2, not 1
-    assert labels_by_file(data.load_source(str(tmp_path / "test"), "test", class_names=["a", "b", "c"])) == [0, 2]
+    assert labels_by_file(data.load_source(str(tmp_path / "test"), "test", class_names=["a", "b", "c"],
+                                           holdout_fraction=None)) == [0, 2]
     with pytest.raises(ValueError, match=r"has class folders \['a', 'c'\] that the model does not know; its 2 classes"):
         data.from_folder(str(tmp_path / "test"), class_names=["x", "y"])
 
@@ -230,6 +231,23 @@ def test_a_folder_without_splits_holds_out_a_stratified_deterministic_part(tmp_p
     assert data.load_source(str(tmp_path), "test", holdout_fraction=0.5).num_examples == 8
     with pytest.raises(ValueError, match="holdout_fraction must be between 0 and 1, got 1.0"):
         data.load_source(str(tmp_path), "test", holdout_fraction=1.0)
+
+
+def test_a_folder_without_splits_gives_the_api_the_commands_disjoint_split(tmp_path, caplog):
+    from keras_vit import flags, training
+
+    write_images(tmp_path, {"a": 10, "b": 5})
+    train, test = data.load_source(str(tmp_path), "train"), data.load_source(str(tmp_path), "test")
+    assert f"{tmp_path} has no train/test sub-folders: the 'test' split is a held-out 20% of each class's images" \
+        in caplog.text
+    files = lambda s: set(s.examples[0])  # noqa: E731
+    assert (train.num_examples, test.num_examples) == (12, 3) and not files(train) & files(test)
+    assert files(train) | files(test) == {str(path) for path in tmp_path.glob("*/*.png")}
+    config = flags.parse_config(training.FinetuneConfig, ["--dataset", str(tmp_path)])  # the command's split
+    command = training.load_sources(config.dataset, 16, config.train_split, config.eval_split,
+                                    holdout_fraction=config.holdout_fraction)
+    assert [files(source) for source in command] == [files(train), files(test)]
+    assert data.load_source(str(tmp_path), "test", holdout_fraction=None).num_examples == 15  # whole, when asked
 
 
 def test_hidden_folders_are_skipped_and_nested_images_counted(tmp_path):

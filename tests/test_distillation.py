@@ -37,13 +37,25 @@ def test_hard_distillation_is_deits_eq_3_on_a_fixed_batch():
                                rtol=1e-6)
 
 
-@pytest.mark.backend_independent
-def test_soft_distillation_is_hintons_on_a_fixed_batch():
-    tau, alpha = 2.0, 0.3
-    teacher, student = np.exp(log_softmax(TEACHER / tau)), log_softmax(CLASS / tau)
+def soft_by_hand(labels, class_logits, distillation_logits, teacher_log_probabilities, alpha=0.5, tau=1.0):
+    """Hinton's loss per example in numpy, the heads split as DeiT's `DistillationLoss` splits them."""
+    teacher, student = np.exp(log_softmax(teacher_log_probabilities / tau)), log_softmax(distillation_logits / tau)
     kl = (teacher * (np.log(teacher) - student)).sum(-1)
-    by_hand = (1 - alpha) * -log_softmax(CLASS)[np.arange(4), LABELS] + alpha * tau**2 * kl
-    got = numpy_of(soft_distillation_loss(LABELS, CLASS, TEACHER, alpha=alpha, temperature=tau))
+    return (1 - alpha) * -log_softmax(class_logits)[np.arange(len(labels)), labels] + alpha * tau**2 * kl
+
+
+def hard_by_hand(labels, class_logits, distillation_logits, teacher_scores, alpha=0.5):
+    """DeiT's eq. 3 per example in numpy; `teacher_scores` are logits or probabilities (the same argmax)."""
+    rows, decisions = np.arange(len(labels)), np.argmax(teacher_scores, axis=-1)
+    return ((1 - alpha) * -log_softmax(class_logits)[rows, labels]
+            + alpha * -log_softmax(distillation_logits)[rows, decisions])
+
+
+@pytest.mark.backend_independent
+def test_soft_distillation_is_hintons_with_the_labels_on_the_class_head_and_the_teacher_on_the_other():
+    tau, alpha = 2.0, 0.3
+    by_hand = soft_by_hand(LABELS, CLASS, DISTILLATION, TEACHER, alpha, tau)
+    got = numpy_of(soft_distillation_loss(LABELS, CLASS, DISTILLATION, TEACHER, alpha=alpha, temperature=tau))
     np.testing.assert_allclose(got, by_hand, rtol=1e-6)
 
 
@@ -76,7 +88,8 @@ def test_fit_applies_deits_loss_with_the_teacher_in_inference_mode_and_frozen():
 
 
 @pytest.mark.backend_independent
-def test_a_keras_vit_distilled_deit_learns_through_its_two_heads_not_their_average():
+@pytest.mark.parametrize("method", ["hard", "soft"])
+def test_a_keras_vit_distilled_deit_learns_through_its_two_heads_not_their_average(method):
     keras.utils.set_random_seed(0)
     teacher = keras_vit.ViT(hidden_size=16, mlp_dim=32, **SIZES)
     student = keras_vit.ViT(hidden_size=8, mlp_dim=16, architecture=keras_vit.Architecture(distillation_token=True),
@@ -87,13 +100,43 @@ def test_a_keras_vit_distilled_deit_learns_through_its_two_heads_not_their_avera
     images = np.random.default_rng(1).uniform(-1, 1, (4, 16, 16, 3)).astype("float32")
     heads = distillation_heads(student)
     class_logits, distillation_logits = (numpy_of(o) for o in heads(images))
-    expected = hard_distillation_loss(LABELS, class_logits, distillation_logits, numpy_of(teacher(images)))
-    distiller = Distiller(student, teacher, method="hard")
-    distiller.compile(optimizer=keras.optimizers.SGD(0.0))
-    np.testing.assert_allclose(distiller.train_on_batch(images, LABELS), float(np.mean(numpy_of(expected))),
-                               rtol=1e-5)
+    teacher_logits = numpy_of(teacher(images))
+    by_hand = {"hard": hard_by_hand, "soft": soft_by_hand}[method]
+    expected = by_hand(LABELS, class_logits, distillation_logits, teacher_logits)
+    average = (class_logits + distillation_logits) / 2
+    assert abs(np.mean(expected) - np.mean(by_hand(LABELS, average, average, teacher_logits))) > 0.05
+    distiller = Distiller(student, teacher, method=method)
+    distiller.compile(optimizer=keras.optimizers.SGD(0.0), run_eagerly=True)
+    np.testing.assert_allclose(distiller.train_on_batch(images, LABELS), np.mean(expected), rtol=1e-5)
     assert len(distiller.trainable_weights) == len(student.trainable_weights)
     np.testing.assert_allclose(numpy_of(distiller(images)), numpy_of(student(images)), atol=1e-6)
+
+
+@pytest.mark.backend_independent
+def test_a_teacher_ending_in_a_softmax_teaches_by_its_probabilities():
+    keras.utils.set_random_seed(0)
+    logits_teacher = keras_vit.ViT(hidden_size=16, mlp_dim=32, **SIZES)
+    for weight in logits_teacher.weights:  # large logits: probabilities taken for logits would barely differ
+        weight.assign(np.random.default_rng(len(weight.path)).normal(0, 1, weight.shape))
+    # ViT's and from_pretrained's default: an Activation("softmax") named "predictions".
+    teacher = keras_vit.ViT(hidden_size=16, mlp_dim=32, **dict(SIZES, classifier_activation="softmax"))
+    teacher.set_weights(logits_teacher.get_weights())
+    student = keras_vit.ViT(hidden_size=8, mlp_dim=16, **SIZES)
+    images = np.random.default_rng(1).uniform(-1, 1, (4, 16, 16, 3)).astype("float32")
+    teacher_logits, student_logits = numpy_of(logits_teacher(images)), numpy_of(student(images))
+    for method, by_hand in (("soft", soft_by_hand), ("hard", hard_by_hand)):
+        distiller = Distiller(student, teacher, method=method)
+        distiller.compile(optimizer=keras.optimizers.SGD(0.0), run_eagerly=True)
+        expected = np.mean(by_hand(LABELS, student_logits, student_logits, teacher_logits))
+        np.testing.assert_allclose(distiller.train_on_batch(images, LABELS), expected, rtol=1e-5)
+    softmax_layer = keras.Sequential([keras.Input((16, 16, 3)), logits_teacher, keras.layers.Softmax(name="probs")])
+    assert Distiller(student, softmax_layer).teacher_from_logits is False
+    assert Distiller(student, logits_teacher).teacher_from_logits is True
+    for model, name in ((teacher, "predictions"), (softmax_layer, "probs")):
+        with pytest.raises(ValueError) as error:
+            Distiller(student, model, method="soft", teacher_from_logits=True)
+        assert str(error.value) == (f"teacher_from_logits=True, but the teacher ends in a softmax ('{name}') and "
+                                    "gives probabilities: leave teacher_from_logits out to read them as such.")
 
 
 @pytest.mark.backend_independent

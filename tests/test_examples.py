@@ -42,10 +42,10 @@ def test_examples_are_plain_keras_scripts():
 
 @pytest.mark.skipif(BACKEND != FULL_RUN_BACKEND, reason=f"the full digits example runs in the {FULL_RUN_BACKEND} pass")
 def test_digits_example_fine_tunes_to_at_least_90_percent(tmp_path):
-    """The README's main job, with the scripts' defaults."""
+    """The README's main job, as the README runs it."""
     _run("pretrain", cwd=tmp_path)
     assert (tmp_path / "runs" / "pretrain" / "model.keras").exists()
-    output = _run("finetune", cwd=tmp_path)
+    output = _run("finetune", "--image-size", "32", cwd=tmp_path)
     final = output.strip().splitlines()[-1]
     accuracy = float(re.fullmatch(r"top-1 accuracy: (0\.\d{4}|1\.0000)", final).group(1))
     assert accuracy >= 0.90

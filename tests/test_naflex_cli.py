@@ -92,7 +92,7 @@ def test_evaluate_scores_a_folder_of_mixed_shapes_in_one_sequence_length_per_buc
         os.makedirs(tmp_path / label)
         write_images(str(tmp_path / label), shapes[int(label):], seed=int(label))
     network = keras.saving.load_model(naflex_file)
-    source = data.load_source(str(tmp_path), "test")
+    source = data.load_source(str(tmp_path), "test", holdout_fraction=None)
     batches = NaFlexEvaluationBatches(source, 4, batch_size=4, preprocessing=dict(network.naflex_preprocessing, max_patches=64))
     assert batches.bucket_counts == {64: 3}  # 12 images in 3 full batches of one sequence length
     results = inference.evaluate(naflex_file, dataset=str(tmp_path), eval_batch_size=4, verbose=0, max_patches=64)
@@ -183,7 +183,7 @@ def test_photos_of_many_shapes_compile_once_per_bucket(naflex_file, tmp_path, xl
     assert traces == [(1, 16), (1, 32), (1, 64)]
     assert compiles == {16: 1, 32: 1, 64: 1}  # one predict step per bucket, none for a bucket seen before
     network.compile(loss="categorical_crossentropy", metrics=["accuracy"])
-    source = data.load_source(str(tmp_path), "test")
+    source = data.load_source(str(tmp_path), "test", holdout_fraction=None)
     traces.clear()
     for budget in (16, 32, 64, 32):
         before = len(xla_compiles)

@@ -62,19 +62,42 @@ def test_finetune_resizes_embeddings_replaces_head_and_evaluates(pretrained, tmp
     assert results["top5"] == pytest.approx(np.mean((ranked[:, :5] == labels[:, None]).any(axis=1)), abs=1e-6)
 
 
-def test_library_fine_tunes_and_evaluates_with_plain_arguments(pretrained, tmp_path, capsys):
+def test_library_fine_tunes_at_the_checkpoints_own_size_and_evaluates_with_plain_arguments(pretrained, tmp_path,
+                                                                                              capsys, caplog):
     out, _ = pretrained
     config = training.FinetuneConfig(weights=str(out / "model.keras"), output_dir=str(tmp_path), epochs=1,
-                                     image_size=24, eval_batch_size=360, verbose=0)
+                                     eval_batch_size=360, verbose=0)
     top1 = training.train(config)
+    assert "Resized position embeddings" not in caplog.text  # the checkpoint's 16 px, not the digits' 32
     assert capsys.readouterr().out.strip().splitlines()[-1] == f"top-1 accuracy: {top1:.4f}"
     for name in ("model.keras", "log.csv", "learning_curve.png", "classes.txt"):
         assert (tmp_path / name).exists(), name
     results = inference.evaluate(str(tmp_path / "model.keras"), eval_batch_size=360, verbose=0)
     assert results["top1"] == pytest.approx(top1, abs=1e-6)
     model = inference.load_for_inference(str(tmp_path / "model.keras"))
-    assert model.input_shape == (None, 24, 24, 3)
+    assert model.input_shape == (None, 16, 16, 3)
     assert inference.class_names(model, str(tmp_path / "model.keras")) == [str(i) for i in range(10)]
+
+
+@pytest.mark.backend_independent
+def test_training_takes_the_checkpoints_own_image_size_unless_told():
+    from keras_vit import checkpoints, flags
+    from keras_vit.model.vision_transformer import check_image_size
+
+    patch_14 = checkpoints.read_weights(fixture("timm_family/aimv2")).with_heads()  # timm's: 28 px, 14 px patches
+    # timm's: a stated 46 px in 14 px patches, 4 px that fill no patch left out
+    remainder = checkpoints.read_weights(fixture("timm_family/siglip_remainder")).with_heads()
+    for config_class, digits in ((training.FinetuneConfig, 32), (training.PretrainConfig, 16)):
+        config = flags.parse_config(config_class, ["--weights", "a checkpoint"]).at_checkpoint_size(patch_14)
+        assert (config.image_size, config.drop_remainder) == ((28, 28), False)
+        check_image_size(config.image_size, config.sizes(patch_14), config.drop_remainder)
+        config = flags.parse_config(config_class, ["--weights", "a checkpoint"]).at_checkpoint_size(remainder)
+        assert (config.image_size, config.drop_remainder) == ((46, 46), True)
+        check_image_size(config.image_size, config.sizes(remainder), config.drop_remainder)
+        told = flags.parse_config(config_class, ["--image-size", "56"]).at_checkpoint_size(patch_14)
+        assert (told.image_size, told.drop_remainder) == ((56, 56), False)  # its position table is resized
+        assert flags.parse_config(config_class, ["--weights", "none"]).at_checkpoint_size(None).image_size == (
+            digits, digits)
 
 
 @pytest.mark.backend_independent

@@ -59,6 +59,8 @@ logger = logging.getLogger("keras_vit")
 
 # The embedded default data set: UCI's handwritten digits (keras_vit.data.arrays.digits).
 DIGITS_CLASSES = 10
+# The part of each class an image folder without split folders holds out for evaluation (`load_source`).
+HOLDOUT_FRACTION = 0.2
 
 
 @dataclasses.dataclass
@@ -340,17 +342,19 @@ def _folder_source(root, split, shard, class_names, holdout_fraction):
     return from_folder(root, shard, class_names, holdout=(split, holdout_fraction))
 
 
-def load_source(name, split, data_dir=None, image_size=32, shard=None, class_names=None, holdout_fraction=None):
+def load_source(name, split, data_dir=None, image_size=32, shard=None, class_names=None,
+                holdout_fraction=HOLDOUT_FRACTION):
     """Resolve a data-set name as the examples take it.
 
     `"digits"` is the embedded default (split `"train"` or `"test"`). An
     existing directory is an image folder: with split sub-folders
     (`train/`, and `test/`, `val/` or `validation/` for the `"test"` split)
     its labels follow one class list, `class_names` or the training split's.
-    Without them, the whole folder is the split; or, to train and evaluate
-    on one folder, `holdout_fraction` of each class is held out for every
-    split but `"train"` (the same files on every run). Anything else is a
-    tensorflow-datasets name.
+    Without them, `holdout_fraction` of each class is held out for every
+    split but `"train"`, which has the rest (the same files on every run,
+    and the command's split, said in the log); `holdout_fraction=None`
+    reads the whole folder as the split (a folder of test images, say).
+    Anything else is a tensorflow-datasets name.
     """
     if name == "digits":
         if split not in ("train", "test"):

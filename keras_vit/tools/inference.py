@@ -118,6 +118,7 @@ def evaluate(weights="runs/finetune/model.keras", dataset="digits", eval_split="
     in place of its own where given. A NaFlex model's are cut by its
     `naflex_preprocessing` (`max_patches` in place of its budget) into
     batches of one sequence length each (`keras_vit.data.naflex_batches`).
+    An image folder without split sub-folders is evaluated whole.
     """
     network = load_for_inference(weights, model, image_size, sizes, drop_remainder=drop_remainder)
     _check_has_classifier(network, weights)
@@ -125,7 +126,7 @@ def evaluate(weights="runs/finetune/model.keras", dataset="digits", eval_split="
     image_size = native_image_size(network)
     num_classes = network.output_shape[-1]
     names = _saved_class_names(network, weights)
-    source = data.load_source(dataset, eval_split, data_dir, image_size, class_names=names)
+    source = data.load_source(dataset, eval_split, data_dir, image_size, class_names=names, holdout_fraction=None)
     if source.num_classes != num_classes:
         raise ValueError(
             f"{weights} has {num_classes} classes but {dataset!r} ({eval_split}) has {source.num_classes}: "

@@ -60,7 +60,7 @@ def precision(mixed_precision, distribution="none"):
 
 
 def load_sources(dataset="digits", image_size=32, train_split="train", eval_split="test", data_dir=None,
-                 holdout_fraction=0.2):
+                 holdout_fraction=data.HOLDOUT_FRACTION):
     """The training and held-out `data.Source`s of `dataset`, labelled from one class list.
 
     An image folder without split folders gives both: `holdout_fraction` of
@@ -280,9 +280,10 @@ def train(config):
             "writes): run `keras-vit pretrain` first, or pass --weights none (a random initialisation), --weights "
             "PATH (a .keras, .npz or .safetensors file, a timm or transformers folder), --weights hf://org/name, "
             "or a named checkpoint such as --model ViT_B16 --weights imagenet21k.")
-    if config.weights:
-        checkpoint = checkpoints.read_weights(config.weights, config.model, config.image_size,
+    if config.weights:  # a named checkpoint's file at image_size, else at 224 px (ViT's) where it has one
+        checkpoint = checkpoints.read_weights(config.weights, config.model, config.image_size or (224, 224),
                                               verbose=config.verbose).with_heads(config.num_heads)
+    config = config.at_checkpoint_size(checkpoint)
     sizes = config.sizes(checkpoint)
     check_image_size(config.image_size, sizes, config.drop_remainder)
     train_source, eval_source = load_sources(config.dataset, config.image_size, config.train_split,

@@ -12,14 +12,18 @@ backend and under `keras.distribution` or a `tf.distribute` strategy:
   is trained through its two heads (`head`, `head_dist`), though the model
   itself predicts their average; a student with one output (any model)
   uses that output for both terms.
-- `method="soft"` (Hinton et al., 2015): `(1 - alpha) CE(psi(Z_s), y) +
-  alpha tau^2 KL(psi(Z_t / tau) || psi(Z_s / tau))`.
+- `method="soft"` (Hinton et al., 2015): `(1 - alpha) CE(psi(Z_cls), y) +
+  alpha tau^2 KL(psi(Z_t / tau) || psi(Z_dist / tau))`, the heads split as
+  in DeiT's `DistillationLoss` (its section 5); a one-output student uses
+  its output for both.
 
 The teacher runs in inference mode (`training=False`; dropout and
 stochastic depth off), its weights frozen, in whatever dtype it was built
 with (a `mixed_bfloat16` teacher beside a float32 student, say); its
-logits are cast to float32. Labels may be integers or one-hot rows (MixUp,
-CutMix).
+logits are cast to float32. A teacher that ends in a softmax (`ViT`'s and
+`from_pretrained`'s default) gives probabilities, read as such: their
+logarithms are its logits up to a constant per example, which neither loss
+sees. Labels may be integers or one-hot rows (MixUp, CutMix).
 
 Example:
 >>> import keras, numpy as np, keras_vit
@@ -54,13 +58,16 @@ def hard_distillation_loss(labels, class_logits, distillation_logits, teacher_lo
             + alpha * _cross_entropy(teacher_labels, ops.cast(distillation_logits, "float32")))
 
 
-def soft_distillation_loss(labels, student_logits, teacher_logits, alpha=0.5, temperature=1.0):
-    """Hinton's soft distillation, per example: `(1 - alpha) CE(Z_s, y) + alpha tau^2 KL(psi(Z_t/tau) || psi(Z_s/tau))`."""
-    student_logits = ops.cast(student_logits, "float32")
+def soft_distillation_loss(labels, class_logits, distillation_logits, teacher_logits, alpha=0.5, temperature=1.0):
+    """Hinton's soft distillation, per example: `(1 - alpha) CE(Z_cls, y) + alpha tau^2 KL(psi(Z_t/tau) || psi(Z_dist/tau))`.
+
+    A student with one output passes it as both `class_logits` and `distillation_logits`.
+    """
     teacher = ops.log_softmax(ops.cast(teacher_logits, "float32") / temperature, axis=-1)
-    student = ops.log_softmax(student_logits / temperature, axis=-1)
+    student = ops.log_softmax(ops.cast(distillation_logits, "float32") / temperature, axis=-1)
     divergence = ops.sum(ops.exp(teacher) * (teacher - student), axis=-1)
-    return (1.0 - alpha) * _cross_entropy(labels, student_logits) + alpha * temperature**2 * divergence
+    return ((1.0 - alpha) * _cross_entropy(labels, ops.cast(class_logits, "float32"))
+            + alpha * temperature**2 * divergence)
 
 
 def _built_output(model):
@@ -74,12 +81,21 @@ def _built_output(model):
     return model.layers[-1] if model.layers else None, outputs[0].shape[-1]
 
 
+def _softmax_layer(model):
+    """The last layer of `model` where it ends in a softmax (gives probabilities), else None."""
+    last, _ = _built_output(model)
+    if isinstance(last, keras.layers.Softmax) or getattr(getattr(last, "activation", None), "__name__", None) == "softmax":
+        return last
+    return None
+
+
 def _check_student_and_teacher(student, teacher):
     """Refuse a student that gives probabilities, or whose classes are not the teacher's, before any training."""
-    last, student_classes = _built_output(student)
-    if getattr(getattr(last, "activation", None), "__name__", None) == "softmax":
+    last = _softmax_layer(student)
+    if last is not None:
         raise ValueError(f"The student ends in a softmax ({last.name!r}): the distiller trains its logits; build it "
                          "without one (keras_vit.ViT(..., classifier_activation=None)).")
+    _, student_classes = _built_output(student)
     _, teacher_classes = _built_output(teacher)
     if None not in (student_classes, teacher_classes) and student_classes != teacher_classes:
         raise ValueError(f"The student gives {student_classes} classes and the teacher {teacher_classes}: "
@@ -93,17 +109,19 @@ class Distiller(keras.Model):
     Args:
         student: a Keras model giving logits, or `[class logits, distillation logits]`; a keras_vit distilled
             DeiT learns through its two heads.
-        teacher: any Keras model giving logits (`teacher_from_logits=False`: probabilities, whose logarithms are
-            the logits up to a constant per example, which neither loss sees).
+        teacher: any Keras model giving logits or probabilities.
         method: `"hard"` (DeiT's) or `"soft"` (Hinton's KL).
         alpha: the weight of the teacher's term (DeiT: 0.5).
         temperature: `tau` of the soft method.
+        teacher_from_logits: whether the teacher gives logits; None reads it from the teacher (probabilities
+            where it ends in a softmax, else logits). `False` for a teacher whose probabilities come from a
+            layer the distiller cannot see (a subclassed model, say).
 
     Calling the distiller gives the student's logits (a two-headed student's average, as DeiT predicts);
     `compile(metrics=...)` metrics see those.
     """
 
-    def __init__(self, student, teacher, method="hard", alpha=0.5, temperature=1.0, teacher_from_logits=True,
+    def __init__(self, student, teacher, method="hard", alpha=0.5, temperature=1.0, teacher_from_logits=None,
                  **kwargs):
         super().__init__(**kwargs)
         if method not in METHODS:
@@ -120,7 +138,11 @@ class Distiller(keras.Model):
         _check_student_and_teacher(self._trained_student, teacher)
         self.teacher.trainable = False
         self.method, self.alpha, self.temperature = method, float(alpha), float(temperature)
-        self.teacher_from_logits = bool(teacher_from_logits)
+        softmax = _softmax_layer(teacher)
+        if teacher_from_logits and softmax is not None:
+            raise ValueError(f"teacher_from_logits=True, but the teacher ends in a softmax ({softmax.name!r}) and "
+                             "gives probabilities: leave teacher_from_logits out to read them as such.")
+        self.teacher_from_logits = softmax is None if teacher_from_logits is None else bool(teacher_from_logits)
 
     def save(self, filepath, *args, **kwargs):
         """Refused: the distiller is for training; keep `distiller.student` (nothing is written)."""
@@ -144,7 +166,7 @@ class Distiller(keras.Model):
         return (class_logits + distillation_logits) / 2.0
 
     def teacher_logits(self, inputs):
-        """The frozen teacher's float32 logits in inference mode."""
+        """The frozen teacher's float32 logits in inference mode (a softmax teacher's log-probabilities)."""
         outputs = ops.stop_gradient(ops.cast(self.teacher(inputs, training=False), "float32"))
         return outputs if self.teacher_from_logits else ops.log(ops.maximum(outputs, 1e-30))
 
@@ -157,7 +179,7 @@ class Distiller(keras.Model):
             if self.method == "hard":
                 losses = hard_distillation_loss(y, class_logits, distillation_logits, teacher, self.alpha)
             else:
-                losses = soft_distillation_loss(y, (class_logits + distillation_logits) / 2.0, teacher, self.alpha,
+                losses = soft_distillation_loss(y, class_logits, distillation_logits, teacher, self.alpha,
                                                 self.temperature)
         if sample_weight is not None:
             losses = losses * ops.cast(ops.reshape(sample_weight, (-1,)), "float32")
