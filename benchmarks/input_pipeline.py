@@ -50,14 +50,32 @@ TIMM_RANDAUGMENT = "rand-m9-mstd0.5-inc1"
 KERAS_VIT_RANDAUGMENT = (2, 9)
 
 
+def sample_photos():
+    """scikit-learn's two sample photographs (427x640), or where scikit-learn is missing (an accelerator machine)
+    two made ones of that size with a photo's mix of smooth regions, edges and texture, which JPEG codes alike."""
+    try:
+        from sklearn.datasets import load_sample_image
+    except ImportError:
+        rng = np.random.default_rng(1)
+        rows, columns = np.mgrid[0:427, 0:640] / 640.0
+        photos = []
+        for frequency in (3.0, 7.0):
+            smooth = np.stack([np.sin(frequency * rows + phase) * np.cos(frequency * columns - phase)
+                               for phase in (0.0, 1.0, 2.0)], axis=-1)
+            edges = (np.sin(40 * frequency * rows * columns) > 0.6)[..., None] * 0.5
+            texture = rng.normal(0.0, 0.08, (427, 640, 3))
+            photos.append(np.clip((smooth * 0.4 + 0.5 + edges * 0.3 + texture) * 255, 0, 255).astype("uint8"))
+        return photos
+    return [load_sample_image(name) for name in ("china.jpg", "flower.jpg")]
+
+
 def write_folder(folder, count):
-    """`count` distinct JPEGs of 333-640 px a side, from scikit-learn's two photos, in `CLASSES` class folders."""
+    """`count` distinct JPEGs of 333-640 px a side, from `sample_photos`, in `CLASSES` class folders."""
     from PIL import Image
-    from sklearn.datasets import load_sample_image
 
     if os.path.isdir(folder) and sum(len(files) for _, _, files in os.walk(folder)) == count:
         return
-    photos = [load_sample_image(name) for name in ("china.jpg", "flower.jpg")]
+    photos = sample_photos()
     rng = np.random.default_rng(0)
     for index in range(count):
         photo = photos[index % 2]
@@ -221,6 +239,9 @@ def main():
     parser.add_argument("--paths", default="tf.data,numpy", help="keras_vit's pipelines to measure")
     parser.add_argument("--cores", help="core counts, e.g. 1,16 (default: 1 and all this process may use)")
     parser.add_argument("--no-randaugment", action="store_true", help="crop and flip only")
+    parser.add_argument("--randaugment-only", action="store_true", help="with RandAugment only")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="a rehearsal of every code path: 64 images, one round of half a second on one core")
     parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds (median and spread; at least 5)")
     parser.add_argument("--seconds", type=float, default=4.0, help="timed seconds per measurement")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds before a measurement counts as failed")
@@ -234,7 +255,9 @@ def main():
     if args.worker:
         args.cores = int(args.cores)
         return worker(args)
-    if args.rounds < 5:
+    if args.dry_run:
+        args.images, args.rounds, args.seconds, args.cores = 64, 1, 0.5, "1"
+    elif args.rounds < 5:
         parser.error(f"--rounds {args.rounds}: the spread needs at least 5 interleaved rounds")
 
     folder = args.folder or os.path.join(tempfile.gettempdir(), f"keras_vit_input_pipeline_{args.images}")
@@ -243,7 +266,8 @@ def main():
     cores = [int(c) for c in args.cores.split(",")] if args.cores else sorted({1, available})
     paths = args.paths.split(",") + (["timm"] if args.timm_python else [])
     runs = [(path, randaugment, count) for count in cores for randaugment in
-            ((False,) if args.no_randaugment else (False, True)) for path in paths]
+            ((False,) if args.no_randaugment else (True,) if args.randaugment_only else (False, True))
+            for path in paths]
     print(f"{args.images} JPEGs in {folder}; batches of {BATCH} at {SIZE} px; {available} cores; "
           f"KERAS_BACKEND={os.environ.get('KERAS_BACKEND', 'tensorflow')}; {args.rounds} rounds of {args.seconds:g} s",
           flush=True)

@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 from test_layers import layer_norm_pair
 
-from keras_vit.layers import TransformerBlock, kernels
+from keras_vit import ViT
+from keras_vit.layers import LayerNorm, TransformerBlock, kernels
 
 
 def numpy_attention_and_gradients(q, k, v, d_output):
@@ -372,3 +373,132 @@ def test_fused_linear_keeps_keras_dense_results_in_half_precision_and_with_lora(
     assert keras.backend.standardize_dtype(got.dtype) == keras.backend.standardize_dtype(want.dtype)
     got, want = (keras.ops.convert_to_numpy(keras.ops.cast(t, "float32")) for t in (got, want))
     np.testing.assert_allclose(got, want, atol=0.05, rtol=0.02)  # one half-precision rounding apart at most
+
+
+# --- what a step pays besides compute (issue 57) ----------------------------------
+
+
+class _CastBytes:
+    """Bytes written by torch ops that change a tensor's dtype while active (a `TorchDispatchMode`)."""
+
+    def __enter__(self):
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        import torch
+
+        counter = self
+
+        class Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                result = func(*args, **(kwargs or {}))
+                source = next((a for a in args if isinstance(a, torch.Tensor)), None)
+                if isinstance(result, torch.Tensor) and source is not None and result.dtype != source.dtype:
+                    counter.bytes += result.numel() * result.element_size()
+                return result
+
+        self.bytes, self.mode = 0, Mode()
+        self.mode.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self.mode.__exit__(*exc)
+
+
+@pytest.mark.parametrize("policy", ["float32", "bfloat16", "mixed_bfloat16"])
+def test_layer_norm_on_torch_casts_no_tokens_and_keeps_keras_results(policy):
+    if keras.backend.backend() != "torch":
+        pytest.skip("torch's layer_norm is the PyTorch backend's path")
+    x = np.random.default_rng(12).normal(1.0, 2.0, size=(2, 197, 64)).astype("float32")
+    ours, reference = LayerNorm(epsilon=1e-6, dtype=policy), keras.layers.LayerNormalization(epsilon=1e-6, dtype=policy)
+    for layer in (ours, reference):
+        layer.build(x.shape)
+        layer.gamma.assign(np.linspace(0.5, 1.5, 64)), layer.beta.assign(np.linspace(-0.2, 0.2, 64))
+    tokens = keras.ops.cast(x, ours.compute_dtype)
+    with _CastBytes() as casts:
+        found = ours(tokens)
+    expected = reference(tokens)
+    assert found.dtype == expected.dtype
+    found, expected = (keras.ops.convert_to_numpy(keras.ops.cast(t, "float32")) for t in (found, expected))
+    if policy == "float32":
+        np.testing.assert_array_equal(found, expected)
+    else:  # one bfloat16 rounding of the same float32 result: at most one unit in the last place apart
+        np.testing.assert_array_less(np.abs(found - expected), np.abs(expected) * 2.0**-7 + 1e-30)
+        assert np.mean(found == expected) > 0.99
+    assert casts.bytes <= 64 * 4 * 2  # the weights at most (bfloat16 gamma and beta); never the tokens
+
+
+def test_outputs_to_numpy_reads_bfloat16_bits_as_keras_converts_them():
+    from keras_vit.utils.keras_internals import outputs_to_numpy
+
+    values = np.array([[0.0, -0.0, 1.5, -3.25e-5, 3.0e38, np.inf, -np.inf, np.nan]], "float32")
+    tensor = keras.ops.convert_to_tensor(values, "bfloat16")
+    found = outputs_to_numpy({"tokens": tensor, "count": keras.ops.ones((2,), "int32")})
+    expected = keras.ops.convert_to_numpy(tensor)
+    assert found["tokens"].dtype == expected.dtype and found["count"].tolist() == [1, 1]
+    numbers = ~np.isnan(values)  # Keras' float32 round trip makes every NaN the canonical one; the bits keep it
+    np.testing.assert_array_equal(found["tokens"].view("uint16")[numbers], expected.view("uint16")[numbers])
+    assert np.isnan(found["tokens"].astype("float32")[~numbers]).all()
+    found["tokens"][0, 0] = 7  # an array of its own, as Keras gives
+    assert float(keras.ops.convert_to_numpy(keras.ops.cast(tensor, "float32"))[0, 0]) == 0.0
+
+
+def test_predict_gives_the_forward_passes_bfloat16_outputs_without_keras_host_conversion(monkeypatch):
+    if keras.backend.backend() != "torch":
+        pytest.skip("Keras' slow bfloat16 conversion is its torch backend's (JAX's jitted step rounds otherwise)")
+    from keras.src import backend as keras_backend
+
+    model = ViT(image_size=32, patch_size=16, hidden_size=16, num_layers=1, num_heads=2, mlp_dim=32, include_top=False,
+                dtype="bfloat16")
+    images = np.random.default_rng(13).uniform(-1, 1, (3, 32, 32, 3)).astype("float32")
+    expected = keras.ops.convert_to_numpy(model(images, training=False)).view("uint16")
+    given = []  # what Keras' predict hands its convert_to_numpy
+    convert = keras_backend.convert_to_numpy
+    monkeypatch.setattr(keras_backend, "convert_to_numpy", lambda x: given.append(x) or convert(x))
+    np.testing.assert_array_equal(model.predict_on_batch(images).view("uint16"), expected)
+    np.testing.assert_array_equal(model.predict(images, batch_size=2, verbose=0).view("uint16"), expected)
+    assert given and all(isinstance(x, np.ndarray) for x in given), [type(x) for x in given]  # Keras only copies
+
+
+@pytest.mark.parametrize("policy", ["float32", "bfloat16", "mixed_bfloat16"])
+def test_float32_models_trace_float32_products_on_a_jax_gpu(monkeypatch, policy):
+    if keras.backend.backend() != "jax":
+        pytest.skip("XLA's TF32 default is JAX's")
+    import jax
+
+    def precisions(platform):
+        monkeypatch.setattr(kernels, "_platform", lambda: platform)
+        model = ViT(image_size=16, patch_size=8, hidden_size=16, num_layers=1, num_heads=2, mlp_dim=32, classes=3,
+                    dtype=policy)
+        values = ([v.value for v in model.trainable_variables], [v.value for v in model.non_trainable_variables])
+        program = jax.make_jaxpr(lambda t, n, x: model.stateless_call(t, n, x, training=False)[0])(
+            *values, np.zeros((1, 16, 16, 3), "float32"))
+        return [str(e.params.get("precision")) for e in program.jaxpr.eqns
+                if e.primitive.name in ("dot_general", "conv_general_dilated")]
+
+    on_gpu = precisions("gpu")
+    assert len(on_gpu) >= 7  # the patches' convolution, qkv, attention's two, projection, the MLP's two, the head
+    highest = [p for p in on_gpu if "HIGHEST" in p]
+    assert len(highest) == (len(on_gpu) if policy == "float32" else 0), on_gpu
+    assert not [p for p in precisions("cpu") if "HIGHEST" in p]
+    with jax.default_matmul_precision("tensorfloat32"):  # the user's own setting is kept
+        assert not [p for p in precisions("gpu") if "HIGHEST" in p]
+
+
+def test_attention_falling_back_from_cudnn_on_a_jax_gpu_is_logged_once(monkeypatch, caplog):
+    if keras.backend.backend() != "jax":
+        pytest.skip("Keras chooses cuDNN's fused attention on JAX")
+    monkeypatch.setattr(kernels, "_platform", lambda: "gpu")
+    monkeypatch.setattr(kernels, "_flash_attention_refusals_logged", set())
+    q = np.random.default_rng(14).normal(size=(2, 5, 2, 8)).astype("float32")
+    flags = record_calls(monkeypatch, keras.ops, "dot_product_attention")
+    with caplog.at_level("WARNING", logger="keras_vit"):
+        for dtype in ("bfloat16", "bfloat16", "float32"):
+            t = keras.ops.convert_to_tensor(q, dtype)
+            kernels.attention(t, t, t)
+    assert [call["flash_attention"] for call in flags] == [False, False, False]  # this CPU has no cuDNN
+    messages = [r.getMessage() for r in caplog.records]
+    assert messages == [
+        "keras_vit: attention runs XLA's kernel, not cuDNN's fused one (RuntimeError: cuDNN is not detected.).",
+        "keras_vit: attention runs XLA's kernel, not cuDNN's fused one (cuDNN's fused attention takes bfloat16 or "
+        "float16, not float32).",
+    ]

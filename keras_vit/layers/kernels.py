@@ -19,6 +19,11 @@ float32 rounding), so switching paths changes no result:
 - `linear` is a `Dense` layer's product and bias: on PyTorch
   (`use_torch_kernels`) one `torch.nn.functional.linear` call, whose bias
   is added inside the product (`addmm`) instead of in a second pass.
+- `torch_layer_norm` is `LayerNorm`'s function on PyTorch: torch's
+  `layer_norm` on the tokens in their own dtype, without Keras' casts of a
+  bfloat16 input to float32 and back.
+- `float32_matmuls` makes a float32 model's products float32 on GPUs under
+  JAX, whose default is TF32 there (PyTorch's is float32).
 - `gelu` is the MLP's activation; on TensorFlow its exact form is written
   with `erf`, which the ONNX and LiteRT converters know.
 - `set_custom_gradients(False)` turns the written-out gradients off, for
@@ -27,10 +32,16 @@ float32 rounding), so switching paths changes no result:
 benchmarks/README.md records what each of these was measured against.
 """
 
+import contextlib
+import logging
 import math
 
 import keras
 from keras import ops
+
+from keras_vit.utils.keras_internals import flash_attention_refusal
+
+logger = logging.getLogger("keras_vit")
 
 
 def _platform():
@@ -77,6 +88,50 @@ def set_custom_gradients(enabled):
         raise TypeError(f"set_custom_gradients takes True or False, got {enabled!r}.")
     previous, _custom_gradients_enabled = _custom_gradients_enabled, enabled
     return previous
+
+
+def float32_matmuls(compute_dtype):
+    """A context in which a float32 model's matrix products are float32 on a GPU under JAX.
+
+    XLA's default precision for float32 products on recent NVIDIA GPUs is
+    TF32 (10 mantissa bits), which puts a ViT-B/16's float32 logits about
+    1e-3 off timm's; PyTorch computes them in float32. A model in the
+    float32 policy therefore traces its call under
+    `jax.default_matmul_precision("float32")` there, unless the user set
+    `jax_default_matmul_precision` (that setting is kept). Bfloat16 policies
+    are untouched, and so are CPUs (float32 already) and TPUs, whose default
+    is one bfloat16 pass: set `jax_default_matmul_precision="float32"` for
+    float32 products there.
+
+    Example:
+    >>> with float32_matmuls("float32"):
+    ...     pass
+    """
+    if compute_dtype != "float32" or keras.backend.backend() != "jax" or _platform() != "gpu":
+        return contextlib.nullcontext()
+    import jax  # Only on the JAX backend, which has jax.
+
+    if jax.config.jax_default_matmul_precision is not None:
+        return contextlib.nullcontext()
+    return jax.default_matmul_precision("float32")
+
+
+_flash_attention_refusals_logged = set()
+
+
+def _flash_attention(query, key, value):
+    """`flash_attention` for Keras' `dot_product_attention` on a JAX GPU: True where cuDNN's fused kernel takes
+    the inputs, else False, with the reason logged once (Keras would fall back to XLA's attention silently)."""
+    if keras.backend.standardize_dtype(query.dtype) not in ("bfloat16", "float16"):
+        reason = f"cuDNN's fused attention takes bfloat16 or float16, not {keras.backend.standardize_dtype(query.dtype)}"
+    else:
+        reason = flash_attention_refusal(query, key, value)
+    if reason is None:
+        return True
+    if reason not in _flash_attention_refusals_logged:
+        _flash_attention_refusals_logged.add(reason)
+        logger.warning("keras_vit: attention runs XLA's kernel, not cuDNN's fused one (%s).", reason)
+    return False
 
 
 def use_custom_gradients():
@@ -167,7 +222,9 @@ def attention(query, key, value, key_mask=None):
     `softmax_attention` where `use_custom_gradients()`, on PyTorch through
     torch's `scaled_dot_product_attention` (the kernel Keras calls there,
     without its copies), otherwise through `keras.ops.dot_product_attention`
-    with `flash_attention=use_flash_attention()`. `key_mask`, `(batch,
+    with `flash_attention=use_flash_attention()` (on a GPU under JAX: cuDNN's
+    fused kernel where it takes the inputs, else XLA's, said once in the
+    log). `key_mask`, `(batch,
     keys)` booleans, leaves out the keys where it is False (NaFlex padding):
     their weights are exactly zero, so no query depends on what they hold.
 
@@ -189,8 +246,10 @@ def attention(query, key, value, key_mask=None):
         query, key, value = (ops.convert_to_tensor(t).transpose(1, 2) for t in (query, key, value))
         return functional.scaled_dot_product_attention(query, key, value, attn_mask=mask).transpose(1, 2)
     mask = None if key_mask is None else ops.cast(key_mask, "bool")[:, None, None, :]
-    return ops.dot_product_attention(query, key, value, mask=mask,
-                                     flash_attention=use_flash_attention() if mask is None else False)
+    flash = use_flash_attention() if mask is None else False
+    if flash is None and keras.backend.backend() == "jax" and _platform() == "gpu":
+        flash = _flash_attention(query, key, value)
+    return ops.dot_product_attention(query, key, value, mask=mask, flash_attention=flash)
 
 
 def softmax_attention(query, key, value, key_mask=None):
@@ -275,6 +334,35 @@ def gelu(x, approximate):
     if approximate or keras.backend.backend() != "tensorflow":
         return ops.gelu(x, approximate=approximate)
     return 0.5 * x * (1.0 + ops.erf(x * (1.0 / math.sqrt(2.0))))
+
+
+def torch_layer_norm(x, gamma, beta, epsilon):
+    """LayerNorm of `x` over its last axis on PyTorch, in `x`'s own dtype, or None where torch cannot take the dtypes.
+
+    Keras' `LayerNormalization` casts a bfloat16 input to float32, normalises
+    it and casts the result back: three passes over the tokens, writing 12
+    bytes an element where torch's `layer_norm` writes 2, since its kernel
+    computes the statistics and the affine map in float32 itself and rounds
+    once. The result is Keras' up to that one rounding (the two sums' order).
+    Weights of another dtype than `x` (float32 `gamma` under
+    `mixed_bfloat16`) are taken as they are on the CPU, whose kernel mixes
+    dtypes; elsewhere torch's kernels want one dtype, and rounding float32
+    weights to bfloat16 would change the result, so that case gives None
+    (Keras' path).
+
+    Example:
+    >>> import numpy as np
+    >>> x = np.arange(8.0, dtype="float32").reshape(2, 4)
+    >>> keras.backend.backend() != "torch" or tuple(torch_layer_norm(x, None, None, 1e-6).shape) == (2, 4)
+    True
+    """
+    from torch.nn import functional  # Only on the PyTorch backend, which has torch.
+
+    x = ops.convert_to_tensor(x)
+    weights = [None if w is None else ops.convert_to_tensor(w) for w in (gamma, beta)]
+    if any(w is not None and w.dtype != x.dtype for w in weights) and x.device.type != "cpu":
+        return None
+    return functional.layer_norm(x, x.shape[-1:], *weights, epsilon)
 
 
 def layer_norm(x, gamma, beta, epsilon):

@@ -20,8 +20,9 @@ class LayerNorm(keras.layers.LayerNormalization):
     under JAX and TensorFlow (`keras_vit.layers.kernels.use_matrix_means`) it is
     `keras_vit.layers.kernels.layer_norm`, which computes the means as matrix
     products and writes its gradient out where that trains better under
-    XLA; on GPUs and TPUs, on PyTorch, and for other axes or RMS scaling, it
-    is Keras' own `LayerNormalization`.
+    XLA; on PyTorch it is torch's `layer_norm` on the input in its own dtype
+    (`keras_vit.layers.kernels.torch_layer_norm`); on GPUs and TPUs, and for
+    other axes or RMS scaling, it is Keras' own `LayerNormalization`.
 
     Example:
     >>> import numpy as np
@@ -32,6 +33,11 @@ class LayerNorm(keras.layers.LayerNormalization):
     def call(self, inputs):
         axes = [self.axis] if isinstance(self.axis, int) else list(self.axis)
         last_axis_only = len(axes) == 1 and axes[0] % len(inputs.shape) == len(inputs.shape) - 1
+        if kernels.use_torch_kernels() and last_axis_only and not self.rms_scaling:
+            outputs = kernels.torch_layer_norm(inputs, self.gamma if self.scale else None,
+                                               self.beta if self.center else None, self.epsilon)
+            if outputs is not None:
+                return ops.cast(outputs, self.compute_dtype)
         if not kernels.use_matrix_means() or not last_axis_only or self.rms_scaling:
             return super().call(inputs)
         width = inputs.shape[-1]

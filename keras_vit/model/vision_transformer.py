@@ -11,10 +11,11 @@ import keras
 import numpy as np
 
 from keras_vit.data import preprocessing
+from keras_vit.layers import kernels
 from keras_vit.data.naflex import check_naflex_batch, check_naflex_shapes
 from keras_vit.model import deployment
 from keras_vit.model.description import describe, is_naflex, native_grid, read_description, sizes_of
-from keras_vit.utils.keras_internals import keep_variables_on_error
+from keras_vit.utils.keras_internals import keep_variables_on_error, with_numpy_outputs
 
 # The image_size of a dynamic-resolution model: any height and width that divide into patches.
 DYNAMIC = (None, None)
@@ -185,7 +186,9 @@ class VisionTransformer(keras.Model):
         # Keras' JAX trainer calls `call` directly, without the input check of `__call__`: every entry point and
         # every kind of data (arrays, tf.data, PyDataset, generators) reaches the model here with its real shape.
         self._check_images(inputs)
-        return super().call(inputs, *args, **kwargs)
+        # The layers' policy (the model itself is built without one): float32 products for a float32 model.
+        with kernels.float32_matmuls(self.get_layer("embedding").compute_dtype):
+            return super().call(inputs, *args, **kwargs)
 
     def make_train_function(self, force=False):
         super().make_train_function(force)
@@ -199,7 +202,8 @@ class VisionTransformer(keras.Model):
 
     def make_predict_function(self, force=False):
         super().make_predict_function(force)
-        self.predict_function = keep_variables_on_error(self, self.predict_function, "predict")
+        if not getattr(self.predict_function, "keeps_variables", False):  # not wrapped yet
+            self.predict_function = keep_variables_on_error(self, with_numpy_outputs(self.predict_function), "predict")
         return self.predict_function
 
     def _check_naflex_values(self, x):

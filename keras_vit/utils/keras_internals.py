@@ -124,6 +124,73 @@ def keep_variables_on_error(model, step_function, kind):
     return step
 
 
+def outputs_to_numpy(outputs):
+    """Keras' `convert_to_numpy` of a step's outputs (a tensor or a structure of them), bfloat16 read as bits on torch.
+
+    Keras' torch backend turns a bfloat16 tensor into numpy by moving it to
+    the host, converting it to float32 there, copying it, and converting it
+    back to bfloat16 on one thread (`keras/src/backend/torch/core.py`): several
+    times a plain copy. Here its 16 bits are viewed as int16, copied to the
+    host once and viewed as `ml_dtypes.bfloat16`: the same values, bit for
+    bit. Every other tensor, and every other backend, goes through Keras'
+    `convert_to_numpy`.
+
+    Example:
+    >>> import numpy as np
+    >>> outputs_to_numpy({"logits": keras.ops.ones((2, 3), dtype="bfloat16")})["logits"].dtype.name
+    'bfloat16'
+    """
+    if keras.backend.backend() != "torch":
+        return keras.tree.map_structure(keras.ops.convert_to_numpy, outputs)
+    import ml_dtypes
+    import torch  # The torch backend's own tensors.
+
+    def to_numpy(tensor):
+        if not isinstance(tensor, torch.Tensor) or tensor.dtype != torch.bfloat16:
+            return keras.ops.convert_to_numpy(tensor)
+        bits = tensor.detach().view(torch.int16)
+        on_host = bits.cpu()
+        # `.cpu()` of a host tensor is the tensor itself: copy, so that the array owns its memory as Keras' does.
+        array = on_host.numpy() if on_host is not bits else on_host.numpy().copy()
+        return array.view(ml_dtypes.bfloat16)
+
+    return keras.tree.map_structure(to_numpy, outputs)
+
+
+def with_numpy_outputs(predict_function):
+    """`predict_function` made to give its outputs as numpy arrays (`outputs_to_numpy`) on the torch backend.
+
+    Keras' torch `predict` and `predict_on_batch` convert the step's outputs
+    with `convert_to_numpy`, which is slow for bfloat16 tensors (see
+    `outputs_to_numpy`); given arrays, they copy them once. Each batch's
+    outputs then leave the device as the step ends instead of piling up
+    there until the last batch. Other backends' steps are returned as they
+    are.
+    """
+    if keras.backend.backend() != "torch" or predict_function is None:
+        return predict_function
+
+    def step(*args):
+        return outputs_to_numpy(predict_function(*args))
+
+    return step
+
+
+def flash_attention_refusal(query, key, value):
+    """Why Keras' JAX backend would not run cuDNN's fused attention on these inputs, or None where it would.
+
+    Keras' `dot_product_attention` asks its private `_can_use_flash_attention`
+    and, where it says no, falls back to XLA's attention without a word.
+    """
+    from keras.src.backend.jax import nn as jax_nn
+
+    try:
+        _private(jax_nn, "_can_use_flash_attention")(query, key, value, None, raise_error=True)
+    except Exception as error:  # noqa: BLE001 - any refusal is a reason, which the caller logs
+        return f"{type(error).__name__}: {error}".strip()
+    return None
+
+
 def check_optimizer_hooks(optimizer, overridden):
     """Refuse to build `optimizer` on a Keras whose `Optimizer` lacks a private method it overrides (`overridden`):
     the override would be skipped silently, and with it what it changes."""
