@@ -77,6 +77,20 @@ def test_needs_block_without_stand_in_is_an_error():
 
 
 @pytest.mark.backend_independent
+def test_every_guide_imports_keras_vit_before_keras():
+    """Keras takes TensorFlow when KERAS_BACKEND is unset, and fails where only [jax] or [torch] is installed;
+    `import keras_vit` first picks the installed backend (CI runs each first block so, in a [jax]-only venv)."""
+    import re
+
+    keras_import = re.compile(r"^(?:import|from) keras(?:[\s.]|$)", re.MULTILINE)
+    backend_chosen = re.compile(r"^(?:import|from) keras_vit\b|^os\.environ\[\"KERAS_BACKEND\"\] =", re.MULTILINE)
+    for guide in GUIDES:
+        code = "".join(code for language, code, _ in run_guides.plan(open(guide).read(), guide) if language == "python")
+        keras, chosen = keras_import.search(code), backend_chosen.search(code)
+        assert keras is None or (chosen and chosen.start() < keras.start()), f"{guide} imports keras first"
+
+
+@pytest.mark.backend_independent
 def test_first_block_mode_runs_only_the_first_python_block_and_skips_a_guide_without_its_backend(
         tmp_path, monkeypatch, capsys):
     guide = tmp_path / "guide.md"
