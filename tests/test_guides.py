@@ -74,3 +74,30 @@ def test_needs_block_without_stand_in_is_an_error():
         run_guides.plan(text, "guide.md")
     text += "```python stand-in\nx = 2\n```\n"
     assert [code for _, code, _ in run_guides.plan(text, "guide.md")] == ["x = 2\n"]
+
+
+@pytest.mark.backend_independent
+def test_every_guide_imports_keras_vit_before_keras():
+    """Keras takes TensorFlow when KERAS_BACKEND is unset, and fails where only [jax] or [torch] is installed;
+    `import keras_vit` first picks the installed backend (CI runs each first block so, in a [jax]-only venv)."""
+    import re
+
+    keras_import = re.compile(r"^(?:import|from) keras(?:[\s.]|$)", re.MULTILINE)
+    backend_chosen = re.compile(r"^(?:import|from) keras_vit\b|^os\.environ\[\"KERAS_BACKEND\"\] =", re.MULTILINE)
+    for guide in GUIDES:
+        code = "".join(code for language, code, _ in run_guides.plan(open(guide).read(), guide) if language == "python")
+        keras, chosen = keras_import.search(code), backend_chosen.search(code)
+        assert keras is None or (chosen and chosen.start() < keras.start()), f"{guide} imports keras first"
+
+
+@pytest.mark.backend_independent
+def test_first_block_mode_runs_only_the_first_python_block_and_skips_a_guide_without_its_backend(
+        tmp_path, monkeypatch, capsys):
+    guide = tmp_path / "guide.md"
+    guide.write_text("**Backends:** jax\n**Hardware:** CPU\n```bash\nexit 1\n```\n"
+                     "```python\nprint('set-up ran')\n```\n```python\nraise SystemExit('a later block ran')\n```\n")
+    run_guides.main(str(guide), first=True)
+    assert capsys.readouterr().out.splitlines()[1:] == ["set-up ran", f"ok {guide}"]
+    monkeypatch.setattr(run_guides.importlib.util, "find_spec", lambda name: None)
+    run_guides.main(str(guide), first=True)
+    assert capsys.readouterr().out == f"skip {guide}: its **Backends:** line names jax, none of them installed\n"

@@ -10,8 +10,18 @@ it, which the guide shows to readers as the offline stand-in. A needs-block
 without a stand-in is an error: nothing is skipped silently.
 Set KERAS_VIT_GUIDE_SMOKE=1 for smoke-size runs (guides read it to shrink
 epochs and images).
+
+    python tools/run_guides.py --first-block guides/*.md
+
+runs only each guide's first ```python block (its set-up: the imports that
+choose the Keras backend), as CI does in a `[jax]`-only venv with
+KERAS_BACKEND unset. A guide none of whose **Backends:** is installed is
+skipped, and says so. Several guides run one interpreter each: Keras takes
+its backend once per process, so a guide must not lean on an earlier one's.
 """
 
+import concurrent.futures
+import importlib.util
 import os
 import re
 import subprocess
@@ -77,15 +87,22 @@ def branches_on_backend(text):
     return any("keras.backend.backend()" in code or "KERAS_BACKEND" in code for _, code, _ in plan(text, "guide"))
 
 
-def main(path):
+def main(path, first=False):
+    """Run the guide at `path`; `first`: only its first python block, and only if a backend it names is installed."""
     text = open(path).read()
     if not backends(text) or "**Hardware:**" not in text:
         raise SystemExit(f"{path}: a guide must say its **Backends:** and **Hardware:**")
     unknown = [b for b in backends(text) if b not in BACKENDS]
     if unknown:
         raise SystemExit(f"{path}: unknown backends {unknown} on the **Backends:** line; use {', '.join(BACKENDS)}")
+    runs = plan(text, path)
+    if first:
+        if not any(importlib.util.find_spec(backend) for backend in backends(text)):
+            print(f"skip {path}: its **Backends:** line names {', '.join(backends(text))}, none of them installed")
+            return
+        runs = [run for run in runs if run[0] == "python"][:1]   # the set-up, where the backend is chosen
     namespace = {"__name__": "__guide__"}
-    for language, code, line in plan(text, path):
+    for language, code, line in runs:
         print(f"--- {path}:{line} ({language})", flush=True)
         if language == "bash":
             done = subprocess.run(["bash", "-euo", "pipefail", "-c", code], env=os.environ)
@@ -100,6 +117,27 @@ def main(path):
     print(f"ok {path}")
 
 
+def run_each(guides, first):
+    """Run each guide in an interpreter of its own: one after another, or first blocks side by side (they are
+    short and share no files), each one's output printed whole when all are done."""
+    def run(guide):
+        command = [sys.executable, __file__, *(["--first-block"] if first else []), guide]
+        captured = {"stdout": subprocess.PIPE, "stderr": subprocess.STDOUT} if first else {}
+        return subprocess.run(command, text=True, **captured)
+
+    with concurrent.futures.ThreadPoolExecutor(os.cpu_count() if first else 1) as pool:
+        done = list(pool.map(run, guides))
+    print("".join(finished.stdout or "" for finished in done), end="", flush=True)
+    failed = [guide for guide, finished in zip(guides, done) if finished.returncode]
+    if failed:
+        raise SystemExit(f"failed: {' '.join(failed)}")
+
+
 if __name__ == "__main__":
-    for guide in sys.argv[1:]:
-        main(guide)
+    arguments = sys.argv[1:]
+    first = "--first-block" in arguments
+    guides = [argument for argument in arguments if argument != "--first-block"]
+    if len(guides) == 1:
+        main(guides[0], first)
+    else:  # Keras takes its backend once per process: a guide must not lean on an earlier one's
+        run_each(guides, first)
