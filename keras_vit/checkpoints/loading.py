@@ -31,6 +31,7 @@ from keras_vit.checkpoints.source import (
     require_regular_file,
     weight_budget,
 )
+from keras_vit.checkpoints.tensor_layout import file_shape
 from keras_vit.checkpoints.timm.layout import read_timm, read_timm_folder
 from keras_vit.checkpoints.timm.naflex import NAFLEX_ARCHITECTURES, read_naflex_folder
 from keras_vit.checkpoints.transformers.clip import MODEL_TYPES as VISION_TOWER_TYPES
@@ -237,23 +238,42 @@ def load_into(model, source):
     for key in loaded:  # Every tensor is checked before any variable is assigned.
         value = state[key]
         if tuple(value.shape) != tuple(variables[key].shape):
-            raise CheckpointError(
-                f"{name}: '{key}' has shape {tuple(value.shape)} but the model expects "
-                f"{tuple(variables[key].shape)}{_apparent_size(state)}."
-            )
+            raise CheckpointError(f"{name}: {_shapes(source, key, value.shape, variables[key].shape)}"
+                                  f"{_apparent_size(state)}. Nothing was loaded.")
         # Checked after the cast: 1e39 is finite in float64 but not in float32, 1e5 not in float16.
         if not np.all(np.isfinite(_cast(value, variables[key].dtype))):
             if not np.all(np.isfinite(value)):
-                raise CheckpointError(f"{name}: '{key}' holds NaN or infinite values.")
+                raise CheckpointError(f"{name}: {_file_name(source, key)} holds NaN or infinite values. Nothing was "
+                                      "loaded.")
             raise CheckpointError(
-                f"{name}: '{key}' holds values up to {np.max(np.abs(value)):.3g}, beyond the range of the "
-                f"model's {variables[key].dtype} variables."
+                f"{name}: {_file_name(source, key)} holds values up to {np.max(np.abs(value)):.3g}, beyond the "
+                f"range of the model's {variables[key].dtype} variables. Nothing was loaded."
             )
     for key in loaded:  # Cast again, one at a time, each tensor dropped once held: the state is never held twice.
         set_value(variables[key], _cast(state.pop(key), variables[key].dtype))
     state.clear()
     for note in notes:
         logger.warning(note)
+
+
+def _file_name(source, key):
+    """keras_vit's weight `key` as `source`'s file names it: `'blocks.0.norm1.weight'`, or with the file's tensors
+    that make it (`'encoderblock_0/qkv/kernel' (the file's 'q_proj.weight', ...)`)."""
+    origin = (source.origins or {}).get(key)
+    if origin is None:
+        return f"'{key}'"
+    if isinstance(origin, str):
+        return f"'{origin}'"
+    return f"'{key}' (the file's {', '.join(map(repr, origin))})"
+
+
+def _shapes(source, key, shape, expected):
+    """"'<tensor>' has shape <shape> but the model expects <expected>", in the file's own name and shape where one
+    of its tensors is the weight `key`."""
+    origin = (source.origins or {}).get(key)
+    if isinstance(origin, str):
+        shape, expected = file_shape(origin, shape), file_shape(origin, expected)
+    return f"{_file_name(source, key)} has shape {tuple(shape)} but the model expects {tuple(expected)}"
 
 
 def _cast(value, dtype):
@@ -312,10 +332,8 @@ def _adapt_position_embedding(model, state, source, notes):
     table = state[key]
     target = tuple(layer.pos_embedding.shape)
     if table.ndim != 3 or table.shape[0] != 1 or table.shape[-1] != target[-1]:
-        raise CheckpointError(
-            f"{source.description}: '{key}' has shape {tuple(table.shape)} but the model "
-            f"expects {target}."
-        )
+        raise CheckpointError(f"{source.description}: {_shapes(source, key, table.shape, target)}. Nothing was "
+                              "loaded.")
     grid = None if source.grid_size is None else tuple(source.grid_size)
     if grid == tuple(layer.grid_size) or (grid is None and tuple(table.shape) == target):
         return  # Same grid: any other difference (prefix rows) is the shape check's to report.

@@ -190,6 +190,9 @@ class WeightsSource:
     input_size: tuple = None
     # How its library preprocesses a photo for evaluation (`keras_vit.data.preprocessing.EvalTransform`); None: keras_vit's own.
     eval_transform: object = None
+    # {keras_vit path: the file's own name of that tensor, or a tuple of names where the file keeps it otherwise
+    # (split, reshaped)}, so that errors name the file's tensors; None where the names are keras_vit's.
+    origins: dict = dataclasses.field(default=None, compare=False)
     # Read for one model alone: loading it empties `state`, dropping each tensor once its variable holds it, so
     # that the state and the model are never both held whole.
     single_use: bool = dataclasses.field(default=False, compare=False)
