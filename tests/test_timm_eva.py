@@ -258,6 +258,17 @@ def test_grouped_query_attention_that_does_not_divide_the_heads_is_refused(case,
 
 
 @pytest.mark.backend_independent
+def test_a_null_among_num_kv_heads_is_that_blocks_full_attention_as_in_timm(tmp_path):
+    # timm's AttentionRope takes `num_kv_heads or num_heads`: [null, 2, null] builds (4, 2, 4), the fixture's own.
+    folder = copy_case("sapiens2", tmp_path, change_config=lambda c: c["model_args"].update(num_kv_heads=[None, 2, None]))
+    images = REFERENCE["sapiens2/native/images"]
+    model = keras_vit.from_pretrained(folder, classifier_activation=None, image_size=images.shape[1:3])
+    assert [layer.num_kv_heads for layer in model.layers if layer.name.startswith("encoderblock_")] == [4, 2, 4]
+    np.testing.assert_allclose(model.predict(images, verbose=0), REFERENCE["sapiens2/native/logits"], atol=TOLERANCE,
+                               rtol=0)
+
+
+@pytest.mark.backend_independent
 @pytest.mark.parametrize("case", ["timm_eva/eva02_axial", "timm_family/deit"])
 def test_no_pooling_is_refused_as_timm_then_gives_every_tokens_logits(case, tmp_path):
     # timm's global_pool '' maps every token through the head, (batch, tokens, classes); keras_vit's models pool.

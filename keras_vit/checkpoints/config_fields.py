@@ -72,10 +72,11 @@ PATCH_SIZE = Kind("a positive int or [side, side]", lambda value: (_int(value) a
 LAYER_SCALE = Kind("a finite number >= 0", lambda value: _number(value) and value >= 0)
 
 
-# timm's Eva num_kv_heads: one count for every block, or a list of one per block (Sapiens2's).
-KV_HEADS = Kind("a positive int, a list of them (one per block) or null", lambda value: value is None or (
+# timm's Eva num_kv_heads: one count for every block, or a list of one per block (Sapiens2's), where null is the
+# block's full attention (timm's AttentionRope takes `num_kv_heads or num_heads`).
+KV_HEADS = Kind("a positive int, a list of them or nulls (one per block) or null", lambda value: value is None or (
     _int(value) and value > 0) or (isinstance(value, (list, tuple)) and len(value) > 0
-                                    and all(_int(count) and count > 0 for count in value)),
+                                    and all(count is None or (_int(count) and count > 0) for count in value)),
     lambda value: tuple(value) if isinstance(value, (list, tuple)) else value)
 
 

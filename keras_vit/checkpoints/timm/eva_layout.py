@@ -213,6 +213,9 @@ def configured_eva_architecture(config, where):
     entry = EVA_ARCHITECTURES[name]
     args = model_args_of(config, where, "Eva", EVA_ARGUMENTS)
     switches = configured_switches(entry, args, config, (*EVA_KEYWORDS, *TRAINING_ONLY_KEYWORDS), "avg", where)
+    if isinstance(switches.get("num_kv_heads"), tuple):  # a block's null is its full attention, as timm computes it
+        heads = args.get("num_heads", entry.num_heads)
+        switches["num_kv_heads"] = tuple(heads if count is None else count for count in switches["num_kv_heads"])
     if switches.get("rope_type") == "mixed" and switches.get("rope_rotate_half"):
         given = "model_args.rope_rotate_half" if "rope_rotate_half" in args else f"timm's {name!r} rope_rotate_half"
         raise CheckpointError(f"{where}: {given} is True with rope_type 'mixed'; expected false (timm's mixed RoPE "
