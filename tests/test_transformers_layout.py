@@ -149,6 +149,32 @@ def test_a_folders_preprocessor_statistics_are_applied_to_the_minus_one_to_one_i
         keras_vit.from_pretrained(str(folder))
 
 
+@pytest.mark.parametrize("case", ["transformers_dinov2_crop", "transformers_dinov2_registers_crop"])
+def test_a_dinov2_folder_runs_at_its_processors_crop_as_transformers_pipeline(case):
+    # As published (facebook/dinov2-*: image_size 518, crop 224), shrunk: config.json's image_size is 64 (the
+    # table's 8x8 grid), preprocessor_config.json crops 32. transformers' AutoImageProcessor gives 32-pixel images,
+    # and Dinov2Model resizes its table to their grid on every call; keras_vit built the model at 64 px.
+    with np.load(fixture("transformers_processor_crop_reference.npz")) as data:
+        pooled = data[f"{case}/pooler_output"]
+    model = keras_vit.from_pretrained(fixture(case))
+    assert model.input_shape[1:3] == (32, 32)
+    image = keras_vit.eval_transform(model).load(fixture("photos/landscape.jpg"))
+    np.testing.assert_allclose(predict(model, image[None]), pooled, atol=1e-5, rtol=0)
+
+
+@pytest.mark.backend_independent
+def test_a_processor_crop_that_a_fixed_size_model_refuses_is_refused(tmp_path):
+    # transformers' ViTModel takes its config's image_size alone (without interpolate_pos_encoding).
+    folder = tmp_path / "vit"
+    shutil.copytree(FOLDER, folder)
+    (folder / "preprocessor_config.json").write_text(json.dumps(
+        {"image_processor_type": "ViTImageProcessor", "size": {"height": 48, "width": 48}}))
+    refused(str(folder), "{folder}/preprocessor_config.json gives 48x48 images, but {folder}/config.json has "
+                         "image_size [32, 32], the only size transformers' 'vit' model takes (without "
+                         "interpolate_pos_encoding): the folder's processor and model disagree; set one to the other. "
+                         "Nothing was loaded.")
+
+
 @pytest.mark.parametrize("case", ["transformers_clip_vision", "transformers_siglip"])
 def test_clip_and_siglip_vision_towers_load_with_transformers_pooled_output_and_tokens(case):
     # CLIPVisionModel: class token, pre_layrnorm, no patch bias, QuickGELU, OpenAI's pixel statistics. A whole

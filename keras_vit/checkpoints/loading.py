@@ -112,16 +112,17 @@ def read_folder(folder, budget=None):
         return read_naflex_folder(folder, config, budget)
     if "architecture" in config:
         return read_timm_folder(folder, config, budget)
-    if config.get("model_type") in VIT_TYPES:
-        return _with_preprocessor_statistics(read_transformers_folder(folder, config, budget), folder)
-    if config.get("model_type") in DINOV2_TYPES:
-        return _with_preprocessor_statistics(read_dinov2_folder(folder, config, budget), folder)
-    if config.get("model_type") in DINOV3_TYPES:
-        return _with_preprocessor_statistics(read_dinov3_folder(folder, config, budget), folder)
-    if config.get("model_type") in VISION_TOWER_TYPES:
-        return _with_preprocessor_statistics(read_vision_tower_folder(folder, config, budget), folder)
-    if config.get("model_type") in SIGLIP2_TYPES:
-        return _with_preprocessor_statistics(read_siglip2_folder(folder, config, budget), folder)
+    model_type = config.get("model_type")
+    if model_type in VIT_TYPES:
+        return _with_preprocessor_statistics(read_transformers_folder(folder, config, budget), folder, model_type)
+    if model_type in DINOV2_TYPES:
+        return _with_preprocessor_statistics(read_dinov2_folder(folder, config, budget), folder, model_type)
+    if model_type in DINOV3_TYPES:
+        return _with_preprocessor_statistics(read_dinov3_folder(folder, config, budget), folder, model_type)
+    if model_type in VISION_TOWER_TYPES:
+        return _with_preprocessor_statistics(read_vision_tower_folder(folder, config, budget), folder, model_type)
+    if model_type in SIGLIP2_TYPES:
+        return _with_preprocessor_statistics(read_siglip2_folder(folder, config, budget), folder, model_type)
     known = ", ".join(repr(name) for name in (*VIT_TYPES, *DINOV2_TYPES, *DINOV3_TYPES, *VISION_TOWER_TYPES,
                                               *SIGLIP2_TYPES))
     raise CheckpointError(f"{folder}: its config.json is neither timm's (architecture) nor a transformers ViT, "
@@ -129,12 +130,20 @@ def read_folder(folder, budget=None):
                           f"{config.get('model_type')!r}).")
 
 
-def _with_preprocessor_statistics(source, folder):
+# transformers' models that take any image size in every call: DINOv2's interpolate_pos_encoding resizes its table
+# each time, DINOv3's RoPE has none. The others (ViT, DeiT, CLIP, SigLIP) take their config's image_size alone.
+ANY_SIZE_TYPES = (*DINOV2_TYPES, *DINOV3_TYPES)
+
+
+def _with_preprocessor_statistics(source, folder, model_type):
     """`source` with the pixel mean and std and the eval transform of the folder's `preprocessor_config.json`.
 
     transformers keeps the normalisation there, not in `config.json` (DINOv2's is ImageNet's, google/vit-*'s
     the paper's 0.5). A NaFlex source (SigLIP 2) gets its patch budget instead of an eval transform (from the
-    processor's defaults where the folder has no such file).
+    processor's defaults where the folder has no such file). Where the processor gives images of another size
+    than the config's `image_size`, a model of `ANY_SIZE_TYPES` runs at the processor's, its table resized as
+    transformers resizes it on every call (published DINOv2: 224 px beside a 518-pixel table); any other model
+    type is refused, as transformers refuses those images.
     """
     path = os.path.join(folder, "preprocessor_config.json")
     if not os.path.exists(path) and not source.naflex:
@@ -153,6 +162,15 @@ def _with_preprocessor_statistics(source, folder):
     except ValueError as error:
         raise CheckpointError(str(error)) from None
     source.architecture = dataclasses.replace(source.architecture, **statistics)
+    crop = None if source.eval_transform is None else source.eval_transform.image_size
+    if crop is not None and tuple(crop) != tuple(source.image_size):
+        if model_type not in ANY_SIZE_TYPES:
+            raise CheckpointError(
+                f"{path} gives {crop[0]}x{crop[1]} images, but {os.path.join(folder, 'config.json')} has image_size "
+                f"{list(source.image_size)}, the only size transformers' {model_type!r} model takes (without "
+                "interpolate_pos_encoding): the folder's processor and model disagree; set one to the other. "
+                "Nothing was loaded.")
+        source.input_size = tuple(crop)
     return source
 
 
