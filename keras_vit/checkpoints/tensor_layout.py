@@ -5,8 +5,10 @@ SigLIP towers) is data: a `TensorLayout` names, for each tensor of the
 file, the keras_vit weight it is, and which tensors are q, k and v kept
 apart, a buffer the model does not compute with, or a tensor that needs
 reshaping. `TensorLayout.read` applies any such table: it strips the
-file's prefix, maps the top level and each block, fuses q/k/v, and refuses
-every name the table does not know. `MODEL_WEIGHTS` and `BLOCK_WEIGHTS`
+file's prefix, maps the top level and each block, fuses q/k/v (each checked
+against its own shape first), and refuses every name the table does not
+know; `TensorLayout.origins` gives each weight's name in the file, which
+later refusals name. `MODEL_WEIGHTS` and `BLOCK_WEIGHTS`
 declare keras_vit's own weights with the `Architecture` switch that gives a
 model each one, so the integrity rule, that a file holds exactly the
 tensors of the model its config describes, is checked once for every
@@ -485,38 +487,6 @@ def check_shape(description, name, shape, expected, model):
     if tuple(int(side) for side in shape) != tuple(expected):
         raise CheckpointError(f"{description}: '{name}' has shape {file_shape(name, shape)}, but {model} expects "
                               f"{file_shape(name, expected)}. Nothing was loaded.")
-
-
-def image_size_of_grid(image_sizes, patch, patches):
-    """The first `(height, width)` of `image_sizes` whose patch grid gives the table's `patches` rows, or None.
-
-    The one config-grid rule of every reader: the sizes a config states, in
-    the order it is trusted; None where none fits (a file resized after
-    training), for the table's own square grid. A size that patches do not
-    divide counts by its whole patches (timm's so400m/14 at 384 px).
-
-    Example:
-    >>> image_size_of_grid([(224, 224), (32, 48)], 16, 6)
-    (32, 48)
-    """
-    return next((tuple(size) for size in image_sizes if (size[0] // patch) * (size[1] // patch) == patches), None)
-
-
-def check_table_fits(rows, prefix_rows, image_size, patch, field):
-    """Refuse a position table of `rows` rows (`prefix_rows` of them the prefix tokens') that the `image_size` a
-    config builds its model at does not fit; `field` names the file and the field.
-
-    Example:
-    >>> check_table_fits(17, 1, (64, 64), 16, "config.json: image_size")
-    """
-    grid, patches = (image_size[0] // patch, image_size[1] // patch), rows - prefix_rows
-    if grid[0] * grid[1] == patches:
-        return
-    side = int(round(max(patches, 0) ** 0.5))
-    square = f" (a {side}x{side} grid: {side * patch} px)" if side and side * side == patches else ""
-    raise CheckpointError(f"{field} is {list(image_size)}, a {grid[0]}x{grid[1]} grid of {patch}-pixel patches, but "
-                          f"the file's position table has {rows} rows, {patches} of them for patches{square}; set it "
-                          "to the size the table was trained at. Nothing was loaded.")
 
 
 def settings(fields, *keys):

@@ -31,7 +31,7 @@ Example:
 import dataclasses
 import os
 
-from keras_vit.checkpoints.config_fields import checked_fields
+from keras_vit.checkpoints.config_fields import check_table_fits, checked_fields
 from keras_vit.checkpoints.source import (
     CheckpointError,
     architecture_from_state,
@@ -39,7 +39,7 @@ from keras_vit.checkpoints.source import (
     source_from_state,
 )
 from keras_vit.checkpoints.state_dict_files import folder_weights, read_state_dict
-from keras_vit.checkpoints.tensor_layout import QKV, TensorLayout, check_table_fits, settings
+from keras_vit.checkpoints.tensor_layout import QKV, TensorLayout, settings
 from keras_vit.model.architecture import Architecture
 
 # transformers name (after "encoder.layer.{i}.") -> keras_vit name (after "encoderblock_{i}/").
