@@ -237,11 +237,10 @@ class TensorLayout:
             return "reshaped", None, name
         if name in self.top:
             return "top", None, name
-        for kind, table in (("block", self.block), ("qkv", self.qkv), ("packed", self.packed)):
+        for kind, table in (("block", self.block), ("qkv", self.qkv),
+                            ("rule", {name for rule in self.rules for name in rule.names}), ("packed", self.packed)):
             if rest in table:
                 return kind, index, rest
-        if any(rest in rule.names for rule in self.rules):
-            return "rule", index, rest
         return None, index, rest
 
     def read(self, tensors, description, expected=None):
