@@ -144,9 +144,9 @@ def test_bad_switches_name_the_problem(tmp_path):
     with pytest.raises(ValueError, match=r"Grouped-query attention \(num_kv_heads\) is not supported with "
                                          "differential attention"):
         keras_vit.ViT(**SMALL, num_kv_heads=1, differential_attention=True)
-    with pytest.raises(CheckpointError, match=r"^vit has grouped-query attention \(num_kv_heads\), which the original "
-                                              r"layout has not: save it with model.save, or checkpoints.save_timm "
-                                              r"with architecture= a Sapiens2 name.$"):
+    with pytest.raises(CheckpointError, match=r"^vit has num_kv_heads=\(1, 1\), which the original \.npz layout cannot "
+                                              r"hold \(a file of it reads back as num_kv_heads=None\): save it with "
+                                              r"model.save, or checkpoints.save_timm. Nothing was written.$"):
         checkpoints.save_npz(keras_vit.ViT(**SMALL, num_kv_heads=1), tmp_path / "grouped.npz")
     assert not os.listdir(tmp_path)
     assert Architecture(class_token=False, classifier="gap").num_prefix_tokens == 0

@@ -1,5 +1,6 @@
 import io
 import os
+import re
 import shutil
 import zipfile
 
@@ -130,7 +131,8 @@ def write_npz(tmp_path, arrays, name="bad.npz"):
 
 
 def test_failed_load_at_another_patch_size_reports_no_resize(caplog):
-    with pytest.raises(CheckpointError, match=r"mlp_hidden/kernel' has shape \(48, 96\) but the model expects \(48, 64\)"):
+    with pytest.raises(CheckpointError, match=r"'Transformer/encoderblock_0/MlpBlock_3/Dense_0/kernel' has shape \(48, 96\) "
+                                              r"but the model expects \(48, 64\)"):
         load("vit_token", patch_size=4, mlp_dim=64)
     assert "Resized" not in caplog.text  # nothing is reported as done when the load fails
 
@@ -273,7 +275,7 @@ def test_rejects_values_that_overflow_the_models_dtype(tmp_path):
     arrays = npz_arrays()
     arrays = {k: v.astype("float64") for k, v in arrays.items()}
     arrays["Transformer/encoder_norm/bias"][0] = 1e39  # finite in float64, inf in float32
-    with pytest.raises(CheckpointError, match="'encoder_norm/beta' holds values up to 1e\\+39, beyond the range of "
+    with pytest.raises(CheckpointError, match="'Transformer/encoder_norm/bias' holds values up to 1e\\+39, beyond the range of "
                        "the model's float32 variables"):
         keras_vit.ViT(image_size=32, **SMALL, weights=write_npz(tmp_path, arrays))
     keras.config.set_dtype_policy("float16")
@@ -294,7 +296,7 @@ def test_check_finite_names_the_broken_weights():
 def test_rejects_checkpoint_with_non_finite_values(tmp_path):
     arrays = npz_arrays()
     arrays["Transformer/encoder_norm/bias"][0] = np.nan
-    with pytest.raises(CheckpointError, match="'encoder_norm/beta' holds NaN or infinite values"):
+    with pytest.raises(CheckpointError, match="'Transformer/encoder_norm/bias' holds NaN or infinite values"):
         keras_vit.ViT(image_size=32, **SMALL, weights=write_npz(tmp_path, arrays))
 
 
@@ -321,12 +323,28 @@ def test_rejects_unknown_checkpoint_name():
         keras_vit.ViT(image_size=32, **SMALL, weights="imagenet21k")
 
 
+def test_original_npz_key_one_head_wider_and_value_one_head_narrower_is_refused_by_name(tmp_path):
+    # Their sum is the model's, which alone was checked: the file loaded 0.3 off. Each is checked apart now.
+    arrays = npz_arrays()
+    attention = "Transformer/encoderblock_0/MultiHeadDotProductAttention_1/"
+    rng = np.random.default_rng(0)
+    for field, axis in (("kernel", 1), ("bias", 0)):
+        key, value = arrays[f"{attention}key/{field}"], arrays[f"{attention}value/{field}"]
+        extra = rng.normal(0, 0.2, np.take(key, [0], axis=axis).shape).astype("float32")
+        arrays[f"{attention}key/{field}"] = np.concatenate([key, extra], axis=axis)
+        arrays[f"{attention}value/{field}"] = np.take(value, [0, 1], axis=axis)
+    path = write_npz(tmp_path, arrays)
+    with pytest.raises(CheckpointError, match=f"^{re.escape(path)}: '{attention}key/kernel' has shape \\(48, 4, 16\\), but "
+                                              r"a model 48 wide expects \(48, 3, 16\)\. Nothing was loaded\.$"):
+        keras_vit.from_pretrained(path)
+
+
 def test_failed_load_leaves_the_model_untouched():
     model = keras_vit.ViT(image_size=32, **SMALL, **LOGITS, classes=10)
     before = weights_of(model)
     source = checkpoints.read_npz(fixture("vit_token.npz"))
     source.state["encoder_norm/gamma"] = np.ones((47,), "float32")  # checked after the embeddings
-    with pytest.raises(CheckpointError, match="'encoder_norm/gamma' has shape"):
+    with pytest.raises(CheckpointError, match="'Transformer/encoder_norm/scale' has shape"):
         checkpoints.load_into(model, source)
     for path, value in weights_of(model).items():
         np.testing.assert_array_equal(value, before[path], err_msg=path)
@@ -440,11 +458,85 @@ def test_loading_never_modifies_the_users_file(tmp_path):
     assert open(path, "rb").read() == before
 
 
-@pytest.mark.parametrize("case", ["vit_token", "vit_gap", "vit_prelogits"])
+@pytest.mark.parametrize("case", ["vit_token", "vit_gap", "vit_prelogits", "vit_map_big_vision"])
 def test_save_npz_writes_the_original_layout_back_exactly(tmp_path, case):
     path = str(tmp_path / "exported.npz")
-    checkpoints.save_npz(load(case), path)
+    checkpoints.save_npz(keras_vit.from_pretrained(fixture(f"{case}.npz")), path)
     original, exported = npz_arrays(case), dict(np.load(path))
     assert sorted(exported) == sorted(original)
     for key, value in original.items():
         np.testing.assert_array_equal(exported[key], value, err_msg=key)
+
+
+def test_loads_big_vision_map_head_npz_with_timms_logits():
+    # big_vision's pool_type="map" (MAPHead_0), as timm's own .npz loader reads it into global_pool="map".
+    images, logits = reference("vit_map_big_vision")
+    model = keras_vit.from_pretrained(fixture("vit_map_big_vision.npz"), classifier_activation=None)
+    assert checkpoints.architecture_of(model).classifier == "map" and "class_token" not in model.layers[1].name
+    np.testing.assert_allclose(predict(model, images), logits, atol=1e-5, rtol=0)
+
+
+# Each switch the original layout holds: the file save_npz writes reads back as the same model, with equal outputs.
+HELD_SWITCHES = {
+    "class_token": {},
+    "gap": dict(classifier="gap"),
+    "map": dict(classifier="map"),
+    "map_of_its_own_heads_and_mlp": dict(classifier="map", attention_pool_heads=1, attention_pool_mlp_ratio=1.5),
+    "pre_logits": dict(representation_size=16),
+}
+
+
+@pytest.mark.parametrize("switches", HELD_SWITCHES.values(), ids=HELD_SWITCHES)
+def test_save_npz_reads_back_as_the_same_model_for_each_switch_it_holds(switches, tmp_path):
+    from test_architecture import randomised
+
+    model = randomised(keras_vit.ViT(image_size=32, **SMALL, classes=5, **LOGITS, **switches))
+    path = checkpoints.save_npz(model, str(tmp_path / "model.npz"))
+    again = keras_vit.from_pretrained(path, **LOGITS)
+    assert checkpoints.architecture_of(again) == checkpoints.architecture_of(model)
+    images = np.random.default_rng(1).uniform(-1, 1, (2, 32, 32, 3)).astype("float32")
+    np.testing.assert_allclose(predict(again, images), predict(model, images), atol=1e-6, rtol=0)
+
+
+# Each switch it cannot hold -> what the model has, and what a file of it would read back as. The file reloaded
+# 1 to 8 off before (and four crashed with a KeyError).
+UNHELD_SWITCHES = {
+    "layer_scale": (dict(layer_scale=0.1), "layer_scale=0.1", "layer_scale=None"),
+    "qk_norm": (dict(qk_norm=True), "qk_norm=True", "qk_norm=False"),
+    "rope": (dict(rope="axial"), "rope='axial'", "rope=None"),
+    "post_norm": (dict(post_norm=True), "post_norm=True", "post_norm=False"),
+    "norm_pre": (dict(norm_pre=True), "norm_pre=True", "norm_pre=False"),
+    "registers": (dict(register_tokens=2), "register_tokens=2", "register_tokens=0"),
+    "distillation_token": (dict(distillation_token=True), "distillation_token=True", "distillation_token=False"),
+    "fc_norm": (dict(classifier="gap", fc_norm=True), "fc_norm=True", "fc_norm=False"),
+    "class_token_gap": (dict(classifier="gap", class_token=True), "classifier='gap'", "classifier='token'"),
+    "no_qkv_bias": (dict(qkv_bias=False), "qkv_bias=False", "qkv_bias=True"),
+    "rms_norm": (dict(normalization="rms_norm"), "normalization='rms_norm'", "normalization='layer_norm'"),
+    "exact_gelu": (dict(mlp_activation="gelu"), "mlp_activation='gelu'", "mlp_activation='gelu_tanh'"),
+    "epsilon": (dict(layer_norm_epsilon=1e-5), "layer_norm_epsilon=1e-05", "layer_norm_epsilon=1e-06"),
+    "no_patch_bias": (dict(patch_bias=False), "patch_bias=False", "patch_bias=True"),
+}
+
+
+@pytest.mark.backend_independent
+@pytest.mark.parametrize("switches, has, read_back", UNHELD_SWITCHES.values(), ids=UNHELD_SWITCHES)
+def test_save_npz_refuses_each_switch_the_layout_cannot_hold_by_name_writing_nothing(switches, has, read_back,
+                                                                                    tmp_path):
+    model = keras_vit.ViT(image_size=32, **SMALL, classes=5, **switches)
+    with pytest.raises(CheckpointError, match=f"^{re.escape(f'vit has {has}, which the original .npz layout cannot hold (a file of it reads back as {read_back}): save it with model.save, or checkpoints.save_timm. Nothing was written.')}$"):
+        checkpoints.save_npz(model, str(tmp_path / "model.npz"))
+    assert not os.listdir(tmp_path)
+
+
+@pytest.mark.backend_independent
+def test_save_npz_refuses_a_grid_and_adapters_the_layout_cannot_hold(tmp_path):
+    with pytest.raises(CheckpointError, match=r"^vit has a 2x8 patch grid, which the original \.npz layout cannot state: "
+                                              r"its readers take the square grid of the table's 16 rows \(4x4\)\. "
+                                              r"Save it with model.save, or checkpoints.save_timm\. Nothing was "
+                                              r"written\.$"):
+        checkpoints.save_npz(keras_vit.ViT(image_size=(16, 64), **SMALL), str(tmp_path / "wide.npz"))
+    adapted = keras_vit.enable_lora(keras_vit.ViT(image_size=32, **SMALL), rank=2)
+    with pytest.raises(CheckpointError, match=r"has LoRA adapters, which the original \.npz layout has not: call "
+                                              r"keras_vit.merge_lora\(model\) first, then save_npz"):
+        checkpoints.save_npz(adapted, str(tmp_path / "adapted.npz"))
+    assert not os.listdir(tmp_path)

@@ -133,6 +133,53 @@ def test_a_file_of_int8_tensors_is_refused():
         keras_vit.ViT(**TIMM, num_heads=3, weights=source)
 
 
+# --- A tensor of the wrong shape: named as the file names it, in the file's shape ------------------------------
+
+
+def widened(tensors, name, by):
+    """`tensors` with `name` `by` rows longer (its first axis)."""
+    return dict(tensors, **{name: np.concatenate([tensors[name], tensors[name][:by]])})
+
+
+def wide_timm_folder(tmp_path):
+    from safetensors.numpy import load_file, save_file
+
+    folder = tmp_path / "timm"
+    shutil.copytree(TIMM_FOLDER, folder)
+    save_file(widened(load_file(folder / "model.safetensors"), "blocks.1.mlp.fc1.weight", 2),
+              folder / "model.safetensors")
+    return str(folder), str(folder / "model.safetensors"), "'blocks.1.mlp.fc1.weight' has shape (50, 24) but the " \
+        "model expects (48, 24); the file has hidden size 24"
+
+
+def wide_dinov2_folder(tmp_path):
+    from safetensors.numpy import load_file, save_file
+
+    folder = tmp_path / "dinov2"
+    shutil.copytree(fixture("transformers_dinov2"), folder)
+    save_file(widened(load_file(folder / "model.safetensors"), "encoder.layer.1.layer_scale1.lambda1", 2),
+              folder / "model.safetensors")
+    return str(folder), str(folder / "model.safetensors"), "'encoder.layer.1.layer_scale1.lambda1' has shape (26,) " \
+        "but the model expects (24,); the file has hidden size 24"
+
+
+def wide_npz(tmp_path):
+    with np.load(fixture("vit_token.npz")) as data:
+        arrays = dict(data)
+    name = "Transformer/encoderblock_1/MlpBlock_3/Dense_1/kernel"
+    np.savez(tmp_path / "wide.npz", **widened(arrays, name, 4))
+    path = str(tmp_path / "wide.npz")
+    return path, path, f"'{name}' has shape (100, 48) but the model expects (96, 48); the file has hidden size 48"
+
+
+@pytest.mark.backend_independent
+@pytest.mark.parametrize("write", [wide_timm_folder, wide_dinov2_folder, wide_npz])
+def test_a_tensor_of_another_shape_is_refused_in_the_files_own_name_and_shape(write, tmp_path):
+    weights, path, message = write(tmp_path)
+    with pytest.raises(CheckpointError, match=f"^{re.escape(f'{path}: {message}. Nothing was loaded.')}$"):
+        keras_vit.from_pretrained(weights)
+
+
 # --- Malformed Hub files: one CheckpointError naming the file and the field, and the CLI's one line ------------
 
 

@@ -208,8 +208,25 @@ def keys_and_values_of(block, heads):
     return change
 
 
+def key_narrower_value_wider(block):
+    """A tensor change: block `block`'s k_proj one head (of width 8) narrower and v_proj one head wider, so that
+    together they are as wide as before (a check of their sum alone lets them through)."""
+    def change(tensors):
+        for kind in ("weight", "bias"):
+            key, value = (f"blocks.{block}.attn.{part}.{kind}" for part in ("k_proj", "v_proj"))
+            extra = np.random.default_rng(0).normal(0, 0.2, (8, *tensors[value].shape[1:])).astype("float32")
+            tensors[key] = np.ascontiguousarray(tensors[key][:-8])
+            tensors[value] = np.concatenate([tensors[value], extra])
+        return tensors
+    return change
+
+
 # The sapiens2 fixture (4 heads of width 8, key/value heads (4, 2, 4)) changed -> the one line that refuses it.
 GROUPED_QUERY_REFUSALS = {
+    "key_narrower_value_wider": (key_narrower_value_wider(1), None,
+                                 "{file}: blocks.1.attn.k_proj.weight gives 1 key/value heads, but "
+                                 "model_args.num_kv_heads has 2 for block 1; the name, config and tensors disagree: "
+                                 "set model_args.num_kv_heads to the file's, one per block. Nothing was loaded."),
     "config_not_dividing": (None, lambda config: config["model_args"].update(num_kv_heads=[4, 3, 4]),
                             "{config}: model_args.num_kv_heads is 3 for block 1, which does not divide num_heads 4; "
                             "set it to a divisor of 4 (each key/value head serves num_heads / num_kv_heads query "
@@ -238,6 +255,17 @@ def test_grouped_query_attention_that_does_not_divide_the_heads_is_refused(case,
         keras_vit.from_pretrained(folder)
     assert str(error.value) == message.format(config=os.path.join(folder, "config.json"),
                                               file=os.path.join(folder, "model.safetensors"))
+
+
+@pytest.mark.backend_independent
+def test_a_null_among_num_kv_heads_is_that_blocks_full_attention_as_in_timm(tmp_path):
+    # timm's AttentionRope takes `num_kv_heads or num_heads`: [null, 2, null] builds (4, 2, 4), the fixture's own.
+    folder = copy_case("sapiens2", tmp_path, change_config=lambda c: c["model_args"].update(num_kv_heads=[None, 2, None]))
+    images = REFERENCE["sapiens2/native/images"]
+    model = keras_vit.from_pretrained(folder, classifier_activation=None, image_size=images.shape[1:3])
+    assert [layer.num_kv_heads for layer in model.layers if layer.name.startswith("encoderblock_")] == [4, 2, 4]
+    np.testing.assert_allclose(model.predict(images, verbose=0), REFERENCE["sapiens2/native/logits"], atol=TOLERANCE,
+                               rtol=0)
 
 
 @pytest.mark.backend_independent

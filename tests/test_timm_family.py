@@ -75,6 +75,21 @@ def test_timm_family_folder_loads_with_timms_outputs_and_saves_back_in_timms_nam
     np.testing.assert_allclose(predict(load(folder), images), outputs, atol=1e-5, rtol=0)
 
 
+@pytest.mark.backend_independent
+def test_convert_and_the_tools_build_a_file_at_its_own_size_that_its_patches_do_not_divide(tmp_path):
+    # timm's so400m/14 at 384 px (here 46 px on 14-pixel patches) drops the last pixels, as from_pretrained does;
+    # convert refused the file's own size without --drop-remainder.
+    from keras_vit.tools import inference
+
+    folder = os.path.join(FAMILY, "siglip_remainder")
+    expected = load(folder)
+    converted = inference.convert(folder, str(tmp_path / "remainder.keras"))
+    inspected = inference.load_for_inference(folder, needs_head=False)
+    for model in (converted, inspected):
+        assert model.input_shape[1:3] == expected.input_shape[1:3] == (46, 46)
+        assert model.get_layer("embedding").drop_remainder
+
+
 # What the token sequence leaves out of the file, with the file's pooling: timm's forward_head applies it.
 UNLOADED_POOLING = {"reg_gap": ("fc_norm", 2, "gap"), "siglip_map": ("attention_pool", 13, "map")}
 

@@ -227,3 +227,22 @@ def test_the_stems_convolutions_span_the_stride_the_sizes_table_counts():
     from keras_vit.model import variants
 
     assert math.prod(conv_stem.KERNELS) == variants.CONV_STEM_STRIDE
+
+
+@pytest.mark.backend_independent
+@pytest.mark.parametrize("case, name, found, expected", [
+    ("resnet", "patch_embed.backbone.stages.0.blocks.0.norm1.bias", 34, 32),
+    ("stem_only", "patch_embed.backbone.norm.bias", 66, 64),
+    ("conv_stem", "patch_embed.backbone.0.bn.bias", 10, 8),
+    ("mbconv", "patch_embed.backbone.stem.norm1.bias", 10, 8),
+])
+def test_a_stem_tensor_of_another_shape_is_refused_in_the_files_own_name(case, name, found, expected, tmp_path):
+    folder = tmp_path / case
+    shutil.copytree(os.path.join(HYBRID, case), folder)
+    tensors = load_file(folder / "model.safetensors")
+    tensors[name] = np.concatenate([tensors[name], tensors[name][:found - expected]])
+    save_file(tensors, folder / "model.safetensors")
+    with pytest.raises(CheckpointError, match=rf"^{folder}/model.safetensors: '{name}' has shape \({found},\) but the "
+                                              rf"model expects \({expected},\); the file has hidden size \d+\. Nothing "
+                                              r"was loaded\.$"):
+        keras_vit.from_pretrained(str(folder))

@@ -169,7 +169,7 @@ def test_layouts_that_are_not_timm_vits_are_refused_by_name(tmp_path):
 
 
 def test_wrong_size_state_dict_names_the_weight_and_both_shapes():
-    with pytest.raises(CheckpointError, match=r"model.safetensors: 'position_embedding/pos_embedding' has shape "
+    with pytest.raises(CheckpointError, match=r"model.safetensors: 'pos_embed' has shape "
                                               r"\(1, 17, 24\) but the model expects \(1, 17, 48\)"):
         keras_vit.ViT(**dict(TIMM, hidden_size=48), num_heads=3, weights=WEIGHTS)
 

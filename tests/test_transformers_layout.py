@@ -149,6 +149,32 @@ def test_a_folders_preprocessor_statistics_are_applied_to_the_minus_one_to_one_i
         keras_vit.from_pretrained(str(folder))
 
 
+@pytest.mark.parametrize("case", ["transformers_dinov2_crop", "transformers_dinov2_registers_crop"])
+def test_a_dinov2_folder_runs_at_its_processors_crop_as_transformers_pipeline(case):
+    # As published (facebook/dinov2-*: image_size 518, crop 224), shrunk: config.json's image_size is 64 (the
+    # table's 8x8 grid), preprocessor_config.json crops 32. transformers' AutoImageProcessor gives 32-pixel images,
+    # and Dinov2Model resizes its table to their grid on every call; keras_vit built the model at 64 px.
+    with np.load(fixture("transformers_processor_crop_reference.npz")) as data:
+        pooled = data[f"{case}/pooler_output"]
+    model = keras_vit.from_pretrained(fixture(case))
+    assert model.input_shape[1:3] == (32, 32)
+    image = keras_vit.eval_transform(model).load(fixture("photos/landscape.jpg"))
+    np.testing.assert_allclose(predict(model, image[None]), pooled, atol=1e-5, rtol=0)
+
+
+@pytest.mark.backend_independent
+def test_a_processor_crop_that_a_fixed_size_model_refuses_is_refused(tmp_path):
+    # transformers' ViTModel takes its config's image_size alone (without interpolate_pos_encoding).
+    folder = tmp_path / "vit"
+    shutil.copytree(FOLDER, folder)
+    (folder / "preprocessor_config.json").write_text(json.dumps(
+        {"image_processor_type": "ViTImageProcessor", "size": {"height": 48, "width": 48}}))
+    refused(str(folder), "{folder}/preprocessor_config.json gives 48x48 images, but {folder}/config.json has "
+                         "image_size [32, 32], the only size transformers' 'vit' model takes (without "
+                         "interpolate_pos_encoding): the folder's processor and model disagree; set one to the other. "
+                         "Nothing was loaded.")
+
+
 @pytest.mark.parametrize("case", ["transformers_clip_vision", "transformers_siglip"])
 def test_clip_and_siglip_vision_towers_load_with_transformers_pooled_output_and_tokens(case):
     # CLIPVisionModel: class token, pre_layrnorm, no patch bias, QuickGELU, OpenAI's pixel statistics. A whole
@@ -291,6 +317,53 @@ DINO = 'model_type: "dinov2", num_hidden_layers: 2, qkv_bias: true, use_swiglu_f
         "dinov2_registers"])
 def test_each_reader_names_the_tensors_its_configured_model_lacks_or_has_not(case, drop, add, message, tmp_path):
     refused(changed_folder(tmp_path, case, drop=drop, add=add), "{folder}/model.safetensors " + message)
+
+
+def key_wider_value_narrower(case, key, value, head_dim, biases=("key", "value")):
+    """Tensors of fixture `case` whose block-0 key projection (`key`, before `.weight`) is one head wider and value
+    projection (`value`) one head narrower: their sum is still the model's."""
+    from safetensors.numpy import load_file
+
+    tensors = load_file(fixture(f"{case}/model.safetensors"))
+    rng = np.random.default_rng(0)
+    changed = {}
+    for name, kind, field in [(key, "key", "weight"), (key, "key", "bias"), (value, "value", "weight"),
+                              (value, "value", "bias")]:
+        if field == "bias" and kind not in biases:
+            continue
+        array = tensors[f"{name}.{field}"]
+        extra = rng.normal(0, 0.2, (head_dim, *array.shape[1:])).astype("float32")
+        changed[f"{name}.{field}"] = np.concatenate([array, extra]) if kind == "key" else array[:-head_dim].copy()
+    return changed
+
+
+@pytest.mark.backend_independent
+@pytest.mark.parametrize("case, key, value, head_dim, biases, width", [
+    ("transformers_vit", "vit.encoder.layer.0.attention.attention.key", "vit.encoder.layer.0.attention.attention.value",
+     8, ("key", "value"), 24),
+    ("transformers_dinov2", "encoder.layer.0.attention.attention.key", "encoder.layer.0.attention.attention.value", 8,
+     ("key", "value"), 24),
+    ("transformers_clip_vision", "encoder.layers.0.self_attn.k_proj", "encoder.layers.0.self_attn.v_proj", 8,
+     ("key", "value"), 24),
+    ("transformers_siglip", "vision_model.encoder.layers.0.self_attn.k_proj",
+     "vision_model.encoder.layers.0.self_attn.v_proj", 8, ("key", "value"), 24),
+    ("transformers_dinov3", "layer.0.attention.k_proj", "layer.0.attention.v_proj", 16, ("value",), 32),
+], ids=["vit", "dinov2", "clip", "siglip", "dinov3_value_bias_alone"])
+def test_a_key_one_head_wider_and_a_value_one_head_narrower_are_refused_each_by_name(case, key, value, head_dim,
+                                                                                   biases, width, tmp_path):
+    # transformers builds each projection at its own width and refuses such a file; their sum alone is the model's.
+    changed = key_wider_value_narrower(case, key, value, head_dim, biases)
+    refused(changed_folder(tmp_path / "both", case, add=changed),
+            f"{{folder}}/model.safetensors: '{key}.weight' has shape ({width + head_dim}, {width}), but a model "
+            f"{width} wide expects ({width}, {width}). Nothing was loaded.")
+    # ... and each on its own: the value's weight, then its bias (DINOv3's, whose keys have none, a rule's).
+    value_only = {name: array for name, array in changed.items() if name.startswith(value)}
+    refused(changed_folder(tmp_path / "value", case, add=value_only),
+            f"{{folder}}/model.safetensors: '{value}.weight' has shape ({width - head_dim}, {width}), but a model "
+            f"{width} wide expects ({width}, {width}). Nothing was loaded.")
+    refused(changed_folder(tmp_path / "bias", case, add={f"{value}.bias": changed[f"{value}.bias"]}),
+            f"{{folder}}/model.safetensors: '{value}.bias' has shape ({width - head_dim},), but a model {width} wide "
+            f"expects ({width},). Nothing was loaded.")
 
 
 def without_qkv_biases(prefix=""):

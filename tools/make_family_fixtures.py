@@ -389,6 +389,16 @@ def randomise_transformers(model, generator, scale=0.2):
             parameter.copy_(noise)
 
 
+def save_transformers_folder(model, case):
+    """`model` written by its own `save_pretrained` to `tests/fixtures/<case>/`, only `KEEP` kept; the folder."""
+    folder = os.path.join(FIXTURES, case)
+    shutil.rmtree(folder, ignore_errors=True)
+    model.save_pretrained(folder)
+    for stale in set(os.listdir(folder)) - KEEP:
+        os.remove(os.path.join(folder, stale))
+    return folder
+
+
 def keep_outputs(case, images, result, result_again, out):
     """Keep a transformers model's outputs in `out`, after checking that its files read back to the same."""
     out[f"{case}/images"] = images
@@ -423,11 +433,7 @@ def write_transformers():
         model_class = getattr(transformers, model_name)
         model = model_class(config).eval()
         randomise_transformers(model, generator)
-        folder = os.path.join(FIXTURES, case)
-        shutil.rmtree(folder, ignore_errors=True)
-        model.save_pretrained(folder)
-        for stale in set(os.listdir(folder)) - KEEP:
-            os.remove(os.path.join(folder, stale))
+        folder = save_transformers_folder(model, case)
         again = model_class.from_pretrained(folder).eval()
         images = rng.uniform(-1, 1, size=(2, 32, 32, 3)).astype(np.float32)  # exactly image_size: no interpolation
         with torch.no_grad():

@@ -8,7 +8,7 @@ Run in a separate venv that has timm (it needs torchvision, which is large):
 
 For each small model it builds a timm `VisionTransformer` with tanh GELU,
 fills every tensor with random values, writes it as an original-layout
-`.npz` (and once in the big_vision layout with scanned blocks), reads that
+`.npz` (and once in the big_vision layout with scanned blocks, once with big_vision's MAP head), reads that
 file back with timm's own `.npz` loader to prove the layout, and stores the
 logits timm computes for fixed random images. It also stores interpolation
 references (torch and scipy) and the parameter counts of the named variants.
@@ -153,6 +153,62 @@ def to_big_vision_layout(original):
     for rest, by_index in blocks.items():
         out["params/Transformer/encoderblock/" + rest] = np.stack([by_index[i] for i in sorted(by_index)])
     return out
+
+
+def to_big_vision_map_layout(model):
+    """A timm `global_pool="map"` model under big_vision's names, blocks unscanned: its `MAPHead_0` (probe, attention,
+    LayerNorm, MlpBlock), a top-level `pos_embedding` and the `_0`/`_1` block modules."""
+    hidden, pool = model.embed_dim, model.attn_pool
+    heads = pool.num_heads
+    original = to_original_layout(model)
+    out = {}
+    for key, value in original.items():
+        for old, new in (("MultiHeadDotProductAttention_1", "MultiHeadDotProductAttention_0"),
+                         ("LayerNorm_2", "LayerNorm_1"), ("MlpBlock_3", "MlpBlock_0")):
+            key = key.replace(old, new)
+        out["pos_embedding" if key == "Transformer/posembed_input/pos_embedding" else key] = value
+    base = "MAPHead_0/"
+    attention = base + "MultiHeadDotProductAttention_0/"
+    out[base + "probe"] = numpy(pool.latent)
+    key_value = numpy(pool.kv.weight).reshape(2, hidden, hidden)
+    key_value_bias = numpy(pool.kv.bias).reshape(2, heads, hidden // heads)
+    projections = {"query": (numpy(pool.q.weight), numpy(pool.q.bias).reshape(heads, -1)),
+                   "key": (key_value[0], key_value_bias[0]), "value": (key_value[1], key_value_bias[1])}
+    for name, (kernel, bias) in projections.items():
+        out[attention + f"{name}/kernel"] = kernel.T.reshape(hidden, heads, -1)
+        out[attention + f"{name}/bias"] = bias
+    out[attention + "out/kernel"] = numpy(pool.proj.weight).T.reshape(heads, -1, hidden)
+    out[attention + "out/bias"] = numpy(pool.proj.bias)
+    out[base + "LayerNorm_0/scale"] = numpy(pool.norm.weight)
+    out[base + "LayerNorm_0/bias"] = numpy(pool.norm.bias)
+    for dense, layer in (("Dense_0", pool.mlp.fc1), ("Dense_1", pool.mlp.fc2)):
+        out[base + f"MlpBlock_0/{dense}/kernel"] = numpy(layer.weight).T
+        out[base + f"MlpBlock_0/{dense}/bias"] = numpy(layer.bias)
+    return out
+
+
+def write_map_case():
+    """`vit_map_big_vision.npz`: big_vision's MAP-head ViT (`pool_type="map"`, no class token), timm's
+    `global_pool="map"` model with tanh GELU, written under big_vision's names and read back by timm's own `.npz`
+    loader; its logits in `vit_map_big_vision_reference.npz`. Its own random streams: the other fixtures stay."""
+    generator = torch.Generator().manual_seed(7)
+    rng = np.random.default_rng(7)
+    kwargs = dict(img_size=32, patch_size=8, embed_dim=48, depth=2, num_heads=3, mlp_ratio=2.0, num_classes=10,
+                  act_layer=GELU_TANH, class_token=False, global_pool="map", fc_norm=False)
+    model = VisionTransformer(**kwargs).eval()
+    model.fixture_factory = partial(VisionTransformer, **kwargs)
+    randomise(model, generator)
+    with torch.no_grad():
+        model.attn_pool.norm.weight.add_(1.0)
+    path = os.path.join(FIXTURES, "vit_map_big_vision.npz")
+    arrays = to_big_vision_map_layout(model)
+    np.savez(path, **arrays)
+    check_timm_reads(model, path)
+    images = rng.uniform(-1, 1, size=(2, 32, 32, 3)).astype(np.float32)
+    with torch.no_grad():
+        logits = numpy(model(torch.from_numpy(images.transpose(0, 3, 1, 2))))
+    np.savez(os.path.join(FIXTURES, "vit_map_big_vision_reference.npz"), images=images, logits=logits)
+    print(f"vit_map_big_vision: logits {logits.shape}, {len(arrays)} arrays")
 
 
 def check_timm_reads(model, path):
@@ -403,12 +459,14 @@ def write_full_size(directory, generator, rng):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--full-size-dir", help="also write a full ViT-B/16 checkpoint here")
-    parser.add_argument("--only", choices=["patch_resize", "dynamic", "timm_hub", "transformers"], help="write only this fixture")
+    parser.add_argument("--only", choices=["patch_resize", "dynamic", "timm_hub", "transformers", "map"],
+                        help="write only this fixture")
     args = parser.parse_args()
     os.makedirs(FIXTURES, exist_ok=True)
     if args.only:
         {"patch_resize": write_patch_resize_references, "dynamic": write_dynamic_references,
-         "timm_hub": write_timm_hub_references, "transformers": write_transformers_references}[args.only]()
+         "timm_hub": write_timm_hub_references, "transformers": write_transformers_references,
+         "map": write_map_case}[args.only]()
         return
     torch.manual_seed(0)
     generator = torch.Generator().manual_seed(0)
@@ -437,6 +495,7 @@ def main():
     write_dynamic_references()
     write_timm_hub_references()
     write_transformers_references()
+    write_map_case()
     if args.full_size_dir:
         write_full_size(args.full_size_dir, generator, rng)
 

@@ -8,7 +8,8 @@ another kind, before anything is built, with one line naming the file, the
 field, the value and what is expected, and gives the value as the readers
 use it (an image size as `(height, width)`, a square patch as its side).
 A check that relates fields to each other or to the tensors stays with its
-reader.
+reader, but for the one rule every reader shares: which stated image size a
+position table fits (`image_size_of_grid`, `check_table_fits`).
 
 Example:
 >>> checked_fields({"img_size": 224, "rope_temperature": 100}, "config.json", "model_args.")
@@ -72,10 +73,11 @@ PATCH_SIZE = Kind("a positive int or [side, side]", lambda value: (_int(value) a
 LAYER_SCALE = Kind("a finite number >= 0", lambda value: _number(value) and value >= 0)
 
 
-# timm's Eva num_kv_heads: one count for every block, or a list of one per block (Sapiens2's).
-KV_HEADS = Kind("a positive int, a list of them (one per block) or null", lambda value: value is None or (
+# timm's Eva num_kv_heads: one count for every block, or a list of one per block (Sapiens2's), where null is the
+# block's full attention (timm's AttentionRope takes `num_kv_heads or num_heads`).
+KV_HEADS = Kind("a positive int, a list of them or nulls (one per block) or null", lambda value: value is None or (
     _int(value) and value > 0) or (isinstance(value, (list, tuple)) and len(value) > 0
-                                    and all(_int(count) and count > 0 for count in value)),
+                                    and all(count is None or (_int(count) and count > 0) for count in value)),
     lambda value: tuple(value) if isinstance(value, (list, tuple)) else value)
 
 
@@ -134,3 +136,35 @@ def checked_fields(fields, where, prefix=""):
             raise CheckpointError(f"{where}: {prefix}{name} is {value!r}; expected {kind.expected}.")
         checked[name] = kind.value(value)
     return checked
+
+
+def image_size_of_grid(image_sizes, patch, patches):
+    """The first `(height, width)` of `image_sizes` whose patch grid gives the table's `patches` rows, or None.
+
+    The one config-grid rule of every reader: the sizes a config states, in
+    the order it is trusted; None where none fits (a file resized after
+    training), for the table's own square grid. A size that patches do not
+    divide counts by its whole patches (timm's so400m/14 at 384 px).
+
+    Example:
+    >>> image_size_of_grid([(224, 224), (32, 48)], 16, 6)
+    (32, 48)
+    """
+    return next((tuple(size) for size in image_sizes if (size[0] // patch) * (size[1] // patch) == patches), None)
+
+
+def check_table_fits(rows, prefix_rows, image_size, patch, field):
+    """Refuse a position table of `rows` rows (`prefix_rows` of them the prefix tokens') that the `image_size` a
+    config builds its model at does not fit; `field` names the file and the field.
+
+    Example:
+    >>> check_table_fits(17, 1, (64, 64), 16, "config.json: image_size")
+    """
+    grid, patches = (image_size[0] // patch, image_size[1] // patch), rows - prefix_rows
+    if grid[0] * grid[1] == patches:
+        return
+    side = int(round(max(patches, 0) ** 0.5))
+    square = f" (a {side}x{side} grid: {side * patch} px)" if side and side * side == patches else ""
+    raise CheckpointError(f"{field} is {list(image_size)}, a {grid[0]}x{grid[1]} grid of {patch}-pixel patches, but "
+                          f"the file's position table has {rows} rows, {patches} of them for patches{square}; set it "
+                          "to the size the table was trained at. Nothing was loaded.")

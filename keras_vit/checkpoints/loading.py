@@ -31,6 +31,7 @@ from keras_vit.checkpoints.source import (
     require_regular_file,
     weight_budget,
 )
+from keras_vit.checkpoints.tensor_layout import file_shape
 from keras_vit.checkpoints.timm.layout import read_timm, read_timm_folder
 from keras_vit.checkpoints.timm.naflex import NAFLEX_ARCHITECTURES, read_naflex_folder
 from keras_vit.checkpoints.transformers.clip import MODEL_TYPES as VISION_TOWER_TYPES
@@ -111,16 +112,17 @@ def read_folder(folder, budget=None):
         return read_naflex_folder(folder, config, budget)
     if "architecture" in config:
         return read_timm_folder(folder, config, budget)
-    if config.get("model_type") in VIT_TYPES:
-        return _with_preprocessor_statistics(read_transformers_folder(folder, config, budget), folder)
-    if config.get("model_type") in DINOV2_TYPES:
-        return _with_preprocessor_statistics(read_dinov2_folder(folder, config, budget), folder)
-    if config.get("model_type") in DINOV3_TYPES:
-        return _with_preprocessor_statistics(read_dinov3_folder(folder, config, budget), folder)
-    if config.get("model_type") in VISION_TOWER_TYPES:
-        return _with_preprocessor_statistics(read_vision_tower_folder(folder, config, budget), folder)
-    if config.get("model_type") in SIGLIP2_TYPES:
-        return _with_preprocessor_statistics(read_siglip2_folder(folder, config, budget), folder)
+    model_type = config.get("model_type")
+    if model_type in VIT_TYPES:
+        return _with_preprocessor_statistics(read_transformers_folder(folder, config, budget), folder, model_type)
+    if model_type in DINOV2_TYPES:
+        return _with_preprocessor_statistics(read_dinov2_folder(folder, config, budget), folder, model_type)
+    if model_type in DINOV3_TYPES:
+        return _with_preprocessor_statistics(read_dinov3_folder(folder, config, budget), folder, model_type)
+    if model_type in VISION_TOWER_TYPES:
+        return _with_preprocessor_statistics(read_vision_tower_folder(folder, config, budget), folder, model_type)
+    if model_type in SIGLIP2_TYPES:
+        return _with_preprocessor_statistics(read_siglip2_folder(folder, config, budget), folder, model_type)
     known = ", ".join(repr(name) for name in (*VIT_TYPES, *DINOV2_TYPES, *DINOV3_TYPES, *VISION_TOWER_TYPES,
                                               *SIGLIP2_TYPES))
     raise CheckpointError(f"{folder}: its config.json is neither timm's (architecture) nor a transformers ViT, "
@@ -128,12 +130,20 @@ def read_folder(folder, budget=None):
                           f"{config.get('model_type')!r}).")
 
 
-def _with_preprocessor_statistics(source, folder):
+# transformers' models that take any image size in every call: DINOv2's interpolate_pos_encoding resizes its table
+# each time, DINOv3's RoPE has none. The others (ViT, DeiT, CLIP, SigLIP) take their config's image_size alone.
+ANY_SIZE_TYPES = (*DINOV2_TYPES, *DINOV3_TYPES)
+
+
+def _with_preprocessor_statistics(source, folder, model_type):
     """`source` with the pixel mean and std and the eval transform of the folder's `preprocessor_config.json`.
 
     transformers keeps the normalisation there, not in `config.json` (DINOv2's is ImageNet's, google/vit-*'s
     the paper's 0.5). A NaFlex source (SigLIP 2) gets its patch budget instead of an eval transform (from the
-    processor's defaults where the folder has no such file).
+    processor's defaults where the folder has no such file). Where the processor gives images of another size
+    than the config's `image_size`, a model of `ANY_SIZE_TYPES` runs at the processor's, its table resized as
+    transformers resizes it on every call (published DINOv2: 224 px beside a 518-pixel table); any other model
+    type is refused, as transformers refuses those images.
     """
     path = os.path.join(folder, "preprocessor_config.json")
     if not os.path.exists(path) and not source.naflex:
@@ -152,6 +162,15 @@ def _with_preprocessor_statistics(source, folder):
     except ValueError as error:
         raise CheckpointError(str(error)) from None
     source.architecture = dataclasses.replace(source.architecture, **statistics)
+    crop = None if source.eval_transform is None else source.eval_transform.image_size
+    if crop is not None and tuple(crop) != tuple(source.image_size):
+        if model_type not in ANY_SIZE_TYPES:
+            raise CheckpointError(
+                f"{path} gives {crop[0]}x{crop[1]} images, but {os.path.join(folder, 'config.json')} has image_size "
+                f"{list(source.image_size)}, the only size transformers' {model_type!r} model takes (without "
+                "interpolate_pos_encoding): the folder's processor and model disagree; set one to the other. "
+                "Nothing was loaded.")
+        source.input_size = tuple(crop)
     return source
 
 
@@ -237,23 +256,42 @@ def load_into(model, source):
     for key in loaded:  # Every tensor is checked before any variable is assigned.
         value = state[key]
         if tuple(value.shape) != tuple(variables[key].shape):
-            raise CheckpointError(
-                f"{name}: '{key}' has shape {tuple(value.shape)} but the model expects "
-                f"{tuple(variables[key].shape)}{_apparent_size(state)}."
-            )
+            raise CheckpointError(f"{name}: {_shapes(source, key, value.shape, variables[key].shape)}"
+                                  f"{_apparent_size(state)}. Nothing was loaded.")
         # Checked after the cast: 1e39 is finite in float64 but not in float32, 1e5 not in float16.
         if not np.all(np.isfinite(_cast(value, variables[key].dtype))):
             if not np.all(np.isfinite(value)):
-                raise CheckpointError(f"{name}: '{key}' holds NaN or infinite values.")
+                raise CheckpointError(f"{name}: {_file_name(source, key)} holds NaN or infinite values. Nothing was "
+                                      "loaded.")
             raise CheckpointError(
-                f"{name}: '{key}' holds values up to {np.max(np.abs(value)):.3g}, beyond the range of the "
-                f"model's {variables[key].dtype} variables."
+                f"{name}: {_file_name(source, key)} holds values up to {np.max(np.abs(value)):.3g}, beyond the "
+                f"range of the model's {variables[key].dtype} variables. Nothing was loaded."
             )
     for key in loaded:  # Cast again, one at a time, each tensor dropped once held: the state is never held twice.
         set_value(variables[key], _cast(state.pop(key), variables[key].dtype))
     state.clear()
     for note in notes:
         logger.warning(note)
+
+
+def _file_name(source, key):
+    """keras_vit's weight `key` as `source`'s file names it: `'blocks.0.norm1.weight'`, or with the file's tensors
+    that make it (`'encoderblock_0/qkv/kernel' (the file's 'q_proj.weight', ...)`)."""
+    origin = (source.origins or {}).get(key)
+    if origin is None:
+        return f"'{key}'"
+    if isinstance(origin, str):
+        return f"'{origin}'"
+    return f"'{key}' (the file's {', '.join(map(repr, origin))})"
+
+
+def _shapes(source, key, shape, expected):
+    """"'<tensor>' has shape <shape> but the model expects <expected>", in the file's own name and shape where one
+    of its tensors is the weight `key`."""
+    origin = (source.origins or {}).get(key)
+    if isinstance(origin, str):
+        shape, expected = file_shape(origin, shape), file_shape(origin, expected)
+    return f"{_file_name(source, key)} has shape {tuple(shape)} but the model expects {tuple(expected)}"
 
 
 def _cast(value, dtype):
@@ -312,10 +350,8 @@ def _adapt_position_embedding(model, state, source, notes):
     table = state[key]
     target = tuple(layer.pos_embedding.shape)
     if table.ndim != 3 or table.shape[0] != 1 or table.shape[-1] != target[-1]:
-        raise CheckpointError(
-            f"{source.description}: '{key}' has shape {tuple(table.shape)} but the model "
-            f"expects {target}."
-        )
+        raise CheckpointError(f"{source.description}: {_shapes(source, key, table.shape, target)}. Nothing was "
+                              "loaded.")
     grid = None if source.grid_size is None else tuple(source.grid_size)
     if grid == tuple(layer.grid_size) or (grid is None and tuple(table.shape) == target):
         return  # Same grid: any other difference (prefix rows) is the shape check's to report.

@@ -186,10 +186,15 @@ class WeightsSource:
     # How its library cuts a photo into a NaFlex batch for evaluation, as `keras_vit.data.naflex.naflex_batch`'s
     # keywords: {"rule": "siglip2" or "timm", "max_patches": budget, "interpolation": filter}; None: not NaFlex.
     naflex_preprocessing: dict = None
-    # The image size its config states where patches do not divide it (timm's so400m/14 at 384 px, a 27x27 grid).
+    # The image size its library runs it at where that is not its table's grid times the patch, the model built
+    # at it dropping what whole patches do not cover: timm's so400m/14 at 384 px (a 27x27 grid), a transformers
+    # DINOv2 folder's processor crop (224 px beside a 518-pixel table, which transformers resizes on every call).
     input_size: tuple = None
     # How its library preprocesses a photo for evaluation (`keras_vit.data.preprocessing.EvalTransform`); None: keras_vit's own.
     eval_transform: object = None
+    # {keras_vit path: the file's own name of that tensor, or a tuple of names where the file keeps it otherwise
+    # (split, reshaped)}, so that errors name the file's tensors; None where the names are keras_vit's.
+    origins: dict = dataclasses.field(default=None, compare=False)
     # Read for one model alone: loading it empties `state`, dropping each tensor once its variable holds it, so
     # that the state and the model are never both held whole.
     single_use: bool = dataclasses.field(default=False, compare=False)

@@ -5,8 +5,10 @@ SigLIP towers) is data: a `TensorLayout` names, for each tensor of the
 file, the keras_vit weight it is, and which tensors are q, k and v kept
 apart, a buffer the model does not compute with, or a tensor that needs
 reshaping. `TensorLayout.read` applies any such table: it strips the
-file's prefix, maps the top level and each block, fuses q/k/v, and refuses
-every name the table does not know. `MODEL_WEIGHTS` and `BLOCK_WEIGHTS`
+file's prefix, maps the top level and each block, fuses q/k/v (each checked
+against its own shape first), and refuses every name the table does not
+know; `TensorLayout.origins` gives each weight's name in the file, which
+later refusals name. `MODEL_WEIGHTS` and `BLOCK_WEIGHTS`
 declare keras_vit's own weights with the `Architecture` switch that gives a
 model each one, so the integrity rule, that a file holds exactly the
 tensors of the model its config describes, is checked once for every
@@ -117,6 +119,19 @@ def torch_to_keras(name, value):
     return value.T if name.endswith(".weight") and value.ndim == 2 else value
 
 
+def file_shape(name, shape):
+    """The shape the file's tensor `name` has where keras_vit's array has `shape` (`keras_to_torch` of a shape).
+
+    Example:
+    >>> file_shape("blocks.0.mlp.fc1.weight", (24, 48)), file_shape("Transformer/encoder_norm/scale", (24,))
+    ((48, 24), (24,))
+    """
+    shape = tuple(int(side) for side in shape)
+    if len(shape) == 4 and name.endswith(".weight"):
+        return tuple(shape[axis] for axis in (3, 2, 0, 1))
+    return shape[::-1] if len(shape) == 2 and name.endswith(".weight") else shape
+
+
 def keras_to_torch(name, value):
     """The inverse of `torch_to_keras`."""
     if value.ndim == 4 and name.endswith(".weight"):
@@ -137,6 +152,8 @@ class BlockRule:
         write: `{path: array}` (keras_vit's) -> `{name: array}` (the file's).
         when: the architectures whose files hold these names.
         needs: other names of the block that `read` takes a size from.
+        shapes: `width` (the model's) -> `{name: shape}` (keras_vit's
+            layout), each checked before `read` (None: none checked).
     """
 
     names: dict
@@ -144,6 +161,7 @@ class BlockRule:
     write: object
     when: object = _always
     needs: tuple = ()
+    shapes: object = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -173,6 +191,9 @@ class TensorLayout:
         reshaped: file name -> `(function(value) -> {path: array}, paths)`
             for tensors stored another way than keras_vit's.
         rules: `BlockRule`s for block tensors stored another way.
+        grouped: the key and value projections of `qkv` may be narrower
+            than the queries (grouped-query attention): the reader checks
+            their widths against its config's key/value heads.
         hint: appended to the error for names the table does not know.
     """
 
@@ -187,6 +208,7 @@ class TensorLayout:
     packed: dict = dataclasses.field(default_factory=dict)
     rules: tuple = ()
     reshaped: dict = dataclasses.field(default_factory=dict)
+    grouped: bool = False
     hint: str = ""
 
     def own_name(self, name):
@@ -207,6 +229,20 @@ class TensorLayout:
         index, _, rest = name[len(self.block_prefix):].partition(".")
         return (int(index), rest) if index.isdigit() and rest else (None, None)
 
+    def _place(self, name):
+        """Where the file's tensor `name` (after `strip`) goes: `(kind, index, rest)`, kind one of "reshaped",
+        "top", "block", "qkv", "rule", "packed", or None for a name the table does not know."""
+        index, rest = self.block_part(name)
+        if name in self.reshaped:
+            return "reshaped", None, name
+        if name in self.top:
+            return "top", None, name
+        for kind, table in (("block", self.block), ("qkv", self.qkv),
+                            ("rule", {name for rule in self.rules for name in rule.names}), ("packed", self.packed)):
+            if rest in table:
+                return kind, index, rest
+        return None, index, rest
+
     def read(self, tensors, description, expected=None):
         """keras_vit's state `{path: array}` from a state dict of numpy arrays in this layout.
 
@@ -220,18 +256,18 @@ class TensorLayout:
         refuse_non_float(description, {original: np.asarray(tensors[original]).dtype for original in own})
         for original, name in own.items():
             value = np.asarray(tensors[original])
-            index, rest = self.block_part(name)
-            if name in self.reshaped:
+            kind, index, rest = self._place(name)
+            if kind == "reshaped":
                 state.update(self.reshaped[name][0](value))
-            elif name in self.top:
+            elif kind == "top":
                 state[_path(self.top[name])] = torch_to_keras(name, value)
-            elif rest in self.block:
+            elif kind == "block":
                 state[f"encoderblock_{index}/{_path(self.block[rest])}"] = torch_to_keras(rest, value)
-            elif rest in self.qkv:
-                qkv.setdefault(index, {})[self.qkv[rest]] = torch_to_keras(rest, value)
-            elif rest in rules:
+            elif kind == "qkv":
+                qkv.setdefault(index, {})[self.qkv[rest]] = (original, torch_to_keras(rest, value))
+            elif kind == "rule":
                 ruled.setdefault((index, rules[rest]), {})[rest] = value
-            elif rest in self.packed:
+            elif kind == "packed":
                 path, part, _ = self.packed[rest]
                 packed.setdefault(f"encoderblock_{index}/{path}", {})[part] = (original, torch_to_keras(rest, value))
             else:
@@ -242,10 +278,37 @@ class TensorLayout:
         self._check_heads(state, description)
         if expected:
             self.check_complete(list(tensors), *expected, description)
-        fuse_qkv(qkv, state, description)
+        kernel = state.get("embedding/kernel")
+        width = None if kernel is None else int(kernel.shape[-1])
+        fuse_qkv(qkv, state, description, width, self.grouped)
         self._join_packed(packed, state, description)
-        self._apply_rules(ruled, tensors, state, description)
+        self._apply_rules(ruled, tensors, state, description, width)
         return state
+
+    def origins(self, names):
+        """`{keras_vit path: the file's name}` for the file's tensor `names` in this layout, so that errors name
+        the file's tensors: a name where one tensor is one weight (in PyTorch's shape, `file_shape`), a tuple of
+        names where several make one (q, k and v; packed pieces; `rules`) or one is reshaped."""
+        found = {}
+        for original in names:
+            name = self.own_name(original)
+            if name is None or name in self.ignored:
+                continue
+            kind, index, rest = self._place(name)
+            block = f"encoderblock_{index}/"
+            if kind == "top":
+                found[_path(self.top[name])] = original
+            elif kind == "block":
+                found[block + _path(self.block[rest])] = original
+            else:
+                paths = {"reshaped": lambda: self.reshaped[name][1],
+                         "qkv": lambda: (f"{block}qkv/{'kernel' if self.qkv[rest][1] == 'weight' else 'bias'}",),
+                         "packed": lambda: (block + self.packed[rest][0],),
+                         "rule": lambda: [block + path for rule in self.rules for path in rule.names.get(rest, ())],
+                         }.get(kind, tuple)()
+                for path in paths:
+                    found[path] = (*found.get(path, ()), original)
+        return found
 
     def _check_heads(self, state, description):
         """Refuse a distilled file (with a distillation token) that holds one of its two heads and not the other."""
@@ -258,7 +321,7 @@ class TensorLayout:
                                   f"that lacks {' and '.join(missing)}: its class and distillation heads come together "
                                   "(both, or neither for a model without its top). Nothing was loaded.")
 
-    def _apply_rules(self, ruled, tensors, state, description):
+    def _apply_rules(self, ruled, tensors, state, description, width=None):
         for (index, rule), parts in sorted(ruled.items(), key=lambda item: item[0][0]):
             prefix = f"{self.block_prefix}{index}."
             missing = [prefix + name for name in (*rule.names, *rule.needs)
@@ -266,6 +329,10 @@ class TensorLayout:
             if missing:
                 raise CheckpointError(f"{description} holds {preview([prefix + name for name in parts], 3)} but not "
                                       f"{preview(missing, 3)}, which come together. Nothing was loaded.")
+            if rule.shapes is not None and width is not None:
+                for name, shape in rule.shapes(width).items():
+                    check_shape(description, prefix + name, torch_to_keras(name, parts[name]).shape, shape,
+                                f"a model {width} wide")
             block = {name[len(prefix):]: np.asarray(value) for name, value in tensors.items()
                      if name.startswith(prefix)}
             state.update({f"encoderblock_{index}/{path}": value for path, value in rule.read(parts, block).items()})
@@ -382,10 +449,16 @@ def _path(value):
     return value[0] if isinstance(value, tuple) else value
 
 
-def fuse_qkv(qkv, state, description):
-    """Put the `{block: {(query|key|value, weight|bias): array}}` projections into `state` as fused `qkv`.
+def fuse_qkv(qkv, state, description, width=None, grouped=False):
+    """Put the `{block: {(query|key|value, weight|bias): (file name, array)}}` projections into `state` as fused `qkv`.
 
-    A block has biases for all three projections or for none.
+    A block has biases for all three projections or for none. Each tensor is
+    checked against its own shape before they are fused, in the file's names
+    and shapes: the query is `width` x `width` (`width`: the model's, else the
+    query's input), the key and value the same or, with grouped-query attention
+    (`grouped`), as narrow as the reader checks, and each bias as wide as its
+    weight. Their sum alone would let a key one head wider and a value one
+    head narrower through.
     """
     for index, parts in qkv.items():
         biases = [(kind, "bias") in parts for kind in QKV]
@@ -393,41 +466,26 @@ def fuse_qkv(qkv, state, description):
         missing += [f"{kind}.bias" for kind, bias in zip(QKV, biases) if any(biases) and not bias]
         if missing:
             raise CheckpointError(f"{description}: block {index} lacks attention {missing}.")
-        state[f"encoderblock_{index}/qkv/kernel"] = np.concatenate([parts[(kind, "weight")] for kind in QKV], -1)
+        query = parts[("query", "weight")][1]
+        width_in = width or int(query.shape[0] if query.ndim else 0)
+        for kind in QKV:
+            name, kernel = parts[(kind, "weight")]
+            out = int(kernel.shape[-1]) if grouped and kind != "query" and kernel.ndim == 2 else width_in
+            check_shape(description, name, kernel.shape, (width_in, out), f"a model {width_in} wide")
+            if (kind, "bias") in parts:
+                name, bias = parts[(kind, "bias")]
+                check_shape(description, name, bias.shape, (out,), f"a model {width_in} wide")
+        state[f"encoderblock_{index}/qkv/kernel"] = np.concatenate([parts[(kind, "weight")][1] for kind in QKV], -1)
         if any(biases):
-            state[f"encoderblock_{index}/qkv/bias"] = np.concatenate([parts[(kind, "bias")] for kind in QKV])
+            state[f"encoderblock_{index}/qkv/bias"] = np.concatenate([parts[(kind, "bias")][1] for kind in QKV])
 
 
-def image_size_of_grid(image_sizes, patch, patches):
-    """The first `(height, width)` of `image_sizes` whose patch grid gives the table's `patches` rows, or None.
-
-    The one config-grid rule of every reader: the sizes a config states, in
-    the order it is trusted; None where none fits (a file resized after
-    training), for the table's own square grid. A size that patches do not
-    divide counts by its whole patches (timm's so400m/14 at 384 px).
-
-    Example:
-    >>> image_size_of_grid([(224, 224), (32, 48)], 16, 6)
-    (32, 48)
-    """
-    return next((tuple(size) for size in image_sizes if (size[0] // patch) * (size[1] // patch) == patches), None)
-
-
-def check_table_fits(rows, prefix_rows, image_size, patch, field):
-    """Refuse a position table of `rows` rows (`prefix_rows` of them the prefix tokens') that the `image_size` a
-    config builds its model at does not fit; `field` names the file and the field.
-
-    Example:
-    >>> check_table_fits(17, 1, (64, 64), 16, "config.json: image_size")
-    """
-    grid, patches = (image_size[0] // patch, image_size[1] // patch), rows - prefix_rows
-    if grid[0] * grid[1] == patches:
-        return
-    side = int(round(max(patches, 0) ** 0.5))
-    square = f" (a {side}x{side} grid: {side * patch} px)" if side and side * side == patches else ""
-    raise CheckpointError(f"{field} is {list(image_size)}, a {grid[0]}x{grid[1]} grid of {patch}-pixel patches, but "
-                          f"the file's position table has {rows} rows, {patches} of them for patches{square}; set it "
-                          "to the size the table was trained at. Nothing was loaded.")
+def check_shape(description, name, shape, expected, model):
+    """Refuse the file's tensor `name` whose keras_vit array has `shape` where `model` ("a model 24 wide") has
+    `expected`, in one line naming the file (`description`), the tensor and both shapes as the file keeps them."""
+    if tuple(int(side) for side in shape) != tuple(expected):
+        raise CheckpointError(f"{description}: '{name}' has shape {file_shape(name, shape)}, but {model} expects "
+                              f"{file_shape(name, expected)}. Nothing was loaded.")
 
 
 def settings(fields, *keys):

@@ -57,6 +57,8 @@ def load_for_inference(weights, model=None, image_size=None, sizes=None, needs_h
         return network
     source = checkpoints.read_weights(weights, model, as_pair(image_size or 32, "image_size")).with_heads(
         given.get("num_heads"))
+    # At the file's own size, what its patches do not cover is left out, as its library and from_pretrained do.
+    drop_remainder = drop_remainder or (not image_size and source.input_size is not None)
     image_size = as_pair(image_size, "image_size") if image_size else (source.image_size or (32, 32))
     headless = "head/kernel" not in source.state
     if needs_head and headless:
@@ -261,6 +263,7 @@ def convert(weights, output, model=None, image_size=None, classes=None, num_head
             f"{weights} does not store all its sizes (a .weights.h5 file or a bare state dict has no head count); "
             "name its variant with `model` (--model), e.g. ViT_B16, or pass `num_heads` (--num-heads)."
         )
+    drop_remainder = drop_remainder or (not image_size and source.input_size is not None)  # as from_pretrained
     image_size = image_size or source.image_size or 224
     given = {} if classes is None else {"classes": classes}
     network = ViT(image_size=image_size, **sizes.__dict__, weights=source, drop_remainder=drop_remainder,

@@ -12,9 +12,8 @@ Example:
 
 import dataclasses
 
-from keras_vit.checkpoints.config_fields import checked_fields
+from keras_vit.checkpoints.config_fields import check_table_fits, checked_fields, image_size_of_grid
 from keras_vit.checkpoints.source import CheckpointError, architecture_from_state, pixel_statistics
-from keras_vit.checkpoints.tensor_layout import check_table_fits, image_size_of_grid
 from keras_vit.checkpoints.timm.families import (
     ACTIVATIONS,
     DEFAULT_ONLY_KEYWORDS,

@@ -107,23 +107,26 @@ def _query_value_rule(query_name, value_name):
     return BlockRule({query_name: ("qkv/bias",), value_name: ("qkv/bias",)},
                      lambda parts, block: _query_value_biases(parts[query_name], parts[value_name]),
                      lambda state: _split_query_value_biases(state, query_name, value_name),
-                     when=lambda a: a.qkv_bias and not a.key_bias)
+                     when=lambda a: a.qkv_bias and not a.key_bias,
+                     shapes=lambda width: {query_name: (width,), value_name: (width,)})
 
 
 _HINT = "; keras_vit reads timm Eva state dicts (blocks.N.attn.qkv.weight, blocks.N.gamma_1, ...)"
 # One layout for each of timm's q/k/v forms (its qkv_fused): one projection, or q_proj, k_proj and v_proj.
 FUSED = TensorLayout("timm's Eva layout", top=_TOP, block_prefix="blocks.", block=_BLOCK, packed=_SWIGLU_PIECES,
                      rules=(_query_value_rule("attn.q_bias", "attn.v_bias"),), hint=_HINT)
+# Its k_proj and v_proj may be narrower than q_proj (Sapiens2's grouped-query attention): `_check_kv_heads` checks
+# each against the config's key/value heads.
 SEPARATE = TensorLayout(
     "timm's Eva layout (q, k and v apart)", top=_TOP, block_prefix="blocks.",
     block={name: path for name, path in _BLOCK.items() if not name.startswith("attn.qkv.")},
     qkv={**_QKV, "attn.q_proj.bias": ("query", "bias"), "attn.k_proj.bias": ("key", "bias"),
          "attn.v_proj.bias": ("value", "bias")},
-    packed=_SWIGLU_PIECES, rules=(), hint=_HINT)
+    packed=_SWIGLU_PIECES, rules=(), grouped=True, hint=_HINT)
 # Where the keys have no bias, the q and v biases of separate projections are a rule, not a fusion.
 SEPARATE_QUERY_VALUE_BIASES = TensorLayout(
     SEPARATE.name, top=_TOP, block_prefix="blocks.", block=SEPARATE.block, qkv=_QKV, packed=_SWIGLU_PIECES,
-    rules=(_query_value_rule("attn.q_proj.bias", "attn.v_proj.bias"),), hint=_HINT)
+    rules=(_query_value_rule("attn.q_proj.bias", "attn.v_proj.bias"),), grouped=True, hint=_HINT)
 
 
 def layout_of(switches, architecture):
@@ -164,23 +167,27 @@ def _sizes(state, entry, args, switches, name, path, where):
     return sizes
 
 
-def _check_kv_heads(state, architecture, sizes, tensor, given, path):
-    """Refuse a block whose key/value projection (`blocks.N.attn.<tensor>`) is not as wide as the key/value heads
+def _check_kv_heads(tensors, architecture, sizes, fused, given, path):
+    """Refuse a block whose key or value projection (`blocks.N.attn.k_proj.weight` and `v_proj.weight` each, or
+    with `fused` q, k and v the keys' and values' share of `qkv.weight`) is not as wide as the key/value heads
     `architecture` gives it (`given` names the setting)."""
     width, heads, depth = sizes["embed_dim"], sizes["num_heads"], sizes["depth"]
     head_dim = width // heads
     for index, expected in enumerate(architecture.kv_heads_per_block(depth, heads)):
-        found = (state[f"encoderblock_{index}/qkv/kernel"].shape[-1] - width) / 2 / head_dim
-        if found == expected:
-            continue
-        name = f"blocks.{index}.attn.{tensor}"
-        if found != int(found) or found < 1 or heads % int(found):
-            raise CheckpointError(f"{path}: {name} gives {found:g} key/value heads of width {head_dim}, which do "
-                                  f"not divide num_heads {heads}: no timm Eva of these sizes holds it (check "
-                                  "model_args.num_heads and embed_dim against the file). Nothing was loaded.")
-        raise CheckpointError(f"{path}: {name} gives {found:g} key/value heads, but {given} has {expected} for "
-                              f"block {index}; the name, config and tensors disagree: set model_args.num_kv_heads "
-                              "to the file's, one per block. Nothing was loaded.")
+        prefix = f"blocks.{index}.attn."
+        found = [(prefix + "qkv.weight", (tensors[prefix + "qkv.weight"].shape[0] - width) / 2 / head_dim)] if fused \
+            else [(prefix + f"{part}.weight", tensors[prefix + f"{part}.weight"].shape[0] / head_dim)
+                  for part in ("k_proj", "v_proj")]
+        for name, count in found:
+            if count == expected:
+                continue
+            if count != int(count) or count < 1 or heads % int(count):
+                raise CheckpointError(f"{path}: {name} gives {count:g} key/value heads of width {head_dim}, which do "
+                                      f"not divide num_heads {heads}: no timm Eva of these sizes holds it (check "
+                                      "model_args.num_heads and embed_dim against the file). Nothing was loaded.")
+            raise CheckpointError(f"{path}: {name} gives {count:g} key/value heads, but {given} has {expected} for "
+                                  f"block {index}; the name, config and tensors disagree: set model_args.num_kv_heads "
+                                  "to the file's, one per block. Nothing was loaded.")
 
 
 def _split_frequencies(frequencies, architecture, sizes, path):
@@ -206,6 +213,9 @@ def configured_eva_architecture(config, where):
     entry = EVA_ARCHITECTURES[name]
     args = model_args_of(config, where, "Eva", EVA_ARGUMENTS)
     switches = configured_switches(entry, args, config, (*EVA_KEYWORDS, *TRAINING_ONLY_KEYWORDS), "avg", where)
+    if isinstance(switches.get("num_kv_heads"), tuple):  # a block's null is its full attention, as timm computes it
+        heads = args.get("num_heads", entry.num_heads)
+        switches["num_kv_heads"] = tuple(heads if count is None else count for count in switches["num_kv_heads"])
     if switches.get("rope_type") == "mixed" and switches.get("rope_rotate_half"):
         given = "model_args.rope_rotate_half" if "rope_rotate_half" in args else f"timm's {name!r} rope_rotate_half"
         raise CheckpointError(f"{where}: {given} is True with rope_type 'mixed'; expected false (timm's mixed RoPE "
@@ -267,8 +277,6 @@ def read_timm_eva(path, budget, config, where):
         raise CheckpointError(f"{path} lacks timm's patch embedding or first block (patch_embed.proj.weight, "
                               "blocks.0.mlp.fc1*). Nothing was loaded.")
     sizes = _sizes(state, entry, args, switches, name, path, where)
-    _check_kv_heads(state, architecture, sizes, "qkv.weight" if layout is FUSED else "k_proj.weight",
-                    _kv_heads_setting(args, name), path)
     unpacked = eva_unpacked_swiglu(switches)
     if unpacked != ("blocks.0.mlp.fc1_g.weight" in tensors) and architecture.mlp_activation == "swiglu":
         found, built = ("one packed SwiGLU layer (mlp.fc1)", "two (mlp.fc1_g, mlp.fc1_x)") if unpacked else \
@@ -276,6 +284,7 @@ def read_timm_eva(path, budget, config, where):
         raise CheckpointError(f"{path} holds {found}, but timm's {name!r} builds {built}. Nothing was loaded.")
     layout.check_complete(list(tensors), architecture, sizes["depth"],
                           settings(dict(sizes, architecture=name), "architecture", "depth"), path)
+    _check_kv_heads(tensors, architecture, sizes, layout is FUSED, _kv_heads_setting(args, name), path)
     state.update(_split_frequencies(frequencies, architecture, sizes, path))
     check_head(state, args.get("num_classes", config.get("num_classes")), path, where)
     step = sizes["patch_size"]
@@ -285,6 +294,8 @@ def read_timm_eva(path, budget, config, where):
         size = configured_image_sizes(args, pretrained, entry, where)[0]
         grid = (size[0] // step, size[1] // step)
     source = source_from_state(path, state, grid, sizes["num_heads"], architecture)
+    source.origins = {**layout.origins(tensors), **{name: ("rope.freqs",) for name in state
+                                                     if name.endswith("/rope_frequencies")}}
     source.position_resize = entry.resize[:2]
     source.eval_transform = transform
     return source

@@ -309,6 +309,27 @@ def timm_backbone_name(path, stem_only):
     return f"{BACKBONE}stages.{int(unit.group(1)) - 1}.blocks.{int(unit.group(2)) - 1}.{rest}"
 
 
+def backbone_origins(state):
+    """`{keras_vit path: timm's name}` of the stem weights among keras_vit's `state` (a ResNet, a ConvStem or an MbConv
+    stem; `WeightsSource.origins`), a depthwise kernel keras_vit keeps transposed as a tuple of its name."""
+    found = {}
+    if conv_stem_widths_of(state) is not None:
+        found.update({ours: BACKBONE + name for name, ours in CONV_STEM_NAMES.items()})
+    if mbconv_of(state) is not None:
+        found.update({ours: BACKBONE + name for name, ours in MBCONV_NAMES.items()})
+        blocks = {ours: rest for rest, ours in MBCONV_BLOCK_NAMES.items()}
+        for path in state:
+            match = MBCONV_BLOCK.match(path)
+            if match and path[match.end():] in blocks:
+                name = f"{BACKBONE}stages.{match.group(1)}.{match.group(2)}.{blocks[path[match.end():]]}"
+                found[path] = (name,) if name.endswith("conv2_kxk.weight") else name
+    resnet = resnet_layers_of(state)
+    if resnet is not None:
+        found.update({path: name for path in state
+                      if (name := timm_backbone_name(path, stem_only=resnet == ())) is not None})
+    return found
+
+
 def check_backbone_agrees(state, entry, name, path):
     """Refuse a ResNet, or none, where timm's architecture `name` (its family table `entry`) has the other."""
     found, declared = resnet_layers_of(state), entry.resnet_layers

@@ -51,7 +51,7 @@ from keras_vit.checkpoints.timm.families import (
     timm_architecture,
     timm_switches_to_architecture,
 )
-from keras_vit.checkpoints.timm.hybrid import BACKBONE, backbone_from_timm, check_backbone_agrees
+from keras_vit.checkpoints.timm.hybrid import BACKBONE, backbone_from_timm, backbone_origins, check_backbone_agrees
 from keras_vit.data import preprocessing
 from keras_vit.model.architecture import Architecture
 from keras_vit.model.description import conv_stem_widths_of, mbconv_of, resnet_layers_of
@@ -281,6 +281,7 @@ def read_timm(path, budget=None, config=None, config_path=None):
         gate = "geglu" if layout_of(tensors) is GEGLU_LAYOUT else "gelu"  # else SwiGLU where the MLP is gated
         architecture = architecture_from_state(state, None, mlp_activation=gate, resnet_epsilons=epsilons)
         source = source_from_state(path, state, None, None, architecture)
+        source.origins = {**layout_of(tensors).origins(tensors), **backbone_origins(state)}
         source.position_resize = DEFAULT_RESIZE[:2]
         source.eval_transform = preprocessing.from_timm_config({}, path)  # timm's defaults, at the model's size
         return source
@@ -307,6 +308,7 @@ def read_timm(path, budget=None, config=None, config_path=None):
     step = sizes["patch_size"] * stride
     grid, image_size = grid_of_config(state, architecture, entry, args, pretrained, step, where)
     source = source_from_state(path, state, grid, sizes["num_heads"], architecture)
+    source.origins = {**layout_of(tensors).origins(tensors), **backbone_origins(state)}
     if image_size is not None and (image_size[0] % step or image_size[1] % step):
         source.input_size = image_size  # timm's VALID convolution drops the rest (so400m/14 at 384 px)
     source.position_resize = entry.resize[:2]

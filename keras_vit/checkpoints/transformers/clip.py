@@ -166,7 +166,8 @@ def read_vision_tower_folder(folder, config, budget=None):
         else "vision_config"
     vision, where = vision_config(folder, config, key if whole else None)
     weights, fields = transformers_fields(folder, vision, CONFIG_DEFAULTS[f"{family}_vision_model"], where)
-    state = from_vision_tower(read_state_dict(weights, budget), weights, _tower_tensors(model_type, fields))
+    tensors = read_state_dict(weights, budget)
+    state = from_vision_tower(tensors, weights, _tower_tensors(model_type, fields))
     check_sizes(where, fields, state)
     table = state["position_embedding/pos_embedding"]
     prefix_rows = int("class_token/cls" in state)
@@ -175,5 +176,6 @@ def read_vision_tower_folder(folder, config, budget=None):
                                            layer_norm_epsilon=fields["layer_norm_eps"],
                                            class_token_position_embedding=True)
     source = source_from_state(weights, state, grid, fields["num_attention_heads"], architecture)
+    source.origins = LAYOUT.origins(tensors)
     source.position_resize = ("bicubic", False)  # CLIP's and SigLIP's interpolate_pos_encoding
     return without_head(source, family == "clip" or fields["vision_use_head"])

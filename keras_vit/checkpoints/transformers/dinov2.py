@@ -124,7 +124,8 @@ def read_dinov2_folder(folder, config, budget=None):
         config = dict(config, hidden_act="gelu")
     weights, fields = transformers_fields(folder, config, CONFIG_DEFAULTS[model_type])
     where = os.path.join(folder, "config.json")
-    state = from_dinov2(read_state_dict(weights, budget), weights, _dinov2_tensors(model_type, fields))
+    tensors = read_state_dict(weights, budget)
+    state = from_dinov2(tensors, weights, _dinov2_tensors(model_type, fields))
     check_sizes(where, fields, state, _mlp_width(fields))
     if "num_register_tokens" in fields and state["register_tokens/registers"].shape[1] != fields["num_register_tokens"]:
         raise CheckpointError(f"{where}: num_register_tokens is {fields['num_register_tokens']!r}, but the file "
@@ -136,5 +137,8 @@ def read_dinov2_folder(folder, config, budget=None):
                                            layer_norm_epsilon=fields["layer_norm_eps"],
                                            class_token_position_embedding=False, layer_scale=1.0)
     source = source_from_state(weights, state, grid, fields["num_attention_heads"], architecture)
+    source.origins = LAYOUT.origins(tensors)
+    if isinstance(source.origins.get("position_embedding/pos_embedding"), str):  # its class token's row is not ours
+        source.origins["position_embedding/pos_embedding"] = (source.origins["position_embedding/pos_embedding"],)
     source.position_resize = POSITION_RESIZE[model_type]
     return source

@@ -71,7 +71,8 @@ _QUERY_VALUE_BIASES = BlockRule(
     lambda parts, block: {"qkv/bias": np.concatenate([parts["attention.q_proj.bias"],
                                                       np.zeros_like(parts["attention.q_proj.bias"]),
                                                       parts["attention.v_proj.bias"]])},
-    None, when=lambda a: a.qkv_bias and not a.key_bias)
+    None, when=lambda a: a.qkv_bias and not a.key_bias,
+    shapes=lambda width: {"attention.q_proj.bias": (width,), "attention.v_proj.bias": (width,)})
 
 
 def _layout(gated, key_bias):
@@ -122,5 +123,6 @@ def read_dinov3_folder(folder, config, budget=None):
     check_sizes(where, fields, state, ("intermediate_size", fields["intermediate_size"], mlp_width))
     grid = tuple(side // fields["patch_size"] for side in fields["image_size"])
     source = source_from_state(weights, state, grid, fields["num_attention_heads"], architecture)
+    source.origins = layout.origins(tensors)
     source.layout = dict(include_top=False, pooling="token")
     return source

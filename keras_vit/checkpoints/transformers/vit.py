@@ -31,7 +31,7 @@ Example:
 import dataclasses
 import os
 
-from keras_vit.checkpoints.config_fields import checked_fields
+from keras_vit.checkpoints.config_fields import check_table_fits, checked_fields
 from keras_vit.checkpoints.source import (
     CheckpointError,
     architecture_from_state,
@@ -39,7 +39,7 @@ from keras_vit.checkpoints.source import (
     source_from_state,
 )
 from keras_vit.checkpoints.state_dict_files import folder_weights, read_state_dict
-from keras_vit.checkpoints.tensor_layout import QKV, TensorLayout, check_table_fits, settings
+from keras_vit.checkpoints.tensor_layout import QKV, TensorLayout, settings
 from keras_vit.model.architecture import Architecture
 
 # transformers name (after "encoder.layer.{i}.") -> keras_vit name (after "encoderblock_{i}/").
@@ -203,7 +203,8 @@ def read_transformers_folder(folder, config, budget=None):
     weights, fields = transformers_fields(folder, config, CONFIG_DEFAULTS["vit"])  # DeiTConfig's are ViTConfig's
     where = os.path.join(folder, "config.json")
     layout, switches = MODEL_TYPES[config.get("model_type", "vit")]
-    state = from_transformers(read_state_dict(weights, budget), weights, _vit_tensors(fields, switches), layout)
+    tensors = read_state_dict(weights, budget)
+    state = from_transformers(tensors, weights, _vit_tensors(fields, switches), layout)
     check_sizes(where, fields, state)
     if "pre_logits/kernel" in state:
         pooler = fields["pooler_output_size"] or fields["hidden_size"]
@@ -223,6 +224,7 @@ def read_transformers_folder(folder, config, budget=None):
                                            layer_norm_epsilon=fields["layer_norm_eps"],
                                            class_token_position_embedding=True)
     source = source_from_state(weights, state, grid, fields["num_attention_heads"], architecture)
+    source.origins = layout.origins(tensors)
     source.class_names = class_names_in_order(labels, state)
     source.position_resize = ("bicubic", False)  # ViTEmbeddings.interpolate_pos_encoding
     return source
