@@ -165,6 +165,25 @@ def one_more_valid(mask):
     return mask
 
 
+def one_fewer_valid(mask):
+    mask = mask.copy()
+    mask[1, 0] = False
+    return mask
+
+
+@pytest.mark.backend_independent
+def test_a_mask_that_disagrees_with_its_grid_in_backend_tensors_changes_no_output():
+    _, naflex = random_pair(register_tokens=1, classifier="map")
+    batch = changed()
+    expected = predict(naflex, batch)
+    for change in (one_more_valid, one_fewer_valid):
+        # Tensors, as a tf.data or DataLoader pipeline passes them: their values are not checked, and the grid says
+        # which patches are the image's.
+        tensors = {key: keras.ops.convert_to_tensor(value) for key, value in changed(patch_mask=change).items()}
+        np.testing.assert_allclose(keras.ops.convert_to_numpy(naflex(tensors)), expected, atol=1e-5, rtol=0)
+        np.testing.assert_allclose(naflex.predict_on_batch(tensors), expected, atol=1e-5, rtol=0)
+
+
 @pytest.mark.backend_independent
 @pytest.mark.parametrize("batch, message", [
     (changed(patch_mask=one_more_valid),

@@ -8,15 +8,18 @@ transformers' `Siglip2ImageProcessor`:
   patches first in row-major order, then padding;
 - `patch_grid`, `(batch, 2)` int32: each image's `(rows, columns)` of patches;
 - `patch_mask`, `(batch, max_patches)` bool: True on the image's
-  `rows * columns` patches, False on the padding.
+  `rows * columns` patches, False on the padding. The model reads its
+  length; which tokens are valid it reads from `patch_grid`, the one
+  place that says it (`NaFlexTokenMask`).
 
 `NaFlexPatchEmbedding` projects the cut patches with the kernel of
 `PatchEmbedding` (the same weight, so a fixed-size model's weights run
 here unchanged); `NaFlexPositionEmbedding` resizes the position table to
 each image's own grid, inside the batch; `NaFlexRotaryPositions` gives
 RoPE each image's own grid. Attention (`TransformerBlock(key_mask=...)`)
-and pooling (`TokenPooling`, `AttentionPooling` with `patch_mask`) leave
-the padding out, so no valid token depends on what the padding holds.
+and pooling (`TokenPooling`, `AttentionPooling` with `NaFlexTokenMask`'s
+mask, which is each image's grid, not the mask's values) leave the padding
+out, so no valid token depends on what the padding holds.
 
 Example:
 >>> import numpy as np
@@ -270,21 +273,38 @@ class NaFlexRotaryPositions(keras.layers.Layer):
 
 @keras.saving.register_keras_serializable(package="keras_vit")
 class NaFlexTokenMask(keras.layers.Layer):
-    """`(batch, prefix + count)` bool: the prefix tokens (always valid), then `patch_mask`; what attention keeps."""
+    """`(batch, prefix + count)` bool: the prefix tokens (always valid), then each image's first `rows * cols`
+    patches by its `patch_grid`; what attention and pooling keep.
+
+    Derived from the grid, as the positions are: `patch_mask` gives the
+    sequence length only, so a mask that disagrees with its grid (which
+    `check_naflex_batch` refuses in numpy batches, and nothing can check in a
+    tf.data or DataLoader pipeline's tensors without leaving the graph)
+    cannot make a padding token count, nor leave a patch out.
+
+    Example:
+    >>> import numpy as np
+    >>> mask = NaFlexTokenMask(num_prefix_tokens=1)(np.ones((1, 4), bool), np.array([[1, 2]]))
+    >>> np.asarray(mask).tolist()
+    [[True, True, True, False, False]]
+    """
 
     def __init__(self, num_prefix_tokens=0, **kwargs):
         super().__init__(**kwargs)
         # === Config ===
         self.num_prefix_tokens = int(num_prefix_tokens)
 
-    def call(self, patch_mask):
-        patch_mask = ops.cast(patch_mask, "bool")
+    def call(self, patch_mask, patch_grid):
+        # A running count, not `arange(length)`, as in `token_grid_indices`.
+        index = ops.cumsum(ops.ones_like(ops.cast(patch_mask[:1], "float32")), axis=1) - 1.0
+        grid = ops.cast(patch_grid, "float32")
+        mask = index < grid[:, 0:1] * grid[:, 1:2]
         if not self.num_prefix_tokens:
-            return patch_mask
-        prefix = ops.ones((ops.shape(patch_mask)[0], self.num_prefix_tokens), "bool")
-        return ops.concatenate([prefix, patch_mask], axis=1)
+            return mask
+        prefix = ops.ones((ops.shape(mask)[0], self.num_prefix_tokens), "bool")
+        return ops.concatenate([prefix, mask], axis=1)
 
-    def compute_output_spec(self, patch_mask):
+    def compute_output_spec(self, patch_mask, patch_grid):
         count = None if patch_mask.shape[1] is None else patch_mask.shape[1] + self.num_prefix_tokens
         return keras.KerasTensor((patch_mask.shape[0], count), dtype="bool")
 
