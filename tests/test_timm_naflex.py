@@ -62,6 +62,20 @@ def test_loads_timm_naflexvit_with_exact_outputs_at_three_aspect_ratios_and_two_
 
 
 @pytest.mark.backend_independent
+def test_an_image_on_the_grid_of_a_non_square_aspect_preserving_table_gets_the_table_unchanged():
+    # timm adds the table as it is where an image's grid is the table's (4 x 6 here), and resizes it to a square of
+    # the longer side, then crops, elsewhere (the 6 x 4 image, the smaller grids).
+    kind = "radio_v4_nonsquare"
+    batch = {key: REFERENCE[f"{kind}/{key}"] for key in ("patches", "patch_grid", "patch_mask")}
+    assert batch["patch_grid"][:2].tolist() == [[4, 6], [6, 4]]
+    model = keras_vit.from_pretrained(folder(kind), classifier_activation=None)
+    np.testing.assert_allclose(predict(model, batch), REFERENCE[f"{kind}/output"], atol=1e-5, rtol=0)
+    tokens, reference = predict(tokens_model(model), batch), REFERENCE[f"{kind}/tokens"]
+    mask = np.concatenate([np.ones((len(tokens), model.architecture.num_prefix_tokens), bool), batch["patch_mask"]], 1)
+    np.testing.assert_allclose(tokens[mask], reference[mask], atol=1e-5, rtol=0)
+
+
+@pytest.mark.backend_independent
 def test_naflex_source_carries_timms_position_resize_and_eval_rule():
     radio = checkpoints.read_weights(folder("radio_v3"))
     assert (radio.naflex, radio.position_resize, radio.resize_align_corners, radio.resize_aspect_preserving,

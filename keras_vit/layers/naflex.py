@@ -140,7 +140,8 @@ class NaFlexPositionEmbedding(keras.layers.Layer):
     `torch.nn.functional.interpolate` (SigLIP 2: bilinear, anti-aliased;
     timm's NaFlexVit: bicubic, anti-aliased), `aspect_preserving` (timm's
     `pos_embed_ar_preserving`: a square of the longer side, then its
-    top-left corner) and `align_corners` (RADIO v3).
+    top-left corner; on the table's own grid the table unchanged, as timm
+    skips the resize there) and `align_corners` (RADIO v3).
 
     Example:
     >>> import numpy as np
@@ -184,9 +185,11 @@ class NaFlexPositionEmbedding(keras.layers.Layer):
         row, col = token_grid_indices(patches, patch_grid)
         grid = ops.cast(patch_grid, "float32")
         out_rows, out_cols = grid[:, 0:1], grid[:, 1:2]
-        if self.aspect_preserving:
-            out_rows = out_cols = ops.maximum(out_rows, out_cols)
         (in_rows, in_cols), width = self.grid_size, ops.shape(table)[-1]
+        if self.aspect_preserving:  # a square of the longer side, but the table unchanged on its own grid, as timm
+            longer = ops.maximum(out_rows, out_cols)
+            own = ops.logical_and(ops.equal(out_rows, in_rows), ops.equal(out_cols, in_cols))
+            out_rows, out_cols = ops.where(own, out_rows, longer), ops.where(own, out_cols, longer)
         row_weights = self._weights(in_rows, row, out_rows)  # (batch, tokens, in_rows)
         col_weights = self._weights(in_cols, col, out_cols)
         patch_table = table[0, prefix:]
