@@ -123,6 +123,31 @@ def test_naflex_model_round_trips_through_a_keras_file(tmp_path):
 
 
 @pytest.mark.backend_independent
+def test_from_pretrained_rebuilds_a_naflex_keras_file_as_a_naflex_model(tmp_path):
+    model = keras_vit.ViT(naflex=True, **TINY, classes=3, classifier_activation=None, naflex_patch_sizes=(8,),
+                          position_embedding_aspect_preserving=True, position_embedding_align_corners=True,
+                          position_embedding_interpolation="bilinear")
+    for weight in model.weights:  # the head too, which starts at zero
+        weight.assign(np.random.default_rng(len(weight.path)).normal(0, 0.5, weight.shape).astype("float32"))
+    model.naflex_preprocessing = {"rule": "timm", "max_patches": 64, "interpolation": "bicubic"}
+    model.save(str(tmp_path / "naflex.keras"))
+    keras_vit.enable_lora(model, rank=2)
+    model.save(str(tmp_path / "lora.keras"))
+    batch = batch_of(images_of(SHAPES, seed=8), 4)
+    expected = predict(model, batch)
+    for name, overrides in (("naflex", dict(classes=5)), ("naflex", dict(dtype="bfloat16")),
+                            ("naflex", dict(include_top=False)), ("lora", {})):
+        rebuilt = keras_vit.from_pretrained(str(tmp_path / f"{name}.keras"), **overrides)
+        assert rebuilt.naflex_preprocessing == model.naflex_preprocessing, overrides
+        assert rebuilt.get_layer("embedding").patch_sizes == (4, 8)
+        layer = rebuilt.get_layer("position_embedding")
+        assert (layer.interpolation, layer.aspect_preserving, layer.align_corners) == ("bilinear", True, True)
+        output = predict(rebuilt, batch)  # the next NaFlex batch runs
+        if not overrides:
+            np.testing.assert_allclose(output, expected, atol=1e-5, rtol=0)
+
+
+@pytest.mark.backend_independent
 @pytest.mark.parametrize("kwargs, message", [
     (dict(naflex=True, resnet_layers=(1,), patch_size=1),
      "A hybrid ViT's convolutional stem needs whole images, and NaFlex cuts the patches before the model: build it "
