@@ -15,12 +15,17 @@ from keras_vit.tools.features import feature_extractor, naflex_feature_maps
 BACKEND = keras.backend.backend()
 
 
+def randomised(model):
+    for weight in model.weights:
+        weight.assign(np.random.default_rng(len(weight.path)).normal(0, 0.5, weight.shape).astype("float32"))
+    return model
+
+
 def random_pair(**switches):
     """A dynamic-resolution model with random values in every tensor, and the NaFlex model with its weights."""
     keras.utils.set_random_seed(1)
-    dynamic = keras_vit.ViT(image_size=(None, None), **TINY, classes=3, classifier_activation=None, **switches)
-    for weight in dynamic.weights:
-        weight.assign(np.random.default_rng(len(weight.path)).normal(0, 0.5, weight.shape).astype("float32"))
+    dynamic = randomised(keras_vit.ViT(image_size=(None, None), **TINY, classes=3, classifier_activation=None,
+                                       **switches))
     return dynamic, as_naflex(dynamic, **TINY, classes=3, classifier_activation=None)
 
 
@@ -114,7 +119,11 @@ def test_int8_naflex_model_is_close_to_float_and_survives_a_keras_file(tmp_path)
 
 def test_naflex_onnx_export_keeps_batch_and_sequence_length_open(tmp_path):
     pytest.importorskip("onnxruntime")
-    _, naflex = random_pair(register_tokens=1)
+    # TensorFlow's exporter on the one-product resize (tf2onnx mis-sized its batched matmul); PyTorch's on a table of
+    # more than 4096 positions (RADIO's 128 x 128), whose resize gathers each token's taps, and whose batch and
+    # length torch.export once fixed to the traced sample's (take_along_axis).
+    naflex = randomised(keras_vit.ViT(naflex=True, image_size=260, **TINY, classes=3, classifier_activation=None,
+                                      register_tokens=1)) if BACKEND == "torch" else random_pair(register_tokens=1)[1]
     path = str(tmp_path / "naflex.onnx")
     if BACKEND == "jax":
         with pytest.raises(ValueError) as error:
@@ -127,9 +136,30 @@ def test_naflex_onnx_export_keeps_batch_and_sequence_length_open(tmp_path):
     naflex.export(path, format="onnx", verbose=False)
     session = onnxruntime.InferenceSession(path, providers=["CPUExecutionProvider"])
     assert {feed.name for feed in session.get_inputs()} == {"patches", "patch_grid", "patch_mask"}
-    for batch in (batch_of(images_of(SHAPES, seed=5), 4, length=30), batch_of(images_of(SHAPES[:1]), 4, length=44)):
+    for batch in (batch_of(images_of(SHAPES, seed=5), 4, length=30), batch_of(images_of(SHAPES[:1]), 4, length=44),
+                  batch_of(images_of(((4, 4),) * 4), 4)):
         (served,) = session.run(None, batch)
         np.testing.assert_allclose(served, predict(naflex, batch), atol=1e-4, rtol=0)
+
+
+@pytest.mark.backend_independent
+def test_an_onnx_program_whose_open_axes_torch_fixed_is_refused():
+    from types import SimpleNamespace
+
+    from keras_vit.model import deployment
+
+    # What torch.onnx.export returns where torch.export fixed a size: the traced sample's shapes, with a log line.
+    inputs = [SimpleNamespace(name="patches", shape=(2, "length", 48)), SimpleNamespace(name="patch_grid", shape=(2, 2))]
+    program = SimpleNamespace(model=SimpleNamespace(graph=SimpleNamespace(inputs=inputs)))
+    axes = {"patches": {0: "batch", 1: "length"}, "patch_grid": {0: "batch"}}
+    with pytest.raises(ValueError) as error:
+        deployment._check_open_axes(SimpleNamespace(name="vit"), program, axes)
+    assert str(error.value) == (
+        "PyTorch's ONNX exporter fixed the open axes of vit to the traced sample's (patches[2, length, 48], "
+        "patch_grid[2, 2]), so the file would refuse every other shape: export it on the tensorflow backend "
+        "(KERAS_BACKEND=tensorflow).")
+    inputs[0].shape, inputs[1].shape = ("batch", "length", 48), ("batch", 2)
+    deployment._check_open_axes(SimpleNamespace(name="vit"), program, axes)
 
 
 @pytest.mark.skipif(BACKEND != "tensorflow", reason="a SavedModel is read back by TensorFlow in this process")

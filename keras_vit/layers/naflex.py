@@ -201,8 +201,9 @@ class NaFlexPositionEmbedding(keras.layers.Layer):
             taps = 2 if self.interpolation == "bilinear" else 4
             _, row_taps = ops.top_k(ops.abs(row_weights), taps)
             _, col_taps = ops.top_k(ops.abs(col_weights), taps)
-            row_tap_weights = ops.take_along_axis(row_weights, row_taps, axis=-1)
-            col_tap_weights = ops.take_along_axis(col_weights, col_taps, axis=-1)
+            # Each tap's weight picked by a one-hot product: torch.export fixes the shapes of `take_along_axis`.
+            row_tap_weights = ops.einsum("bnk,bntk->bnt", row_weights, ops.one_hot(row_taps, in_rows))
+            col_tap_weights = ops.einsum("bnk,bntk->bnt", col_weights, ops.one_hot(col_taps, in_cols))
             index = ops.expand_dims(row_taps, -1) * in_cols + ops.expand_dims(col_taps, -2)
             weights = ops.expand_dims(row_tap_weights, -1) * ops.expand_dims(col_tap_weights, -2)
             batch, count = ops.shape(index)[0], ops.shape(index)[1]
