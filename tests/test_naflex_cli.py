@@ -66,6 +66,36 @@ def test_a_naflex_model_keeps_its_preprocessing_through_a_keras_file(naflex_file
 
 
 @pytest.mark.backend_independent
+def test_naflex_preprocessing_naflex_batch_would_refuse_is_refused_when_set_or_loaded(naflex_file, tmp_path):
+    import json
+    import zipfile
+
+    model = keras.saving.load_model(naflex_file)
+    with pytest.raises(ValueError) as error:
+        model.naflex_preprocessing = {"rule": "timm", "max_patches": 64, "interpolation": "random"}
+    assert str(error.value) == ("interpolation must be one of ('nearest', 'lanczos', 'bilinear', 'bicubic', 'box', "
+                                "'hamming'), got 'random'.")
+    bad = str(tmp_path / "bad.keras")
+    with zipfile.ZipFile(naflex_file) as source, zipfile.ZipFile(bad, "w") as target:
+        for name in source.namelist():
+            content = source.read(name)
+            if name == "config.json":
+                config = json.loads(content)
+                config["config"]["naflex_preprocessing"]["crop"] = 0.9
+                content = json.dumps(config)
+            target.writestr(name, content)
+    expected = ("The model's naflex_preprocessing {'rule': 'siglip2', 'max_patches': 256, 'interpolation': 'bilinear', "
+                "'crop': 0.9} is not naflex_batch's keywords: NaFlex preprocessing takes the keys ['interpolation', "
+                "'max_patches', 'rule'], got ['crop', 'interpolation', 'max_patches', 'rule'].")
+    with pytest.raises(ValueError) as error:
+        keras.saving.load_model(bad)
+    assert str(error.value) == expected
+    with pytest.raises(checkpoints.CheckpointError) as error:
+        keras_vit.from_pretrained(bad)
+    assert str(error.value) == f"{bad} is not a loadable .keras model: {expected}"
+
+
+@pytest.mark.backend_independent
 def test_predict_scores_each_whole_photo_as_the_model_scores_its_naflex_batch(naflex_file, tmp_path):
     paths = write_images(str(tmp_path), PHOTOS)
     network = keras.saving.load_model(naflex_file)
