@@ -93,6 +93,8 @@ def _with_config(tmp_path, kind, **changes):
     for key, value in changes.items():
         if key == "architecture":
             config[key] = value
+        elif key == "interpolation":
+            config["pretrained_cfg"][key] = value
         else:
             config["model_args"][key] = value
     (copy / "config.json").write_text(json.dumps(config))
@@ -110,6 +112,9 @@ def _with_config(tmp_path, kind, **changes):
     (dict(not_an_argument=1), "model_args.not_an_argument is not a NaFlexVit argument keras_vit computes"),
     (dict(pos_embed_grid_size=[4, 4]), "embeds.pos_embed has shape (1, 5, 5, 16), but timm's "
                                        "'naflexvit_base_patch16_par_gap' builds a (1, 4, 4, width) table"),
+    (dict(interpolation="random"), "par_gap/config.json: pretrained_cfg.interpolation 'random' is not a filter "
+                                   "keras_vit resizes NaFlex images with (nearest, lanczos, bilinear, bicubic, box, "
+                                   "hamming); nothing was loaded."),
 ])
 def test_refuses_naflexvit_settings_keras_vit_does_not_compute_by_name(tmp_path, changes, message):
     with pytest.raises(CheckpointError, match=None) as error:
