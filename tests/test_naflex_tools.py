@@ -51,6 +51,24 @@ def test_naflex_features_are_each_images_own_map_as_the_dynamic_model_gives_it()
 
 
 @pytest.mark.backend_independent
+def test_few_shot_features_of_naflex_evaluation_batches_are_one_per_image():
+    from keras_vit import data
+    from keras_vit.data.naflex_batches import NaFlexEvaluationBatches
+
+    _, naflex = random_pair(register_tokens=1)
+    rng = np.random.default_rng(10)
+    images = rng.integers(0, 256, (7, 24, 40, 3), dtype=np.uint8)
+    source = data.from_arrays(images, np.arange(7) % 3)
+    options = {"rule": "siglip2", "max_patches": 36, "interpolation": "bilinear"}
+    batches = NaFlexEvaluationBatches(source, 4, batch_size=3, preprocessing=options)
+    features, labels = analysis.extract_features(naflex, batches)  # batches of 3, 3 and 1 image
+    assert features.shape == (7, 16) and labels.tolist() == [0, 1, 2, 0, 1, 2, 0]
+    alone = analysis.extract_features(naflex, [(data.naflex_batch([image], 4, **options), np.zeros(1))
+                                               for image in images])[0]
+    np.testing.assert_allclose(features, alone, atol=1e-5, rtol=0)
+
+
+@pytest.mark.backend_independent
 @pytest.mark.parametrize("switches", [dict(register_tokens=1), dict(rope="axial", classifier="gap",
                                                                     class_token=False, position_embedding=False)])
 def test_naflex_attention_leaves_the_padding_out_and_is_each_images_own(switches):
