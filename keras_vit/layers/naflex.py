@@ -25,7 +25,7 @@ Example:
 >>> import numpy as np
 >>> grid = np.array([[2, 3], [1, 4]], "int32")
 >>> token_grid_indices(np.zeros((2, 6, 8)), grid)[1][1].tolist()  # the column of each token of image 1
-[0.0, 1.0, 2.0, 3.0, 3.0, 3.0]
+[0.0, 1.0, 2.0, 3.0, 0.0, 1.0]
 """
 
 import math
