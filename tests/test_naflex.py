@@ -1,5 +1,7 @@
 """NaFlex models: a padded batch of patch sequences, each image on its own grid (`keras_vit.layers.naflex`)."""
 
+import os
+
 import keras
 import numpy as np
 import pytest
@@ -120,6 +122,16 @@ def test_naflex_model_round_trips_through_a_keras_file(tmp_path):
     np.testing.assert_array_equal(predict(loaded, batch), predict(model, batch))
     layer = loaded.get_layer("position_embedding")
     assert (layer.interpolation, layer.antialias, layer.aspect_preserving) == ("bilinear", True, True)
+
+
+@pytest.mark.backend_independent
+def test_a_naflex_keras_file_saved_before_the_mask_came_from_the_grid_loads_with_its_outputs():
+    # Written by tools/make_legacy_naflex_fixture.py at commit 8af4eef: its token mask reads the patch mask alone.
+    saved = dict(np.load(fixture(os.path.join("legacy_keras", "naflex_outputs.npz"))))
+    expected = saved.pop("output")
+    path = fixture(os.path.join("legacy_keras", "naflex.keras"))
+    for model in (keras.saving.load_model(path), keras_vit.from_pretrained(path)):
+        np.testing.assert_allclose(predict(model, saved), expected, atol=1e-5, rtol=0)
 
 
 @pytest.mark.backend_independent

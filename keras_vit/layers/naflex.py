@@ -284,7 +284,8 @@ class NaFlexTokenMask(keras.layers.Layer):
     sequence length only, so a mask that disagrees with its grid (which
     `check_naflex_batch` refuses in numpy batches, and nothing can check in a
     tf.data or DataLoader pipeline's tensors without leaving the graph)
-    cannot make a padding token count, nor leave a patch out.
+    cannot make a padding token count, nor leave a patch out. Called without
+    the grid (a `.keras` model saved before), it keeps the mask's values.
 
     Example:
     >>> import numpy as np
@@ -298,17 +299,19 @@ class NaFlexTokenMask(keras.layers.Layer):
         # === Config ===
         self.num_prefix_tokens = int(num_prefix_tokens)
 
-    def call(self, patch_mask, patch_grid):
-        # A running count, not `arange(length)`, as in `token_grid_indices`.
-        index = ops.cumsum(ops.ones_like(ops.cast(patch_mask[:1], "float32")), axis=1) - 1.0
-        grid = ops.cast(patch_grid, "float32")
-        mask = index < grid[:, 0:1] * grid[:, 1:2]
+    def call(self, patch_mask, patch_grid=None):
+        if patch_grid is None:  # a model saved before the mask came from the grid: the mask's values, as then
+            mask = ops.cast(patch_mask, "bool")
+        else:  # a running count, not `arange(length)`, as in `token_grid_indices`
+            index = ops.cumsum(ops.ones_like(ops.cast(patch_mask[:1], "float32")), axis=1) - 1.0
+            grid = ops.cast(patch_grid, "float32")
+            mask = index < grid[:, 0:1] * grid[:, 1:2]
         if not self.num_prefix_tokens:
             return mask
         prefix = ops.ones((ops.shape(mask)[0], self.num_prefix_tokens), "bool")
         return ops.concatenate([prefix, mask], axis=1)
 
-    def compute_output_spec(self, patch_mask, patch_grid):
+    def compute_output_spec(self, patch_mask, patch_grid=None):
         count = None if patch_mask.shape[1] is None else patch_mask.shape[1] + self.num_prefix_tokens
         return keras.KerasTensor((patch_mask.shape[0], count), dtype="bool")
 
