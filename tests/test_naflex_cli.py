@@ -129,9 +129,14 @@ def test_a_buckets_last_naflex_batch_holds_only_its_own_examples(tmp_path, caplo
     paths = write_images(str(tmp_path), [(40, 60), (40, 60)], ending="png")
     with open(paths[1], "r+b") as f:
         f.truncate(100)
-    x, y = NaFlexEvaluationBatches(data.Source(None, 2, 3, examples=(paths, np.array([1, 2]))), 4, batch_size=2)[0]
+    source = data.Source(None, 2, 3, examples=(paths, np.array([1, 2])))
+    x, y = NaFlexEvaluationBatches(source, 4, batch_size=2)[0]
     assert x["patch_grid"].tolist() == [[13, 19]] and y.tolist() == [1]
     assert "1.png, which cannot be decoded as an image" in caplog.text
+    with pytest.raises(ValueError) as error:  # no batch of no rows, which Keras' mean of the loss makes NaN
+        NaFlexEvaluationBatches(source, 4, batch_size=1)[1]
+    assert str(error.value) == (f"No image of NaFlex evaluation batch 1 can be decoded ({paths[1]}); remove them "
+                                "from the set.")
 
 
 @pytest.mark.backend_independent

@@ -167,7 +167,8 @@ def test_an_onnx_program_whose_open_axes_torch_fixed_is_refused():
     from keras_vit.model import deployment
 
     # What torch.onnx.export returns where torch.export fixed a size: the traced sample's shapes, with a log line.
-    inputs = [SimpleNamespace(name="patches", shape=(2, "length", 48)), SimpleNamespace(name="patch_grid", shape=(2, 2))]
+    inputs = [SimpleNamespace(name="patches", shape=(2, "length", 48)),
+              SimpleNamespace(name="patch_grid", shape=(2, 2))]
     program = SimpleNamespace(model=SimpleNamespace(graph=SimpleNamespace(inputs=inputs)))
     axes = {"patches": {0: "batch", 1: "length"}, "patch_grid": {0: "batch"}}
     with pytest.raises(ValueError) as error:

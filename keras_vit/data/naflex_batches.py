@@ -22,7 +22,8 @@ remaining examples (no filler rows, which Keras' `metrics` and the loss's
 mean would count), so each bucket compiles at most two steps: its full
 batch and its remainder. Its batches are `(naflex batch, labels (one-hot
 with one_hot=True))`; an image file that cannot be decoded is left out of
-its batch, with a note naming it.
+its batch, with a note naming it (a batch none of whose files decode is
+refused: Keras' loss would be NaN).
 
 Example:
 >>> from keras_vit import data
@@ -236,11 +237,10 @@ class NaFlexEvaluationBatches(keras.utils.PyDataset):
         bucket, rows = self.plan[index]
         cut = [(row, self._cut(row, bucket)) for row in rows]
         cut = [(row, batch) for row, batch in cut if batch is not None]  # a file that cannot be decoded: left out
-        if cut:
-            batch = {key: np.concatenate([one[key] for _, one in cut]) for key in cut[0][1]}
-        else:  # every file of the batch left out: a batch of no examples, which no metric counts
-            batch = {"patches": np.zeros((0, bucket, self.patch_size ** 2 * 3), "float32"),
-                     "patch_grid": np.zeros((0, 2), "int32"), "patch_mask": np.zeros((0, bucket), bool)}
+        if not cut:  # a batch of no rows, whose loss Keras' mean makes NaN for the whole pass
+            raise ValueError(f"No image of NaFlex evaluation batch {index} can be decoded "
+                             f"({', '.join(map(str, np.asarray(self.images)[rows]))}); remove them from the set.")
+        batch = {key: np.concatenate([one[key] for _, one in cut]) for key in cut[0][1]}
         labels = self.labels[[row for row, _ in cut]]
         if self.one_hot:
             labels = np.eye(self.num_classes, dtype="float32")[labels]
