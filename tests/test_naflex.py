@@ -1,5 +1,7 @@
 """NaFlex models: a padded batch of patch sequences, each image on its own grid (`keras_vit.layers.naflex`)."""
 
+import os
+
 import keras
 import numpy as np
 import pytest
@@ -120,6 +122,41 @@ def test_naflex_model_round_trips_through_a_keras_file(tmp_path):
     np.testing.assert_array_equal(predict(loaded, batch), predict(model, batch))
     layer = loaded.get_layer("position_embedding")
     assert (layer.interpolation, layer.antialias, layer.aspect_preserving) == ("bilinear", True, True)
+
+
+@pytest.mark.backend_independent
+def test_a_naflex_keras_file_saved_before_the_mask_came_from_the_grid_loads_with_its_outputs():
+    # Written by tools/make_legacy_naflex_fixture.py at commit 8af4eef: its token mask reads the patch mask alone.
+    saved = dict(np.load(fixture(os.path.join("legacy_keras", "naflex_outputs.npz"))))
+    expected = saved.pop("output")
+    path = fixture(os.path.join("legacy_keras", "naflex.keras"))
+    for model in (keras.saving.load_model(path), keras_vit.from_pretrained(path)):
+        np.testing.assert_allclose(predict(model, saved), expected, atol=1e-5, rtol=0)
+
+
+@pytest.mark.backend_independent
+def test_from_pretrained_rebuilds_a_naflex_keras_file_as_a_naflex_model(tmp_path):
+    model = keras_vit.ViT(naflex=True, **TINY, classes=3, classifier_activation=None, naflex_patch_sizes=(8,),
+                          position_embedding_aspect_preserving=True, position_embedding_align_corners=True,
+                          position_embedding_interpolation="bilinear")
+    for weight in model.weights:  # the head too, which starts at zero
+        weight.assign(np.random.default_rng(len(weight.path)).normal(0, 0.5, weight.shape).astype("float32"))
+    model.naflex_preprocessing = {"rule": "timm", "max_patches": 64, "interpolation": "bicubic"}
+    model.save(str(tmp_path / "naflex.keras"))
+    keras_vit.enable_lora(model, rank=2)
+    model.save(str(tmp_path / "lora.keras"))
+    batch = batch_of(images_of(SHAPES, seed=8), 4)
+    expected = predict(model, batch)
+    for name, overrides in (("naflex", dict(classes=5)), ("naflex", dict(dtype="bfloat16")),
+                            ("naflex", dict(include_top=False)), ("lora", {})):
+        rebuilt = keras_vit.from_pretrained(str(tmp_path / f"{name}.keras"), **overrides)
+        assert rebuilt.naflex_preprocessing == model.naflex_preprocessing, overrides
+        assert rebuilt.get_layer("embedding").patch_sizes == (4, 8)
+        layer = rebuilt.get_layer("position_embedding")
+        assert (layer.interpolation, layer.aspect_preserving, layer.align_corners) == ("bilinear", True, True)
+        output = predict(rebuilt, batch)  # the next NaFlex batch runs
+        if not overrides:
+            np.testing.assert_allclose(output, expected, atol=1e-5, rtol=0)
 
 
 @pytest.mark.backend_independent

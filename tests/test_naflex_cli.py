@@ -66,6 +66,36 @@ def test_a_naflex_model_keeps_its_preprocessing_through_a_keras_file(naflex_file
 
 
 @pytest.mark.backend_independent
+def test_naflex_preprocessing_naflex_batch_would_refuse_is_refused_when_set_or_loaded(naflex_file, tmp_path):
+    import json
+    import zipfile
+
+    model = keras.saving.load_model(naflex_file)
+    with pytest.raises(ValueError) as error:
+        model.naflex_preprocessing = {"rule": "timm", "max_patches": 64, "interpolation": "random"}
+    assert str(error.value) == ("interpolation must be one of ('nearest', 'lanczos', 'bilinear', 'bicubic', 'box', "
+                                "'hamming'), got 'random'.")
+    bad = str(tmp_path / "bad.keras")
+    with zipfile.ZipFile(naflex_file) as source, zipfile.ZipFile(bad, "w") as target:
+        for name in source.namelist():
+            content = source.read(name)
+            if name == "config.json":
+                config = json.loads(content)
+                config["config"]["naflex_preprocessing"]["crop"] = 0.9
+                content = json.dumps(config)
+            target.writestr(name, content)
+    expected = ("The model's naflex_preprocessing {'rule': 'siglip2', 'max_patches': 256, 'interpolation': 'bilinear', "
+                "'crop': 0.9} is not naflex_batch's keywords: NaFlex preprocessing takes the keys ['interpolation', "
+                "'max_patches', 'rule'], got ['crop', 'interpolation', 'max_patches', 'rule'].")
+    with pytest.raises(ValueError) as error:
+        keras.saving.load_model(bad)
+    assert str(error.value) == expected
+    with pytest.raises(checkpoints.CheckpointError) as error:
+        keras_vit.from_pretrained(bad)
+    assert str(error.value) == f"{bad} is not a loadable .keras model: {expected}"
+
+
+@pytest.mark.backend_independent
 def test_predict_scores_each_whole_photo_as_the_model_scores_its_naflex_batch(naflex_file, tmp_path):
     paths = write_images(str(tmp_path), PHOTOS)
     network = keras.saving.load_model(naflex_file)
@@ -86,35 +116,54 @@ def test_predict_scores_each_whole_photo_as_the_model_scores_its_naflex_batch(na
 
 
 @pytest.mark.backend_independent
-def test_evaluate_scores_a_folder_of_mixed_shapes_in_one_sequence_length_per_bucket(naflex_file, tmp_path):
-    shapes = ((40, 60), (90, 30), (33, 33), (20, 100), (64, 48))
-    for label in ("0", "1", "2"):
-        os.makedirs(tmp_path / label)
-        write_images(str(tmp_path / label), shapes[int(label):], seed=int(label))
-    network = keras.saving.load_model(naflex_file)
-    source = data.load_source(str(tmp_path), "test", holdout_fraction=None)
-    batches = NaFlexEvaluationBatches(source, 4, batch_size=4, preprocessing=dict(network.naflex_preprocessing, max_patches=64))
-    assert batches.bucket_counts == {64: 3}  # 12 images in 3 full batches of one sequence length
-    results = inference.evaluate(naflex_file, dataset=str(tmp_path), eval_batch_size=4, verbose=0, max_patches=64)
-    options = dict(network.naflex_preprocessing, max_patches=64)
-    scores = [network.predict_on_batch(data.naflex_batch([arrays.decode_image(path)], 4, **options))[0]
-              for path in source.examples[0]]
-    top1 = np.mean(np.argmax(scores, axis=1) == source.examples[1])
-    assert 0 < top1 < 1
-    np.testing.assert_allclose(results["top1"], top1, atol=1e-6)
+def test_a_buckets_last_naflex_batch_holds_only_its_own_examples(tmp_path, caplog):
+    images, labels = np.zeros((5, 40, 60, 3), "uint8"), np.array([0, 1, 1, 0, 2])
+    batches = NaFlexEvaluationBatches(data.from_arrays(images, labels), 4, batch_size=3)
+    x, y = batches[1]
+    assert x["patch_grid"].tolist() == [[13, 19], [13, 19]] and x["patches"].shape == (2, 256, 48)
+    assert y.tolist() == [0, 2]
+    one_hot = NaFlexEvaluationBatches(data.from_arrays(images, labels), 4, batch_size=3, one_hot=True)[1][1]
+    assert one_hot.tolist() == [[1, 0, 0], [0, 0, 1]]
+    data.check_naflex_batch(x, 4)
+    # A file whose header reads but whose pixels do not decode is left out of its batch, with a note.
+    paths = write_images(str(tmp_path), [(40, 60), (40, 60)], ending="png")
+    with open(paths[1], "r+b") as f:
+        f.truncate(100)
+    source = data.Source(None, 2, 3, examples=(paths, np.array([1, 2])))
+    x, y = NaFlexEvaluationBatches(source, 4, batch_size=2)[0]
+    assert x["patch_grid"].tolist() == [[13, 19]] and y.tolist() == [1]
+    assert "1.png, which cannot be decoded as an image" in caplog.text
+    with pytest.raises(ValueError) as error:  # no batch of no rows, which Keras' mean of the loss makes NaN
+        NaFlexEvaluationBatches(source, 4, batch_size=1)[1]
+    assert str(error.value) == (f"No image of NaFlex evaluation batch 1 can be decoded ({paths[1]}); remove them "
+                                "from the set.")
 
 
 @pytest.mark.backend_independent
-def test_a_partial_naflex_batch_is_filled_with_rows_of_weight_zero():
-    images, labels = np.zeros((5, 40, 60, 3), "uint8"), np.array([0, 1, 1, 0, 2])
-    batches = NaFlexEvaluationBatches(data.from_arrays(images, labels), 4, batch_size=3)
-    x, y, weights = batches[1]
-    assert weights.tolist() == [1.0, 1.0, 0.0]
-    assert x["patch_grid"].tolist() == [[13, 19], [13, 19], [1, 1]] and x["patches"].shape == (3, 256, 48)
-    assert y.tolist() == [0, 2, 0]
-    one_hot = NaFlexEvaluationBatches(data.from_arrays(images, labels), 4, batch_size=3, one_hot=True)[1][1]
-    assert one_hot.tolist() == [[1, 0, 0], [0, 0, 1], [0, 0, 0]]
-    data.check_naflex_batch(x, 4)
+def test_evaluate_scores_each_image_of_a_folder_once_when_a_bucket_ends_in_a_partial_batch(naflex_file, tmp_path):
+    shapes = ((40, 60), (90, 30), (33, 33), (20, 100), (64, 48))
+    for label in ("0", "1", "2"):
+        os.makedirs(tmp_path / label)
+        write_images(str(tmp_path / label), shapes[int(label):] + shapes[:label == "0"], seed=int(label))
+    network = keras.saving.load_model(naflex_file)
+    source = data.load_source(str(tmp_path), "test", holdout_fraction=None)
+    options = dict(network.naflex_preprocessing, max_patches=64)
+    # 13 images in one sequence length: batches of 4, 4, 4 and 1
+    assert NaFlexEvaluationBatches(source, 4, 4, options).bucket_counts == {64: 4}
+    logits = np.stack([network.predict_on_batch(data.naflex_batch([arrays.decode_image(path)], 4, **options))[0]
+                       for path in source.examples[0]]).astype("float64")
+    labels = source.examples[1]
+    top1 = np.mean(logits.argmax(1) == labels)
+    log_probabilities = logits - logits.max(1, keepdims=True)
+    log_probabilities -= np.log(np.exp(log_probabilities).sum(1, keepdims=True))
+    loss = -log_probabilities[np.arange(13), labels].mean()
+    assert 0 < top1 < 1
+    results = inference.evaluate(naflex_file, dataset=str(tmp_path), eval_batch_size=4, verbose=0, max_patches=64)
+    np.testing.assert_allclose([results["top1"], results["loss"]], [top1, loss], atol=1e-5)
+    # Keras' own evaluate with plain metrics and loss, as guide 11 runs it.
+    network.compile(loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
+    results = network.evaluate(NaFlexEvaluationBatches(source, 4, 4, options), verbose=0, return_dict=True)
+    np.testing.assert_allclose([results["accuracy"], results["loss"]], [top1, loss], atol=1e-5)
 
 
 @pytest.mark.backend_independent
@@ -192,9 +241,10 @@ def test_photos_of_many_shapes_compile_once_per_bucket(naflex_file, tmp_path, xl
                          verbose=0)
         compiles[budget] += len(xla_compiles) - before
     # The first evaluation also traces once to build the metrics (Keras' symbolic build, jax.eval_shape), and
-    # compiles the metrics' small programs; after it, each new bucket compiles one evaluation step.
-    assert traces == [(5, 16), (5, 16), (5, 32), (5, 64)]
-    assert compiles[32] == compiles[64] == 2
+    # compiles the metrics' small programs; after it, each new bucket compiles two evaluation steps: its full
+    # batches' and its last batch's (16 images: 5 + 5 + 5 + 1), none for a bucket seen before.
+    assert traces == [(5, 16), (5, 16), (1, 16), (5, 32), (1, 32), (5, 64), (1, 64)]
+    assert compiles[32] == compiles[64] == 3
 
 
 @pytest.mark.backend_independent

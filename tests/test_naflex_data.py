@@ -121,6 +121,11 @@ def test_float_images_give_the_uint8_images_patches_within_one_level():
     (lambda: naflex_batch([np.zeros((8, 8, 3), "int64")], 4, 16),
      "Image 0 has int64 pixels; pass uint8 (0..255) or float pixels in [0, 255]."),
     (lambda: naflex_batch([], 4, 16), "naflex_batch needs at least one image."),
+    (lambda: naflex_batch([np.zeros((8, 8, 3)), np.full((8, 8, 3), 0.75, "float32")], 4, 16),
+     "Image 1 has float pixels in [0, 1] (at most 0.75); naflex_batch takes pixels in [0, 255]: pass image * 255."),
+    (lambda: naflex_batch([np.full((8, 8, 3), -0.5)], 4, 16),
+     "Image 0 has float pixels from -0.5 to -0.5; naflex_batch takes pixels in [0, 255] (uint8, or float on that "
+     "scale) and scales them to [-1, 1] itself."),
     (lambda: naflex_batch([np.zeros((8, 8, 3), "uint8")], 4, 16, interpolation="area"),
      "interpolation must be one of ('nearest', 'lanczos', 'bilinear', 'bicubic', 'box', 'hamming'), got 'area'."),
 ])

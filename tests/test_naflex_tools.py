@@ -15,12 +15,17 @@ from keras_vit.tools.features import feature_extractor, naflex_feature_maps
 BACKEND = keras.backend.backend()
 
 
+def randomised(model):
+    for weight in model.weights:
+        weight.assign(np.random.default_rng(len(weight.path)).normal(0, 0.5, weight.shape).astype("float32"))
+    return model
+
+
 def random_pair(**switches):
     """A dynamic-resolution model with random values in every tensor, and the NaFlex model with its weights."""
     keras.utils.set_random_seed(1)
-    dynamic = keras_vit.ViT(image_size=(None, None), **TINY, classes=3, classifier_activation=None, **switches)
-    for weight in dynamic.weights:
-        weight.assign(np.random.default_rng(len(weight.path)).normal(0, 0.5, weight.shape).astype("float32"))
+    dynamic = randomised(keras_vit.ViT(image_size=(None, None), **TINY, classes=3, classifier_activation=None,
+                                       **switches))
     return dynamic, as_naflex(dynamic, **TINY, classes=3, classifier_activation=None)
 
 
@@ -43,6 +48,24 @@ def test_naflex_features_are_each_images_own_map_as_the_dynamic_model_gives_it()
         "'vit' is a NaFlex model, whose images each have their own grid: pass spatial=False for (batch, patches, "
         "hidden) features, and lay each image's out with keras_vit.naflex_feature_maps(features, "
         "batch['patch_grid']).")
+
+
+@pytest.mark.backend_independent
+def test_few_shot_features_of_naflex_evaluation_batches_are_one_per_image():
+    from keras_vit import data
+    from keras_vit.data.naflex_batches import NaFlexEvaluationBatches
+
+    _, naflex = random_pair(register_tokens=1)
+    rng = np.random.default_rng(10)
+    images = rng.integers(0, 256, (7, 24, 40, 3), dtype=np.uint8)
+    source = data.from_arrays(images, np.arange(7) % 3)
+    options = {"rule": "siglip2", "max_patches": 36, "interpolation": "bilinear"}
+    batches = NaFlexEvaluationBatches(source, 4, batch_size=3, preprocessing=options)
+    features, labels = analysis.extract_features(naflex, batches)  # batches of 3, 3 and 1 image
+    assert features.shape == (7, 16) and labels.tolist() == [0, 1, 2, 0, 1, 2, 0]
+    alone = analysis.extract_features(naflex, [(data.naflex_batch([image], 4, **options), np.zeros(1))
+                                               for image in images])[0]
+    np.testing.assert_allclose(features, alone, atol=1e-5, rtol=0)
 
 
 @pytest.mark.backend_independent
@@ -114,7 +137,11 @@ def test_int8_naflex_model_is_close_to_float_and_survives_a_keras_file(tmp_path)
 
 def test_naflex_onnx_export_keeps_batch_and_sequence_length_open(tmp_path):
     pytest.importorskip("onnxruntime")
-    _, naflex = random_pair(register_tokens=1)
+    # TensorFlow's exporter on the one-product resize (tf2onnx mis-sized its batched matmul); PyTorch's on a table of
+    # more than 4096 positions (RADIO's 128 x 128), whose resize gathers each token's taps, and whose batch and
+    # length torch.export once fixed to the traced sample's (take_along_axis).
+    naflex = randomised(keras_vit.ViT(naflex=True, image_size=260, **TINY, classes=3, classifier_activation=None,
+                                      register_tokens=1)) if BACKEND == "torch" else random_pair(register_tokens=1)[1]
     path = str(tmp_path / "naflex.onnx")
     if BACKEND == "jax":
         with pytest.raises(ValueError) as error:
@@ -127,9 +154,31 @@ def test_naflex_onnx_export_keeps_batch_and_sequence_length_open(tmp_path):
     naflex.export(path, format="onnx", verbose=False)
     session = onnxruntime.InferenceSession(path, providers=["CPUExecutionProvider"])
     assert {feed.name for feed in session.get_inputs()} == {"patches", "patch_grid", "patch_mask"}
-    for batch in (batch_of(images_of(SHAPES, seed=5), 4, length=30), batch_of(images_of(SHAPES[:1]), 4, length=44)):
+    for batch in (batch_of(images_of(SHAPES, seed=5), 4, length=30), batch_of(images_of(SHAPES[:1]), 4, length=44),
+                  batch_of(images_of(((4, 4),) * 4), 4)):
         (served,) = session.run(None, batch)
         np.testing.assert_allclose(served, predict(naflex, batch), atol=1e-4, rtol=0)
+
+
+@pytest.mark.backend_independent
+def test_an_onnx_program_whose_open_axes_torch_fixed_is_refused():
+    from types import SimpleNamespace
+
+    from keras_vit.model import deployment
+
+    # What torch.onnx.export returns where torch.export fixed a size: the traced sample's shapes, with a log line.
+    inputs = [SimpleNamespace(name="patches", shape=(2, "length", 48)),
+              SimpleNamespace(name="patch_grid", shape=(2, 2))]
+    program = SimpleNamespace(model=SimpleNamespace(graph=SimpleNamespace(inputs=inputs)))
+    axes = {"patches": {0: "batch", 1: "length"}, "patch_grid": {0: "batch"}}
+    with pytest.raises(ValueError) as error:
+        deployment._check_open_axes(SimpleNamespace(name="vit"), program, axes)
+    assert str(error.value) == (
+        "PyTorch's ONNX exporter fixed the open axes of vit to the traced sample's (patches[2, length, 48], "
+        "patch_grid[2, 2]), so the file would refuse every other shape: export it on the tensorflow backend "
+        "(KERAS_BACKEND=tensorflow).")
+    inputs[0].shape, inputs[1].shape = ("batch", "length", 48), ("batch", 2)
+    deployment._check_open_axes(SimpleNamespace(name="vit"), program, axes)
 
 
 @pytest.mark.skipif(BACKEND != "tensorflow", reason="a SavedModel is read back by TensorFlow in this process")
@@ -163,6 +212,25 @@ def one_more_valid(mask):
     mask = mask.copy()
     mask[0, 20] = True
     return mask
+
+
+def one_fewer_valid(mask):
+    mask = mask.copy()
+    mask[1, 0] = False
+    return mask
+
+
+@pytest.mark.backend_independent
+def test_a_mask_that_disagrees_with_its_grid_in_backend_tensors_changes_no_output():
+    _, naflex = random_pair(register_tokens=1, classifier="map")
+    batch = changed()
+    expected = predict(naflex, batch)
+    for change in (one_more_valid, one_fewer_valid):
+        # Tensors, as a tf.data or DataLoader pipeline passes them: their values are not checked, and the grid says
+        # which patches are the image's.
+        tensors = {key: keras.ops.convert_to_tensor(value) for key, value in changed(patch_mask=change).items()}
+        np.testing.assert_allclose(keras.ops.convert_to_numpy(naflex(tensors)), expected, atol=1e-5, rtol=0)
+        np.testing.assert_allclose(naflex.predict_on_batch(tensors), expected, atol=1e-5, rtol=0)
 
 
 @pytest.mark.backend_independent

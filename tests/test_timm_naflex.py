@@ -62,6 +62,20 @@ def test_loads_timm_naflexvit_with_exact_outputs_at_three_aspect_ratios_and_two_
 
 
 @pytest.mark.backend_independent
+def test_an_image_on_the_grid_of_a_non_square_aspect_preserving_table_gets_the_table_unchanged():
+    # timm adds the table as it is where an image's grid is the table's (4 x 6 here), and resizes it to a square of
+    # the longer side, then crops, elsewhere (the 6 x 4 image, the smaller grids).
+    kind = "radio_v4_nonsquare"
+    batch = {key: REFERENCE[f"{kind}/{key}"] for key in ("patches", "patch_grid", "patch_mask")}
+    assert batch["patch_grid"][:2].tolist() == [[4, 6], [6, 4]]
+    model = keras_vit.from_pretrained(folder(kind), classifier_activation=None)
+    np.testing.assert_allclose(predict(model, batch), REFERENCE[f"{kind}/output"], atol=1e-5, rtol=0)
+    tokens, reference = predict(tokens_model(model), batch), REFERENCE[f"{kind}/tokens"]
+    mask = np.concatenate([np.ones((len(tokens), model.architecture.num_prefix_tokens), bool), batch["patch_mask"]], 1)
+    np.testing.assert_allclose(tokens[mask], reference[mask], atol=1e-5, rtol=0)
+
+
+@pytest.mark.backend_independent
 def test_naflex_source_carries_timms_position_resize_and_eval_rule():
     radio = checkpoints.read_weights(folder("radio_v3"))
     assert (radio.naflex, radio.position_resize, radio.resize_align_corners, radio.resize_aspect_preserving,
@@ -79,6 +93,8 @@ def _with_config(tmp_path, kind, **changes):
     for key, value in changes.items():
         if key == "architecture":
             config[key] = value
+        elif key == "interpolation":
+            config["pretrained_cfg"][key] = value
         else:
             config["model_args"][key] = value
     (copy / "config.json").write_text(json.dumps(config))
@@ -96,6 +112,9 @@ def _with_config(tmp_path, kind, **changes):
     (dict(not_an_argument=1), "model_args.not_an_argument is not a NaFlexVit argument keras_vit computes"),
     (dict(pos_embed_grid_size=[4, 4]), "embeds.pos_embed has shape (1, 5, 5, 16), but timm's "
                                        "'naflexvit_base_patch16_par_gap' builds a (1, 4, 4, width) table"),
+    (dict(interpolation="random"), "par_gap/config.json: pretrained_cfg.interpolation 'random' is not a filter "
+                                   "keras_vit resizes NaFlex images with (nearest, lanczos, bilinear, bicubic, box, "
+                                   "hamming); nothing was loaded."),
 ])
 def test_refuses_naflexvit_settings_keras_vit_does_not_compute_by_name(tmp_path, changes, message):
     with pytest.raises(CheckpointError, match=None) as error:

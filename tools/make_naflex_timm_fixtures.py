@@ -21,6 +21,13 @@ itself with the statistics it reads from the folder's config.json.
 Stored per kind (`timm_naflex_reference.npz`): timm's `model(batch)` (logits
 or pooled features) and `forward_features` (every token; the tests compare
 the prefix tokens and the valid patch tokens).
+
+`radio_v4_nonsquare`: RADIO v4's resize (bilinear, aspect-preserving, no
+anti-aliasing) with a non-square 4 x 6 table, on its own batch
+(`radio_v4_nonsquare/patches`, ...) whose images include the table's own
+grid in both orientations: timm adds the table unchanged where an image's
+grid is the table's, and resizes it to a square of the longer side
+elsewhere.
 """
 
 import json
@@ -53,49 +60,70 @@ KINDS = {
     "radio_v3": ("naflexvit_base_patch16_radio_v3", dict(TINY, depth=2, pos_embed_grid_size=(7, 7))),
     "radio_v4": ("naflexvit_so400m_patch16_radio_v4", dict(TINY, depth=1, pos_embed_grid_size=(7, 7))),
 }
+# kind -> (architecture, model_args, budgets, image shapes): a batch of its own.
+OWN_BATCH_KINDS = {
+    "radio_v4_nonsquare": ("naflexvit_so400m_patch16_radio_v4", dict(TINY, depth=1, pos_embed_grid_size=(4, 6)),
+                           (24, 12), ((16, 24), (24, 16), (20, 20))),  # at 24 patches: grids 4x6, 6x4, 4x4
+}
 
 
-def naflex_batch():
-    """`(patches in [0, 1], patch_coord, patch_valid)` of timm's eval pipeline: 3 shapes x 2 budgets, one batch."""
+def naflex_batch(budgets=BUDGETS, shapes=IMAGE_SHAPES):
+    """`(patches in [0, 1], patch_coord, patch_valid)` of timm's eval pipeline: each shape at each budget, one
+    batch."""
     from timm.data.naflex_dataset import NaFlexCollator
     from timm.data.naflex_transforms import Patchify, ResizeToSequence
 
     generator = torch.Generator().manual_seed(0)
-    images = [torch.rand((3, *shape), generator=generator) for shape in IMAGE_SHAPES]
+    images = [torch.rand((3, *shape), generator=generator) for shape in shapes]
     samples = []
-    for budget in BUDGETS:
+    for budget in budgets:
         resize, patchify = ResizeToSequence(PATCH, budget, interpolation="bicubic"), Patchify(PATCH)
         samples.extend((patchify(resize(image)), 0) for image in images)
-    batch, _ = NaFlexCollator(max_seq_len=max(BUDGETS))(samples)
+    batch, _ = NaFlexCollator(max_seq_len=max(budgets))(samples)
     return batch["patches"], batch["patch_coord"], batch["patch_valid"]
 
 
-def main():
+def as_keras_vit(patches, coord, valid):
+    """The batch as keras_vit takes it: patches in [-1, 1], each image's grid, the mask."""
+    grid = (coord.amax(1) + 1).numpy().astype("int32")
+    assert (grid.prod(1) == valid.sum(1).numpy()).all()
+    return {"patches": (patches.numpy() * 2 - 1).astype("float32"), "patch_grid": grid,
+            "patch_mask": valid.numpy()}
+
+
+def write_kind(kind, arch, args, patches, coord, valid, arrays):
+    """timm's model of `arch` with random values, saved by `save_for_hf`, and its outputs on the batch."""
     import timm
     from timm.models._hub import save_for_hf
 
+    model = timm.create_model(arch, pretrained=False, **args)
+    randomise(model, torch.Generator().manual_seed(len(kind)))
+    model.eval()
+    folder = os.path.join(OUT, kind)
+    save_for_hf(model, folder, safe_serialization=True)
+    with open(os.path.join(folder, "config.json")) as f:
+        config = json.load(f)
+    mean, std = (torch.tensor(config["pretrained_cfg"][key]).repeat(PATCH * PATCH) for key in ("mean", "std"))
+    inputs = {"patches": (patches - mean) / std, "patch_coord": coord, "patch_valid": valid}
+    with torch.no_grad():
+        arrays[f"{kind}/output"] = model(inputs).numpy()
+        arrays[f"{kind}/tokens"] = model.forward_features(**inputs)["patches"].numpy()
+    print(kind, arch, arrays[f"{kind}/output"].shape, arrays[f"{kind}/tokens"].shape)
+
+
+def main():
     shutil.rmtree(OUT, ignore_errors=True)
     patches, coord, valid = naflex_batch()
-    grid = (coord.amax(1) + 1).numpy().astype("int32")
-    assert (grid.prod(1) == valid.sum(1).numpy()).all()
-    arrays = {"patches": (patches.numpy() * 2 - 1).astype("float32"), "patch_grid": grid,
-              "patch_mask": valid.numpy()}
+    arrays = as_keras_vit(patches, coord, valid)
     for kind, (arch, args) in KINDS.items():
-        model = timm.create_model(arch, pretrained=False, **args)
-        randomise(model, torch.Generator().manual_seed(len(kind)))
-        model.eval()
-        folder = os.path.join(OUT, kind)
-        save_for_hf(model, folder, safe_serialization=True)
-        with open(os.path.join(folder, "config.json")) as f:
-            config = json.load(f)
-        mean, std = (torch.tensor(config["pretrained_cfg"][key]).repeat(PATCH * PATCH) for key in ("mean", "std"))
-        inputs = {"patches": (patches - mean) / std, "patch_coord": coord, "patch_valid": valid}
-        with torch.no_grad():
-            arrays[f"{kind}/output"] = model(inputs).numpy()
-            arrays[f"{kind}/tokens"] = model.forward_features(**inputs)["patches"].numpy()
-        print(kind, arch, arrays[f"{kind}/output"].shape, arrays[f"{kind}/tokens"].shape)
+        write_kind(kind, arch, args, patches, coord, valid, arrays)
+    for kind, (arch, args, budgets, shapes) in OWN_BATCH_KINDS.items():
+        own = naflex_batch(budgets, shapes)
+        arrays.update({f"{kind}/{key}": value for key, value in as_keras_vit(*own).items()})
+        write_kind(kind, arch, args, *own, arrays)
+        print(kind, "grids", arrays[f"{kind}/patch_grid"].tolist())
     np.savez_compressed(REFERENCE, **arrays)
-    print("grids", grid.tolist(), "->", REFERENCE)
+    print("grids", arrays["patch_grid"].tolist(), "->", REFERENCE)
 
 
 if __name__ == "__main__":

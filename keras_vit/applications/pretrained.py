@@ -38,9 +38,11 @@ def from_pretrained(source, **overrides):
     norms, biases, activation, pooling), pre-logits and class count are
     read from the files, and a `.keras` model's precision (`dtype`), head
     activation, position-embedding resize and dynamic resolution
-    (`image_size=(None, None)`). A file without a head (DINOv2,
-    CLIP and SigLIP towers) builds the feature model timm's forward gives
-    (`include_top=False`, the file's pooling, or `classifier=`'s), a
+    (`image_size=(None, None)`) or NaFlex inputs (with its
+    `naflex_patch_sizes`, table resize and `naflex_preprocessing`). A file
+    without a head (DINOv2, CLIP and SigLIP towers) builds the feature
+    model timm's forward gives (`include_top=False`, the file's pooling, or
+    `classifier=`'s), a
     SigLIP tower without its head transformers' `last_hidden_state`
     (`pooling=None`), and a `.keras` model without its top the same model
     again (its own `pooling`, `None` included), unless `classes=` asks for
@@ -85,6 +87,8 @@ def from_pretrained(source, **overrides):
     saved = checkpoint.layout or {}  # A .keras model's: its pooling without a top, its dynamic resolution
     options = dict(dataclasses.asdict(sizes), num_heads=num_heads,
                    image_size=saved.get("image_size") or checkpoint.image_size or 224)
+    if saved.get("naflex_patch_sizes") and overrides.get("naflex", True):  # the sizes a NaFlex model resamples to
+        options["naflex_patch_sizes"] = saved["naflex_patch_sizes"]
     if checkpoint.input_size is not None:  # A stated size that patches do not divide: the file's model drops the rest.
         options["drop_remainder"] = True
     if checkpoint.dtype_policy:  # A .keras model keeps its precision and its head's activation unless told.

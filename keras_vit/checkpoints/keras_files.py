@@ -35,7 +35,7 @@ from keras_vit.checkpoints.source import (
 )
 from keras_vit.layers import PRECISIONS
 from keras_vit.model.architecture import Architecture
-from keras_vit.model.description import architecture_of, native_grid
+from keras_vit.model.description import architecture_of, is_naflex, native_grid
 from keras_vit.model.graph import ModelOptions, build
 from keras_vit.model.variants import Variant
 from keras_vit.utils.keras_internals import stored_kernel, sublayers
@@ -51,7 +51,8 @@ def read_keras(path, budget=None):
     `budget` (a `WeightBudget`) bounds its size by the model it is meant
     for; without one, by the model its own `config.json` describes. Its
     `layout` says whether the saved model has its top and how it pools
-    without one, and its `image_size` if it takes any (`(None, None)`), and
+    without one, and its `image_size` if it takes any (`(None, None)`) or
+    the other patch sizes of a NaFlex model (`naflex_patch_sizes`), and
     `position_resize` how it resizes its position table.
     """
     if _declares_quantization(path):
@@ -64,7 +65,7 @@ def read_keras(path, budget=None):
 
 def source_of_saved(saved, path):
     """The `WeightsSource` of a float keras_vit model loaded from the `.keras` file `path` (LoRA merged)."""
-    grid = num_heads = precision = architecture = resize = None
+    grid = num_heads = precision = architecture = resize = position = None
     try:
         grid = native_grid(saved)
         position = saved.get_layer("position_embedding") if any(
@@ -81,7 +82,16 @@ def source_of_saved(saved, path):
     pooling = "map" if "attention_pool" in names else getattr(saved.get_layer("pool"), "method", None) \
         if "pool" in names else None
     source.layout = dict(include_top=True) if "head" in names else dict(include_top=False, pooling=pooling)
-    if tuple(saved.input_shape[1:3]) == (None, None):  # Dynamic resolution, which the tensors cannot show
+    if is_naflex(saved):  # NaFlex inputs, the table's per-image resize and the patch sizes: no tensor shows them
+        source.naflex, source.naflex_preprocessing = True, getattr(saved, "naflex_preprocessing", None)
+        if position is not None:
+            source.resize_aspect_preserving = bool(position.aspect_preserving)
+            source.resize_align_corners = bool(position.align_corners)
+        embedding = saved.get_layer("embedding")
+        others = tuple(size for size in embedding.patch_sizes if size != embedding.patch_size[0])
+        if others:
+            source.layout["naflex_patch_sizes"] = others
+    elif tuple(saved.input_shape[1:3]) == (None, None):  # Dynamic resolution, which the tensors cannot show
         source.layout["image_size"] = (None, None)
     source.class_names = getattr(saved, "class_names", None)
     source.eval_transform = getattr(saved, "eval_transform", None)

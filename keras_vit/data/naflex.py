@@ -180,7 +180,8 @@ def naflex_batch(images, patch_size, max_patches, rule="siglip2", interpolation=
     Each image is resized to `naflex_image_size(..., rule)` with Pillow's
     `interpolation` (None: the rule's, `DEFAULT_INTERPOLATION`; float pixels
     in [0, 255] are resized channel by channel, neither rounded nor
-    clipped), scaled to [-1, 1], cut into patches and padded with zeros to
+    clipped; float images on another scale, [0, 1] included, are refused),
+    scaled to [-1, 1], cut into patches and padded with zeros to
     `bucket_length` of the sequence lengths: `buckets` below `max_patches`
     (None: `DEFAULT_BUCKETS`, timm's NaFlex loader's) and `max_patches`.
     `buckets=()` pads every batch to `max_patches`, as transformers does.
@@ -334,6 +335,14 @@ def _rgb_image(image, index):
         raise ValueError(f"Image {index} has shape {image.shape}; naflex_batch takes (height, width, 3) RGB images.")
     if image.dtype != np.uint8 and not np.issubdtype(image.dtype, np.floating):
         raise ValueError(f"Image {index} has {image.dtype} pixels; pass uint8 (0..255) or float pixels in [0, 255].")
+    if image.dtype != np.uint8 and image.size:
+        low, high = float(image.min()), float(image.max())
+        if not 0 <= low <= high <= 255:  # NaN too
+            raise ValueError(f"Image {index} has float pixels from {low:g} to {high:g}; naflex_batch takes pixels in "
+                             "[0, 255] (uint8, or float on that scale) and scales them to [-1, 1] itself.")
+        if 0 < high <= 1:  # transformers' processor warns of this ("already rescaled images"); a [0, 255] photo is not
+            raise ValueError(f"Image {index} has float pixels in [0, 1] (at most {high:g}); naflex_batch takes pixels "
+                             "in [0, 255]: pass image * 255.")
     return image
 
 

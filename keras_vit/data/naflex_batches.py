@@ -16,12 +16,14 @@ weights. `as_tf_dataset` hands the same batches to tf.data (for
 
 `NaFlexEvaluationBatches` is evaluation's pass: each example whole, keeping
 its aspect ratio, with as many patches as the budget allows; the examples
-grouped by the bucket their patch count pads to, every batch of one
-sequence length and `batch_size` rows (a bucket's last batch filled with
-rows of one zero patch and weight 0), so each step compiles once per
-bucket. Its batches are `(naflex batch, labels (one-hot with one_hot=True), weights)`: weight 1
-for an example, 0 for a filler row or an image file that cannot be decoded
-(left out, with a note naming it), so Keras' metrics count each example once.
+grouped by the bucket their patch count pads to, in batches of
+`batch_size` of one sequence length. A bucket's last batch holds only its
+remaining examples (no filler rows, which Keras' `metrics` and the loss's
+mean would count), so each bucket compiles at most two steps: its full
+batch and its remainder. Its batches are `(naflex batch, labels (one-hot
+with one_hot=True))`; an image file that cannot be decoded is left out of
+its batch, with a note naming it (a batch none of whose files decode is
+refused: Keras' loss would be NaN).
 
 Example:
 >>> from keras_vit import data
@@ -31,9 +33,9 @@ Example:
 >>> sorted(inputs), inputs["patches"].shape[1] in (16, 32)
 (['patch_grid', 'patch_mask', 'patches'], True)
 >>> images, labels = np.zeros((3, 40, 60, 3), "uint8"), np.array([0, 1, 1])
->>> x, y, weights = NaFlexEvaluationBatches(data.from_arrays(images, labels), 4, batch_size=2)[1]
->>> x["patches"].shape, x["patch_grid"].tolist(), weights.tolist()
-((2, 256, 48), [[13, 19], [1, 1]], [1.0, 0.0])
+>>> x, y = NaFlexEvaluationBatches(data.from_arrays(images, labels), 4, batch_size=2)[1]
+>>> x["patches"].shape, x["patch_grid"].tolist(), y.tolist()
+((1, 256, 48), [[13, 19]], [1])
 """
 
 import collections
@@ -208,8 +210,7 @@ class NaFlexEvaluationBatches(keras.utils.PyDataset):
         self.images, self.labels = source.examples
         if batch_size < 1:
             raise ValueError(f"eval_batch_size must be at least 1, got {batch_size}.")
-        # No larger than the data: a small set pads no rows.
-        self.patch_size, self.batch_size = patch_size, min(int(batch_size), max(1, len(self.labels)))
+        self.patch_size, self.batch_size = patch_size, int(batch_size)
         self.preprocessing = naflex_preprocessing(preprocessing)
         self.buckets = sequence_lengths(self.preprocessing["max_patches"], buckets)
         self.num_classes, self.one_hot = num_classes or source.num_classes, bool(one_hot)
@@ -224,7 +225,7 @@ class NaFlexEvaluationBatches(keras.utils.PyDataset):
 
     @property
     def bucket_counts(self):
-        """`{sequence length: number of batches}`: the step shapes this pass compiles."""
+        """`{sequence length: number of batches}` of this pass."""
         return dict(collections.Counter(bucket for bucket, _ in self.plan))
 
     def __len__(self):
@@ -234,17 +235,16 @@ class NaFlexEvaluationBatches(keras.utils.PyDataset):
         if not 0 <= index < len(self.plan):
             raise IndexError(f"batch {index} of {len(self.plan)}")
         bucket, rows = self.plan[index]
-        cut = [self._cut(row, bucket) for row in rows]
-        weights = np.array([batch is not None for batch in cut] + [False] * (self.batch_size - len(rows)), "float32")
-        filler = {"patches": np.zeros((1, bucket, self.patch_size ** 2 * 3), "float32"),
-                  "patch_grid": np.ones((1, 2), "int32"), "patch_mask": np.arange(bucket)[None] < 1}  # one patch
-        cut = [filler if batch is None else batch for batch in cut] + [filler] * (self.batch_size - len(rows))
-        batch = {key: np.concatenate([one[key] for one in cut]) for key in filler}
-        labels = np.zeros(self.batch_size, "int64")  # a filler row's label is 0, at weight 0
-        labels[: len(rows)] = self.labels[rows]
+        cut = [(row, self._cut(row, bucket)) for row in rows]
+        cut = [(row, batch) for row, batch in cut if batch is not None]  # a file that cannot be decoded: left out
+        if not cut:  # a batch of no rows, whose loss Keras' mean makes NaN for the whole pass
+            raise ValueError(f"No image of NaFlex evaluation batch {index} can be decoded "
+                             f"({', '.join(map(str, np.asarray(self.images)[rows]))}); remove them from the set.")
+        batch = {key: np.concatenate([one[key] for _, one in cut]) for key in cut[0][1]}
+        labels = self.labels[[row for row, _ in cut]]
         if self.one_hot:
-            labels = np.eye(self.num_classes, dtype="float32")[labels] * (np.arange(self.batch_size) < len(rows))[:, None]
-        return batch, labels, weights
+            labels = np.eye(self.num_classes, dtype="float32")[labels]
+        return batch, labels
 
     def _length(self, row):
         """The patch count of example `row` (from a file's header), or None for a file Pillow cannot open."""

@@ -8,21 +8,24 @@ transformers' `Siglip2ImageProcessor`:
   patches first in row-major order, then padding;
 - `patch_grid`, `(batch, 2)` int32: each image's `(rows, columns)` of patches;
 - `patch_mask`, `(batch, max_patches)` bool: True on the image's
-  `rows * columns` patches, False on the padding.
+  `rows * columns` patches, False on the padding. The model reads its
+  length; which tokens are valid it reads from `patch_grid`, the one
+  place that says it (`NaFlexTokenMask`).
 
 `NaFlexPatchEmbedding` projects the cut patches with the kernel of
 `PatchEmbedding` (the same weight, so a fixed-size model's weights run
 here unchanged); `NaFlexPositionEmbedding` resizes the position table to
 each image's own grid, inside the batch; `NaFlexRotaryPositions` gives
 RoPE each image's own grid. Attention (`TransformerBlock(key_mask=...)`)
-and pooling (`TokenPooling`, `AttentionPooling` with `patch_mask`) leave
-the padding out, so no valid token depends on what the padding holds.
+and pooling (`TokenPooling`, `AttentionPooling` with `NaFlexTokenMask`'s
+mask, which is each image's grid, not the mask's values) leave the padding
+out, so no valid token depends on what the padding holds.
 
 Example:
 >>> import numpy as np
 >>> grid = np.array([[2, 3], [1, 4]], "int32")
 >>> token_grid_indices(np.zeros((2, 6, 8)), grid)[1][1].tolist()  # the column of each token of image 1
-[0.0, 1.0, 2.0, 3.0, 3.0, 3.0]
+[0.0, 1.0, 2.0, 3.0, 0.0, 1.0]
 """
 
 import math
@@ -137,7 +140,8 @@ class NaFlexPositionEmbedding(keras.layers.Layer):
     `torch.nn.functional.interpolate` (SigLIP 2: bilinear, anti-aliased;
     timm's NaFlexVit: bicubic, anti-aliased), `aspect_preserving` (timm's
     `pos_embed_ar_preserving`: a square of the longer side, then its
-    top-left corner) and `align_corners` (RADIO v3).
+    top-left corner; on the table's own grid the table unchanged, as timm
+    skips the resize there) and `align_corners` (RADIO v3).
 
     Example:
     >>> import numpy as np
@@ -181,9 +185,11 @@ class NaFlexPositionEmbedding(keras.layers.Layer):
         row, col = token_grid_indices(patches, patch_grid)
         grid = ops.cast(patch_grid, "float32")
         out_rows, out_cols = grid[:, 0:1], grid[:, 1:2]
-        if self.aspect_preserving:
-            out_rows = out_cols = ops.maximum(out_rows, out_cols)
         (in_rows, in_cols), width = self.grid_size, ops.shape(table)[-1]
+        if self.aspect_preserving:  # a square of the longer side, but the table unchanged on its own grid, as timm
+            longer = ops.maximum(out_rows, out_cols)
+            own = ops.logical_and(ops.equal(out_rows, in_rows), ops.equal(out_cols, in_cols))
+            out_rows, out_cols = ops.where(own, out_rows, longer), ops.where(own, out_cols, longer)
         row_weights = self._weights(in_rows, row, out_rows)  # (batch, tokens, in_rows)
         col_weights = self._weights(in_cols, col, out_cols)
         patch_table = table[0, prefix:]
@@ -195,8 +201,9 @@ class NaFlexPositionEmbedding(keras.layers.Layer):
             taps = 2 if self.interpolation == "bilinear" else 4
             _, row_taps = ops.top_k(ops.abs(row_weights), taps)
             _, col_taps = ops.top_k(ops.abs(col_weights), taps)
-            row_tap_weights = ops.take_along_axis(row_weights, row_taps, axis=-1)
-            col_tap_weights = ops.take_along_axis(col_weights, col_taps, axis=-1)
+            # Each tap's weight picked by a one-hot product: torch.export fixes the shapes of `take_along_axis`.
+            row_tap_weights = ops.einsum("bnk,bntk->bnt", row_weights, ops.one_hot(row_taps, in_rows))
+            col_tap_weights = ops.einsum("bnk,bntk->bnt", col_weights, ops.one_hot(col_taps, in_cols))
             index = ops.expand_dims(row_taps, -1) * in_cols + ops.expand_dims(col_taps, -2)
             weights = ops.expand_dims(row_tap_weights, -1) * ops.expand_dims(col_tap_weights, -2)
             batch, count = ops.shape(index)[0], ops.shape(index)[1]
@@ -270,21 +277,41 @@ class NaFlexRotaryPositions(keras.layers.Layer):
 
 @keras.saving.register_keras_serializable(package="keras_vit")
 class NaFlexTokenMask(keras.layers.Layer):
-    """`(batch, prefix + count)` bool: the prefix tokens (always valid), then `patch_mask`; what attention keeps."""
+    """`(batch, prefix + count)` bool: the prefix tokens (always valid), then each image's first `rows * cols`
+    patches by its `patch_grid`; what attention and pooling keep.
+
+    Derived from the grid, as the positions are: `patch_mask` gives the
+    sequence length only, so a mask that disagrees with its grid (which
+    `check_naflex_batch` refuses in numpy batches, and nothing can check in a
+    tf.data or DataLoader pipeline's tensors without leaving the graph)
+    cannot make a padding token count, nor leave a patch out. Called without
+    the grid (a `.keras` model saved before), it keeps the mask's values.
+
+    Example:
+    >>> import numpy as np
+    >>> mask = NaFlexTokenMask(num_prefix_tokens=1)(np.ones((1, 4), bool), np.array([[1, 2]]))
+    >>> np.asarray(mask).tolist()
+    [[True, True, True, False, False]]
+    """
 
     def __init__(self, num_prefix_tokens=0, **kwargs):
         super().__init__(**kwargs)
         # === Config ===
         self.num_prefix_tokens = int(num_prefix_tokens)
 
-    def call(self, patch_mask):
-        patch_mask = ops.cast(patch_mask, "bool")
+    def call(self, patch_mask, patch_grid=None):
+        if patch_grid is None:  # a model saved before the mask came from the grid: the mask's values, as then
+            mask = ops.cast(patch_mask, "bool")
+        else:  # a running count, not `arange(length)`, as in `token_grid_indices`
+            index = ops.cumsum(ops.ones_like(ops.cast(patch_mask[:1], "float32")), axis=1) - 1.0
+            grid = ops.cast(patch_grid, "float32")
+            mask = index < grid[:, 0:1] * grid[:, 1:2]
         if not self.num_prefix_tokens:
-            return patch_mask
-        prefix = ops.ones((ops.shape(patch_mask)[0], self.num_prefix_tokens), "bool")
-        return ops.concatenate([prefix, patch_mask], axis=1)
+            return mask
+        prefix = ops.ones((ops.shape(mask)[0], self.num_prefix_tokens), "bool")
+        return ops.concatenate([prefix, mask], axis=1)
 
-    def compute_output_spec(self, patch_mask):
+    def compute_output_spec(self, patch_mask, patch_grid=None):
         count = None if patch_mask.shape[1] is None else patch_mask.shape[1] + self.num_prefix_tokens
         return keras.KerasTensor((patch_mask.shape[0], count), dtype="bool")
 

@@ -15,7 +15,9 @@ what a ViT needs around it:
   size its position table was trained at, and says so;
 - a NaFlex model's three inputs (patches, patch_grid, patch_mask) keep the
   batch and the sequence length open, on TensorFlow and PyTorch; JAX's
-  exporters and LiteRT cannot, which it says;
+  exporters and LiteRT cannot, which it says; where PyTorch's exporter
+  would fix an open axis to the traced sample's size (it falls back so
+  with a log line only), the export is refused;
 - LoRA adapters are merged into the kernels first (equal outputs, plain ops);
 - a SavedModel keeps the model's precision (`dtype=`); ONNX and LiteRT take
   float32 models (their CPU runtimes have no bfloat16 convolution);
@@ -235,6 +237,7 @@ def _export_onnx_torch(model, path, spec, verbose, native_image_size, patch_pixe
     # A Keras layer's forward takes *args, so its dynamic shapes are one tuple per positional argument.
     program = torch.onnx.export(model, (sample,), dynamo=True, input_names=[spec.name or "images"],
                                 dynamic_shapes=((axes,),), verbose=bool(verbose))
+    _check_open_axes(model, program, {spec.name or "images": axes})
     program.optimize()
     program.save(path)
 
@@ -252,5 +255,17 @@ def _export_naflex_onnx_torch(model, path, specs, verbose):
     # The empty dict is the keyword arguments: torch.onnx.export takes a trailing dict as them.
     program = torch.onnx.export(model, (sample, {}), dynamo=True, input_names=list(sample),
                                 dynamic_shapes=((axes,),), verbose=bool(verbose))
+    _check_open_axes(model, program, axes)
     program.optimize()
     program.save(path)
+
+
+def _check_open_axes(model, program, axes):
+    """Refuse an ONNX program in which PyTorch fixed an axis it was asked to leave open: where `torch.export` cannot
+    keep a size symbolic, `torch.onnx.export` falls back to the traced sample's shapes with a log line only."""
+    fixed = [f"{value.name}[{', '.join(str(size) for size in value.shape)}]" for value in program.model.graph.inputs
+             if any(isinstance(value.shape[axis], int) for axis in axes.get(value.name, ()))]
+    if fixed:
+        raise ValueError(f"PyTorch's ONNX exporter fixed the open axes of {model.name} to the traced sample's "
+                         f"({', '.join(fixed)}), so the file would refuse every other shape: export it on the "
+                         "tensorflow backend (KERAS_BACKEND=tensorflow).")

@@ -117,7 +117,8 @@ def build(options, input_tensor):
         x = _add_positions(position, x, patch_grid, dynamic)
     call_options, pool_options = {}, {}
     if options.naflex:
-        token_mask = NaFlexTokenMask(num_prefix_tokens, name="token_mask", **typed)(inputs["patch_mask"])
+        token_mask = NaFlexTokenMask(num_prefix_tokens, name="token_mask", **typed)(inputs["patch_mask"],
+                                                                                   inputs["patch_grid"])
         call_options["key_mask"] = pool_options["token_mask"] = token_mask
     if architecture.rope and options.naflex:
         call_options["rope_positions"] = NaFlexRotaryPositions(

@@ -11,8 +11,8 @@ import keras
 import numpy as np
 
 from keras_vit.data import preprocessing
+from keras_vit.data.naflex import check_naflex_batch, check_naflex_shapes, naflex_preprocessing
 from keras_vit.layers import kernels
-from keras_vit.data.naflex import check_naflex_batch, check_naflex_shapes
 from keras_vit.model import deployment
 from keras_vit.model.description import describe, is_naflex, native_grid, read_description, sizes_of
 from keras_vit.utils.keras_internals import keep_variables_on_error, with_numpy_outputs
@@ -115,13 +115,22 @@ class VisionTransformer(keras.Model):
         self.native_grid = None if native_grid is None else tuple(native_grid)
         # How its checkpoint's library preprocesses a photo for evaluation (`keras_vit.data.preprocessing`), or None.
         self.eval_transform = eval_transform
-        # A NaFlex model's: how a photo is cut into its patches, `keras_vit.data.naflex_batch`'s keywords.
-        self.naflex_preprocessing = dict(naflex_preprocessing) if naflex_preprocessing else None
+        self.naflex_preprocessing = naflex_preprocessing
         # One name per output, where the checkpoint named its classes (transformers' id2label, timm's labels).
         self.class_names = list(class_names) if class_names else None
         # How its head pools ("token", "gap" or "map"): no layer shows it in a model without its top that returns
         # the token sequence (include_top=False, pooling=None), nor in one pooled otherwise than its head.
         self.classifier = classifier
+
+    @property
+    def naflex_preprocessing(self):
+        """A NaFlex model's: how a photo is cut into its patches, `keras_vit.data.naflex_batch`'s keywords (checked
+        when set, so that a model never carries keywords `naflex_batch` would refuse); None for other models."""
+        return self._naflex_preprocessing
+
+    @naflex_preprocessing.setter
+    def naflex_preprocessing(self, value):
+        self._naflex_preprocessing = naflex_preprocessing(value) if value else None
 
     def get_config(self):
         config = super().get_config()
@@ -143,12 +152,16 @@ class VisionTransformer(keras.Model):
         class_names = config.pop("class_names", None)
         classifier = config.pop("classifier", None)
         transform = config.pop("eval_transform", None)
-        naflex_preprocessing = config.pop("naflex_preprocessing", None)
+        naflex = config.pop("naflex_preprocessing", None)
         architecture, sizes, grid = read_description(config)
         model = super().from_config(config, custom_objects=custom_objects)
         model.class_names, model.classifier = class_names, classifier
         model.architecture, model.sizes, model.native_grid = architecture, sizes, grid
-        model.naflex_preprocessing = naflex_preprocessing
+        try:
+            model.naflex_preprocessing = naflex
+        except ValueError as error:  # what naflex_batch would refuse at the first photo, named now
+            raise ValueError(f"The model's naflex_preprocessing {naflex!r} is not naflex_batch's keywords: {error}") \
+                from None
         model.eval_transform = None if transform is None else preprocessing.EvalTransform.from_config(transform)
         return model
 

@@ -282,7 +282,8 @@ def feature_model(model):
 
 
 def extract_features(model, dataset, max_batches=None):
-    """Frozen features and labels, as numpy arrays, from a tf.data `(images, labels)` dataset (or NaFlex batches)."""
+    """Frozen features and labels, as numpy arrays, from a tf.data `(images, labels)` dataset (or NaFlex batches:
+    `NaFlexEvaluationBatches`, one feature per image)."""
     features_of = feature_model(model)
     features, labels = [], []
     for index, (images, batch_labels) in enumerate(dataset):

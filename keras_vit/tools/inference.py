@@ -143,9 +143,7 @@ def evaluate(weights="runs/finetune/model.keras", dataset="digits", eval_split="
 
         batches = NaFlexEvaluationBatches(source, sizes_of(network).patch_size, eval_batch_size, naflex,
                                 num_classes=num_classes, one_hot=True)
-    # The filler rows of NaFlex batches weigh 0: each batch's loss is the mean over its examples.
-    loss = keras.losses.CategoricalCrossentropy(from_logits=outputs_logits(network),
-                                                reduction="mean_with_sample_weight")
+    loss = keras.losses.CategoricalCrossentropy(from_logits=outputs_logits(network))
     network.compile(loss=loss, metrics=accuracy_metrics(num_classes))
     results = network.evaluate(batches, verbose=verbose, return_dict=True)
     print(f"top-1 accuracy: {results['top1']:.4f}")

@@ -39,6 +39,7 @@ from keras_vit.checkpoints.tensor_layout import settings
 from keras_vit.checkpoints.timm.config import check_head, check_tensors_agree, checked_sizes
 from keras_vit.checkpoints.timm.families import ACTIVATIONS, timm_mlp_ratio, timm_switches_to_architecture
 from keras_vit.checkpoints.timm.layout import LAYOUT, from_timm
+from keras_vit.data.preprocessing import PILLOW_FILTERS
 from keras_vit.model.architecture import Architecture
 
 # timm's NaFlexVitCfg and its defaults (timm 1.0.31).
@@ -236,6 +237,10 @@ def read_timm_naflex(path, budget, config, where):
     """A timm NaFlexVit state dict and its Hub `config.json` (parsed) as a NaFlex `WeightsSource`."""
     name = config.get("architecture")
     entry, args, cfg, pretrained, architecture = configured_naflex_architecture(config, where)
+    interpolation = pretrained.get("interpolation") or "bicubic"  # the filter of timm's NaFlex eval resize
+    if interpolation not in PILLOW_FILTERS:
+        raise CheckpointError(f"{where}: pretrained_cfg.interpolation {interpolation!r} is not a filter keras_vit "
+                              f"resizes NaFlex images with ({', '.join(PILLOW_FILTERS)}); nothing was loaded.")
     tensors = read_state_dict(path, budget)
     patch = cfg["patch_size"] if isinstance(cfg["patch_size"], int) else cfg["patch_size"][0]
     table = tensors.get("embeds.pos_embed")
@@ -258,8 +263,7 @@ def read_timm_naflex(path, budget, config, where):
     source.position_resize = (cfg["pos_embed_interp_mode"], bool(cfg["pos_embed_antialias"]))
     source.resize_align_corners = bool(cfg["pos_embed_align_corners"])
     source.resize_aspect_preserving = bool(cfg["pos_embed_ar_preserving"])
-    source.naflex_preprocessing = {"rule": "timm", "max_patches": EVAL_MAX_PATCHES,
-                                   "interpolation": pretrained.get("interpolation") or "bicubic"}
+    source.naflex_preprocessing = {"rule": "timm", "max_patches": EVAL_MAX_PATCHES, "interpolation": interpolation}
     return source
 
 
