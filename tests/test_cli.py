@@ -356,6 +356,30 @@ def test_import_keras_vit_without_tensorflow_takes_jax_and_warns(tmp_path):
     assert (done.returncode, done.stdout, done.stderr) == (0, "jax\n", note("jax").removeprefix("keras-vit: "))
 
 
+# What TensorFlow 2.21's C++ libraries print on import, whatever TF_CPP_MIN_LOG_LEVEL says (the oneDNN note twice).
+TENSORFLOW_IMPORT = (b"WARNING: All log messages before absl::InitializeLog() is called are written to STDERR\n"
+                     b"I0000 00:00:1796497394.867623   29263 port.cc:153] oneDNN custom operations are on. ...\n"
+                     b"I0000 00:00:1796497434.750748   29391 cpu_feature_guard.cc:227] This TensorFlow binary is ...\n"
+                     b"To enable the following instructions: AVX2 AVX512F FMA, in other operations, rebuild ...\n"
+                     b"E0000 00:00:1796497434.750748   29391 cuda_dnn.cc:8579] an error stays\n")
+
+
+@pytest.mark.backend_independent
+def test_the_command_imports_tensorflow_without_its_start_up_banner(tmp_path, monkeypatch, capfd):
+    (tmp_path / "noisy_library.py").write_text(f"import os, sys\nos.write(2, {TENSORFLOW_IMPORT!r})\n"
+                                               "print('a Python warning stays', file=sys.stderr)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "noisy_library", raising=False)
+    startup.hide_import_banner("noisy_library")
+    import noisy_library  # noqa: F401
+
+    # (under capfd Python's writes skip file descriptor 2, and so the filter: their order is the test's own)
+    assert sorted(capfd.readouterr().err.splitlines()) == [
+        "E0000 00:00:1796497434.750748   29391 cuda_dnn.cc:8579] an error stays", "a Python warning stays"]
+    assert not any(isinstance(finder, startup._QuietImport) for finder in sys.meta_path)  # once
+    monkeypatch.delitem(sys.modules, "noisy_library")
+
+
 @pytest.mark.parametrize("arguments,line", [
     (["pretrain", "--lr", "0.1"], "keras-vit pretrain: error: unknown flag --lr; did you mean --learning-rate?"),
     (["finetune", "--image_size", "24"],

@@ -295,6 +295,14 @@ def test_training_without_tensorboard_or_matplotlib_skips_them_with_a_note(monke
     assert (tmp_path / "model.keras").exists() and not (tmp_path / "tensorboard").exists()
 
 
+def test_tensorboard_without_tensorflow_is_left_out_without_telling_to_install_tensorflow(monkeypatch, tmp_path,
+                                                                                          capsys):
+    # A [jax] install was told "pip install 'keras-vision-transformer[tensorflow]'" on every run.
+    monkeypatch.setitem(sys.modules, "tensorflow", None)
+    assert training.tensorboard_callbacks(str(tmp_path)) == []
+    assert capsys.readouterr().out == ""
+
+
 def write_digit_folders(root, splits):
     _, (images, labels) = data.digits(image_size=16)
     for split, classes in splits.items():

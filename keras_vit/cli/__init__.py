@@ -103,6 +103,7 @@ def announce(note):
 def run(args):
     """Run parsed command-line `args`; Keras is imported only now, once its backend is chosen."""
     startup.choose_backend(announce)
+    startup.hide_import_banner("tensorflow")
     config = None
     if args.command in ("pretrain", "finetune"):
         config_class = configs.PretrainConfig if args.command == "pretrain" else configs.FinetuneConfig

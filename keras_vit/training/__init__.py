@@ -191,9 +191,13 @@ def optional_package(package, what, install=None):
 
 
 def tensorboard_callbacks(log_dir):
-    """`[keras.callbacks.TensorBoard(log_dir)]`, or `[]` with a note without tensorboard or TensorFlow (its writer)."""
-    if not (optional_package("tensorflow", "TensorBoard logs", "'keras-vision-transformer[tensorflow]'")
-            and optional_package("tensorboard", "TensorBoard logs")):
+    """`[keras.callbacks.TensorBoard(log_dir)]`; `[]` without TensorFlow, and `[]` with a note without tensorboard.
+
+    Keras writes TensorBoard logs with TensorFlow's `tf.summary`: a `[jax]`
+    or `[torch]` install goes without them, and is not told to install
+    TensorFlow for them (log.csv and learning_curve.png hold the same numbers).
+    """
+    if not data.tensorflow_installed() or not optional_package("tensorboard", "TensorBoard logs"):
         return []
     return [keras.callbacks.TensorBoard(log_dir)]
 
