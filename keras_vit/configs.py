@@ -191,3 +191,18 @@ def check_sizes_agree(sizes, source, given):
                 f"{flag(name)} {value} disagrees with {source}, whose {name} is "
                 f"{getattr(sizes, name)}; leave the size flags out to use its sizes."
             )
+
+
+def raise_all(errors):
+    """Raise `errors` (exceptions) as one, or nothing where there is none: what a user can fix is said at once, not
+    one run at a time.
+
+    One error is raised as it is; several as one of their type (`ValueError`
+    where their types differ) that numbers their messages.
+    """
+    if len(errors) == 1:
+        raise errors[0]
+    if errors:
+        kinds = {type(error) for error in errors}
+        kind = kinds.pop() if len(kinds) == 1 else ValueError
+        raise kind(f"{len(errors)} problems: " + " ".join(f"({n}) {error}" for n, error in enumerate(errors, 1)))

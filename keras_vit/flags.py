@@ -158,6 +158,11 @@ def add_data_flags(parser, training=True):
         group.add_argument("--holdout-fraction", type=float,
                            help="an image folder without train/test sub-folders: the part of each class held out "
                            f"for evaluation (default {HOLDOUT_FRACTION})")
+    else:
+        group.add_argument("--holdout-fraction", type=float, nargs="?", const=HOLDOUT_FRACTION, metavar="FRACTION",
+                           help="an image folder without train/test sub-folders: score only the part of each class "
+                           "that finetune held out with this --holdout-fraction (given alone: "
+                           f"{HOLDOUT_FRACTION}, finetune's default); default: every image")
     group.add_argument("--eval-split")
     group.add_argument("--eval-batch-size", type=int)
     group.add_argument("--verbose", type=int, help="Keras progress: 0 silent, 1 bar, 2 per epoch")

@@ -9,12 +9,16 @@ standard library, so the `keras-vit` command can parse its flags, and answer
 `--help`, without importing any backend.
 """
 
+import contextlib
 import difflib
+import importlib.abc
 import importlib.util
 import json
 import logging
 import os
+import re
 import sys
+import tempfile
 
 # Keras' backends that keras_vit supports, in the order one is taken when TensorFlow, Keras' default, is missing.
 BACKENDS = ("jax", "torch", "tensorflow")
@@ -22,6 +26,11 @@ BACKENDS = ("jax", "torch", "tensorflow")
 KERAS_BACKENDS = BACKENDS + ("numpy", "openvino")
 COMMAND = "keras-vit"
 CHOOSE = "set KERAS_BACKEND=jax|torch|tensorflow to choose"
+# The lines TensorFlow's C++ libraries print to stderr on every import (TensorFlow 2.21 prints its oneDNN note twice,
+# whatever TF_CPP_MIN_LOG_LEVEL says): absl's note, INFO lines ("I0000 ... port.cc:153] ...") and the CPU
+# instructions that follow one of them.
+TENSORFLOW_BANNER = re.compile(r"WARNING: All log messages before absl::InitializeLog\(\) is called are written to "
+                               r"STDERR$|I\d{4} [\d:. ]+\d+ [\w/.]+:\d+\] |To enable the following instructions: ")
 
 
 def log(note):
@@ -116,3 +125,69 @@ def _module_run():
         elif argument == "-c" or not argument.startswith("-"):
             return None
     return None
+
+
+def hide_import_banner(module="tensorflow", banner=TENSORFLOW_BANNER):
+    """Make the next import of `module` leave out the stderr lines that match `banner`; every other line stays.
+
+    The `keras-vit` command calls this before Keras loads, so that a command
+    on TensorFlow (or reading data with tf.data) starts without its banner.
+    A library leaves stderr as it is.
+    """
+    if module not in sys.modules and not any(isinstance(f, _QuietImport) for f in sys.meta_path):
+        sys.meta_path.insert(0, _QuietImport(module, banner))
+
+
+class _QuietImport(importlib.abc.MetaPathFinder):
+    """Finds `module` as the other finders do, with a loader that runs it under `stderr_without(banner)`; once."""
+
+    def __init__(self, module, banner):
+        self.module, self.banner = module, banner
+
+    def find_spec(self, name, path=None, target=None):
+        if name != self.module:
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(name)
+        if spec is not None and spec.loader is not None:
+            spec.loader = _QuietLoader(spec.loader, self.banner)
+        return spec
+
+
+class _QuietLoader(importlib.abc.Loader):
+    def __init__(self, loader, banner):
+        self.loader, self.banner = loader, banner
+
+    def __getattr__(self, name):
+        return getattr(self.loader, name)
+
+    def create_module(self, spec):
+        return self.loader.create_module(spec)
+
+    def exec_module(self, module):
+        with stderr_without(self.banner):
+            self.loader.exec_module(module)
+
+
+@contextlib.contextmanager
+def stderr_without(unwanted):
+    """Leave out of file descriptor 2 the lines that match `unwanted` while the block runs (C++ libraries write
+    there, not to `sys.stderr`); the other lines are written once it ends, in order."""
+    sys.stderr.flush()
+    try:
+        saved = os.dup(2)
+    except OSError:  # no stderr to filter
+        yield
+        return
+    with tempfile.TemporaryFile() as captured:
+        os.dup2(captured.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            captured.seek(0)
+            lines = captured.read().decode(errors="replace").splitlines(keepends=True)
+            sys.stderr.write("".join(line for line in lines if not unwanted.match(line)))
+            sys.stderr.flush()

@@ -115,3 +115,19 @@ def _fresh_keras_state():
 def keras_vit_log(caplog):
     caplog.set_level(logging.INFO, logger="keras_vit")
     return caplog
+
+
+@pytest.fixture
+def xla_compiles():
+    """The names of the XLA programs JAX compiles meanwhile (its own monitoring events)."""
+    import jax
+
+    compiles = []
+
+    def listen(event, duration, **kwargs):
+        if "backend_compile" in event:
+            compiles.append(event)
+
+    jax.monitoring.register_event_duration_secs_listener(listen)
+    yield compiles
+    jax.monitoring.unregister_event_duration_listener(listen)

@@ -109,6 +109,33 @@ def test_batches_from_two_worker_processes_equal_the_single_process_ones_and_res
         np.testing.assert_array_equal(labels, their_labels)
 
 
+# A script that leaves a stream of worker batches unfinished in a global, as a notebook or a short script does.
+UNFINISHED_STREAM = """
+import numpy as np
+from keras_vit import data
+from keras_vit.data import array_batches
+images = np.zeros((8, 12, 12, 3), "uint8")
+source = data.Source(None, 8, 2, examples=(images, np.arange(8) % 2))
+stream = array_batches.training_batches(source, (8, 8), 2, epochs=2, workers=1)
+next(stream)
+print("done")
+"""
+
+
+@pytest.mark.backend_independent
+def test_an_unfinished_worker_stream_exits_without_a_traceback(tmp_path):
+    # The pool was stopped while the interpreter tore its modules down: "Exception ignored in: <generator object
+    # _batches>" (sys was None) and in Pool.__del__ after every such run on JAX and torch.
+    import os
+    import subprocess
+    import sys
+
+    # Keras' numpy backend: the quickest to import, and no TensorFlow start-up lines on stderr.
+    done = subprocess.run([sys.executable, "-c", UNFINISHED_STREAM], capture_output=True, text=True, timeout=120,
+                          cwd=tmp_path, env=dict(os.environ, KERAS_BACKEND="numpy"))
+    assert (done.returncode, done.stdout, done.stderr) == (0, "done\n", "")
+
+
 def on_both_pipelines(monkeypatch, make_source, run):
     """`run(source)` on tf.data, then on the numpy pipeline (a source made as a TensorFlow-less install makes it)."""
     results = []

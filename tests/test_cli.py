@@ -14,7 +14,7 @@ from PIL import Image
 
 pytest.importorskip("tensorflow")
 
-from keras_vit import checkpoints, cli, flags, startup  # noqa: E402
+from keras_vit import checkpoints, cli, data, flags, startup  # noqa: E402
 from keras_vit.checkpoints.hub import download  # noqa: E402
 from keras_vit.tools import inference
 from keras_vit.training import distribute
@@ -107,8 +107,9 @@ def test_image_size_takes_height_and_width(tmp_path):
 @pytest.mark.backend_independent
 def test_a_tfds_name_without_tensorflow_datasets_says_what_to_install(monkeypatch, tmp_path):
     monkeypatch.setitem(sys.modules, "tensorflow_datasets", None)
-    with pytest.raises(ValueError, match=r"'mnist' comes from tensorflow-datasets, which is not installed .*: "
-                       r"pip install 'keras-vision-transformer\[tensorflow\]'"):
+    with pytest.raises(FileNotFoundError, match=r"^dataset='mnist' is no folder, and tensorflow-datasets, whose sets "
+                       r"have names, is not installed: check the folder's path, or pip install "
+                       r"'keras-vision-transformer\[tensorflow\]' for its sets\.$"):
         cli.main(["pretrain", *SMALL_RUN, "--dataset", "mnist", "--output-dir", str(tmp_path)])
 
 
@@ -356,6 +357,30 @@ def test_import_keras_vit_without_tensorflow_takes_jax_and_warns(tmp_path):
     assert (done.returncode, done.stdout, done.stderr) == (0, "jax\n", note("jax").removeprefix("keras-vit: "))
 
 
+# What TensorFlow 2.21's C++ libraries print on import, whatever TF_CPP_MIN_LOG_LEVEL says (the oneDNN note twice).
+TENSORFLOW_IMPORT = (b"WARNING: All log messages before absl::InitializeLog() is called are written to STDERR\n"
+                     b"I0000 00:00:1796497394.867623   29263 port.cc:153] oneDNN custom operations are on. ...\n"
+                     b"I0000 00:00:1796497434.750748   29391 cpu_feature_guard.cc:227] This TensorFlow binary is ...\n"
+                     b"To enable the following instructions: AVX2 AVX512F FMA, in other operations, rebuild ...\n"
+                     b"E0000 00:00:1796497434.750748   29391 cuda_dnn.cc:8579] an error stays\n")
+
+
+@pytest.mark.backend_independent
+def test_the_command_imports_tensorflow_without_its_start_up_banner(tmp_path, monkeypatch, capfd):
+    (tmp_path / "noisy_library.py").write_text(f"import os, sys\nos.write(2, {TENSORFLOW_IMPORT!r})\n"
+                                               "print('a Python warning stays', file=sys.stderr)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "noisy_library", raising=False)
+    startup.hide_import_banner("noisy_library")
+    import noisy_library  # noqa: F401
+
+    # (under capfd Python's writes skip file descriptor 2, and so the filter: their order is the test's own)
+    assert sorted(capfd.readouterr().err.splitlines()) == [
+        "E0000 00:00:1796497434.750748   29391 cuda_dnn.cc:8579] an error stays", "a Python warning stays"]
+    assert not any(isinstance(finder, startup._QuietImport) for finder in sys.meta_path)  # once
+    monkeypatch.delitem(sys.modules, "noisy_library")
+
+
 @pytest.mark.parametrize("arguments,line", [
     (["pretrain", "--lr", "0.1"], "keras-vit pretrain: error: unknown flag --lr; did you mean --learning-rate?"),
     (["finetune", "--image_size", "24"],
@@ -425,8 +450,13 @@ def test_each_user_error_is_one_line_that_names_the_flag_to_change(tmp_path, mon
         (["pretrain", "--image-size", "30"], r"image_size \(30, 30\) is not divisible by patch_size 4; pass "
                                              r"--drop-remainder to leave out the last rows and columns that fill no "
                                              r"patch, as timm does\."),
-        (["pretrain", "--dataset", folder, "--batch-size", "64"],
-         r"Batch size 64 is larger than the 4 training examples; pass --batch-size 4 or less\."),
+        # Every input wrong, said at once: the missing folder was told only once the default weights were there.
+        (["finetune", "--dataset", "pictures/"],
+         r"2 problems: \(1\) Image folder not found: pictures/; check the path given as --dataset\. \(2\) Weights "
+         r"file not found: runs/pretrain/model\.keras, finetune's default --weights \(what `keras-vit pretrain` "
+         r"writes\): .*"),
+        (["finetune", "--dataset", folder, "--weights", "gone/vit.npz", "--data-dir", "nowhere"],
+         r"2 problems: \(1\) Data directory not found: nowhere \(2\) Weights file not found: gone/vit\.npz"),
         (["finetune"], r"Weights file not found: runs/pretrain/model\.keras, finetune's default --weights \(what "
                        r"`keras-vit pretrain` writes\): run `keras-vit pretrain` first, or pass --weights none \(a "
                        r"random initialisation\), --weights PATH \(a \.keras, \.npz or \.safetensors file, a timm or "
@@ -446,13 +476,115 @@ def test_finetune_trains_a_folder_from_scratch_and_says_where_it_wrote(tmp_path,
     folder = image_folder(tmp_path / "photos", {"cats": 5, "dogs": 5})
     out = tmp_path / "run"
     # 18 px is no multiple of the 4 px patches: --drop-remainder leaves out the last 2 rows and columns.
+    # The default batch of 64 is more than the 8 training images: the README's command failed on such a folder.
     assert cli.console_main(["finetune", "--dataset", str(folder), "--weights", "none", "--image-size", "18",
-                             "--drop-remainder", "--epochs", "1", "--batch-size", "4", "--warmup-steps", "1",
+                             "--drop-remainder", "--epochs", "1", "--warmup-steps", "1",
                              "--output-dir", str(out), *TINY]) == 0
-    *_, wrote, accuracy = capsys.readouterr().out.strip().splitlines()
+    printed = capsys.readouterr().out.strip().splitlines()
+    assert "note: --batch-size 64 is more than the 8 training examples; training with batches of 8" in printed
+    *_, wrote, accuracy = printed
     assert re.fullmatch(rf"wrote {re.escape(str(out / 'model.keras'))} and its log "
                         rf"{re.escape(str(out / 'log.csv'))}( \(beside them: classes.txt, .*\))?", wrote), wrote
     assert re.fullmatch(r"top-1 accuracy: \d\.\d{4}", accuracy)
-    assert keras.saving.load_model(out / "model.keras").input_shape == (None, 18, 18, 3)
+    trained = keras.saving.load_model(out / "model.keras")
+    assert trained.input_shape == (None, 18, 18, 3)
     assert (out / "classes.txt").read_text() == "cats\ndogs\n"
+    assert trained.class_names == ["cats", "dogs"]  # in model.keras too, for decode_predictions and the API
     assert keras_vit_log.text.count(HELD_OUT) == 1  # said once, not once per split
+
+
+# --- predict and evaluate as a user of timm expects them ------------------------------------------------------------
+
+def tiny_classifier(path, class_names=("cats", "dogs", "birds"), image_size=16):
+    """A tiny ViT with random values in every tensor (its head too) and `class_names`, saved at `path`."""
+    import keras_vit
+
+    model = keras_vit.ViT(image_size=image_size, patch_size=4, hidden_size=16, num_layers=1, num_heads=2, mlp_dim=32,
+                          class_names=class_names, classifier_activation=None)
+    rng = np.random.default_rng(0)
+    for variable in model.weights:
+        variable.assign(rng.normal(0, 0.5, variable.shape).astype(variable.dtype))
+    model.save(path)
+    return model
+
+
+@pytest.mark.skipif(BACKEND != "jax", reason="counts JAX's XLA compiles")
+def test_predict_of_a_keras_file_compiles_one_program_on_jax(tmp_path, xla_compiles):
+    # Loading ran every variable's initializer, and each image went through the model op by op, each one compiled on
+    # its own: about 70 programs, most of a tiny model's 9-12 s `keras-vit predict`.
+    import keras_vit
+
+    keras_vit.from_pretrained(fixture("vit_token.npz")).save(tmp_path / "vit.keras")  # loaded: no initializer ran
+    folder = image_folder(tmp_path / "photos", {"a": 2}, size=(40, 30))
+    del xla_compiles[:]
+    results = inference.predict([str(path) for path in sorted(folder.glob("a/*.jpg"))], weights=str(tmp_path / "vit.keras"))
+    assert len(results) == 2 and len(xla_compiles) == 1, xla_compiles
+
+
+def test_predict_takes_folders_topk_and_json_with_the_models_class_names_and_probabilities(tmp_path, capsys):
+    import keras_vit
+
+    model = tiny_classifier(tmp_path / "model.keras")  # its names in the file: no classes.txt beside it
+    folder = image_folder(tmp_path / "photos", {"garden": 2, "street": 1}, size=(30, 40))
+    files = [str(path) for path in sorted(folder.glob("*/*.jpg"))]
+    transform = keras_vit.eval_transform(model)
+    logits = np.stack([keras.ops.convert_to_numpy(model(transform.load(path)[None]))[0] for path in files])
+    expected = np.exp(logits - logits.max(-1, keepdims=True))
+    expected /= expected.sum(-1, keepdims=True)
+
+    results = cli.main(["predict", str(folder), "--weights", str(tmp_path / "model.keras"), "--topk", "2", "--json"])
+    printed = json.loads(capsys.readouterr().out)
+    assert [entry["image"] for entry in printed] == files
+    for entry, result, probabilities in zip(printed, results, expected):
+        best = np.argsort(-probabilities)[:2]
+        assert [c["name"] for c in entry["classes"]] == [name for name, _ in result] == \
+            [["cats", "dogs", "birds"][i] for i in best]
+        np.testing.assert_allclose([c["probability"] for c in entry["classes"]], probabilities[best], atol=1e-6)
+
+    assert cli.main(["predict", files[0], "--weights", str(tmp_path / "model.keras"), "--topk", "1"]) == \
+        [results[0][:1]]
+    assert capsys.readouterr().out == f"{files[0]}\n  {results[0][0][0]:>24s}  {results[0][0][1]:.4f}\n"
+
+
+@pytest.mark.backend_independent
+def test_predict_names_every_missing_image_and_empty_folder_in_one_line_before_loading(tmp_path, capsys):
+    (tmp_path / "empty").mkdir()
+    assert cli.console_main(["predict", str(tmp_path / "a.jpg"), str(tmp_path / "empty"), "--weights",
+                             str(tmp_path / "no_model.keras")]) == 2
+    assert capsys.readouterr().err == (
+        f"keras-vit: error: 2 problems: (1) Image not found: {tmp_path / 'a.jpg'} (2) No images found under "
+        f"{tmp_path / 'empty'} (extensions .jpg, .jpeg, .png, .bmp, .gif).\n")
+
+
+@pytest.mark.backend_independent
+def test_evaluate_scores_the_part_finetune_held_out_and_says_which_images(tmp_path, capsys, keras_vit_log):
+    # It scored every image of a folder without splits, the 80% fine-tuning had trained on too, and said nothing.
+    tiny_classifier(tmp_path / "model.keras", ("cats", "dogs"))
+    folder = str(image_folder(tmp_path / "photos", {"cats": 5, "dogs": 5}))
+    held_out = data.load_source(folder, "test", holdout_fraction=0.2)
+    evaluate = ["evaluate", "--weights", str(tmp_path / "model.keras"), "--dataset", folder, "--verbose", "0"]
+
+    cli.main([*evaluate, "--holdout-fraction"])
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == (f"evaluating the {held_out.num_examples} images of {folder} that fine-tuning with "
+                        "--holdout-fraction 0.2 held out (20% of each class, the same on every run)")
+    assert re.fullmatch(r"top-1 accuracy: \d\.\d{4}", lines[1]) and len(lines) == 2  # no top-5 of 2 classes
+    cli.main(evaluate)
+    assert capsys.readouterr().out.startswith(f"evaluating all 10 images of {folder}, which has no train/test "
+                                              "sub-folders (--holdout-fraction scores only the part fine-tuning "
+                                              "held out)\n")
+
+
+@pytest.mark.backend_independent
+def test_predict_shows_each_photos_naflex_patch_grid(tmp_path, capsys):
+    import keras_vit
+
+    keras_vit.ViT(naflex=True, patch_size=4, hidden_size=16, num_layers=1, num_heads=2, mlp_dim=32,
+                  classes=3).save(tmp_path / "naflex.keras")
+    photo = str(image_folder(tmp_path / "photos", {"a": 1}, size=(30, 90)) / "a" / "0.jpg")
+    rows, cols = data.naflex_batch([photo], 4, max_patches=24)["patch_grid"][0]
+    predict = ["predict", photo, "--weights", str(tmp_path / "naflex.keras"), "--max-patches", "24"]
+    cli.main(predict)
+    assert capsys.readouterr().out.splitlines()[0] == f"{photo}  (NaFlex patch grid {rows}x{cols})"
+    cli.main([*predict, "--json"])
+    assert json.loads(capsys.readouterr().out)[0]["patch_grid"] == [rows, cols]

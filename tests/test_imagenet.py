@@ -31,6 +31,27 @@ def test_decode_predictions_returns_top_classes_in_order():
 
 
 @pytest.mark.backend_independent
-def test_decode_predictions_rejects_other_shapes():
-    with pytest.raises(ValueError, match=r"shape \(batch, 1000\), got \(2, 10\)"):
+def test_decode_predictions_rejects_other_shapes_and_names_where_class_names_come_from():
+    # It suggested model.class_names, which a model fine-tuned through the API did not have.
+    with pytest.raises(ValueError, match=r"^decode_predictions expects ImageNet-1k predictions of shape \(batch, 1000\), "
+                                         r"got \(2, 10\); pass class_names=, the model's own \(model\.class_names, kept "
+                                         r"by keras_vit\.ViT\(class_names=\.\.\.\) and by keras_vit's training\) or your "
+                                         r"data's \(source\.class_names\)\.$"):
         decode_predictions(np.zeros((2, 10)))
+
+
+@pytest.mark.backend_independent
+def test_decode_predictions_gives_probabilities_of_logits():
+    # A fine-tuned model's logits were printed as its scores.
+    logits = np.array([[2.0, -1.0, 0.5], [0.1, 0.2, 0.3]], "float32")
+    probabilities = np.exp(logits - logits.max(-1, keepdims=True))
+    probabilities /= probabilities.sum(-1, keepdims=True)
+    names = ["cat", "dog", "bird"]
+    for from_logits in (None, True):  # decided from the scores, or said
+        decoded = decode_predictions(logits, top=2, class_names=names, from_logits=from_logits)
+        assert decoded[0] == [("0", "cat", pytest.approx(probabilities[0, 0])),
+                              ("2", "bird", pytest.approx(probabilities[0, 2]))]
+        assert decoded[1][0] == ("2", "bird", pytest.approx(probabilities[1, 2]))
+    softmax = [[0.2, 0.5, 0.3]]  # probabilities stay as they are, and so do scores said not to be logits
+    assert decode_predictions(softmax, top=1, class_names=names) == [[("1", "dog", 0.5)]]
+    assert decode_predictions(logits, top=1, class_names=names, from_logits=False)[0] == [("0", "cat", 2.0)]

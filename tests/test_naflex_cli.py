@@ -189,22 +189,6 @@ def test_naflex_flags_on_the_wrong_model_are_refused_in_one_line(naflex_file, tm
         assert capsys.readouterr().err == f"keras-vit: error: {message}\n", argv
 
 
-@pytest.fixture
-def xla_compiles():
-    """The names of the XLA programs JAX compiles meanwhile (its own monitoring events)."""
-    import jax
-
-    compiles = []
-
-    def listen(event, duration, **kwargs):
-        if "backend_compile" in event:
-            compiles.append(event)
-
-    jax.monitoring.register_event_duration_secs_listener(listen)
-    yield compiles
-    jax.monitoring.unregister_event_duration_listener(listen)
-
-
 @pytest.mark.skipif(keras.backend.backend() != "jax", reason="counts JAX's traces and XLA compiles")
 def test_photos_of_many_shapes_compile_once_per_bucket(naflex_file, tmp_path, xla_compiles):
     rng = np.random.default_rng(1)

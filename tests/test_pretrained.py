@@ -233,3 +233,25 @@ def test_a_map_model_without_its_attention_pool_is_still_a_map_model(tmp_path):
                                          r"head pools with; build it with include_top=False, pooling='map' for its "
                                          r"features\.$"):
         keras_vit.tools.analysis.feature_model(built)
+
+
+@pytest.mark.backend_independent
+def test_class_names_given_to_vit_stay_with_the_model_and_its_keras_file(tmp_path):
+    # A model fine-tuned through the API had no class names (`ViT(..., classes=n)`), only the command's classes.txt.
+    import keras
+
+    names = ("cats", "dogs", "birds")
+    model = keras_vit.ViT(**dict(FEATURES, include_top=True), class_names=names, weights=fixture("timm_hub"))
+    assert model.output_shape == (None, 3) and model.class_names == list(names)  # a new head, named
+    model.save(tmp_path / "named.keras")
+    assert keras.saving.load_model(tmp_path / "named.keras").class_names == list(names)
+    saved = keras_vit.from_pretrained(str(tmp_path / "named.keras"), class_names=names)  # as saved
+    assert saved.class_names == list(names)
+    renamed = keras_vit.from_pretrained(str(tmp_path / "named.keras"), class_names=["a", "b", "c"])
+    assert renamed.class_names == ["a", "b", "c"]
+    with pytest.raises(ValueError, match=r"^classes=4 disagrees with the 3 class_names; leave classes out to take "
+                                         r"their number\.$"):
+        keras_vit.ViT(**dict(FEATURES, include_top=True), classes=4, class_names=names)
+    with pytest.raises(ValueError, match=r"^class_names name the outputs of the head, which include_top=False leaves "
+                                         r"out\.$"):
+        keras_vit.ViT(**FEATURES, class_names=names)

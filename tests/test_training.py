@@ -295,6 +295,33 @@ def test_training_without_tensorboard_or_matplotlib_skips_them_with_a_note(monke
     assert (tmp_path / "model.keras").exists() and not (tmp_path / "tensorboard").exists()
 
 
+def test_tensorboard_without_tensorflow_is_left_out_without_telling_to_install_tensorflow(monkeypatch, tmp_path,
+                                                                                          capsys):
+    # A [jax] install was told "pip install 'keras-vision-transformer[tensorflow]'" on every run.
+    monkeypatch.setitem(sys.modules, "tensorflow", None)
+    assert training.tensorboard_callbacks(str(tmp_path)) == []
+    assert capsys.readouterr().out == ""
+
+
+@pytest.mark.backend_independent
+def test_the_learning_curve_shows_every_line_of_one_epoch_and_lines_on_each_other(tmp_path):
+    # One epoch drew each line as one point without a marker, nothing; a held-out line on the training one, or at an
+    # accuracy of 1.0 on the axis' edge, hid behind it.
+    pytest.importorskip("matplotlib")
+    import matplotlib.pyplot as plt
+
+    (tmp_path / "log.csv").write_text("epoch,loss,top1,val_loss,val_top1\n0,0.5,1.0,0.5,1.0\n")
+    figure = training.learning_curve(str(tmp_path / "log.csv"))
+    for axis in figure.axes:
+        lines = axis.get_lines()
+        assert [line.get_label() for line in lines] == ["train", "held-out"]
+        assert all(line.get_marker() not in (None, "", "None") for line in lines)
+        assert len({(line.get_linestyle(), line.get_marker()) for line in lines}) == 2
+    low, high = figure.axes[1].get_ylim()
+    assert low < 0 and high > 1
+    plt.close(figure)
+
+
 def write_digit_folders(root, splits):
     _, (images, labels) = data.digits(image_size=16)
     for split, classes in splits.items():

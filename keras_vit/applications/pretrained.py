@@ -17,7 +17,7 @@ import os
 
 import keras
 
-from keras_vit.applications.vit import ViT
+from keras_vit.applications.vit import ViT, named_classes
 from keras_vit.checkpoints import CheckpointError, architecture_of, load_keras, read_weights, source_of_saved
 from keras_vit.model.variants import Variant
 from keras_vit.utils.keras_internals import sublayers
@@ -31,7 +31,8 @@ def from_pretrained(source, **overrides):
             `num_heads`, timm `.safetensors`/`.bin`/`.pth`, a timm Hub folder)
             or an `hf://org/name` handle.
         **overrides: `keras_vit.ViT` keywords that replace what the file says,
-            for example a new `classes` (a fresh head) or `image_size`.
+            for example a new `classes` (a fresh head) and its `class_names`,
+            or `image_size`.
 
     The patch size, width, depth, MLP size, head count, image size (its
     position grid), architecture (`keras_vit.Architecture`: prefix tokens,
@@ -66,8 +67,14 @@ def from_pretrained(source, **overrides):
     path = os.fspath(source)
     if path.endswith(".keras"):
         saved = load_keras(path)
+        names = overrides.pop("class_names", None)  # names for the saved head need no other model
         if _as_saved(saved, path, overrides):
+            if names is not None:
+                has_head = any(layer.name == "head" for layer in saved.layers)
+                saved.class_names, _ = named_classes(names, saved.output_shape[-1] if has_head else None, has_head)
             return saved
+        if names is not None:
+            overrides["class_names"] = names
         checkpoint = source_of_saved(saved, path)
         del saved
     else:

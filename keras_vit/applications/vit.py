@@ -62,6 +62,7 @@ def ViT(
     mbconv_widths=None,
     mbconv_depths=None,
     classes=None,
+    class_names=None,
     include_top=True,
     weights=None,
     input_tensor=None,
@@ -110,8 +111,13 @@ def ViT(
             widths of its MbConv stem (the stem's, then each stage's) and
             the blocks of each stage (`keras_vit.layers.mbconv`); its patch
             embedding is then a 3x3 convolution striding by `patch_size` (2).
-        classes: classifier outputs; default the checkpoint's class count
-            when `weights` has a head, else 1000.
+        classes: classifier outputs; default the number of `class_names`,
+            else the checkpoint's class count when `weights` has a head,
+            else 1000.
+        class_names: one name per output (e.g. a `keras_vit.data.Source`'s
+            `class_names`), kept as `model.class_names` and in its `.keras`
+            file, where `decode_predictions` and `keras-vit predict` read
+            them; default the checkpoint's, for its own head.
         include_top: add the classifier (pre-logits and head).
         weights: `None`, a named checkpoint (see `keras_vit.available_weights`),
             or a path to an original `.npz`, a `.keras` or a `.weights.h5` file.
@@ -190,6 +196,7 @@ def ViT(
     if approximate_gelu is not None and switches.get("mlp_activation") is None:
         switches["mlp_activation"] = "gelu_tanh" if approximate_gelu else "gelu"
     resolve_architecture(architecture, classifier, switches)  # Bad switches fail before any download.
+    class_names, classes = named_classes(class_names, classes, include_top)
     if include_top and pooling is not None:
         raise ValueError("pooling applies only with include_top=False.")
     if resnet_layers is not None:
@@ -278,7 +285,23 @@ def ViT(
         model = _loaded(options, input_tensor, weights, source, include_top, classes)
     if naflex:  # how a photo is cut into its patches: the checkpoint's library's, else keras_vit's own
         model.naflex_preprocessing = naflex_preprocessing(source.naflex_preprocessing if source else None)
+    if class_names is not None:
+        model.class_names = class_names
     return model
+
+
+def named_classes(class_names, classes, include_top):
+    """`(class_names as a list of str, classes)`: the class count of the names unless `classes` says it, and they
+    must agree."""
+    if class_names is None:
+        return None, classes
+    class_names = [str(name) for name in class_names]
+    if not include_top:
+        raise ValueError("class_names name the outputs of the head, which include_top=False leaves out.")
+    if classes is not None and classes != len(class_names):
+        raise ValueError(f"classes={classes} disagrees with the {len(class_names)} class_names; leave classes out to "
+                         "take their number.")
+    return class_names, len(class_names)
 
 
 def _loaded(options, input_tensor, weights, source, include_top, classes):

@@ -23,7 +23,7 @@ FINETUNED = "runs/finetune/model.keras"
 # imports no Keras (test_cli checks that they agree).
 INFERENCE_DEFAULTS = {
     "evaluate": dict(weights=FINETUNED, dataset="digits", eval_split="test", eval_batch_size=256, verbose=1),
-    "predict": dict(weights=FINETUNED),
+    "predict": dict(weights=FINETUNED, topk=5, as_json=False),
     "inspect": dict(weights=FINETUNED, output_dir="runs/inspect"),
     "export": dict(format="onnx"),
 }
@@ -41,14 +41,18 @@ def build_parser():
                                    "(SGD, cosine, zero head)")
     flags.add_config_flags(finetune, configs.FinetuneConfig)
 
-    evaluate = commands.add_parser("evaluate", help="top-1 / top-5 of a model on a data-set split")
+    evaluate = commands.add_parser("evaluate", help="top-1 / top-5 of a model on a data-set split or image folder")
     flags.add_model_flags(evaluate), flags.add_data_flags(evaluate, training=False)
     flags.add_eval_transform_flags(evaluate)
 
-    predict = commands.add_parser("predict", help="top-5 labels of image files")
+    predict = commands.add_parser("predict", help="the top classes of image files, with their probabilities")
     flags.add_model_flags(predict)
-    predict.add_argument("images", nargs="+", help="image files")
-    predict.add_argument("--labels", help="class names, one a line (default: classes.txt or ImageNet)")
+    predict.add_argument("images", nargs="+", help="image files, or folders (every image in them)")
+    predict.add_argument("--labels", help="class names, one a line (default: classes.txt, the model's own names, "
+                         "or ImageNet's)")
+    predict.add_argument("--topk", type=int, help="classes shown per image")
+    predict.add_argument("--json", dest="as_json", action="store_true",
+                         help="print one JSON list on stdout, an object per image, instead of text")
     flags.add_eval_transform_flags(predict)
 
     inspect_ = commands.add_parser("inspect", help="write the paper's Figure 7 plots and an attention rollout")
@@ -103,6 +107,7 @@ def announce(note):
 def run(args):
     """Run parsed command-line `args`; Keras is imported only now, once its backend is chosen."""
     startup.choose_backend(announce)
+    startup.hide_import_banner("tensorflow")
     config = None
     if args.command in ("pretrain", "finetune"):
         config_class = configs.PretrainConfig if args.command == "pretrain" else configs.FinetuneConfig

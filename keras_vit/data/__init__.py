@@ -19,6 +19,7 @@ tensorflow-datasets sets need the `[tensorflow]` extra.
 """
 
 import dataclasses
+import importlib.util
 import inspect
 import logging
 import os
@@ -133,8 +134,7 @@ def from_tfds(name, split, data_dir=None, shard=None):
             "pip install 'keras-vision-transformer[tensorflow]'."
         ) from None
 
-    if data_dir is not None and not os.path.isdir(data_dir):
-        raise FileNotFoundError(f"Data directory not found: {data_dir}")
+    check_dataset(name, data_dir)
     try:
         builder = tfds.builder(name, data_dir=data_dir)
     except tfds.core.registered.DatasetNotFoundError:
@@ -200,8 +200,8 @@ def class_folders(path):
     return [d for d in _visible(os.listdir(path)) if os.path.isdir(os.path.join(path, d))]
 
 
-def _image_files(folder):
-    """Every image file under `folder`, in nested sub-folders too, sorted; hidden entries left out."""
+def image_files(folder):
+    """Every image file under `folder` (`IMAGE_EXTENSIONS`), nested sub-folders' too, sorted; hidden ones left out."""
     found = []
     for directory, subdirectories, files in os.walk(folder):
         subdirectories[:] = _visible(subdirectories)
@@ -276,7 +276,7 @@ def from_folder(path, shard=None, class_names=None, holdout=None):
         )
     files, labels, skipped = [], [], []
     for class_name in found:
-        images = _image_files(os.path.join(path, class_name))
+        images = image_files(os.path.join(path, class_name))
         if not images:
             raise ValueError(
                 f"Class folder {os.path.join(path, class_name)} holds no images ({IMAGE_EXTENSIONS}); "
@@ -316,11 +316,16 @@ def _held_out_part(files, class_name, split, fraction):
     return [file for i, file in enumerate(files) if (i in held) == (split != "train")]
 
 
+def split_folder(root, split):
+    """The sub-folder of `root` that holds `split` (`"test"`: `test/`, `val/` or `validation/`), or None."""
+    return next((c for c in SPLIT_FOLDERS.get(split, (split,)) if os.path.isdir(os.path.join(root, c))), None)
+
+
 def _folder_source(root, split, shard, class_names, holdout_fraction):
     """A split of an image folder: a split sub-folder (`train`, `test`, `val`, ...) or a held-out part."""
     splits = [d for d in class_folders(root) if d in {n for names in SPLIT_FOLDERS.values() for n in names}]
     candidates = SPLIT_FOLDERS.get(split, (split,))
-    folder = next((c for c in candidates if os.path.isdir(os.path.join(root, c))), None)
+    folder = split_folder(root, split)
     if folder is None and splits:
         raise ValueError(
             f"{root} has split folders {splits} but none for the {split!r} split (looked for {list(candidates)})."
@@ -366,30 +371,32 @@ def load_source(name, split, data_dir=None, image_size=32, shard=None, class_nam
         return from_arrays(images, labels, DIGITS_CLASSES, tuple(str(i) for i in range(10)), "digits")
     if os.path.isdir(name):
         return _folder_source(name, split, shard, class_names, holdout_fraction)
-    if os.path.exists(name):
-        raise ValueError(f"dataset={name!r} is a file; an image folder holds one sub-folder of images per class.")
-    first = name.replace("\\", "/").split("/")[0]
-    if name.endswith(("/", "\\")) or name.startswith((".", "~", "/", "\\")) or (first != name and os.path.isdir(first)):
-        raise FileNotFoundError(f"Image folder not found: {name}; check the path given as dataset=.")
+    check_dataset(name, data_dir)
     return from_tfds(name, split, data_dir=data_dir, shard=shard)
 
 
-def make_dataset(
-    source,
-    image_size,
-    batch_size,
-    training,
-    seed=0,
-    epoch=0,
-    crop_fraction=None,
-    augmenters=(),
-    num_classes=None,
-    one_hot=False,
-    drop_remainder=None,
-    min_crop_area=0.05,
-    flip=True,
-    eval_transform=None,
-):
+def check_dataset(name, data_dir=None):
+    """Raise where `name` cannot be a data set `load_source` reads: a file, a path to no folder, or a name that is
+    no folder where tensorflow-datasets (whose sets have names) is not installed; or where `data_dir` is no folder.
+    Reads no image."""
+    if name != "digits" and not os.path.isdir(name):
+        if os.path.exists(name):
+            raise ValueError(f"dataset={name!r} is a file; an image folder holds one sub-folder of images per class.")
+        first = name.replace("\\", "/").split("/")[0]
+        if name.endswith(("/", "\\")) or name.startswith((".", "~", "/", "\\")) or (
+                first != name and os.path.isdir(first)):
+            raise FileNotFoundError(f"Image folder not found: {name}; check the path given as dataset=.")
+        if importlib.util.find_spec("tensorflow_datasets") is None:
+            raise FileNotFoundError(
+                f"dataset={name!r} is no folder, and tensorflow-datasets, whose sets have names, is not installed: "
+                "check the folder's path, or pip install 'keras-vision-transformer[tensorflow]' for its sets.")
+    if data_dir is not None and not os.path.isdir(data_dir):
+        raise FileNotFoundError(f"Data directory not found: {data_dir}")
+
+
+def make_dataset(source, image_size, batch_size, training, seed=0, epoch=0, crop_fraction=None, augmenters=(),
+                 num_classes=None, one_hot=False, drop_remainder=None, min_crop_area=0.05, flip=True,
+                 eval_transform=None):
     """Batched, prefetched `(images in [-1, 1], labels)` for one pass over `source`.
 
     Training: shuffle (per `seed` and `epoch`), `inception_crop` (keeping at
@@ -422,7 +429,6 @@ def make_dataset(
     folder = source.examples is not None and not isinstance(source.examples[0], np.ndarray)
     return tf_data_steps.batched(examples, batch_size, drop_remainder, num_classes or source.num_classes, one_hot,
                                  augmenters, left_out=folder and not training)
-
 
 
 def images_only(dataset):

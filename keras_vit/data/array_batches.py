@@ -48,8 +48,8 @@ import logging
 import math
 import mmap
 import multiprocessing
-import sys
 import warnings
+import weakref
 
 import keras
 import numpy as np
@@ -235,6 +235,10 @@ def _batches(passes, source, size, batch_size, seed, workers, options):
         # JAX warns of any fork; these workers run numpy and Pillow only, never a JAX (or TensorFlow) op.
         warnings.filterwarnings("ignore", "os.fork", RuntimeWarning)
         pool = multiprocessing.get_context("fork").Pool(workers, initializer=_start_worker, initargs=(plain, buffers))
+    # A stream dropped unfinished (a script's global) is closed only while the interpreter tears its modules down,
+    # too late for `pool.terminate` (its modules are gone; the pool's own `__del__` then fails, and both printed
+    # "Exception ignored" after a successful run): `weakref.finalize` stops the pool at exit, before that, once.
+    stop = weakref.finalize(pool, pool.terminate)
     try:
         pending = collections.deque()
         for position, (number, index) in enumerate(keys):
@@ -245,8 +249,7 @@ def _batches(passes, source, size, batch_size, seed, workers, options):
         while pending:
             yield _read(passes, buffers, *pending.popleft())
     finally:
-        if not sys.is_finalizing():  # at exit, multiprocessing has stopped the pool itself
-            pool.terminate()
+        stop()
 
 
 def _read(passes, buffers, number, slot, result):

@@ -34,12 +34,21 @@ def imagenet_labels():
         return tuple(tuple(line.rstrip("\n").split("\t")) for line in f)
 
 
-def decode_predictions(preds, top=5, class_names=None):
-    """Decode `(batch, classes)` predictions into `(class_id, name, score)` lists, best first.
+def decode_predictions(preds, top=5, class_names=None, from_logits=None):
+    """Decode `(batch, classes)` predictions into `(class_id, name, probability)` lists, best first.
 
-    Without `class_names`, ImageNet-1k's `(wnid, name, score)`. With them
-    (a model's own `model.class_names`, read from its checkpoint's labels),
-    the id is the class index as a string.
+    Without `class_names`, ImageNet-1k's `(wnid, name, probability)`. With
+    them (a model's own `model.class_names`, read from its checkpoint's
+    labels or given to `keras_vit.ViT(class_names=...)`; or your data's,
+    `source.class_names`), the id is the class index as a string.
+
+    The scores are probabilities. A model built with
+    `classifier_activation=None` (as fine-tuning builds it) outputs logits,
+    which are put through a softmax: `from_logits=True` says so (for
+    `keras_vit.tools.inference.outputs_logits(model)`), `False` takes the
+    scores as they are, and `None` decides from them: predictions that are
+    not probabilities (a score outside [0, 1], or a row whose sum is not 1)
+    are logits.
 
     Example:
     >>> import numpy as np
@@ -48,8 +57,10 @@ def decode_predictions(preds, top=5, class_names=None):
     [[('n01443537', 'goldfish', 1.0)]]
     >>> decode_predictions(np.array([[0.2, 0.8]]), top=1, class_names=["cat", "dog"])
     [[('1', 'dog', 0.8)]]
+    >>> decode_predictions(np.array([[0.0, np.log(3)]]), top=1, class_names=["cat", "dog"])  # logits
+    [[('1', 'dog', 0.75)]]
     """
-    preds = np.asarray(ops.convert_to_numpy(preds))
+    preds = np.asarray(ops.convert_to_numpy(preds), "float64")
     if class_names is not None:
         if preds.ndim != 2 or preds.shape[1] != len(class_names):
             raise ValueError(f"decode_predictions got predictions of shape {preds.shape} for {len(class_names)} "
@@ -58,12 +69,24 @@ def decode_predictions(preds, top=5, class_names=None):
     elif preds.ndim != 2 or preds.shape[1] != 1000:
         raise ValueError(
             "decode_predictions expects ImageNet-1k predictions of shape (batch, 1000), "
-            f"got {preds.shape}; pass class_names= (for example model.class_names) for other classes."
+            f"got {preds.shape}; pass class_names=, the model's own (model.class_names, kept by "
+            "keras_vit.ViT(class_names=...) and by keras_vit's training) or your data's (source.class_names)."
         )
     else:
         labels = imagenet_labels()
+    if from_logits is None:
+        from_logits = not is_probabilities(preds)
+    if from_logits:
+        preds = np.exp(preds - preds.max(axis=-1, keepdims=True))
+        preds /= preds.sum(axis=-1, keepdims=True)
     results = []
     for row in preds:
-        best = np.argsort(row)[::-1][:top]
+        best = np.argsort(-row, kind="stable")[:top]  # ties: the first class first
         results.append([(*labels[i], float(row[i])) for i in best])
     return results
+
+
+def is_probabilities(preds, tolerance=1e-3):
+    """Whether every row of `preds` is a probability distribution: scores in [0, 1] that sum to 1."""
+    preds = np.asarray(preds)
+    return bool(np.all((preds >= 0) & (preds <= 1)) and np.all(np.abs(preds.sum(axis=-1) - 1) <= tolerance))

@@ -21,7 +21,10 @@ what a ViT needs around it:
 - LoRA adapters are merged into the kernels first (equal outputs, plain ops);
 - a SavedModel keeps the model's precision (`dtype=`); ONNX and LiteRT take
   float32 models (their CPU runtimes have no bfloat16 convolution);
-- the file or folder appears whole or not at all.
+- the file or folder appears whole or not at all;
+- torch's exporter says nothing a user can act on: not the torchvision
+  operators it skips where torchvision is not installed, nor its own
+  deprecations.
 
 The formats need the `export` extra (onnx, onnxruntime, onnxscript, tf2onnx,
 jax2onnx, ai-edge-litert): `pip install 'keras-vision-transformer[export]'`.
@@ -33,6 +36,7 @@ Example:
 >>> model.export("/tmp/vit.onnx", format="onnx", verbose=False)  # doctest: +SKIP
 """
 
+import contextlib
 import importlib.util
 import logging
 import os
@@ -166,7 +170,8 @@ def export_model(model, filepath, format="tf_saved_model", verbose=None, input_s
     writing = files.atomic_path_with_sidecars if format == "onnx" else files.atomic_path
     with writing(filepath) as path:
         if format == "onnx" and keras.backend.backend() == "torch":
-            _export_onnx_torch(model, path, input_signature[0], verbose, native_image_size, patch_pixels)
+            with _quiet_torch_exporter():
+                _export_onnx_torch(model, path, input_signature[0], verbose, native_image_size, patch_pixels)
         else:
             keras.Model.export(model, path, format=format, verbose=bool(verbose), input_signature=input_signature,
                                **kwargs)
@@ -214,6 +219,24 @@ def _default_input_spec(model, native_image_size, filepath):
                        "export it on the tensorflow or torch backend to keep height and width open.", model.name,
                        filepath, *native_image_size)
     return keras.InputSpec(shape=shape, dtype=model.inputs[0].dtype, name=model.inputs[0].name)
+
+
+@contextlib.contextmanager
+def _quiet_torch_exporter():
+    """torch's ONNX exporter without its four "torchvision is not installed. Skipping torchvision::nms" (...)
+    warnings, which keras_vit's models never need, nor the FutureWarning of its own pytree class."""
+    registration = logging.getLogger("torch.onnx._internal.exporter._registration")
+
+    def needed(record):
+        return "torchvision is not installed" not in record.getMessage()
+
+    registration.addFilter(needed)
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", r"`isinstance\(treespec, LeafSpec\)` is deprecated", FutureWarning)
+            yield
+    finally:
+        registration.removeFilter(needed)
 
 
 def _export_onnx_torch(model, path, spec, verbose, native_image_size, patch_pixels):

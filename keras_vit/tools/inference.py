@@ -8,6 +8,7 @@ else `sizes` say what to build.
 """
 
 import dataclasses
+import json
 import os
 
 import keras
@@ -16,15 +17,16 @@ import numpy as np
 from keras_vit import checkpoints, data
 from keras_vit.applications.pretrained import top_options
 from keras_vit.applications.vit import ViT
-from keras_vit.configs import check_sizes_agree, model_sizes
+from keras_vit.configs import check_sizes_agree, model_sizes, raise_all
 from keras_vit.data import arrays, naflex
-from keras_vit.data.imagenet import imagenet_labels
+from keras_vit.data.imagenet import decode_predictions, imagenet_labels
 from keras_vit.model import deployment
 from keras_vit.model.description import is_naflex, sizes_of
 from keras_vit.model.variants import SMALL_VIT, Variant
 from keras_vit.model.vision_transformer import eval_transform, native_image_size
 from keras_vit.training import accuracy_metrics
 from keras_vit.utils import files
+from keras_vit.utils.keras_internals import load_model_without_initializers
 from keras_vit.utils.shapes import as_pair
 
 
@@ -51,7 +53,7 @@ def load_for_inference(weights, model=None, image_size=None, sizes=None, needs_h
                          "model or checkpoint.")
     given = _given(sizes)
     if weights.endswith(".keras") and os.path.exists(weights):
-        network = keras.saving.load_model(weights, compile=False)
+        network = load_model_without_initializers(weights, compile=False)  # on JAX: seconds sooner
         checkpoints.check_finite(network, weights)
         check_sizes_agree(sizes_of(network), f"--weights {weights}", given)
         return network
@@ -112,23 +114,29 @@ def naflex_options(network, weights, max_patches=None, crop_fraction=None, inter
 
 def evaluate(weights="runs/finetune/model.keras", dataset="digits", eval_split="test", data_dir=None,
              eval_batch_size=256, verbose=1, model=None, image_size=None, sizes=None, crop_fraction=None,
-             interpolation=None, drop_remainder=False, max_patches=None):
-    """Top-1 and top-5 of a saved model on a data-set split; prints both and returns Keras' results dict.
+             interpolation=None, drop_remainder=False, max_patches=None, holdout_fraction=None):
+    """Top-1 and top-5 (with more than 5 classes) of a saved model on a data-set split; prints which images it
+    scores and the accuracies, and returns Keras' results dict.
 
     Images are preprocessed as the checkpoint's library evaluates it
     (`keras_vit.eval_transform`), with `crop_fraction` or `interpolation`
     in place of its own where given. A NaFlex model's are cut by its
     `naflex_preprocessing` (`max_patches` in place of its budget) into
     batches of one sequence length each (`keras_vit.data.naflex_batches`).
-    An image folder without split sub-folders is evaluated whole.
+    An image folder without split sub-folders is evaluated whole, or with
+    `holdout_fraction` only the part of each class that fine-tuning with
+    that fraction held out (`keras_vit.data.load_source`).
     """
+    if holdout_fraction is not None and not 0 < holdout_fraction < 1:
+        raise ValueError(f"holdout_fraction must be between 0 and 1, got {holdout_fraction}.")
     network = load_for_inference(weights, model, image_size, sizes, drop_remainder=drop_remainder)
     _check_has_classifier(network, weights)
     naflex = naflex_options(network, weights, max_patches, crop_fraction, interpolation, image_size)
     image_size = native_image_size(network)
     num_classes = network.output_shape[-1]
     names = _saved_class_names(network, weights)
-    source = data.load_source(dataset, eval_split, data_dir, image_size, class_names=names, holdout_fraction=None)
+    source = data.load_source(dataset, eval_split, data_dir, image_size, class_names=names,
+                              holdout_fraction=holdout_fraction)
     if source.num_classes != num_classes:
         raise ValueError(
             f"{weights} has {num_classes} classes but {dataset!r} ({eval_split}) has {source.num_classes}: "
@@ -145,10 +153,26 @@ def evaluate(weights="runs/finetune/model.keras", dataset="digits", eval_split="
                                 num_classes=num_classes, one_hot=True)
     loss = keras.losses.CategoricalCrossentropy(from_logits=outputs_logits(network))
     network.compile(loss=loss, metrics=accuracy_metrics(num_classes))
+    print(f"evaluating {_evaluated_images(dataset, eval_split, source.num_examples, holdout_fraction)}")
     results = network.evaluate(batches, verbose=verbose, return_dict=True)
     print(f"top-1 accuracy: {results['top1']:.4f}")
-    print(f"top-5 accuracy: {results['top5']:.4f}")
+    if "top5" in results:
+        print(f"top-5 accuracy: {results['top5']:.4f}")
     return results
+
+
+def _evaluated_images(dataset, split, count, holdout_fraction):
+    """Which images `evaluate` scores, in words."""
+    if not os.path.isdir(dataset):
+        return f"the {count} images of {dataset}'s {split!r} split"
+    folder = data.split_folder(dataset, split)
+    if folder is not None:
+        return f"the {count} images of {os.path.join(dataset, folder)}"
+    if holdout_fraction is not None:
+        return (f"the {count} images of {dataset} that fine-tuning with --holdout-fraction {holdout_fraction:g} held "
+                f"out ({holdout_fraction:.0%} of each class, the same on every run)")
+    return (f"all {count} images of {dataset}, which has no train/test sub-folders (--holdout-fraction scores only "
+            "the part fine-tuning held out)")
 
 
 def _read_names(path, model):
@@ -184,42 +208,72 @@ def class_names(model, weights=None, labels=None):
 
 
 def predict(images, weights="runs/finetune/model.keras", labels=None, crop_fraction=None, model=None,
-            image_size=None, sizes=None, interpolation=None, drop_remainder=False, max_patches=None):
-    """Print the top-5 classes of each image file; returns `[(name, probability)] * 5` per image.
+            image_size=None, sizes=None, interpolation=None, drop_remainder=False, max_patches=None, topk=5,
+            as_json=False):
+    """Print the `topk` classes of each image with their probabilities; returns `[(name, probability)] * topk` per
+    image.
 
-    Each photo is preprocessed as the checkpoint's library evaluates it
-    (`keras_vit.eval_transform`: timm's crop_pct and filter, transformers'
-    image processor, vit_jax's squash), with `crop_fraction` or
-    `interpolation` in place of its own where given. A NaFlex model takes
-    each photo whole, cut by its `naflex_preprocessing` (`naflex_batch`;
-    `max_patches` in place of its budget), one compiled step per bucket.
+    `images` are image files or folders (every image in a folder, its
+    sub-folders' too, sorted). Each photo is preprocessed as the
+    checkpoint's library evaluates it (`keras_vit.eval_transform`: timm's
+    crop_pct and filter, transformers' image processor, vit_jax's squash),
+    with `crop_fraction` or `interpolation` in place of its own where given.
+    A NaFlex model takes each photo whole, cut by its `naflex_preprocessing`
+    (`naflex_batch`; `max_patches` in place of its budget), one compiled
+    step per bucket, and each photo's patch grid is printed with it. With
+    `as_json`, stdout gets one JSON list instead, an object per image:
+    `{"image", "classes": [{"name", "probability"}, ...]}` (and `"patch_grid"`).
     """
+    paths = _image_paths(images)
+    if topk < 1:
+        raise ValueError(f"topk must be at least 1, got {topk}.")
     network = load_for_inference(weights, model, image_size, sizes, drop_remainder=drop_remainder)
     _check_has_classifier(network, weights)
     naflex = naflex_options(network, weights, max_patches, crop_fraction, interpolation, image_size)
     if naflex is None:
         transform = eval_transform(network, crop_fraction=crop_fraction, interpolation=interpolation)
-    names = class_names(network, weights, labels)
-    results = []
-    for path in images:
-        if not os.path.exists(path):
-            raise FileNotFoundError(f"Image not found: {path}")
+    names, logits = class_names(network, weights, labels), outputs_logits(network)
+    results, report = [], []
+    for path in paths:
         if naflex is None:
-            scores = network(transform.load(path)[None], training=False)
+            batch = transform.load(path)[None]
         else:
-            scores = network.predict_on_batch(
-                data.naflex_batch([arrays.decode_image(path)], sizes_of(network).patch_size, **naflex))
-        scores = keras.ops.convert_to_numpy(scores)[0].astype("float64")
-        probabilities = scores
-        if outputs_logits(network):
-            probabilities = np.exp(scores - scores.max())
-            probabilities /= probabilities.sum()
-        best = np.argsort(probabilities)[::-1][:5]
-        print(path)
-        for index in best:
-            print(f"  {names[index]:>24s}  {probabilities[index]:.4f}")
-        results.append([(names[i], float(probabilities[i])) for i in best])
+            batch = data.naflex_batch([arrays.decode_image(path)], sizes_of(network).patch_size, **naflex)
+        # One compiled step for every image of a size (on JAX a call op by op compiled each op: seconds).
+        best = decode_predictions(network.predict_on_batch(batch), topk, names, from_logits=logits)[0]
+        results.append([(name, probability) for _, name, probability in best])
+        grid = None if naflex is None else [int(side) for side in batch["patch_grid"][0]]
+        if as_json:
+            report.append({"image": path, "classes": [{"name": name, "probability": probability}
+                                                      for _, name, probability in best]})
+            if grid is not None:
+                report[-1]["patch_grid"] = grid
+            continue
+        print(path if grid is None else f"{path}  (NaFlex patch grid {grid[0]}x{grid[1]})")
+        for _, name, probability in best:
+            print(f"  {name:>24s}  {probability:.4f}")
+    if as_json:
+        print(json.dumps(report, indent=1))
     return results
+
+
+def _image_paths(images):
+    """The image files `images` (files and folders) name, every one of a folder; all that are missing, in one
+    error."""
+    paths, problems = [], []
+    for path in images:
+        if os.path.isdir(path):
+            found = data.image_files(path)
+            paths += found
+            if not found:
+                problems.append(FileNotFoundError(f"No images found under {path} (extensions "
+                                                  f"{', '.join(data.IMAGE_EXTENSIONS)})."))
+        elif os.path.exists(path):
+            paths.append(path)
+        else:
+            problems.append(FileNotFoundError(f"Image not found: {path}"))
+    raise_all(problems)
+    return paths
 
 
 def inspect(image, weights="runs/finetune/model.keras", output_dir="runs/inspect", model=None, image_size=None,

@@ -15,6 +15,7 @@ under a temporary name and renamed into place.
 """
 
 import csv
+import dataclasses
 import importlib
 import os
 
@@ -23,12 +24,15 @@ import numpy as np
 
 from keras_vit import checkpoints, data
 from keras_vit.applications.vit import ViT
+from keras_vit.checkpoints.hub.huggingface import HF_PREFIX
+from keras_vit.checkpoints.loading import _looks_like_path as looks_like_path  # read_weights' own test
 from keras_vit.configs import (  # noqa: F401 (public here too)
     SIZE_FIELDS,
     FinetuneConfig,
     PretrainConfig,
     check_sizes_agree,
     model_sizes,
+    raise_all,
 )
 from keras_vit.data import preprocessing
 from keras_vit.model.lora import enable_lora
@@ -138,11 +142,12 @@ def finetuning_recipe(learning_rate, total_updates, warmup_steps, clipnorm=1.0, 
 
 
 def accuracy_metrics(num_classes):
-    """Top-1 and top-5 (top-k for fewer than 5 classes) for one-hot labels, named "top1" and "top5"."""
-    return [
-        keras.metrics.CategoricalAccuracy(name="top1"),
-        keras.metrics.TopKCategoricalAccuracy(k=min(5, num_classes), name="top5"),
-    ]
+    """Top-1 ("top1"), and with more than 5 classes top-5 ("top5"), for one-hot labels.
+
+    Of 5 classes or fewer, every label is among the top 5: a top-5 of 1.0 says nothing.
+    """
+    top5 = [keras.metrics.TopKCategoricalAccuracy(k=5, name="top5")] if num_classes > 5 else []
+    return [keras.metrics.CategoricalAccuracy(name="top1"), *top5]
 
 
 def compile_model(model, optimizer, num_classes, masked_patch=False, label_smoothing=0.0, seed=0,
@@ -191,9 +196,13 @@ def optional_package(package, what, install=None):
 
 
 def tensorboard_callbacks(log_dir):
-    """`[keras.callbacks.TensorBoard(log_dir)]`, or `[]` with a note without tensorboard or TensorFlow (its writer)."""
-    if not (optional_package("tensorflow", "TensorBoard logs", "'keras-vision-transformer[tensorflow]'")
-            and optional_package("tensorboard", "TensorBoard logs")):
+    """`[keras.callbacks.TensorBoard(log_dir)]`; `[]` without TensorFlow, and `[]` with a note without tensorboard.
+
+    Keras writes TensorBoard logs with TensorFlow's `tf.summary`: a `[jax]`
+    or `[torch]` install goes without them, and is not told to install
+    TensorFlow for them (log.csv and learning_curve.png hold the same numbers).
+    """
+    if not data.tensorflow_installed() or not optional_package("tensorboard", "TensorBoard logs"):
         return []
     return [keras.callbacks.TensorBoard(log_dir)]
 
@@ -221,7 +230,8 @@ def check_finite(history, backup_dir=None, learning_rate=None):
 
 
 def save_run(encoder, output_dir, class_names=None, process_index=0):
-    """Write model.keras (`encoder`), classes.txt (unless `class_names` is None) and learning_curve.png, atomically.
+    """Write model.keras (`encoder`, which keeps `class_names` as its own), classes.txt (unless `class_names` is
+    None) and learning_curve.png, atomically.
 
     Prints where the model and its log (log.csv, written during training)
     are. Only the chief (process 0) writes; the others save to a scratch file,
@@ -230,6 +240,8 @@ def save_run(encoder, output_dir, class_names=None, process_index=0):
     durable.kill_point("before-save")
     if isinstance(encoder, VisionTransformer):  # its held-out accuracy is keras_vit's own resize's, not its file's
         encoder.eval_transform = preprocessing.keras_vit()
+        if class_names is not None:  # `decode_predictions` and `keras-vit predict` read them from model.keras
+            encoder.class_names = [str(name) for name in class_names]
     if process_index != 0:
         scratch = os.path.join(output_dir, f".process_{process_index}.keras")
         encoder.save(scratch)
@@ -259,6 +271,49 @@ def report(results):
     return results[metric]
 
 
+def check_inputs(config, process_index=0):
+    """Raise one error that names every input of `config` that is wrong: its `dataset` and `data_dir`
+    (`data.check_dataset`), its `weights` file, its `output_dir` (`durable.check_output_dir`); before anything is
+    read or downloaded.
+
+    A user fixes them all in one go, not one run at a time.
+    """
+    errors = []
+    for check in (lambda: data.check_dataset(config.dataset, config.data_dir),
+                  lambda: _check_weights_file(config.weights),
+                  lambda: durable.check_output_dir(config.output_dir, config.overwrite, config.weights, process_index)):
+        try:
+            check()
+        except (ValueError, OSError) as error:
+            errors.append(error)
+    raise_all(errors)
+
+
+def _check_weights_file(weights):
+    if weights == FinetuneConfig.weights and not os.path.exists(weights):
+        raise FileNotFoundError(
+            f"Weights file not found: {weights}, finetune's default --weights (what `keras-vit pretrain` "
+            "writes): run `keras-vit pretrain` first, or pass --weights none (a random initialisation), --weights "
+            "PATH (a .keras, .npz or .safetensors file, a timm or transformers folder), --weights hf://org/name, "
+            "or a named checkpoint such as --model ViT_B16 --weights imagenet21k.")
+    if weights and not weights.startswith(HF_PREFIX) and looks_like_path(weights) and not os.path.exists(weights):
+        raise FileNotFoundError(f"Weights file not found: {weights}")
+
+
+def fitted_batch_size(batch_size, examples, replicas=1):
+    """`batch_size`, or where the training split holds fewer `examples`, the largest batch they fill (a multiple of
+    `replicas`), with a note: a small folder trains at its own size rather than failing at the default 64."""
+    if batch_size <= examples:
+        return batch_size
+    fitted = examples // replicas * replicas
+    if fitted < 1:
+        raise ValueError(f"The {examples} training examples are fewer than the {replicas} replicas, which take one "
+                         "example each at least: add examples, or train on fewer devices.")
+    print(f"note: --batch-size {batch_size} is more than the {examples} training examples; training with batches of "
+          f"{fitted}")
+    return fitted
+
+
 def train(config):
     """Run a `PretrainConfig` or `FinetuneConfig` end to end; returns the held-out accuracy.
 
@@ -271,15 +326,9 @@ def train(config):
     engine = setup(config.seed, config.distribution, config.model_parallel_size, config.tpu)
     dtype = precision(config.mixed_precision, config.distribution)
     engine.check_batch_size(config.batch_size)
-    durable.check_output_dir(config.output_dir, config.overwrite, config.weights, engine.process_index)
+    check_inputs(config, engine.process_index)
 
     checkpoint = None
-    if config.weights == FinetuneConfig.weights and not os.path.exists(config.weights):
-        raise FileNotFoundError(
-            f"Weights file not found: {config.weights}, finetune's default --weights (what `keras-vit pretrain` "
-            "writes): run `keras-vit pretrain` first, or pass --weights none (a random initialisation), --weights "
-            "PATH (a .keras, .npz or .safetensors file, a timm or transformers folder), --weights hf://org/name, "
-            "or a named checkpoint such as --model ViT_B16 --weights imagenet21k.")
     if config.weights:  # a named checkpoint's file at image_size, else at 224 px (ViT's) where it has one
         checkpoint = checkpoints.read_weights(config.weights, config.model, config.image_size or (224, 224),
                                               verbose=config.verbose).with_heads(config.num_heads)
@@ -289,6 +338,8 @@ def train(config):
     train_source, eval_source = load_sources(config.dataset, config.image_size, config.train_split,
                                              config.eval_split, config.data_dir, config.holdout_fraction)
     num_classes = train_source.num_classes
+    config = dataclasses.replace(config, batch_size=fitted_batch_size(config.batch_size, train_source.num_examples,
+                                                                      engine.num_replicas))
     steps = data.steps_per_epoch(train_source, config.batch_size)
     accumulation = recipes.accumulation_steps(config.target_batch_size, config.batch_size)
     total_updates = update_steps(steps, config.epochs, accumulation)
@@ -340,36 +391,49 @@ def train(config):
 
 
 def plot_learning_curve(log_path, png_path):
-    """Loss and accuracy per epoch, training and held-out, from a CSVLogger file.
-
-    The accuracy is top-1, or for masked patch prediction the corrupted-patch
-    colour accuracy, whichever the file has.
-    """
+    """Write `learning_curve(log_path)` to `png_path` (nothing without matplotlib or a logged epoch)."""
     if not optional_package("matplotlib", "the learning-curve plot"):
         return
+    import matplotlib.pyplot as plt
+
+    figure = learning_curve(log_path)
+    if figure is None:
+        return
+    with files.atomic_path(png_path) as path:
+        figure.savefig(path, dpi=100)
+    plt.close(figure)
+
+
+def learning_curve(log_path):
+    """The figure of loss and accuracy per epoch, training and held-out, from a CSVLogger file; None if it has no row.
+
+    The accuracy is top-1, or for masked patch prediction the corrupted-patch
+    colour accuracy, whichever the file has. Every epoch is a marker and
+    held-out lines are dashed, so that each line shows: one epoch's (a point
+    without a line), one that lies on another, and one at 0 or 1 (the axis
+    runs a little past both).
+    """
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     with open(log_path) as f:
         rows = list(csv.DictReader(f))
     if not rows:
-        return
+        return None
     epochs = [int(r["epoch"]) + 1 for r in rows]
-    figure, (loss_axis, accuracy_axis) = plt.subplots(1, 2, figsize=(9, 3.5))
-    for key, label in (("loss", "train"), ("val_loss", "held-out")):
-        if key in rows[0]:
-            loss_axis.plot(epochs, [float(r[key]) for r in rows], label=label)
     metric = next((name for name in _ACCURACY_TITLES if name in rows[0]), "top1")
-    for key, label in ((metric, "train"), (f"val_{metric}", "held-out")):
-        if key in rows[0]:
-            accuracy_axis.plot(epochs, [float(r[key]) for r in rows], label=label)
     title = _ACCURACY_TITLES[metric]
+    figure, (loss_axis, accuracy_axis) = plt.subplots(1, 2, figsize=(9, 3.5))
+    for axis, key in ((loss_axis, "loss"), (accuracy_axis, metric)):
+        for column, label, style in ((key, "train", "o-"), (f"val_{key}", "held-out", "s--")):
+            if column in rows[0]:
+                axis.plot(epochs, [float(r[column]) for r in rows], style, label=label, markersize=4)
+        axis.xaxis.set_major_locator(MaxNLocator(integer=True))
+        axis.legend()
     loss_axis.set(xlabel="epoch", ylabel="loss", title="Loss")
-    accuracy_axis.set(xlabel="epoch", ylabel=title.lower(), title=title, ylim=(0, 1))
-    loss_axis.legend(), accuracy_axis.legend()
+    accuracy_axis.set(xlabel="epoch", ylabel=title.lower(), title=title, ylim=(-0.03, 1.03))
     figure.tight_layout()
-    with files.atomic_path(png_path) as path:
-        figure.savefig(path, dpi=100)
-    plt.close(figure)
+    return figure
