@@ -152,3 +152,35 @@ def test_a_keras_without_an_optimizer_hook_the_recipes_override_refuses_to_build
     with pytest.raises(RuntimeError, match=r"^SGD overrides Keras' private Optimizer._clip_gradients, which Keras "
                                            r"\S+ does not have; keras_vit is tested with Keras 3.10 to 3.15"):
         recipes.finetuning_optimizer(0.1)
+
+
+def closure(requirements):
+    """The distributions that installing `requirements` brings here, read from the installed ones' metadata."""
+    import importlib.metadata
+
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    found, todo = set(), [(Requirement(text), "") for text in requirements]
+    while todo:
+        requirement, extra = todo.pop()
+        name = canonicalize_name(requirement.name)
+        if (requirement.marker and not requirement.marker.evaluate({"extra": extra})) or name in found:
+            continue
+        found.add(name)
+        try:
+            requires = importlib.metadata.distribution(name).requires or ()
+        except importlib.metadata.PackageNotFoundError:
+            pytest.skip(f"{name} is not installed, so what it brings cannot be read")
+        todo.extend((Requirement(text), extra) for text in requires for extra in ("", *requirement.extras))
+    return found
+
+
+@pytest.mark.parametrize("extra,backends", [("export", set()), ("export-jax", {"jax", "jaxlib"})])
+def test_an_export_extra_installs_no_backend_but_its_own(extra, backends):
+    # [export] held jax2onnx, which brings jax and flax: a [torch,export] install then ran on jax.
+    tomllib = pytest.importorskip("tomllib")
+    with open(os.path.join(os.path.dirname(__file__), "..", "pyproject.toml"), "rb") as f:
+        extras = tomllib.load(f)["project"]["optional-dependencies"]
+    brought = closure(extras[extra])
+    assert brought & {"jax", "jaxlib", "torch", "tensorflow", "tensorflow-cpu"} == backends
