@@ -4,14 +4,17 @@ Keras reads `KERAS_BACKEND` (else `backend` in keras.json, else TensorFlow)
 once, when it is first imported, and fails there if that backend is not
 installed. `choose_backend` keeps any choice the user made and fills in the
 one gap: nothing chosen and TensorFlow not installed, as after
-`pip install 'keras-vision-transformer[jax]'`. This module imports only the
-standard library, so the `keras-vit` command can parse its flags, and answer
-`--help`, without importing any backend.
+`pip install 'keras-vision-transformer[jax]'`; where both jax and torch are
+installed, it prefers the one the user installed by name over one that only
+came as another package's dependency (jax with jax2onnx or flax). This
+module imports only the standard library, so the `keras-vit` command can
+parse its flags, and answer `--help`, without importing any backend.
 """
 
 import contextlib
 import difflib
 import importlib.abc
+import importlib.metadata
 import importlib.util
 import json
 import logging
@@ -25,6 +28,7 @@ BACKENDS = ("jax", "torch", "tensorflow")
 # Every name Keras 3 takes (keras/src/backend/__init__.py): also its inference-only backends. Case counts.
 KERAS_BACKENDS = BACKENDS + ("numpy", "openvino")
 COMMAND = "keras-vit"
+DISTRIBUTION = "keras-vision-transformer"
 CHOOSE = "set KERAS_BACKEND=jax|torch|tensorflow to choose"
 # The lines TensorFlow's C++ libraries print to stderr on every import (TensorFlow 2.21 prints its oneDNN note twice,
 # whatever TF_CPP_MIN_LOG_LEVEL says): absl's note, INFO lines ("I0000 ... port.cc:153] ...") and the CPU
@@ -41,6 +45,41 @@ def log(note):
 def installed(backend):
     """Whether the package of `backend` ("jax", "torch" or "tensorflow") can be imported, without importing it."""
     return importlib.util.find_spec(backend) is not None
+
+
+def fallback(available):
+    """The backend taken where none is set and TensorFlow is missing: of the installed `available` (from jax and
+    torch, in that order), the first the user installed by name, else the first."""
+    return ((installed_by_name(available) if len(available) > 1 else []) or available)[0]
+
+
+def installed_by_name(backends):
+    """Those of the installed `backends` that the user installed for themselves, in their order.
+
+    One is, where the installer recorded it as asked for by name (pip's
+    `REQUESTED` file, as after `pip install torch`) or no other installed
+    distribution needs it; one that another package needs and nobody named
+    came as that package's dependency (jax with jax2onnx or flax, torch with
+    timm). keras_vit's own extras do not count: which of them were chosen is
+    not recorded.
+    """
+    needed, requested = set(), set()
+    for distribution in importlib.metadata.distributions():
+        name = _canonical(distribution.metadata.get("Name") or "")
+        if name in backends and distribution.read_text("REQUESTED") is not None:
+            requested.add(name)
+        if name == DISTRIBUTION:
+            continue
+        for requirement in distribution.requires or ():
+            project, _, marker = requirement.partition(";")
+            if "extra" not in marker:  # an optional dependency's extra may not have been installed
+                needed.add(_canonical(re.match(r"\s*([\w.-]*)", project).group(1)))
+    return [backend for backend in backends if backend in requested or backend not in needed]
+
+
+def _canonical(name):
+    """A distribution's name as PEP 503 compares it: `Keras_Vision.Transformer` -> `keras-vision-transformer`."""
+    return re.sub(r"[-_.]+", "-", name).lower()
 
 
 def _keras_json_backend():
@@ -66,7 +105,8 @@ def choose_backend(say):
     is one of `BACKENDS` and not installed, or a name Keras does not take,
     such as `JAX` or `pytorch`). With neither, or keras.json's
     `"tensorflow"` (which Keras writes there itself on its first import),
-    and no TensorFlow, the first installed of JAX and PyTorch is taken and
+    and no TensorFlow, the first of JAX and PyTorch that the user installed
+    by name (`installed_by_name`) is taken, else the first installed, and
     `say` gets a one-line note saying so. Raises `ImportError` (one line)
     when no backend is installed. Once Keras is imported this does nothing.
     """
@@ -94,8 +134,9 @@ def choose_backend(say):
         raise ImportError(f"KERAS_BACKEND is not set and none of {', '.join(BACKENDS)} is installed: pip install "
                           "'keras-vision-transformer[jax]' (or [torch] or [tensorflow]), then set "
                           "KERAS_BACKEND=jax|torch|tensorflow if more than one is installed.")
-    os.environ["KERAS_BACKEND"] = available[0]
-    say(f"KERAS_BACKEND is not set and TensorFlow is not installed; using {available[0]} ({CHOOSE}).")
+    chosen = fallback(available)
+    os.environ["KERAS_BACKEND"] = chosen
+    say(f"KERAS_BACKEND is not set and TensorFlow is not installed; using {chosen} ({CHOOSE}).")
 
 
 def started_as_command():

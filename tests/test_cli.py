@@ -294,11 +294,12 @@ def note(backend):
 BAD_BATCH = "keras-vit: error: --batch-size must be at least 1, got 0.\n"
 
 
+# torch hidden too where jax is expected: which of the two is taken is startup.fallback's (test_package).
 @pytest.mark.parametrize("blocked,keras_json,env,stderr", [
-    (["tensorflow"], None, {}, note("jax") + BAD_BATCH),
+    (["tensorflow", "torch"], None, {}, note("jax") + BAD_BATCH),
     (["tensorflow", "jax"], None, {}, note("torch") + BAD_BATCH),
     # Keras writes "tensorflow" into a new keras.json itself: that is no choice.
-    (["tensorflow"], {"backend": "tensorflow"}, {}, note("jax") + BAD_BATCH),
+    (["tensorflow", "torch"], {"backend": "tensorflow"}, {}, note("jax") + BAD_BATCH),
     (["tensorflow"], {"backend": "torch"}, {}, BAD_BATCH),
     (["tensorflow", "jax", "torch"], None, {},
      "keras-vit: error: KERAS_BACKEND is not set and none of jax, torch, tensorflow is installed: pip install "
@@ -336,25 +337,32 @@ def test_a_backend_name_keras_does_not_take_is_refused_in_one_line_naming_the_va
     assert imported == []
 
 
+def taken_without_tensorflow():
+    """jax or torch, the backend keras_vit takes here with TensorFlow hidden (test_package tests the choice)."""
+    return startup.fallback([backend for backend in ("jax", "torch") if startup.installed(backend)])
+
+
 @pytest.mark.backend_independent
-def test_without_tensorflow_the_command_runs_on_jax(tmp_path):
-    if not startup.installed("jax"):
-        pytest.skip("jax is not installed")
+def test_without_tensorflow_the_command_runs_on_jax_or_torch(tmp_path):
+    if not (startup.installed("jax") or startup.installed("torch")):
+        pytest.skip("neither jax nor torch is installed")
+    taken = taken_without_tensorflow()
     done, imported = command(tmp_path, ["convert", fixture("vit_token.npz"), str(tmp_path / "vit.keras")],
                              ["tensorflow"])
     assert done.returncode == 0, done.stderr
-    assert done.stderr == note("jax")
+    assert done.stderr == note(taken)
     assert done.stdout.startswith(f"wrote {tmp_path / 'vit.keras'}: ")
-    assert "jax" in imported and "tensorflow" not in imported
+    assert taken in imported and "tensorflow" not in imported
 
 
 @pytest.mark.backend_independent
-def test_import_keras_vit_without_tensorflow_takes_jax_and_warns(tmp_path):
-    if not startup.installed("jax"):
-        pytest.skip("jax is not installed")
+def test_import_keras_vit_without_tensorflow_takes_jax_or_torch_and_warns(tmp_path):
+    if not (startup.installed("jax") or startup.installed("torch")):
+        pytest.skip("neither jax nor torch is installed")
+    taken = taken_without_tensorflow()
     done, imported = command(tmp_path, [], ["tensorflow"],
                              entry=("-c", "import keras_vit, keras; print(keras.backend.backend())"))
-    assert (done.returncode, done.stdout, done.stderr) == (0, "jax\n", note("jax").removeprefix("keras-vit: "))
+    assert (done.returncode, done.stdout, done.stderr) == (0, f"{taken}\n", note(taken).removeprefix("keras-vit: "))
 
 
 # What TensorFlow 2.21's C++ libraries print on import, whatever TF_CPP_MIN_LOG_LEVEL says (the oneDNN note twice).

@@ -203,12 +203,23 @@ def test_format_the_backend_cannot_write_names_the_backend_to_use(format, tmp_pa
     assert os.listdir(tmp_path) == []
 
 
-def test_missing_export_package_names_the_extra(tmp_path, monkeypatch):
+@pytest.mark.parametrize("format,backend,missing,install", [
+    ("onnx", "torch", "onnxscript", "pip install 'keras-vision-transformer[export]'"),
+    ("onnx", "tensorflow", "onnx", "pip install 'keras-vision-transformer[export]'"),
+    ("onnx", "jax", "jax2onnx", "pip install 'keras-vision-transformer[export-jax]'"),
+    # It named [export], which has no TensorFlow.
+    ("tf_saved_model", "jax", "tensorflow", "pip install 'keras-vision-transformer[tensorflow]' (Keras converts a JAX "
+     "model through TensorFlow's jax2tf), then set KERAS_BACKEND=jax, since Keras takes TensorFlow by default once it "
+     "is installed"),
+])
+@pytest.mark.backend_independent
+def test_missing_export_package_names_the_install_that_brings_it(monkeypatch, format, backend, missing, install):
     real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "onnx" else real(name, *a))
-    with pytest.raises(ImportError, match=r"^Export to onnx on \w+ needs onnx: "
-                                          r"pip install 'keras-vision-transformer\[export\]'\.$"):
-        random_model().export(str(tmp_path / "vit.onnx"), format="onnx")
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == missing else real(name, *a))
+    monkeypatch.setattr(keras.backend, "backend", lambda: backend)
+    with pytest.raises(ImportError) as error:
+        deployment.check_format(format)
+    assert str(error.value) == f"Export to {format} on {backend} needs {missing}: {install}."
 
 
 def test_unknown_format_and_quantization_are_refused(tmp_path):
@@ -237,15 +248,59 @@ def test_failed_export_keeps_the_previous_file_whole(tmp_path, monkeypatch):
 
 @pytest.mark.skipif(BACKEND != "jax", reason="jax2onnx writes each tensor of 1 MB or more to <file>.data; the other "
                                              "exporters do so only past 2 GB")
-def test_onnx_external_data_has_the_visible_files_name_and_travels_with_it(tmp_path):
-    # It was written beside the temporary name (.tmp-<pid>-vit.onnx.data), which the renamed .onnx still named.
+def test_onnx_export_under_2_gb_is_one_file_that_runs_copied_alone(tmp_path):
+    # jax2onnx left the head in vit.onnx.data, which only the .onnx named: a vit.onnx copied alone did not load.
     model = keras_vit.ViT(image_size=32, **SMALL, classes=6000, classifier_activation=None)  # a 1.1 MB head
     (tmp_path / "export").mkdir()
     model.export(str(tmp_path / "export" / "vit.onnx"), format="onnx", verbose=False)
-    assert sorted(os.listdir(tmp_path / "export")) == ["vit.onnx", "vit.onnx.data"]
-    shutil.copytree(tmp_path / "export", tmp_path / "copy")
+    assert os.listdir(tmp_path / "export") == ["vit.onnx"]
+    (tmp_path / "copy").mkdir()
+    shutil.copy(tmp_path / "export" / "vit.onnx", tmp_path / "copy")
     (served,) = run_onnx(tmp_path / "copy" / "vit.onnx", [images(2)])
     np.testing.assert_allclose(served, predict(model, images(2)), atol=TOLERANCE, rtol=0)
+
+
+def write_onnx_with_external_weights(path):
+    """An ONNX writer as jax2onnx is: `x @ weights`, its 3x2 weights in `<path>.data`, which `path` names."""
+    import onnx
+
+    weights = np.arange(6, dtype="float32").reshape(3, 2)
+    graph = onnx.helper.make_graph(
+        [onnx.helper.make_node("MatMul", ["x", "weights"], ["y"])], "matmul",
+        [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["batch", 3])],
+        [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["batch", 2])],
+        [onnx.numpy_helper.from_array(weights, "weights")])
+    onnx.save_model(onnx.helper.make_model(graph), path, save_as_external_data=True, size_threshold=0,
+                    location=os.path.basename(path) + ".data")
+    return weights
+
+
+@pytest.mark.parametrize("limit,written", [(deployment.ONNX_FILE_LIMIT, ["vit.onnx"]),
+                                           (100, ["vit.onnx", "vit.onnx.data"])])  # as if 2 GB were 100 bytes
+@pytest.mark.backend_independent
+def test_onnx_export_is_one_file_under_the_limit_and_names_its_weights_file_over_it(tmp_path, monkeypatch, caplog,
+                                                                                    limit, written):
+    weights = {}
+
+    def writes(model, path, *args, **kwargs):
+        weights["written"] = write_onnx_with_external_weights(path)
+
+    monkeypatch.setattr(keras.Model, "export", writes)
+    monkeypatch.setattr(deployment, "_export_onnx_torch", writes)
+    monkeypatch.setattr(deployment, "ONNX_FILE_LIMIT", limit)
+    (tmp_path / "export").mkdir()
+    path = tmp_path / "export" / "vit.onnx"
+    assert random_model().export(str(path), format="onnx") == str(path)
+    assert sorted(os.listdir(tmp_path / "export")) == written
+    said = [record.getMessage() for record in caplog.records if record.name == "keras_vit"]
+    assert said == ([f"{path} is over ONNX's 2 GB for one file, so its weights are in {path}.data beside it: copy "
+                     "them together."] if len(written) == 2 else [])
+    shutil.copytree(tmp_path / "export", tmp_path / "copy")
+    import onnxruntime
+
+    session = onnxruntime.InferenceSession(str(tmp_path / "copy" / "vit.onnx"), providers=["CPUExecutionProvider"])
+    x = np.ones((4, 3), "float32")
+    np.testing.assert_array_equal(session.run(None, {"x": x})[0], x @ weights["written"])
 
 
 def test_cli_export_writes_beside_the_model_and_matches_it(tmp_path, capsys):

@@ -152,3 +152,83 @@ def test_a_keras_without_an_optimizer_hook_the_recipes_override_refuses_to_build
     with pytest.raises(RuntimeError, match=r"^SGD overrides Keras' private Optimizer._clip_gradients, which Keras "
                                            r"\S+ does not have; keras_vit is tested with Keras 3.10 to 3.15"):
         recipes.finetuning_optimizer(0.1)
+
+
+def closure(requirements):
+    """The distributions that installing `requirements` brings here, read from the installed ones' metadata."""
+    import importlib.metadata
+
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    found, todo = set(), [(Requirement(text), "") for text in requirements]
+    while todo:
+        requirement, extra = todo.pop()
+        name = canonicalize_name(requirement.name)
+        if (requirement.marker and not requirement.marker.evaluate({"extra": extra})) or name in found:
+            continue
+        found.add(name)
+        try:
+            requires = importlib.metadata.distribution(name).requires or ()
+        except importlib.metadata.PackageNotFoundError:
+            pytest.skip(f"{name} is not installed, so what it brings cannot be read")
+        todo.extend((Requirement(text), extra) for text in requires for extra in ("", *requirement.extras))
+    return found
+
+
+@pytest.mark.parametrize("extra,backends", [("export", set()), ("export-jax", {"jax", "jaxlib"})])
+def test_an_export_extra_installs_no_backend_but_its_own(extra, backends):
+    # [export] held jax2onnx, which brings jax and flax: a [torch,export] install then ran on jax.
+    tomllib = pytest.importorskip("tomllib")
+    with open(os.path.join(os.path.dirname(__file__), "..", "pyproject.toml"), "rb") as f:
+        extras = tomllib.load(f)["project"]["optional-dependencies"]
+    brought = closure(extras[extra])
+    assert brought & {"jax", "jaxlib", "torch", "tensorflow", "tensorflow-cpu"} == backends
+
+
+class Installed:
+    """An installed distribution as `importlib.metadata` gives it: its name, its requirements, and pip's REQUESTED
+    file where the user named it."""
+
+    def __init__(self, name, requires=(), requested=False):
+        self.metadata, self.requires, self.requested = {"Name": name}, list(requires), requested
+
+    def read_text(self, filename):
+        return "" if filename == "REQUESTED" and self.requested else None
+
+
+KERAS_VIT = Installed("keras-vision-transformer", ['jax[cpu]>=0.4.30; extra == "jax"', 'torch>=2.3; extra == "torch"',
+                                                   'jax2onnx>=0.8; extra == "export-jax"'])
+
+
+@pytest.mark.parametrize("distributions,chosen", [
+    # The issue's venv: torch CPU first by name, then [torch,export], whose jax2onnx brought jax and flax.
+    ([KERAS_VIT, Installed("torch", requested=True), Installed("jax2onnx", ["jax>=0.8.1", "flax>=0.12.1"]),
+      Installed("flax", ["jax>=0.10.0"]), Installed("jax"), Installed("tensorboard", ['torch; extra == "x"'])],
+     "torch"),
+    # ... the same with torch from the extra: no package but keras_vit's extra needs it.
+    ([KERAS_VIT, Installed("torch"), Installed("jax2onnx", ["jax>=0.8.1"]), Installed("jax")], "torch"),
+    ([KERAS_VIT, Installed("jax"), Installed("timm", ["torch"]), Installed("torch")], "jax"),
+    ([KERAS_VIT, Installed("jax"), Installed("torch")], "jax"),  # both chosen: the first
+    ([KERAS_VIT, Installed("flax", ["jax"]), Installed("jax"), Installed("timm", ["torch"]), Installed("Torch")],
+     "jax"),  # neither: the first
+    ([KERAS_VIT, Installed("flax", ["jax"]), Installed("jax", requested=True), Installed("torch", requested=True)],
+     "jax"),
+])
+def test_with_no_backend_set_and_no_tensorflow_the_backend_installed_by_name_is_taken(monkeypatch, tmp_path,
+                                                                                     distributions, chosen):
+    import importlib.metadata
+    import sys
+
+    from keras_vit import startup
+
+    monkeypatch.delitem(sys.modules, "keras")  # as before Keras is imported
+    monkeypatch.delenv("KERAS_BACKEND", raising=False)
+    monkeypatch.setenv("KERAS_HOME", str(tmp_path))  # no keras.json
+    monkeypatch.setattr(startup, "installed", lambda backend: backend in ("jax", "torch"))
+    monkeypatch.setattr(importlib.metadata, "distributions", lambda: iter(distributions))
+    said = []
+    startup.choose_backend(said.append)
+    assert (os.environ["KERAS_BACKEND"], said) == (chosen, [
+        f"KERAS_BACKEND is not set and TensorFlow is not installed; using {chosen} (set "
+        "KERAS_BACKEND=jax|torch|tensorflow to choose)."])

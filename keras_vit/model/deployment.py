@@ -21,13 +21,18 @@ what a ViT needs around it:
 - LoRA adapters are merged into the kernels first (equal outputs, plain ops);
 - a SavedModel keeps the model's precision (`dtype=`); ONNX and LiteRT take
   float32 models (their CPU runtimes have no bfloat16 convolution);
+- an ONNX file under 2 GB is one file, its weights inside (jax2onnx writes
+  each tensor of 1 MB or more to `<file>.data`); a larger one keeps them in
+  `<file>.data` beside it, which is said;
 - the file or folder appears whole or not at all;
 - torch's exporter says nothing a user can act on: not the torchvision
   operators it skips where torchvision is not installed, nor its own
   deprecations.
 
-The formats need the `export` extra (onnx, onnxruntime, onnxscript, tf2onnx,
-jax2onnx, ai-edge-litert): `pip install 'keras-vision-transformer[export]'`.
+ONNX and LiteRT on TensorFlow and PyTorch need the `export` extra (onnx,
+onnxruntime, onnxscript, tf2onnx, ai-edge-litert), which installs no
+backend; ONNX on JAX needs `export-jax` (jax2onnx, which brings flax); a
+SavedModel on JAX needs TensorFlow, whose jax2tf converts it.
 
 Example:
 >>> import keras_vit
@@ -52,15 +57,21 @@ from keras_vit.utils.keras_internals import has_been_called, sublayers
 
 logger = logging.getLogger("keras_vit")
 BACKENDS = {"onnx": ("jax", "tensorflow", "torch"), "litert": ("tensorflow",), "tf_saved_model": ("jax", "tensorflow")}
-# The packages each format needs on each backend (import names).
+# The packages each format needs on each backend (import names), and how to install them.
+_EXPORT = "pip install 'keras-vision-transformer[export]'"
+_EXPORT_JAX = "pip install 'keras-vision-transformer[export-jax]'"
 _PACKAGES = {
-    ("onnx", "tensorflow"): ("onnx", "tf2onnx"),
-    ("onnx", "jax"): ("onnx", "jax2onnx"),
-    ("onnx", "torch"): ("onnx", "onnxscript"),
-    ("litert", "tensorflow"): ("tensorflow",),
-    ("tf_saved_model", "tensorflow"): ("tensorflow",),
-    ("tf_saved_model", "jax"): ("tensorflow",),
+    ("onnx", "tensorflow"): (("onnx", "tf2onnx"), _EXPORT),
+    ("onnx", "jax"): (("onnx", "jax2onnx"), _EXPORT_JAX),
+    ("onnx", "torch"): (("onnx", "onnxscript"), _EXPORT),
+    ("litert", "tensorflow"): (("tensorflow",), _EXPORT),
+    ("tf_saved_model", "tensorflow"): (("tensorflow",), _EXPORT),
+    # The [export] extras hold no backend, and TensorFlow is one.
+    ("tf_saved_model", "jax"): (("tensorflow",), "pip install 'keras-vision-transformer[tensorflow]' (Keras converts "
+                                "a JAX model through TensorFlow's jax2tf), then set KERAS_BACKEND=jax, since Keras "
+                                "takes TensorFlow by default once it is installed"),
 }
+ONNX_FILE_LIMIT = 2**31 - 1  # bytes: protobuf's limit, past which an ONNX model's weights must be in other files
 _WHY_NOT = {
     ("litert", "jax"): "Keras converts to LiteRT through TensorFlow or litert-torch",
     ("litert", "torch"): "keras_vit supports LiteRT through TensorFlow, the converter its parity is tested with",
@@ -91,12 +102,10 @@ def check_format(format, quantize=None):
             f"run it with KERAS_BACKEND={BACKENDS[format][-1] if format != 'onnx' else 'tensorflow'}; a .keras "
             "file loads on any backend."
         )
-    missing = [name for name in _PACKAGES[format, backend] if importlib.util.find_spec(name) is None]
+    packages, install = _PACKAGES[format, backend]
+    missing = [name for name in packages if importlib.util.find_spec(name) is None]
     if missing:
-        raise ImportError(
-            f"Export to {format} on {backend} needs {', '.join(missing)}: "
-            "pip install 'keras-vision-transformer[export]'."
-        )
+        raise ImportError(f"Export to {format} on {backend} needs {', '.join(missing)}: {install}.")
 
 
 def export_model(model, filepath, format="tf_saved_model", verbose=None, input_signature=None, quantize=None,
@@ -175,7 +184,37 @@ def export_model(model, filepath, format="tf_saved_model", verbose=None, input_s
         else:
             keras.Model.export(model, path, format=format, verbose=bool(verbose), input_signature=input_signature,
                                **kwargs)
+        beside = _into_one_file(path) if format == "onnx" else []
+    if beside:
+        folder = os.path.dirname(filepath)
+        logger.warning("%s is over ONNX's 2 GB for one file, so its weights are in %s beside it: copy them "
+                       "together.", filepath, ", ".join(os.path.join(folder, name) for name in beside))
     return filepath
+
+
+def _into_one_file(path):
+    """Move the weights an ONNX writer put beside `path` back into it, where the whole fits in one file.
+
+    jax2onnx writes every tensor of 1 MB or more to `<file>.data` (torch's
+    and tf2onnx's exporters only past 2 GB), and a `.onnx` copied without it
+    does not load. `path` is alone in a folder of its own
+    (`files.atomic_path_with_sidecars`), so every other file there is the
+    writer's. Returns those kept beside it: none under ONNX's 2 GB, the
+    largest protobuf.
+    """
+    folder, name = os.path.split(path)
+    beside = sorted(set(os.listdir(folder)) - {name})
+    if not beside or sum(os.path.getsize(os.path.join(folder, file)) for file in [name, *beside]) > ONNX_FILE_LIMIT:
+        return beside
+    import onnx
+
+    proto = onnx.load(path)  # reads the external tensors in
+    if proto.ByteSize() > ONNX_FILE_LIMIT:
+        return beside
+    onnx.save_model(proto, path)
+    for file in beside:
+        os.remove(os.path.join(folder, file))
+    return []
 
 
 def _is_quantized(model):
