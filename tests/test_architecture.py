@@ -44,9 +44,10 @@ def test_switches_survive_keras_file_and_timm_round_trips(switches, tmp_path):
     # An epsilon or SwiGLU that only a timm model function sets is written under that function's name.
     named = {"layer_norm_epsilon": "vit_base_patch16_clip_224", "mlp_activation": "vit_giant_patch14_dinov2"}
     name = next((named[key] for key in named if key in switches and switches[key] in (1e-5, "swiglu")), None)
-    checkpoints.save_timm(model, tmp_path / "model.safetensors", architecture=name)
-    architecture = checkpoints.architecture_of(model)
-    again = keras_vit.ViT(**SMALL, architecture=architecture, weights=str(tmp_path / "model.safetensors"))
+    checkpoints.save_timm(model, tmp_path / "timm" / "model.safetensors", architecture=name)
+    # The folder alone: its config.json has the switches.
+    again = keras_vit.from_pretrained(str(tmp_path / "timm"), classifier_activation=None)
+    assert checkpoints.architecture_of(again) == checkpoints.architecture_of(model)
     np.testing.assert_allclose(predict(again, images), expected, atol=1e-5, rtol=0)
 
 
@@ -64,14 +65,16 @@ def test_pixel_statistics_turn_the_minus_one_to_one_input_into_the_weights_own(t
     reloaded = keras_vit.from_pretrained(str(tmp_path / "model.keras"))
     assert checkpoints.architecture_of(reloaded) == imagenet
     np.testing.assert_allclose(predict(reloaded, images), predict(model, images), atol=1e-6)
-    # A bare state dict cannot keep them: the writers say where they go instead.
-    checkpoints.save_timm(model, tmp_path / "model.safetensors")
+    # save_timm keeps them in the config.json beside its file; the original layout cannot, and save_npz says so.
+    checkpoints.save_timm(model, tmp_path / "timm" / "model.safetensors")
     checkpoints.save_npz(model, tmp_path / "model.npz")
     assert [record.getMessage().split(", which")[0] for record in keras_vit_log.records if "pixel" in
             record.getMessage()] == [
         f"{model.name} normalises its [-1, 1] input to pixel mean [0.485, 0.456, 0.406] and std "
-        "[0.229, 0.224, 0.225]"] * 2
-    assert "config.json (pretrained_cfg mean and std)" in keras_vit_log.text
+        "[0.229, 0.224, 0.225]"]
+    from_timm = keras_vit.from_pretrained(str(tmp_path / "timm"), classifier_activation=None)
+    assert checkpoints.architecture_of(from_timm) == imagenet
+    np.testing.assert_allclose(predict(from_timm, images), predict(model, images), atol=1e-6)
 
     with pytest.raises(ValueError, match=r"input_std must be three per-channel numbers on the \[0, 1\] pixel scale "
                                          r"\(each > 0\), such as ImageNet's \(0.229, 0.224, 0.225\); got \(0.2, 0, 0.2\)"):

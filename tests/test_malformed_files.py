@@ -433,12 +433,13 @@ def test_written_checkpoints_follow_the_users_umask(tmp_path):
     model = keras_vit.ViT(image_size=32, **SMALL, classes=10)
     previous = os.umask(0o022)
     try:
-        checkpoints.save_timm(model, tmp_path / "a.safetensors")
+        checkpoints.save_timm(model, tmp_path / "a" / "model.safetensors")
         checkpoints.save_npz(model, str(tmp_path / "a.npz"))
         os.umask(0o077)
-        checkpoints.save_timm(model, tmp_path / "private.safetensors")
+        checkpoints.save_timm(model, tmp_path / "private" / "model.safetensors")
     finally:
         os.umask(previous)
-    assert os.stat(tmp_path / "a.safetensors").st_mode & 0o777 == 0o644
+    assert [os.stat(tmp_path / "a" / name).st_mode & 0o777 for name in ("model.safetensors", "config.json")] == [0o644] * 2
     assert os.stat(tmp_path / "a.npz").st_mode & 0o777 == 0o644
-    assert os.stat(tmp_path / "private.safetensors").st_mode & 0o777 == 0o600
+    assert [os.stat(tmp_path / "private" / name).st_mode & 0o777
+            for name in ("model.safetensors", "config.json")] == [0o600] * 2

@@ -60,18 +60,22 @@ def test_timm_family_folder_loads_with_timms_outputs_and_saves_back_in_timms_nam
     # Logits where the file has a head; timm's pooled features (num_classes=0) where it has none.
     np.testing.assert_allclose(predict(model, images), outputs, atol=1e-5, rtol=0)
     # save_timm writes exactly the names and shapes timm's model of this architecture has (what strict=True
-    # checks), and the file reads back to the same outputs as the model timm_arguments' keywords describe (AIMv2's
-    # mlp_ratio sizes each half of its SwiGLU, DINOv2 giant's the packed whole).
+    # checks), and beside them a config.json that states what timm's own does (the name, its model_args, the
+    # pixel statistics and eval transform), from which the folder reads back alone as the same model.
     folder = tmp_path / case
-    shutil.copytree(os.path.join(FAMILY, case), folder)
-    config = json.loads((folder / "config.json").read_text())
-    checkpoints.save_timm(model, folder / "model.safetensors", architecture=config["architecture"])
+    theirs = json.loads(open(os.path.join(FAMILY, case, "config.json")).read())
+    checkpoints.save_timm(model, folder / "model.safetensors", architecture=theirs["architecture"])
     from safetensors.numpy import load_file
 
     written = {name: list(value.shape) for name, value in load_file(folder / "model.safetensors").items()}
     assert written == json.loads(str(reference[f"{case}/state_dict_shapes"]))
-    config["model_args"] = checkpoints.timm_arguments(model, config["architecture"])
-    (folder / "config.json").write_text(json.dumps(config))
+    ours = json.loads((folder / "config.json").read_text())
+    assert {key: ours.get(key) for key in ("architecture", "num_classes", "num_features", "global_pool")} == \
+        {key: theirs.get(key) for key in ("architecture", "num_classes", "num_features", "global_pool")}
+    assert {key: ours["model_args"][key] for key in theirs.get("model_args", {}) if key != "in_chans"} == \
+        {key: value for key, value in theirs.get("model_args", {}).items() if key != "in_chans"}
+    stated = ("mean", "std", "interpolation", "crop_pct", "crop_mode", "num_classes")
+    assert {key: ours["pretrained_cfg"][key] for key in stated} == {key: theirs["pretrained_cfg"][key] for key in stated}
     np.testing.assert_allclose(predict(load(folder), images), outputs, atol=1e-5, rtol=0)
 
 

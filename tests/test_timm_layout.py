@@ -65,12 +65,12 @@ def test_pytorch_pickle_without_torch_says_how_to_read_it(tmp_path, monkeypatch)
         keras_vit.ViT(**TIMM, num_heads=3, weights=str(path))
 
 
-def test_save_timm_writes_exactly_timms_names_and_shapes_and_reads_back(reference, tmp_path, caplog):
+def test_save_timm_writes_exactly_timms_names_and_shapes_and_reads_back(reference, tmp_path, keras_vit_log):
     images, logits, timm_shapes = reference
     model = keras_vit.ViT(**TIMM, weights=FOLDER)
-    path = tmp_path / "vit.safetensors"
+    path = tmp_path / "vit.safetensors"  # timm's local-dir reads a folder's one weights file of any name
     checkpoints.save_timm(model, path)
-    assert "tanh" not in caplog.text  # exact GELU, as timm's
+    assert not keras_vit_log.records  # exact GELU as timm's; statistics and eval transform kept in config.json
     from safetensors.numpy import load_file
 
     written = load_file(path)
@@ -80,11 +80,102 @@ def test_save_timm_writes_exactly_timms_names_and_shapes_and_reads_back(referenc
         np.testing.assert_array_equal(value, original[name], err_msg=name)
     again = keras_vit.ViT(**TIMM, num_heads=3, weights=str(path))
     np.testing.assert_allclose(predict(again, images), logits, atol=1e-5, rtol=0)
+    # The folder alone is the model: its heads, class names and timm's eval transform (bicubic, crop_pct) too.
+    folder = keras_vit.from_pretrained(str(path.parent), classifier_activation=None)
+    np.testing.assert_allclose(predict(folder, images), logits, atol=1e-5, rtol=0)
+    assert folder.class_names == model.class_names == [f"digit {i}" for i in range(5)]
+    assert folder.eval_transform == model.eval_transform and model.eval_transform.convention == "timm"
+
+
+# Switches over timm's defaults (exact GELU) that a bare state dict does not show: only its config.json keeps them.
+FOLDER_SWITCHES = {"class_token_gap": dict(classifier="gap"),
+                   "pool_include_prefix": dict(classifier="gap", pool_include_prefix=True),
+                   "quick_gelu": dict(mlp_activation="quick_gelu"), "gelu_tanh": dict(mlp_activation="gelu_tanh"),
+                   "imagenet_statistics": dict(input_mean=(0.485, 0.456, 0.406), input_std=(0.229, 0.224, 0.225))}
+
+
+@pytest.mark.backend_independent
+@pytest.mark.parametrize("switch", sorted(FOLDER_SWITCHES))
+def test_save_timm_folder_reloads_the_switch_a_bare_state_dict_loses(switch, tmp_path):
+    architecture = keras_vit.Architecture(**dict(dict(mlp_activation="gelu"), **FOLDER_SWITCHES[switch]))
+    model = keras_vit.ViT(image_size=32, patch_size=8, hidden_size=24, num_layers=1, num_heads=3, mlp_dim=48,
+                          classes=5, classifier_activation=None, architecture=architecture)
+    rng = np.random.default_rng(0)
+    for variable in model.weights:  # large random values, so that every switch moves the logits
+        variable.assign(rng.normal(0, 0.5, variable.shape).astype("float32"))
+    checkpoints.save_timm(model, tmp_path / "model.safetensors")
+    config = json.loads((tmp_path / "config.json").read_text())
+    assert (config["pretrained_cfg"]["mean"], config["pretrained_cfg"]["std"]) == (list(architecture.input_mean),
+                                                                                   list(architecture.input_std))
+    again = keras_vit.from_pretrained(str(tmp_path), classifier_activation=None)
+    assert checkpoints.architecture_of(again) == architecture
+    images = rng.uniform(-1, 1, (2, 32, 32, 3)).astype("float32")
+    np.testing.assert_allclose(predict(again, images), predict(model, images), atol=1e-6, rtol=0)
+
+
+@pytest.mark.backend_independent
+def test_save_timm_writes_the_nearest_eval_transform_timm_states_and_says_so(tmp_path, keras_vit_log):
+    model = keras_vit.ViT(image_size=32, patch_size=8, hidden_size=24, num_layers=1, num_heads=3, mlp_dim=48)
+    checkpoints.save_timm(model, tmp_path / "model.safetensors")
+    assert [record.getMessage() for record in keras_vit_log.records] == [
+        "vit evaluates photos by keras_vit's rule (tf.image.resize's bilinear, not antialiased), which timm's "
+        "pretrained_cfg cannot state: config.json keeps the nearest, interpolation 'bilinear', crop_pct 1, crop_mode "
+        "'squash', which timm and keras_vit.from_pretrained compute with Pillow (antialiased) and timm's rounding."]
+    again = keras_vit.from_pretrained(str(tmp_path))
+    assert again.eval_transform == keras_vit.eval_transform(model).replace(convention="timm", antialias=True)
+
+
+@pytest.mark.backend_independent
+def test_save_timm_refuses_a_folder_of_another_model_and_writes_nothing(tmp_path):
+    model = keras_vit.ViT(image_size=32, patch_size=8, hidden_size=24, num_layers=1, num_heads=3, mlp_dim=48)
+    (tmp_path / "other.safetensors").write_bytes(b"another model's weights")
+    path = tmp_path / "vit.safetensors"
+    with pytest.raises(CheckpointError, match=f"^{re.escape(str(path))}: its folder already holds other.safetensors, "
+                                              r"and timm and keras_vit read a folder as one model \(its config.json "
+                                              r"beside its one weights file\): save into a folder of its own. Nothing "
+                                              r"was written.$"):
+        checkpoints.save_timm(model, path)
+    transformers = tmp_path / "transformers"
+    transformers.mkdir()
+    (transformers / "config.json").write_text('{"model_type": "vit"}')
+    with pytest.raises(CheckpointError, match=f"^{re.escape(str(transformers / 'config.json'))} is not timm's "
+                                              r"config.json \(an object naming an architecture\), and save_timm would "
+                                              r"replace it with the one model.safetensors needs: save into a folder "
+                                              r"of its own. Nothing was written.$"):
+        checkpoints.save_timm(model, transformers / "model.safetensors")
+    assert sorted(os.listdir(tmp_path)) == ["other.safetensors", "transformers"]
+    assert os.listdir(transformers) == ["config.json"]
+    # Its own folder again: the config.json it wrote there is timm's, and is replaced with the file.
+    checkpoints.save_timm(model, tmp_path / "vit" / "model.safetensors")
+    checkpoints.save_timm(keras_vit.ViT(image_size=32, patch_size=8, hidden_size=24, num_layers=1, num_heads=3,
+                                        mlp_dim=48, classifier="gap"), tmp_path / "vit" / "model.safetensors")
+    assert json.loads((tmp_path / "vit" / "config.json").read_text())["global_pool"] == "avg"
+
+
+@pytest.mark.backend_independent
+def test_save_timm_writes_both_files_or_neither(tmp_path, monkeypatch):
+    from keras_vit.checkpoints.timm import writer
+
+    model = keras_vit.ViT(image_size=32, patch_size=8, hidden_size=24, num_layers=1, num_heads=3, mlp_dim=48)
+    checkpoints.save_timm(model, tmp_path / "model.safetensors")
+    before = {name: (tmp_path / name).read_bytes() for name in os.listdir(tmp_path)}
+
+    def full_disk(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(writer.json, "dump", full_disk)  # the config.json fails after the weights were written
+    with pytest.raises(OSError, match="No space left on device"):
+        checkpoints.save_timm(keras_vit.ViT(image_size=32, patch_size=8, hidden_size=24, num_layers=1, num_heads=3,
+                                            mlp_dim=48, classes=7), tmp_path / "model.safetensors")
+    assert {name: (tmp_path / name).read_bytes() for name in os.listdir(tmp_path)} == before
+    with pytest.raises(OSError, match="No space left on device"):
+        checkpoints.save_timm(model, tmp_path / "new" / "model.safetensors")
+    assert not (tmp_path / "new").exists()
 
 
 def test_save_timm_refuses_what_timm_cannot_rebuild_and_writes_nothing(tmp_path):
     sizes = dict(image_size=32, patch_size=8, hidden_size=24, num_layers=1, num_heads=3, mlp_dim=48, classes=5)
-    checkpoints.save_timm(keras_vit.ViT(**sizes), tmp_path / "tanh.safetensors")  # act_layer='gelu_tanh' in timm
+    checkpoints.save_timm(keras_vit.ViT(**sizes), tmp_path / "tanh" / "model.safetensors")  # act_layer='gelu_tanh' in timm
     assert checkpoints.timm_arguments(keras_vit.ViT(**sizes))["act_layer"] == "gelu_tanh"
     with pytest.raises(CheckpointError, match="timm's VisionTransformer has no pre-logits layer"):
         checkpoints.save_timm(keras_vit.ViT(**sizes, representation_size=8), tmp_path / "p.safetensors")
@@ -114,14 +205,14 @@ def test_save_timm_refuses_what_timm_cannot_rebuild_and_writes_nothing(tmp_path)
                                               r"the same model. Nothing was written.$"):
         checkpoints.save_timm(keras_vit.ViT(**sizes, layer_norm_epsilon=1e-5), tmp_path / "e.safetensors",
                               architecture="vit_small_patch16_224")
-    checkpoints.save_timm(keras_vit.ViT(**sizes, layer_norm_epsilon=1e-5), tmp_path / "clip.safetensors",
+    checkpoints.save_timm(keras_vit.ViT(**sizes, layer_norm_epsilon=1e-5), tmp_path / "clip" / "model.safetensors",
                           architecture="vit_base_patch16_clip_224")
     lora = keras_vit.ViT(**sizes)
     keras_vit.enable_lora(lora, rank=2)
     with pytest.raises(CheckpointError, match=r"^vit has LoRA adapters, which timm's VisionTransformer does not "
                                               r"have: call keras_vit.merge_lora\(model\) first, then save_timm.$"):
         checkpoints.save_timm(lora, tmp_path / "lora.safetensors")
-    assert sorted(os.listdir(tmp_path)) == ["clip.safetensors", "tanh.safetensors"]
+    assert sorted(os.listdir(tmp_path)) == ["clip", "tanh"]
 
 
 def test_timm_arguments_are_keywords_timm_builds_the_same_model_from(tmp_path):
@@ -137,7 +228,7 @@ def test_timm_arguments_are_keywords_timm_builds_the_same_model_from(tmp_path):
     images = np.random.default_rng(0).uniform(-1, 1, (2, 32, 32, 3)).astype("float32")
     for architecture, switches in cases.items():
         model = keras_vit.ViT(**sizes, **switches, classifier_activation=None)
-        path = tmp_path / f"{architecture}.safetensors"
+        path = tmp_path / architecture / "model.safetensors"
         checkpoints.save_timm(model, path, architecture=architecture)
         name = None if architecture == "vit_base_patch16_224" else architecture
         built = timm.create_model(architecture, pretrained=False, **checkpoints.timm_arguments(model, name)).eval()

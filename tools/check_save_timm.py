@@ -1,4 +1,5 @@
-"""Check that the files `checkpoints.save_timm` writes load strictly in timm itself, with keras_vit's outputs.
+"""Check that the folders `checkpoints.save_timm` writes load in timm itself from their config.json alone, strictly,
+with keras_vit's outputs.
 
 keras_vit and timm live in separate venvs, so this runs in two steps:
 
@@ -7,13 +8,16 @@ keras_vit and timm live in separate venvs, so this runs in two steps:
 
 `write` loads timm-written fixture folders of several families (plain ViTs, DeiT distilled,
 AIMv2's SwiGLU in two layers, DINOv2 giant's packed one, differential
-attention, EVA-02, DINOv3) and one model built by keras_vit, saves each with
-`save_timm` under its architecture name, and keeps the keywords of
-`timm_arguments`, keras_vit's outputs and the images. `check` builds each
-with `timm.create_model(architecture, pretrained=False, **keywords)`, loads
-the file with `timm.models.load_checkpoint(..., strict=True)` and compares
-timm's outputs with keras_vit's. One line per case; exit status 1 if any
-fails. Nothing is downloaded.
+attention, EVA-02, DINOv3, the hybrids) and models built by keras_vit with one
+switch each (a class token with `gap`, `pool_include_prefix`, QuickGELU, tanh
+GELU, ImageNet's pixel statistics), saves each with `save_timm` under its
+architecture name into a folder of its own (`model.safetensors` and the
+`config.json` save_timm writes beside it), and keeps keras_vit's outputs and
+the images in [-1, 1]. `check` builds each with `timm.create_model("local-dir:"
++ folder, pretrained=True)`, which reads nothing but the folder and loads the
+file strictly, and compares timm's outputs on the images normalised with the
+config.json's own mean and std with keras_vit's. One line per case; exit
+status 1 if any fails. Nothing is downloaded.
 """
 
 import json
@@ -25,7 +29,15 @@ import numpy as np
 FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "tests", "fixtures")
 CASES = ("timm_family/deit", "timm_deit_distilled", "timm_family/siglip_remainder", "timm_family/aimv2", "timm_family/dinov2_giant_swiglu",
          "timm_family/differential", "timm_eva/eva02_axial", "timm_eva/eva02_separate_qkv", "timm_eva/dinov3",
-         "built/vit_base_patch16_224")
+         "timm_hybrid/stem_only", "built/vit_base_patch16_224", "built/class_token_gap",
+         "built/pool_include_prefix", "built/quick_gelu", "built/gelu_tanh", "built/imagenet_statistics")
+# The models built by keras_vit: one switch each over timm's defaults (exact GELU), so a config.json that drops it
+# gives timm another model.
+IMAGENET = dict(input_mean=(0.485, 0.456, 0.406), input_std=(0.229, 0.224, 0.225))
+BUILT = {"vit_base_patch16_224": dict(register_tokens=1, mlp_activation="gelu_tanh"),
+         "class_token_gap": dict(classifier="gap"), "pool_include_prefix": dict(classifier="gap", pool_include_prefix=True),
+         "quick_gelu": dict(mlp_activation="quick_gelu"), "gelu_tanh": dict(mlp_activation="gelu_tanh"),
+         "imagenet_statistics": IMAGENET}
 
 
 def write(out):
@@ -39,8 +51,9 @@ def write(out):
     for case in CASES:
         if case.startswith("built/"):
             architecture = None
+            switches = dict(dict(mlp_activation="gelu"), **BUILT[case.split("/")[1]])
             model = keras_vit.ViT(image_size=32, patch_size=8, hidden_size=24, num_layers=2, num_heads=3, mlp_dim=40,
-                                  classes=4, register_tokens=1, classifier_activation=None)
+                                  classes=4, classifier_activation=None, architecture=keras_vit.Architecture(**switches))
             for variable in model.weights:  # random values everywhere, so every tensor matters
                 variable.assign(rng.normal(0, 0.2, variable.shape).astype("float32"))
         else:
@@ -48,16 +61,11 @@ def write(out):
             with open(os.path.join(folder, "config.json")) as f:
                 architecture = json.load(f)["architecture"]
             model = keras_vit.from_pretrained(folder, classifier_activation=None)
-        name = case.replace("/", "-")
-        checkpoints.save_timm(model, os.path.join(out, f"{name}.safetensors"), architecture=architecture)
+        folder = os.path.join(out, case.replace("/", "-"))
+        checkpoints.save_timm(model, os.path.join(folder, "model.safetensors"), architecture=architecture)
         height, width = model.input_shape[1:3]
         images = rng.uniform(-1, 1, (2, height, width, 3)).astype("float32")
-        found = checkpoints.architecture_of(model)
-        np.savez(os.path.join(out, f"{name}.npz"), images=images,
-                 outputs=keras.ops.convert_to_numpy(model(images)), mean=found.input_mean, std=found.input_std)
-        with open(os.path.join(out, f"{name}.json"), "w") as f:
-            json.dump({"architecture": architecture or "vit_base_patch16_224",
-                       "keywords": checkpoints.timm_arguments(model, architecture)}, f)
+        np.savez(os.path.join(folder, "outputs.npz"), images=images, outputs=keras.ops.convert_to_numpy(model(images)))
     print(f"wrote {len(CASES)} cases to {out}")
 
 
@@ -67,18 +75,20 @@ def check(out):
 
     failures = 0
     for case in CASES:
-        name = case.replace("/", "-")
-        with open(os.path.join(out, f"{name}.json")) as f:
-            spec = json.load(f)
-        data = np.load(os.path.join(out, f"{name}.npz"))
-        def outputs(spec=spec, data=data, name=name):
-            model = timm.create_model(spec["architecture"], pretrained=False, **spec["keywords"]).eval()
-            timm.models.load_checkpoint(model, os.path.join(out, f"{name}.safetensors"), strict=True)
-            pixels = ((data["images"] + 1) / 2 - data["mean"]) / data["std"]  # keras_vit's [-1, 1] as timm takes it
+        folder = os.path.join(out, case.replace("/", "-"))
+        with open(os.path.join(folder, "config.json")) as f:
+            pretrained = json.load(f)["pretrained_cfg"]
+        data = np.load(os.path.join(folder, "outputs.npz"))
+
+        def outputs(folder=folder, data=data, pretrained=pretrained):
+            model = timm.create_model("local-dir:" + folder, pretrained=True).eval()  # strict: timm's default
+            pixels = ((data["images"] + 1) / 2 - np.array(pretrained["mean"])) / np.array(pretrained["std"])
             with torch.no_grad():
                 return model(torch.from_numpy(pixels.astype("float32")).permute(0, 3, 1, 2)).numpy()
 
-        failures += not report(case, spec["architecture"], outputs, data["outputs"], 1e-4)
+        with open(os.path.join(folder, "config.json")) as f:
+            architecture = json.load(f)["architecture"]
+        failures += not report(case, architecture, outputs, data["outputs"], 1e-4)
     return failures
 
 

@@ -7,6 +7,7 @@ Example:
 {'cls_token': array(...), ...}
 """
 
+import logging
 import os
 
 from keras_vit.checkpoints.source import CheckpointError, require_regular_file
@@ -15,8 +16,36 @@ from keras_vit.checkpoints.source import CheckpointError, require_regular_file
 _NUMPY_DTYPES = ("F64", "F32", "F16", "BF16", "I64", "I32", "I16", "I8", "U64", "U32", "U16", "U8", "BOOL")
 
 
+# timm's `load_state_dict_from_path` (`local-dir:` folders): these names first, else the first file of each ending.
+TIMM_PREFERRED = ("model.safetensors", "pytorch_model.bin", "pytorch_model.pth", "model.pth",
+                  "open_clip_model.safetensors", "open_clip_pytorch_model.safetensors", "open_clip_pytorch_model.bin",
+                  "open_clip_pytorch_model.pth")
+TIMM_ENDINGS = (".safetensors", ".pth", ".pth.tar", ".bin")
+
+
 def folder_weights(folder, layout):
-    """A Hub folder's state-dict file: `model.safetensors`, else `pytorch_model.bin`; an error names `layout`."""
+    """A Hub folder's state-dict file: `model.safetensors`, else `pytorch_model.bin`; an error names `layout`.
+
+    A timm folder's is the one timm's `local-dir:` reads: one of its
+    preferred names, else its one weights file of any name (the first in
+    sorted order where several share an ending, as timm takes it, with
+    timm's warning).
+    """
+    if layout == "timm":
+        for name in TIMM_PREFERRED:
+            if os.path.isfile(os.path.join(folder, name)):
+                return os.path.join(folder, name)
+        for ending in TIMM_ENDINGS:
+            found = sorted(name for name in os.listdir(folder)
+                           if name.endswith(ending) and os.path.isfile(os.path.join(folder, name)))
+            if len(found) > 1:
+                logging.getLogger("keras_vit").warning("Multiple %s checkpoints in %s: %s. Using %r, as timm does.",
+                                                       ending, folder, found, found[0])
+            if found:
+                return os.path.join(folder, found[0])
+        raise CheckpointError(f"{folder} has a timm config.json but no weights file (model.safetensors, "
+                              "pytorch_model.bin, or one file of another name ending in "
+                              f"{', '.join(TIMM_ENDINGS)}).")
     for name in ("model.safetensors", "pytorch_model.bin"):
         if os.path.exists(os.path.join(folder, name)):
             return os.path.join(folder, name)

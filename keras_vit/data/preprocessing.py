@@ -311,6 +311,21 @@ def from_timm_config(pretrained_cfg, where):
             from None
 
 
+def to_timm_config(transform):
+    """`(fields, exact)`: the timm `pretrained_cfg` fields nearest `transform`, and whether they are exactly it.
+
+    The fields are `input_size`, `interpolation`, `crop_pct` and
+    `crop_mode`, which `from_timm_config` reads back. Only timm's own rule
+    is exact: another library's rounding, a resize to a stated size or
+    `tf.image.resize`'s unantialiased bilinear has no timm field.
+    """
+    crop_pct = transform.crop_fraction if transform.resize_size is None else transform._resize_share()
+    fields = {"input_size": [3, *transform.image_size], "interpolation": transform.interpolation,
+              "crop_pct": crop_pct, "crop_mode": transform.crop_mode}
+    exact = transform.convention == "timm" and transform.antialias and transform.resize_size is None
+    return fields, exact
+
+
 def _size_field(config, key, shortest_edge_default, where):
     """transformers' `size` or `crop_size`: an int (square or shorter side) or a dict, as `(kind, value)`."""
     value = config.get(key)

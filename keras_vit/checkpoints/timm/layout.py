@@ -326,7 +326,8 @@ def read_timm(path, budget=None, config=None, config_path=None):
 
 
 def read_timm_folder(folder, config, budget=None):
-    """A timm Hub folder (its parsed `config.json`, beside `model.safetensors`) as a `WeightsSource`."""
+    """A timm Hub folder (its parsed `config.json`, beside the weights file timm's `local-dir:` reads) as a
+    `WeightsSource`."""
     where = os.path.join(folder, "config.json")
     architecture = config.get("architecture")
     if not isinstance(architecture, str):

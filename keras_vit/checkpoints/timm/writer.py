@@ -15,13 +15,15 @@ Example:
 
 import dataclasses
 import json
+import logging
 import os
 import re
+import shutil
 
 import numpy as np
 
-from keras_vit.checkpoints.source import CheckpointError, preview, state_of, warn_unkept_pixel_statistics
-from keras_vit.checkpoints.state_dict_files import _safetensors
+from keras_vit.checkpoints.source import CheckpointError, preview, read_json_object, state_of
+from keras_vit.checkpoints.state_dict_files import TIMM_ENDINGS, _safetensors
 from keras_vit.checkpoints.tensor_layout import keras_to_torch
 from keras_vit.checkpoints.timm.eva_families import EVA_ARCHITECTURES
 from keras_vit.checkpoints.timm.eva_layout import configured_eva_architecture, eva_arguments, read_timm_eva, to_timm_eva
@@ -35,6 +37,7 @@ from keras_vit.checkpoints.timm.hybrid import (
 from keras_vit.checkpoints.timm.layout import configured_architecture, layout_of, read_timm
 from keras_vit.checkpoints.timm.naflex import from_vision_transformer, naflex_architecture, naflex_arguments, \
     read_timm_naflex
+from keras_vit.data import preprocessing
 from keras_vit.model.architecture import Architecture
 from keras_vit.model.description import (
     architecture_of,
@@ -45,7 +48,8 @@ from keras_vit.model.description import (
     resnet_layers_of,
 )
 from keras_vit.model.variants import CONV_STEM_STRIDE, MBCONV_PATCH_SIZE, mbconv_stride, resnet_stride
-from keras_vit.utils.files import atomic_path
+from keras_vit.model.vision_transformer import eval_transform
+from keras_vit.utils.files import atomic_path_with_sidecars
 
 
 def to_timm(model, architecture=None):
@@ -82,31 +86,37 @@ def to_timm(model, architecture=None):
 
 
 # What a timm file and its keywords leave open, so the model need not share it with what they rebuild: the pixel
-# statistics (config.json's pretrained_cfg; save_timm notes them), the layer scale's initial value (the learned
+# statistics (unless a config.json's pretrained_cfg states them), the layer scale's initial value (the learned
 # scales are in the file) and a hybrid's ResNet epsilons (to_timm refuses the Flax ones).
 _LEFT_OPEN = ("input_mean", "input_std", "layer_scale", "resnet_epsilons")
+# The config.json fields timm writes for information only: `timm.create_model` builds without them.
+_INFORMATIONAL = ("num_features", "global_pool")
 
 
-def check_timm_rebuilds(model, architecture, arguments, path=None, written=None):
+def check_timm_rebuilds(model, architecture, arguments, path=None, written=None, config=None):
     """Refuse `arguments` with which timm's `architecture` would not rebuild `model`, or a `written` file it would
     not load strictly as `model` (`path`: the file's final name, for the errors).
 
     One comparison: keras_vit's own timm reader, given a config.json that
-    names `architecture` with `arguments` as `model_args`, describes the
-    model timm builds. Its `Architecture` and sizes must be the model's;
-    and the `written` file, read back through it with every check (each
-    tensor timm's model has, no other, each of its shape), must give the
-    model's weights.
+    names `architecture` with `arguments` as `model_args` (or `config`, the
+    whole config.json save_timm writes, less what timm builds without),
+    describes the model timm builds. Its `Architecture` and sizes must be
+    the model's, the pixel statistics too where `config` states them; and
+    the `written` file, read back through it with every check (each tensor
+    timm's model has, no other, each of its shape), must give the model's
+    weights.
     """
     name = architecture or "vit_base_patch16_224"
-    config = {"architecture": name, "model_args": arguments}
+    config = {key: value for key, value in (config or {"architecture": name, "model_args": arguments}).items()
+              if key not in _INFORMATIONAL}
+    left_open = _LEFT_OPEN[2:] if "pretrained_cfg" in config else _LEFT_OPEN
     where = f"timm_arguments(model, {architecture!r})"
     eva = name in EVA_ARCHITECTURES
     entry, args, switches, _, rebuilt = (configured_eva_architecture if eva else configured_architecture)(config,
                                                                                                           where)
     found = architecture_of(model)
     differs = {field.name: (getattr(rebuilt, field.name), getattr(found, field.name))
-               for field in dataclasses.fields(Architecture) if field.name not in _LEFT_OPEN
+               for field in dataclasses.fields(Architecture) if field.name not in left_open
                and getattr(rebuilt, field.name) != getattr(found, field.name)}
     if (rebuilt.layer_scale is None) != (found.layer_scale is None):
         differs["layer_scale"] = (rebuilt.layer_scale, found.layer_scale)
@@ -139,6 +149,9 @@ def check_timm_rebuilds(model, architecture, arguments, path=None, written=None)
         raise CheckpointError(f"{prefix}read back as timm's {name!r}, the file's weights are not {model.name}'s "
                               f"({preview(differ, 3)}).{written_nothing}")
 
+
+# timm's `global_pool` of each keras_vit classifier.
+_TIMM_POOLS = {"token": "token", "gap": "avg", "map": "map"}
 
 # Where a model needs what only one of timm's model functions sets, one such architecture to name.
 _NAMED_ONLY = {"layer_norm_epsilon": ("LayerNorm epsilon {:g}", "vit_base_patch16_clip_224 (CLIP's 1e-5)"),
@@ -194,7 +207,6 @@ def _keywords(model, architecture):
             f"{model.name} has {'a' if found.patch_bias else 'no'} patch bias {'and' if found.norm_pre else 'but no'} "
             "norm_pre; timm's VisionTransformer has a patch bias exactly when it has no pre_norm, so it cannot build "
             "this model.")
-    pools = {"token": "token", "gap": "avg", "map": "map"}
     activations = {"gelu": "gelu", "gelu_tanh": "gelu_tanh", "quick_gelu": "quick_gelu"}
     block = model.get_layer("encoderblock_0")
     embed = int(model.get_layer("embedding").kernel.shape[-1])
@@ -214,7 +226,7 @@ def _keywords(model, architecture):
         mlp_ratio=timm_mlp_ratio(embed, block.mlp_dim, {} if entry is None else entry.switches),
         num_classes=int(head[0].kernel.shape[-1]) if head else 0,
         class_token=found.class_token, reg_tokens=found.register_tokens,
-        no_embed_class=not found.class_token_position_embedding, global_pool=pools[found.classifier],
+        no_embed_class=not found.class_token_position_embedding, global_pool=_TIMM_POOLS[found.classifier],
         fc_norm=found.fc_norm, final_norm=found.final_norm, pre_norm=found.norm_pre, qkv_bias=found.qkv_bias,
         qk_norm=found.qk_norm, init_values=found.layer_scale, scale_attn_norm=found.attention_output_norm,
         scale_mlp_norm=found.mlp_hidden_norm, pool_include_prefix=found.pool_include_prefix,
@@ -278,39 +290,118 @@ def _keywords(model, architecture):
 
 
 def save_timm(model, path, architecture=None):
-    """Write `model` as a timm `VisionTransformer` state dict (`.safetensors`) that timm loads with `strict=True`.
+    """Write `model` as a timm state dict (`.safetensors`) that timm loads with `strict=True`, and beside it the
+    `config.json` timm's `save_for_hf` writes, from which timm and keras_vit rebuild the same model.
 
-    Build the timm model with `timm.create_model(architecture or
-    "vit_base_patch16_224", **timm_arguments(model, architecture))`, then
-    `timm.models.load_checkpoint(model, path, strict=True)`. A model that
-    those keywords cannot rebuild exactly is refused with the reason
-    (`check_timm_rebuilds`), and nothing is written: the file is checked
-    under a temporary name, then renamed.
+    The folder then reads as one timm model: `timm.create_model("local-dir:"
+    + folder, pretrained=True)` and `keras_vit.from_pretrained(folder)`
+    build it from the config.json (`architecture`, `model_args` =
+    `timm_arguments(model, architecture)`, `pretrained_cfg`: the pixel mean
+    and std, the eval transform's size, filter and crop, and `label_names`
+    where the model has class names). A model those keywords cannot rebuild
+    exactly is refused with the reason (`check_timm_rebuilds`), as is a
+    folder that holds another model's weights file or a `config.json` that is
+    not timm's: save each model into a folder of its own. Both files are
+    written whole or not at all: checked under temporary names, then renamed
+    (the config.json first). An eval transform that timm's fields cannot
+    state (keras_vit's own `tf.image.resize`, transformers' rounding) is
+    written as its nearest, with a warning.
 
     Example:
     >>> import keras_vit
     >>> model = keras_vit.ViT(image_size=32, patch_size=8, hidden_size=24, num_layers=1, num_heads=3,
     ...                       mlp_dim=48, classes=5)
-    >>> save_timm(model, "/tmp/vit.safetensors")  # doctest: +SKIP
+    >>> save_timm(model, "/tmp/vit/model.safetensors")  # doctest: +SKIP
+    >>> keras_vit.from_pretrained("/tmp/vit")  # doctest: +SKIP
     """
     if not str(path).endswith(".safetensors"):
         raise CheckpointError(f"save_timm writes a .safetensors file; got {path}.")
+    path = os.fspath(path)
     if is_naflex(model):
-        return _save_naflex(model, os.fspath(path), architecture or "naflexvit_base_patch16_gap")
-    if architecture in EVA_ARCHITECTURES:
-        arguments = _keywords(model, architecture)
-        check_timm_rebuilds(model, architecture, arguments, os.fspath(path))  # before to_timm_eva's refusals
-        tensors = to_timm_eva(model, architecture)
-    else:  # to_timm first: its refusals (LoRA, a Flax-epsilon ResNet) name the fix more precisely
-        tensors = to_timm(model, architecture)
-        arguments = _keywords(model, architecture)
-    warn_unkept_pixel_statistics(model, "timm reads them from the folder's config.json (pretrained_cfg mean and "
-                                        "std), and so does keras_vit.from_pretrained")
-    save_file = _safetensors().save_file
-    with atomic_path(os.fspath(path)) as temporary:
-        save_file(tensors, temporary, metadata={"format": "pt"})
-        check_timm_rebuilds(model, architecture, arguments, os.fspath(path), written=temporary)  # and read back
+        return _save_naflex(model, path, architecture or "naflexvit_base_patch16_gap")
+    eva = architecture in EVA_ARCHITECTURES
+    tensors = None if eva else to_timm(model, architecture)  # first: its refusals (LoRA, ...) name the fix precisely
+    arguments = _keywords(model, architecture)
+    pretrained, note = _pretrained_cfg(model, arguments)
+    config = _timm_config(model, architecture or "vit_base_patch16_224", arguments, pretrained)
+    check_timm_rebuilds(model, architecture, arguments, path, config=config)  # before to_timm_eva's and the folder's
+    tensors = to_timm_eva(model, architecture) if eva else tensors
+    _write_folder(path, tensors, config, lambda written: check_timm_rebuilds(  # and read back through config.json
+        model, architecture, arguments, path, written=written, config=config))
+    if note:
+        logging.getLogger("keras_vit").warning(note)
     return path
+
+
+def _pretrained_cfg(model, arguments):
+    """`(fields, note)`: timm's `pretrained_cfg` fields of `model`'s eval transform at the size of `arguments`, and
+    the warning to give where they are only its nearest (else None)."""
+    size = arguments["img_size"]
+    transform = eval_transform(model, image_size=tuple(size) if isinstance(size, (list, tuple)) else (size, size))
+    fields, exact = preprocessing.to_timm_config(transform)
+    rule = ("tf.image.resize's bilinear, not antialiased" if not transform.antialias else
+            "a resize to a stated size" if transform.resize_size is not None else "its own rounding")
+    return fields, None if exact else (
+        f"{model.name} evaluates photos by {transform.convention}'s rule ({rule}), which timm's pretrained_cfg "
+        f"cannot state: config.json keeps the nearest, interpolation {fields['interpolation']!r}, crop_pct "
+        f"{fields['crop_pct']:g}, crop_mode {fields['crop_mode']!r}, which timm and keras_vit.from_pretrained "
+        "compute with Pillow (antialiased) and timm's rounding.")
+
+
+def _timm_config(model, architecture, arguments, pretrained):
+    """The `config.json` timm's `save_for_hf` writes for `model` as timm's `architecture` built with `arguments`,
+    with `pretrained` (the eval transform's fields) and the pixel statistics as its `pretrained_cfg`."""
+    found = architecture_of(model)
+    config = {"architecture": architecture, "num_classes": arguments["num_classes"],
+              "num_features": arguments["embed_dim"], "global_pool": _TIMM_POOLS[found.classifier]}
+    names = getattr(model, "class_names", None)
+    if names and len(names) == arguments["num_classes"]:
+        config["label_names"] = list(names)
+    config["model_args"] = arguments
+    config["pretrained_cfg"] = {**pretrained, "mean": list(found.input_mean), "std": list(found.input_std),
+                                "num_classes": arguments["num_classes"]}
+    return config
+
+
+def _write_folder(path, tensors, config, check):
+    """Write `tensors` at `path` and `config` as the `config.json` beside it, whole or not at all.
+
+    `check(temporary)` reads the written file back under its temporary name
+    and raises if it is not the model. A folder is one timm model: one
+    that holds another weights file, or a `config.json` that is not timm's
+    (an object naming an `architecture`), is refused before anything is
+    written. A folder that is not there is made.
+    """
+    folder = os.path.dirname(os.path.abspath(path))
+    config_path = os.path.join(folder, "config.json")
+    if os.path.isdir(folder):
+        others = sorted(name for name in os.listdir(folder) if name.endswith(TIMM_ENDINGS)
+                        and name != os.path.basename(path) and not name.startswith(".tmp-"))
+        if others:
+            raise CheckpointError(f"{path}: its folder already holds {others[0]}, and timm and keras_vit read a "
+                                  "folder as one model (its config.json beside its one weights file): save into a "
+                                  "folder of its own. Nothing was written.")
+        if os.path.lexists(config_path):
+            try:
+                existing = read_json_object(config_path, "unreadable", "not an object")
+            except CheckpointError:
+                existing = None
+            if existing is None or not isinstance(existing.get("architecture"), str):
+                raise CheckpointError(f"{config_path} is not timm's config.json (an object naming an architecture), "
+                                      f"and save_timm would replace it with the one {os.path.basename(path)} needs: "
+                                      "save into a folder of its own. Nothing was written.")
+    made = not os.path.isdir(folder)
+    os.makedirs(folder, exist_ok=True)
+    try:
+        with atomic_path_with_sidecars(path) as temporary:
+            _safetensors().save_file(tensors, temporary, metadata={"format": "pt"})
+            check(temporary)
+            with open(os.path.join(os.path.dirname(temporary), "config.json"), "w") as f:
+                json.dump(config, f, indent=2)
+    except BaseException:
+        if made:
+            shutil.rmtree(folder, ignore_errors=True)  # only the temporary files this call made were in it
+        raise
 
 
 def _save_naflex(model, path, architecture):
@@ -320,33 +411,23 @@ def _save_naflex(model, path, architecture):
     found = architecture_of(model)
     arguments = naflex_arguments(model, found)
     tensors = from_vision_transformer(to_timm(model), arguments["pos_embed_grid_size"])
-    pretrained = {"interpolation": "bicubic", "crop_pct": 1.0}
-    if found.normalizes_input:
-        pretrained.update(mean=list(found.input_mean), std=list(found.input_std))
-    else:  # keras_vit's own [-1, 1] input is timm's at mean and std 0.5
-        pretrained.update(mean=[0.5] * 3, std=[0.5] * 3)
-    config = {"architecture": architecture, "num_classes": arguments["num_classes"],
-              "num_features": arguments["embed_dim"], "global_pool": arguments["global_pool"],
-              "model_args": arguments, "pretrained_cfg": pretrained}
+    config = _timm_config(model, architecture, arguments, {"interpolation": "bicubic", "crop_pct": 1.0})
     where = f"save_timm({model.name}, architecture={architecture!r})"
-    config_path = os.path.join(os.path.dirname(os.path.abspath(path)), "config.json")
-    with atomic_path(path) as temporary:
-        _safetensors().save_file(tensors, temporary, metadata={"format": "pt"})
+
+    def check(written):
         try:
-            source = read_timm_naflex(temporary, None, config, where)
+            source = read_timm_naflex(written, None, config, where)
         except CheckpointError as error:
             raise CheckpointError(f"{path}: timm's {architecture!r} would not load the file save_timm wrote: "
-                                  f"{str(error).replace(temporary, 'the file')} Nothing was written.") from None
+                                  f"{str(error).replace(written, 'the file')} Nothing was written.") from None
         rebuilt = {field.name: getattr(source.architecture, field.name) for field in dataclasses.fields(Architecture)
                    if field.name not in _LEFT_OPEN[2:]}
-        own = {name: getattr(found, name) if found.normalizes_input or name not in _LEFT_OPEN[:2]
-               else rebuilt[name] for name in rebuilt}
+        own = {name: getattr(found, name) for name in rebuilt}
         shapes = {variable.path: tuple(variable.shape) for variable in model.weights}
         if rebuilt != own or {key: tuple(value.shape) for key, value in source.state.items()} != shapes:
             differ = sorted(name for name in rebuilt if rebuilt[name] != own[name]) or ["tensor shapes"]
             raise CheckpointError(f"{path}: read back as timm's {architecture!r}, the file is not {model.name} "
                                   f"({', '.join(differ)}). Nothing was written.")
-        with atomic_path(config_path) as temporary_config:
-            with open(temporary_config, "w") as f:
-                json.dump(config, f, indent=2)
+
+    _write_folder(path, tensors, config, check)
     return path
