@@ -100,6 +100,51 @@ def test_valid_tokens_never_depend_on_what_the_padding_holds():
     np.testing.assert_array_equal(predict(pooled, zeros), predict(pooled, noise))
 
 
+def test_a_naflex_model_takes_plain_images_and_transformers_processor_output_in_predict_evaluate_and_fit():
+    # Keras' JAX trainer calls the model's `call`, the other trainers its `__call__`: the trainers' entry points on
+    # every backend (`model(...)` itself, the same code everywhere, in the timm and transformers fixture tests). The
+    # model normalises its input by ImageNet's statistics, as the processor normalised pixel_values.
+    mean, std = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+    model = keras_vit.ViT(naflex=True, **dict(TINY, num_layers=1), classes=3, input_mean=mean, input_std=std)
+    for weight in model.weights:  # the head too, which starts at zero
+        weight.assign(np.random.default_rng(len(weight.path)).normal(0, 0.5, weight.shape).astype("float32"))
+    images = np.stack(images_of([(12, 20)] * 2, seed=11))
+    own = batch_of(list(images), 4, length=20)  # 15 patches each, then padding
+    pixels = ((own["patches"].reshape(2, 20, 16, 3) + 1) / 2 - mean) / std
+    processor = {"pixel_values": np.where(own["patch_mask"][..., None], pixels.reshape(2, 20, 48), 0).astype("float32"),
+                 "spatial_shapes": own["patch_grid"].astype("int64"),
+                 "pixel_attention_mask": own["patch_mask"].astype("int32")}  # as Siglip2ImageProcessor gives them
+    expected, labels = model.predict(own, verbose=0), np.array([0, 2])
+    loss = -np.log(expected[[0, 1], labels]).mean()
+    np.testing.assert_allclose(model.predict(images, verbose=0), expected, atol=1e-5, rtol=0)
+    model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy")
+    np.testing.assert_allclose(model.evaluate(processor, labels, verbose=0), loss, atol=1e-5, rtol=0)
+    history = model.fit(images, labels, batch_size=2, verbose=0).history  # its loss is before the step's update
+    np.testing.assert_allclose(history["loss"][0], loss, atol=1e-5, rtol=0)
+
+
+@pytest.mark.backend_independent
+def test_a_naflex_model_refuses_images_it_cannot_cut_in_one_line():
+    model = keras_vit.ViT(naflex=True, **TINY, classes=3)
+    for shape, message in [
+        ((1, 13, 16, 3),
+         "Image height 13 is not divisible by the patch size 4 (input shape (1, 13, 16, 3)); a NaFlex model cuts an "
+         "image batch into whole patches, as timm's NaFlexVit does: resize or crop the images to multiples of 4 "
+         "pixels, or cut each photo at its own size with keras_vit.data.naflex_batch."),
+        ((1, 3, 16, 16),
+         "Images of shape (1, 3, 16, 16) are not RGB channels-last (None, None, None, 3); they look channels-first "
+         "(batch, 3, height, width): transpose them with np.transpose(x, (0, 2, 3, 1))."),
+        ((16, 16, 3),
+         "Got one image of shape (16, 16, 3); the model takes a batch (None, None, None, 3): add a batch axis, e.g. "
+         "images[None]."),
+    ]:
+        images = np.zeros(shape, "float32")
+        for run in (lambda: model(images), lambda: model.predict(images, verbose=0)):
+            with pytest.raises(ValueError) as error:
+                run()
+            assert str(error.value) == message
+
+
 @pytest.mark.backend_independent
 def test_a_pretrained_fixed_size_model_runs_in_naflex_mode_on_its_own_grid():
     fixed = keras_vit.ViT(image_size=32, **SMALL, classifier_activation=None, weights=fixture("vit_token.npz"))
@@ -120,6 +165,8 @@ def test_naflex_model_round_trips_through_a_keras_file(tmp_path):
     loaded = keras.saving.load_model(path)
     batch = batch_of(images_of(SHAPES, seed=6), 4)
     np.testing.assert_array_equal(predict(loaded, batch), predict(model, batch))
+    images = np.stack(images_of([(12, 20)] * 2, seed=6))  # a plain image batch, as before saving
+    np.testing.assert_array_equal(predict(loaded, images), predict(model, images))
     layer = loaded.get_layer("position_embedding")
     assert (layer.interpolation, layer.antialias, layer.aspect_preserving) == ("bilinear", True, True)
 

@@ -157,14 +157,40 @@ def shifted_mask(mask):
     return mask
 
 
+def processor_batch(**changes):
+    """`small_batch` as transformers' Siglip2ImageProcessor gives one: its names, int64 grids, an int32 mask."""
+    batch = small_batch()
+    batch = {"pixel_values": batch["patches"], "spatial_shapes": batch["patch_grid"].astype("int64"),
+             "pixel_attention_mask": batch["patch_mask"].astype("int32")}
+    for key, change in changes.items():
+        batch[key] = change(batch[key])
+    return {key: value for key, value in batch.items() if value is not None}
+
+
+# Either layout's refusal names both layouts.
+LAYOUTS = ("pass keras_vit's ['patches', 'patch_grid', 'patch_mask'] (as keras_vit.data.naflex_batch makes them) or "
+           "transformers' Siglip2ImageProcessor's ['pixel_values', 'spatial_shapes', 'pixel_attention_mask'], the "
+           "three keys of one layout.")
+
+
 @pytest.mark.parametrize("batch, message", [
-    (without("patch_grid"),
-     "The NaFlex batch has no 'patch_grid' (its keys: ['patch_mask', 'patches']); add 'patch_grid': int32 (batch, 2), "
-     "each image's (rows, columns) of patches, as keras_vit.data.naflex_batch makes it."),
+    (without("patch_grid"), f"The NaFlex batch has no 'patch_grid' (its keys: ['patch_mask', 'patches']); {LAYOUTS}"),
     ({"patches": small_batch()["patches"], "patch_grid": small_batch()["patch_grid"],
       "pixel_attention_mask": small_batch()["patch_mask"]},
-     "The NaFlex batch has no 'patch_mask' (its keys: ['patch_grid', 'patches', 'pixel_attention_mask']); rename "
-     "'pixel_attention_mask' to 'patch_mask', as keras_vit.data.naflex_batch makes it."),
+     "The NaFlex batch mixes keras_vit's keys and transformers' (its keys: ['patch_grid', 'patches', "
+     f"'pixel_attention_mask']); {LAYOUTS}"),
+    (processor_batch(spatial_shapes=lambda g: None),
+     f"The NaFlex batch has no 'spatial_shapes' (its keys: ['pixel_attention_mask', 'pixel_values']); {LAYOUTS}"),
+    (small_batch()["patches"], f"A NaFlex batch is a dict, got ndarray; {LAYOUTS}"),
+    (processor_batch(pixel_attention_mask=lambda m: m * 2),
+     "pixel_attention_mask holds values other than 0 and 1 ([0, 2]); it is 1 on each image's patches and 0 on the "
+     "padding."),
+    (processor_batch(spatial_shapes=lambda g: np.array([[2, 2], [3, 4]])),
+     "pixel_attention_mask of image 1 marks 15 valid patches but its spatial_shapes (3, 4) has 12; the first "
+     "rows*cols positions must be 1 and the rest 0."),
+    (processor_batch(pixel_attention_mask=lambda m: m.astype("float32")),
+     "pixel_attention_mask must be integer or bool (batch, length), 1 for each image's first rows*columns positions "
+     "of shape (2, 16) as pixel_values, got float32 of shape (2, 16)."),
     (changed(patches=lambda p: np.zeros((2, 16, 27), "float32")),
      "patches hold 27 values each (patches of 3 pixels) but patch_size 4 takes 48 (4x4 pixels x 3 channels); cut the "
      "images with patch_size=4 or use a model of the patch size they were cut with."),
@@ -183,8 +209,21 @@ def shifted_mask(mask):
 ])
 def test_check_naflex_batch_names_the_problem_and_the_fix_in_one_line(batch, message):
     check_naflex_batch(small_batch(), 4)
+    check_naflex_batch(processor_batch(), 4)
     with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
         check_naflex_batch(batch, 4)
+
+
+def test_check_naflex_batch_takes_transformers_processor_output_as_it_comes():
+    # What Siglip2ImageProcessor gave (tools/make_naflex_hf_fixtures.py): float32 pixel_values, int64 spatial_shapes,
+    # an int32 pixel_attention_mask; its patches flattened in (row, column, channel) order, as keras_vit's.
+    with np.load(os.path.join(os.path.dirname(__file__), "fixtures", "transformers_siglip2_reference.npz")) as data:
+        batch = {key: data[f"transformers_siglip2_vision/11/{key}"] for key in ("pixel_values", "spatial_shapes",
+                                                                              "pixel_attention_mask")}
+    assert [str(batch[key].dtype) for key in batch] == ["float32", "int64", "int32"]
+    check_naflex_batch(batch, 4)
+    with pytest.raises(ValueError, match="^pixel_values hold 48 values each"):
+        check_naflex_batch(batch, 8)
 
 
 def test_docstring_examples_run():

@@ -242,8 +242,10 @@ def test_a_mask_that_disagrees_with_its_grid_in_backend_tensors_changes_no_outpu
      "patches hold 27 values each (patches of 3 pixels) but patch_size 4 takes 48 (4x4 pixels x 3 channels); cut "
      "the images with patch_size=4 or use a model of the patch size they were cut with."),
     (changed(patch_grid=lambda g: None),
-     "The NaFlex batch has no 'patch_grid' (its keys: ['patch_mask', 'patches']); add 'patch_grid': int32 (batch, "
-     "2), each image's (rows, columns) of patches, as keras_vit.data.naflex_batch makes it."),
+     "The NaFlex batch has no 'patch_grid' (its keys: ['patch_mask', 'patches']); pass keras_vit's ['patches', "
+     "'patch_grid', 'patch_mask'] (as keras_vit.data.naflex_batch makes them) or transformers' "
+     "Siglip2ImageProcessor's ['pixel_values', 'spatial_shapes', 'pixel_attention_mask'], the three keys of one "
+     "layout."),
 ])
 @pytest.mark.parametrize("entry", ["call", "predict", "fit", "eager tensors"])
 def test_naflex_model_refuses_a_bad_batch_with_its_one_line_message_before_any_compute(batch, message, entry):

@@ -1,9 +1,11 @@
-"""timm's NaFlexVit class: its folders read exactly (tokens and pooled outputs on mixed-aspect NaFlex batches), its
-architecture table, the refusals, `hf://timm/<arch>.<tag>` handles and `save_timm` back to NaFlexVit's layout.
+"""timm's NaFlexVit class: its folders read exactly (tokens and pooled outputs on mixed-aspect NaFlex batches, and
+outputs on plain image batches), its architecture table, the refusals, `hf://timm/<arch>.<tag>` handles and
+`save_timm` back to NaFlexVit's layout.
 
 The fixtures (`tools/make_naflex_timm_fixtures.py`) are tiny NaFlexVit models written by timm's `save_for_hf`,
-one per configuration kind of the 14 architectures, and timm's outputs on one batch from timm's own NaFlex eval
-pipeline: three aspect ratios (tall, wide, square) at two patch budgets, padded together.
+one per configuration kind of the 14 architectures, timm's outputs on one batch from timm's own NaFlex eval
+pipeline (three aspect ratios, tall, wide, square, at two patch budgets, padded together), and timm's outputs on a
+plain image batch (its standard mode).
 """
 
 import json
@@ -59,6 +61,20 @@ def test_loads_timm_naflexvit_with_exact_outputs_at_three_aspect_ratios_and_two_
     np.testing.assert_allclose(predict(model, BATCH), REFERENCE[f"{kind}/output"], atol=1e-5, rtol=0)
     prefix = model.architecture.num_prefix_tokens
     assert_valid_tokens_equal(predict(tokens_model(model), BATCH), REFERENCE[f"{kind}/tokens"], prefix)
+
+
+# The image batch is cut by the same keras.ops on every backend; the entry points that differ per backend (`call`
+# from JAX's trainer, `__call__` from the others) are tested on every backend in tests/test_naflex.py.
+# The kinds whose table resize differs (timm's fixture script stores every kind's): bilinear and bicubic anti-aliased,
+# aspect-preserving, RADIO's aligned corners, and the table's own grid.
+@pytest.mark.backend_independent
+@pytest.mark.parametrize("kind", ("siglip", "gap_registers", "par_gap", "radio_v3", "radio_v4_nonsquare"))
+def test_a_plain_image_batch_gives_timms_standard_mode_outputs(kind):
+    # timm's NaFlexVit takes (batch, 3, height, width) images too: it cuts them itself and resizes the table to their
+    # one grid (3 x 5 here; radio_v4_nonsquare's images are on its table's own 4 x 6 grid, which it adds unchanged).
+    images = REFERENCE.get(f"{kind}/standard_images", REFERENCE["standard_images"])
+    model = keras_vit.from_pretrained(folder(kind), classifier_activation=None)
+    np.testing.assert_allclose(predict(model, images), REFERENCE[f"{kind}/standard_output"], atol=1e-5, rtol=0)
 
 
 @pytest.mark.backend_independent

@@ -7,7 +7,7 @@ import shutil
 
 import numpy as np
 import pytest
-from conftest import fixture
+from conftest import fixture, predict
 
 import keras_vit
 from keras_vit import CheckpointError, cli
@@ -25,14 +25,20 @@ def reference():
         return dict(data)
 
 
+def processor_output(reference, case, budget):
+    """The processor's batch as it gave it: float32 pixel_values, int64 spatial_shapes, int32 pixel_attention_mask."""
+    return {key: reference[f"{case}/{budget}/{key}"] for key in ("pixel_values", "spatial_shapes",
+                                                                "pixel_attention_mask")}
+
+
 def naflex_inputs(reference, case, budget):
     """The processor's batch as keras_vit's NaFlex inputs: its pixel_values mapped back to [-1, 1]."""
     values = reference[f"{case}/{budget}/pixel_values"]
     channels = values.reshape(*values.shape[:2], -1, 3)  # (row, column, channel) order: channels last
     pixels = channels * reference[f"{case}/std"] + reference[f"{case}/mean"]
     return {"patches": (pixels * 2 - 1).reshape(values.shape).astype("float32"),
-            "patch_grid": reference[f"{case}/{budget}/spatial_shapes"],
-            "patch_mask": reference[f"{case}/{budget}/pixel_attention_mask"]}
+            "patch_grid": reference[f"{case}/{budget}/spatial_shapes"].astype("int32"),
+            "patch_mask": reference[f"{case}/{budget}/pixel_attention_mask"].astype(bool)}
 
 
 def images_of(batch):
@@ -92,6 +98,24 @@ def test_siglip2_folders_load_as_naflex_models_with_transformers_outputs(case, r
     got_tokens, got_pooled = run(both, batch)
     np.testing.assert_allclose(got_tokens[valid], tokens[valid], atol=1e-5, rtol=0)
     np.testing.assert_allclose(got_pooled, both_budgets(reference, case, "pooler_output"), atol=1e-5, rtol=0)
+
+
+# The processor's dict is mapped by the same keras.ops on every backend; the entry points that differ per backend are
+# tested on every backend in tests/test_naflex.py.
+@pytest.mark.backend_independent
+@pytest.mark.parametrize("case", CASES)
+def test_siglip2_models_take_their_processors_output_as_it_comes_with_transformers_outputs(case, reference):
+    # pixel_values normalised by the processor (ImageNet's statistics in transformers_siglip2), an int32 mask, int64
+    # grids: passed straight in.
+    model = keras_vit.from_pretrained(fixture(case))
+    key = "last_hidden_state" if case.endswith("no_head") else "pooler_output"
+    for budget in BUDGETS:
+        batch, expected = processor_output(reference, case, budget), reference[f"{case}/{budget}/{key}"]
+        got = predict(model, batch)
+        if key == "last_hidden_state":
+            valid = batch["pixel_attention_mask"].astype(bool)
+            got, expected = got[valid], expected[valid]
+        np.testing.assert_allclose(got, expected, atol=1e-5, rtol=0)
 
 
 @pytest.mark.backend_independent

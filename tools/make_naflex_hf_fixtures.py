@@ -23,7 +23,8 @@ outputs:
 `transformers_siglip2_reference.npz` keeps, for each case and each of two
 patch budgets (`BUDGETS`), the processor's output for three uint8 images of
 three aspect ratios (`IMAGE_SHAPES`: tall, wide, square) processed at once,
-`<case>/<budget>/{pixel_values, spatial_shapes, pixel_attention_mask}`, and
+`<case>/<budget>/{pixel_values, spatial_shapes, pixel_attention_mask}` with
+the processor's own dtypes (float32, int64, int32), and
 the vision tower's `last_hidden_state` and `pooler_output` (where it has a
 head) on them. `<case>/mean` and `<case>/std` are the processor's
 statistics, to map `pixel_values` back to keras_vit's [-1, 1]. The file
@@ -94,7 +95,6 @@ def write_case(seed, case, out):
     out[f"{case}/mean"], out[f"{case}/std"] = np.array(processor.image_mean), np.array(processor.image_std)
     for budget in BUDGETS:
         batch = dict(processor(images, max_num_patches=budget, return_tensors="np"))
-        batch["spatial_shapes"] = batch["spatial_shapes"].astype(np.int64)
         tokens, pooled = run(model, batch)
         tokens_again, pooled_again = run(again, batch)
         if not (np.array_equal(tokens, tokens_again) and (pooled is None or np.array_equal(pooled, pooled_again))):
@@ -104,9 +104,8 @@ def write_case(seed, case, out):
             raise AssertionError(f"{case}: budget {budget} gives grids {grids.tolist()}, valid {valid.tolist()}: "
                                  "three different grids and some padding are the point")
         prefix = f"{case}/{budget}/"
-        out[prefix + "pixel_values"] = batch["pixel_values"].astype(np.float32)
-        out[prefix + "spatial_shapes"] = grids.astype(np.int32)
-        out[prefix + "pixel_attention_mask"] = batch["pixel_attention_mask"].astype(bool)
+        for key in ("pixel_values", "spatial_shapes", "pixel_attention_mask"):  # as the processor gives them
+            out[prefix + key] = batch[key]
         out[prefix + "last_hidden_state"] = tokens
         if pooled is not None:
             out[prefix + "pooler_output"] = pooled

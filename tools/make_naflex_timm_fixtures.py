@@ -28,6 +28,16 @@ anti-aliasing) with a non-square 4 x 6 table, on its own batch
 grid in both orientations: timm adds the table unchanged where an image's
 grid is the table's, and resizes it to a square of the longer side
 elsewhere.
+
+Standard mode (`<kind>/standard_output`): timm's `model(images)` on a plain
+`(batch, 3, height, width)` batch of two random images (`STANDARD_SHAPE`, a
+3 x 5 grid, not the table's), which timm patchifies itself
+(`batch_patchify`) and gives the table resized to that one grid;
+`radio_v4_nonsquare` on images of its table's own 4 x 6 grid
+(`radio_v4_nonsquare/standard_images`). `standard_images` keeps the
+images channels-last in [-1, 1], as keras_vit takes them. A size the patch
+does not divide is refused by timm's linear patch embedding (checked here,
+not stored).
 """
 
 import json
@@ -47,6 +57,7 @@ REFERENCE = os.path.join(FIXTURES, "timm_naflex_reference.npz")
 PATCH = 4
 BUDGETS = (6, 16)
 IMAGE_SHAPES = ((44, 16), (12, 40), (24, 24))  # tall, wide, square (height, width)
+STANDARD_SHAPE = (12, 20)  # a plain image batch: a 3 x 5 grid of 4-pixel patches
 TINY = dict(patch_size=PATCH, embed_dim=16, num_heads=2)
 # kind -> (architecture, model_args over its NaFlexVitCfg)
 KINDS = {
@@ -65,6 +76,7 @@ OWN_BATCH_KINDS = {
     "radio_v4_nonsquare": ("naflexvit_so400m_patch16_radio_v4", dict(TINY, depth=1, pos_embed_grid_size=(4, 6)),
                            (24, 12), ((16, 24), (24, 16), (20, 20))),  # at 24 patches: grids 4x6, 6x4, 4x4
 }
+OWN_STANDARD_SHAPES = {"radio_v4_nonsquare": (16, 24)}  # its table's own 4 x 6 grid
 
 
 def naflex_batch(budgets=BUDGETS, shapes=IMAGE_SHAPES):
@@ -91,7 +103,13 @@ def as_keras_vit(patches, coord, valid):
             "patch_mask": valid.numpy()}
 
 
-def write_kind(kind, arch, args, patches, coord, valid, arrays):
+def standard_images(shape, seed):
+    """Two random images `(2, 3, height, width)` in [0, 1] (timm's layout), and channels-last in [-1, 1]."""
+    images = torch.rand((2, 3, *shape), generator=torch.Generator().manual_seed(seed))
+    return images, (images.permute(0, 2, 3, 1).numpy() * 2 - 1).astype("float32")
+
+
+def write_kind(kind, arch, args, patches, coord, valid, arrays, images):
     """timm's model of `arch` with random values, saved by `save_for_hf`, and its outputs on the batch."""
     import timm
     from timm.models._hub import save_for_hf
@@ -108,6 +126,14 @@ def write_kind(kind, arch, args, patches, coord, valid, arrays):
     with torch.no_grad():
         arrays[f"{kind}/output"] = model(inputs).numpy()
         arrays[f"{kind}/tokens"] = model.forward_features(**inputs)["patches"].numpy()
+        mean, std = (torch.tensor(config["pretrained_cfg"][key])[:, None, None] for key in ("mean", "std"))
+        arrays[f"{kind}/standard_output"] = model((images - mean) / std).numpy()
+        try:  # timm's linear patch embedding refuses an image the patch does not divide
+            model(torch.zeros((1, 3, images.shape[2] + 1, images.shape[3])))
+        except RuntimeError:
+            pass
+        else:
+            raise AssertionError(f"{kind}: timm took an image the patch does not divide")
     print(kind, arch, arrays[f"{kind}/output"].shape, arrays[f"{kind}/tokens"].shape)
 
 
@@ -115,12 +141,14 @@ def main():
     shutil.rmtree(OUT, ignore_errors=True)
     patches, coord, valid = naflex_batch()
     arrays = as_keras_vit(patches, coord, valid)
+    images, arrays["standard_images"] = standard_images(STANDARD_SHAPE, 1)
     for kind, (arch, args) in KINDS.items():
-        write_kind(kind, arch, args, patches, coord, valid, arrays)
+        write_kind(kind, arch, args, patches, coord, valid, arrays, images)
     for kind, (arch, args, budgets, shapes) in OWN_BATCH_KINDS.items():
         own = naflex_batch(budgets, shapes)
         arrays.update({f"{kind}/{key}": value for key, value in as_keras_vit(*own).items()})
-        write_kind(kind, arch, args, *own, arrays)
+        own_images, arrays[f"{kind}/standard_images"] = standard_images(OWN_STANDARD_SHAPES[kind], 2)
+        write_kind(kind, arch, args, *own, arrays, own_images)
         print(kind, "grids", arrays[f"{kind}/patch_grid"].tolist())
     np.savez_compressed(REFERENCE, **arrays)
     print("grids", arrays["patch_grid"].tolist(), "->", REFERENCE)

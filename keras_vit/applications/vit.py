@@ -148,9 +148,11 @@ def ViT(
             (with `"bicubic"`, timm's `dynamic_img_size`); default as above.
         naflex: take NaFlex batches (`keras_vit.layers.naflex`: images of
             any aspect ratio and size as padded patch sequences, each with
-            its own grid) instead of images, as timm's `use_naflex=True`;
-            default the checkpoint's (timm's NaFlexVit, transformers'
-            Siglip2), else False. Any fixed-size model's weights run so.
+            its own grid), as timm's `use_naflex=True`, and also
+            transformers' Siglip2 processor output and plain image batches
+            of any size in whole patches; default the checkpoint's (timm's
+            NaFlexVit, transformers' Siglip2), else False. Any fixed-size
+            model's weights run so.
         naflex_patch_sizes: with `naflex`, other square patch sizes the
             model takes besides `patch_size`, its patch kernel resampled to
             each (FlexiViT; `naflex_batches.NaFlexBatches(patch_sizes=...)`

@@ -11,7 +11,11 @@ as one padded sequence of patches. `naflex_batch` makes it:
 
 the layout of transformers' `Siglip2ImageProcessor` (`pixel_values`,
 `spatial_shapes`, `pixel_attention_mask`) and timm's `NaFlexCollator`
-(`patches`, `patch_coord`, `patch_valid`).
+(`patches`, `patch_coord`, `patch_valid`). A NaFlex model and
+`check_naflex_batch` take the processor's dict as it comes too
+(`TRANSFORMERS_LAYOUT`: its names, an int mask, int64 grids, and
+`pixel_values` normalised by the processor's statistics, which the model
+reads as its own input normalisation's).
 
 Sizes (`naflex_image_size`): the largest scale whose sides, each rounded up
 to whole patches (at least one), give at most `max_patches` patches, found by
@@ -60,14 +64,20 @@ DEFAULT_BUCKETS = (128, 256, 576, 784, 1024)
 KERAS_VIT_PREPROCESSING = {"rule": "siglip2", "max_patches": 256, "interpolation": "bilinear"}
 # The binary search's threshold on the scale, as both libraries set it.
 _EPS = 1e-5
-# What each key holds, for the refusals; and the names transformers and timm give a key.
+# What each key holds, for the refusals: keras_vit's layout, and transformers' Siglip2ImageProcessor's (the same
+# three in the same order).
 LAYOUT = {
     "patches": "float32 (batch, length, patch*patch*3) patches in [-1, 1]",
     "patch_grid": "int32 (batch, 2), each image's (rows, columns) of patches",
     "patch_mask": "bool (batch, length), True for each image's first rows*columns positions",
 }
-_OTHER_NAMES = {"pixel_values": "patches", "spatial_shapes": "patch_grid", "pixel_attention_mask": "patch_mask",
-                "patch_valid": "patch_mask"}
+TRANSFORMERS_LAYOUT = {
+    "pixel_values": "float32 (batch, length, patch*patch*3) patches, normalised by the model's processor",
+    "spatial_shapes": "integer (batch, 2), each image's (rows, columns) of patches",
+    "pixel_attention_mask": "integer or bool (batch, length), 1 for each image's first rows*columns positions",
+}
+_LAYOUTS = (f"keras_vit's {list(LAYOUT)} (as keras_vit.data.naflex_batch makes them) or transformers' "
+            f"Siglip2ImageProcessor's {list(TRANSFORMERS_LAYOUT)}, the three keys of one layout")
 
 
 def naflex_image_size(height, width, patch_size, max_patches, rule="siglip2"):
@@ -225,51 +235,71 @@ def naflex_preprocessing(preprocessing=None, max_patches=None, interpolation=Non
     return chosen
 
 
+def naflex_keys(batch):
+    """The batch's names for `(patches, patch_grid, patch_mask)`: keras_vit's (`LAYOUT`) or transformers'
+    (`TRANSFORMERS_LAYOUT`); a batch that is not a dict, lacks a key of its layout or mixes the two is refused in
+    one line.
+
+    Example:
+    >>> naflex_keys({"pixel_values": 0, "spatial_shapes": 0, "pixel_attention_mask": 0})
+    ('pixel_values', 'spatial_shapes', 'pixel_attention_mask')
+    """
+    if not hasattr(batch, "keys"):
+        raise ValueError(f"A NaFlex batch is a dict, got {type(batch).__name__}; pass {_LAYOUTS}.")
+    keys = set(batch.keys())
+    if keys & set(LAYOUT) and keys & set(TRANSFORMERS_LAYOUT):
+        problem = "mixes keras_vit's keys and transformers'"
+    else:
+        names = tuple(TRANSFORMERS_LAYOUT if keys & set(TRANSFORMERS_LAYOUT) else LAYOUT)
+        missing = [name for name in names if name not in keys]
+        if not missing:
+            return names
+        problem = f"has no {' nor '.join(repr(name) for name in missing)}"
+    raise ValueError(f"The NaFlex batch {problem} (its keys: {sorted(map(str, keys))}); pass {_LAYOUTS}.")
+
+
 def check_naflex_shapes(batch, patch_size):
     """`check_naflex_batch` on the keys, shapes and dtypes alone: arrays, tensors or `keras.KerasTensor`s.
 
-    An unknown size (None, as a traced or symbolic tensor has) passes; returns the keys in the layout's order.
-    `patch_size` may be a tuple of the sizes a model takes (`naflex_patch_sizes`); None takes any square size.
+    An unknown size (None, as a traced or symbolic tensor has) passes; returns the batch's names for `(patches,
+    patch_grid, patch_mask)` (`naflex_keys`). `patch_size` may be a tuple of the sizes a model takes
+    (`naflex_patch_sizes`); None takes any square size.
     """
-    if not hasattr(batch, "keys"):
-        raise ValueError(f"A NaFlex batch is a dict of {list(LAYOUT)}, got {type(batch).__name__}; make it with "
-                         "keras_vit.data.naflex_batch.")
-    for key, holds in LAYOUT.items():
-        if key not in batch:
-            other = next((name for name, ours in _OTHER_NAMES.items() if ours == key and name in batch), None)
-            fix = f"rename {other!r} to {key!r}" if other else f"add {key!r}: {holds}"
-            raise ValueError(f"The NaFlex batch has no {key!r} (its keys: {sorted(batch.keys())}); {fix}, as "
-                             "keras_vit.data.naflex_batch makes it.")
-    patches, grid, mask = (batch[key] if hasattr(batch[key], "shape") else np.asarray(batch[key]) for key in LAYOUT)
+    names = naflex_keys(batch)
+    ours = names == tuple(LAYOUT)
+    holds = dict(zip(names, (LAYOUT if ours else TRANSFORMERS_LAYOUT).values()))
+    patches_name, grid_name, mask_name = names
+    patches, grid, mask = (batch[key] if hasattr(batch[key], "shape") else np.asarray(batch[key]) for key in names)
     (shape, dtype), (grid_shape, grid_dtype), (mask_shape, mask_dtype) = (_shape_and_dtype(x) for x in
                                                                           (patches, grid, mask))
     sizes = None if patch_size is None else tuple(
         _positive(size, "patch_size") for size in (patch_size if isinstance(patch_size, (tuple, list)) else
                                                    (patch_size,)))
     if len(shape) != 3 or not np.issubdtype(dtype, np.floating):
-        raise ValueError(f"patches must be {LAYOUT['patches']}, got {dtype} of shape {shape}.")
+        raise ValueError(f"{patches_name} must be {holds[patches_name]}, got {dtype} of shape {shape}.")
     side = None if shape[-1] is None else math.isqrt(shape[-1] // 3)
     if sizes is None and side is not None and 3 * side * side != shape[-1]:
-        raise ValueError(f"patches hold {shape[-1]} values each, which no square patch of 3 channels has "
+        raise ValueError(f"{patches_name} hold {shape[-1]} values each, which no square patch of 3 channels has "
                          "(patch_size * patch_size * 3); cut the images with keras_vit.data.naflex_batch.")
     if sizes is not None and side is not None and shape[-1] not in [size * size * 3 for size in sizes]:
         seen = f" (patches of {side} pixels)" if 3 * side * side == shape[-1] else ""
         patch = sizes[0]
         if len(sizes) == 1:
-            raise ValueError(f"patches hold {shape[-1]} values each{seen} but patch_size {patch} takes "
+            raise ValueError(f"{patches_name} hold {shape[-1]} values each{seen} but patch_size {patch} takes "
                              f"{patch * patch * 3} ({patch}x{patch} pixels x 3 channels); cut the images with "
                              f"patch_size={patch} or use a model of the patch size they were cut with.")
-        raise ValueError(f"patches hold {shape[-1]} values each{seen} but the model takes patches of "
+        raise ValueError(f"{patches_name} hold {shape[-1]} values each{seen} but the model takes patches of "
                          f"{', '.join(str(size) for size in sizes)} pixels (patch_size * patch_size * 3 values); cut "
                          f"the images with one of them.")
     if not _same_shape(grid_shape, (shape[0], 2)) or not np.issubdtype(grid_dtype, np.integer):
         images = "" if shape[0] is None else f" for {shape[0]} images"
-        raise ValueError(f"patch_grid must be {LAYOUT['patch_grid']}{images}, got {grid_dtype} "
-                         f"of shape {grid_shape}.")
-    if not _same_shape(mask_shape, shape[:2]) or mask_dtype != bool:
-        raise ValueError(f"patch_mask must be {LAYOUT['patch_mask']} of shape {shape[:2]} as patches, got "
-                         f"{mask_dtype} of shape {mask_shape}; a 0/1 mask is mask.astype(bool).")
-    return tuple(LAYOUT)
+        raise ValueError(f"{grid_name} must be {holds[grid_name]}{images}, got {grid_dtype} of shape {grid_shape}.")
+    if not _same_shape(mask_shape, shape[:2]) or not (mask_dtype == bool or (
+            not ours and np.issubdtype(mask_dtype, np.integer))):
+        raise ValueError(f"{mask_name} must be {holds[mask_name]} of shape {shape[:2]} as {patches_name}, got "
+                         f"{mask_dtype} of shape {mask_shape}" + ("; a 0/1 mask is mask.astype(bool)." if ours else
+                                                                  "."))
+    return names
 
 
 def _shape_and_dtype(x):
@@ -284,26 +314,33 @@ def _same_shape(found, expected):
 
 
 def check_naflex_batch(batch, patch_size):
-    """Raise a one-line ValueError naming what is wrong with a NaFlex batch (the module's layout), and the fix."""
-    patches, grid, mask = (np.asarray(batch[key]) for key in check_naflex_shapes(batch, patch_size))
+    """Raise a one-line ValueError naming what is wrong with a NaFlex batch (the module's layout, or transformers'
+    processor's), and the fix."""
+    names = check_naflex_shapes(batch, patch_size)
+    patches, grid, mask = (np.asarray(batch[key]) for key in names)
+    _, grid_name, mask_name = names
+    on, off = ("True", "False") if mask.dtype == bool else ("1", "0")
+    if mask.dtype != bool and not np.isin(mask, (0, 1)).all():
+        raise ValueError(f"{mask_name} holds values other than 0 and 1 ({np.unique(mask)[:5].tolist()}); it is 1 on "
+                         "each image's patches and 0 on the padding.")
     length = patches.shape[1]
-    for index, ((rows, columns), flags) in enumerate(zip(grid.tolist(), mask)):
+    for index, ((rows, columns), flags) in enumerate(zip(grid.tolist(), mask.astype(bool))):
         count, marked = rows * columns, int(flags.sum())
         if rows < 1 or columns < 1:
-            raise ValueError(f"patch_grid of image {index} is ({rows}, {columns}); each image has at least one row "
+            raise ValueError(f"{grid_name} of image {index} is ({rows}, {columns}); each image has at least one row "
                              "and one column of patches.")
         if count > length:
-            raise ValueError(f"patch_grid of image {index} is ({rows}, {columns}), {count} patches, more than the "
+            raise ValueError(f"{grid_name} of image {index} is ({rows}, {columns}), {count} patches, more than the "
                              f"sequence's {length} positions; pad the batch to at least {count} or resize the image "
                              "to fewer patches (naflex_image_size).")
         if marked != count:
-            raise ValueError(f"patch_mask of image {index} marks {marked} valid patches but its patch_grid "
-                             f"({rows}, {columns}) has {count}; the first rows*cols positions must be True and the "
-                             "rest False.")
+            raise ValueError(f"{mask_name} of image {index} marks {marked} valid patches but its {grid_name} "
+                             f"({rows}, {columns}) has {count}; the first rows*cols positions must be {on} and the "
+                             f"rest {off}.")
         if not flags[:count].all():
-            raise ValueError(f"patch_mask of image {index} marks {marked} valid patches, as its patch_grid "
+            raise ValueError(f"{mask_name} of image {index} marks {marked} valid patches, as its {grid_name} "
                              f"({rows}, {columns}) says, but not the first {count} positions; the first rows*cols "
-                             "positions must be True and the rest False.")
+                             f"positions must be {on} and the rest {off}.")
 
 
 def _check_rule(rule):

@@ -39,14 +39,21 @@ class InputNormalization(keras.layers.Layer):
         self.mean = tuple(float(value) for value in mean)
         self.std = tuple(float(value) for value in std)
 
-    def call(self, images):
-        images = ops.cast(images, self.compute_dtype)
+    def call(self, images):  # ((x + 1) / 2 - mean) / std
+        return self._affine(images, [0.5 / std for std in self.std],
+                            [(0.5 - mean) / std for mean, std in zip(self.mean, self.std)])
+
+    def undo(self, values):
+        """`values` normalised as this layer normalises (transformers' `pixel_values`), back in [-1, 1]."""
+        return self._affine(values, [2 * std for std in self.std], [2 * mean - 1 for mean in self.mean])
+
+    def _affine(self, values, scale, shift):
+        """`values * scale + shift`, per channel, in one multiply-add."""
+        values = ops.cast(values, self.compute_dtype)
         # NaFlex patches flatten (row, column, channel): the statistics repeat once per pixel along the last axis.
-        repeats = images.shape[-1] // len(self.mean)
-        scale = ops.convert_to_tensor([0.5 / value for value in self.std] * repeats, dtype=self.compute_dtype)
-        shift = ops.convert_to_tensor([(0.5 - mean) / std for mean, std in zip(self.mean, self.std)] * repeats,
-                                      dtype=self.compute_dtype)
-        return images * scale + shift  # ((x + 1) / 2 - mean) / std, in one multiply-add
+        repeats = values.shape[-1] // len(self.mean)
+        return values * ops.convert_to_tensor(scale * repeats, dtype=self.compute_dtype) + \
+            ops.convert_to_tensor(shift * repeats, dtype=self.compute_dtype)
 
     def compute_output_shape(self, input_shape):
         return input_shape

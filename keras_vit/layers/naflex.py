@@ -12,6 +12,10 @@ transformers' `Siglip2ImageProcessor`:
   length; which tokens are valid it reads from `patch_grid`, the one
   place that says it (`NaFlexTokenMask`).
 
+A NaFlex model takes a plain image batch `(batch, height, width, 3)` too,
+as timm's `NaFlexVit` does (its standard mode): `NaFlexImagePatches` cuts
+it into this layout, every image on its whole grid.
+
 `NaFlexPatchEmbedding` projects the cut patches with the kernel of
 `PatchEmbedding` (the same weight, so a fixed-size model's weights run
 here unchanged); `NaFlexPositionEmbedding` resizes the position table to
@@ -55,6 +59,52 @@ def token_grid_indices(tokens, patch_grid):
     rows, cols = grid[:, 0:1], grid[:, 1:2]
     row = ops.floor(index / cols)
     return ops.minimum(row, rows - 1.0), index - row * cols
+
+
+@keras.saving.register_keras_serializable(package="keras_vit")
+class NaFlexImagePatches(keras.layers.Layer):
+    """A plain image batch `(batch, height, width, channels)` as a NaFlex batch: each image on its whole grid.
+
+    timm's `NaFlexVit` standard mode (`batch_patchify`): the patches in
+    row-major order, each flattened in (row, column, channel) order, every
+    image's grid `(height / P, width / P)`, no padding. The sizes must be
+    whole patches (timm's linear patch embedding refuses others; the
+    model's input check names them).
+
+    Example:
+    >>> import numpy as np
+    >>> batch = NaFlexImagePatches(patch_size=4)(np.zeros((2, 8, 12, 3)))
+    >>> tuple(batch["patches"].shape), np.asarray(batch["patch_grid"]).tolist(), tuple(batch["patch_mask"].shape)
+    ((2, 6, 48), [[2, 3], [2, 3]], (2, 6))
+    """
+
+    def __init__(self, patch_size, **kwargs):
+        super().__init__(**kwargs)
+        # === Config ===
+        self.patch_size = as_pair(patch_size, "patch_size")
+
+    def call(self, images):
+        (height, width), shape = self.patch_size, ops.shape(images)  # sizes a traced graph knows only at run time
+        rows, cols, channels = shape[1] // height, shape[2] // width, shape[3]
+        blocks = ops.reshape(images, (-1, rows, height, cols, width, channels))
+        patches = ops.reshape(ops.transpose(blocks, (0, 1, 3, 2, 4, 5)), (-1, rows * cols, height * width * channels))
+        ones = ops.ones_like(patches[:, :, 0], dtype="int32")
+        grid = ops.stack([ones[:, 0] * rows, ones[:, 0] * cols], axis=1)
+        return {"patches": patches, "patch_grid": grid, "patch_mask": ops.cast(ones, "bool")}
+
+    def compute_output_spec(self, images):
+        batch, image_height, image_width, channels = images.shape
+        (height, width) = self.patch_size
+        count = None if image_height is None or image_width is None else \
+            (image_height // height) * (image_width // width)
+        return {"patches": keras.KerasTensor((batch, count, height * width * channels), dtype=images.dtype),
+                "patch_grid": keras.KerasTensor((batch, 2), dtype="int32"),
+                "patch_mask": keras.KerasTensor((batch, count), dtype="bool")}
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(patch_size=self.patch_size)
+        return config
 
 
 @keras.saving.register_keras_serializable(package="keras_vit")

@@ -6,6 +6,7 @@ checks the images at every entry point and carries its own description
 """
 
 import numbers
+from collections.abc import Mapping
 
 import keras
 import numpy as np
@@ -13,6 +14,7 @@ import numpy as np
 from keras_vit.data import preprocessing
 from keras_vit.data.naflex import check_naflex_batch, check_naflex_shapes, naflex_preprocessing
 from keras_vit.layers import kernels
+from keras_vit.layers.naflex import NAFLEX_INPUTS, NaFlexImagePatches
 from keras_vit.model import deployment
 from keras_vit.model.description import describe, is_naflex, native_grid, read_description, sizes_of
 from keras_vit.utils.keras_internals import keep_variables_on_error, with_numpy_outputs
@@ -96,7 +98,10 @@ class VisionTransformer(keras.Model):
     weights back before it raises. A NaFlex model checks its batch's keys and
     shapes there, and the values of a batch of numpy arrays
     (`keras_vit.data.check_naflex_batch`) before `__call__`, `fit`,
-    `evaluate` and `predict` compute anything.
+    `evaluate` and `predict` compute anything. It takes, at every entry
+    point, the inputs users already have (`_graph_inputs`): its own NaFlex
+    batch, transformers' `Siglip2ImageProcessor` output as it comes, or a
+    plain image batch, as timm's `NaFlexVit` does.
 
     Example:
     >>> import numpy as np, keras_vit
@@ -167,24 +172,23 @@ class VisionTransformer(keras.Model):
 
     def __call__(self, *args, **kwargs):
         if args:
-            self._check_images(args[0])
-            self._check_naflex_values(args[0])
+            x = _plain_dict(args[0])
+            self._check_naflex_values(x)
+            args = (self._graph_inputs(x), *args[1:])
         return super().__call__(*args, **kwargs)
 
     def fit(self, x=None, *args, **kwargs):
-        self._check_naflex_values(x)
+        x = self._check_naflex_values(_plain_dict(x))
         validation = kwargs.get("validation_data")
         if isinstance(validation, (tuple, list)) and validation:
-            self._check_naflex_values(validation[0])
+            kwargs["validation_data"] = (self._check_naflex_values(_plain_dict(validation[0])), *validation[1:])
         return super().fit(x, *args, **kwargs)
 
     def evaluate(self, x=None, *args, **kwargs):
-        self._check_naflex_values(x)
-        return super().evaluate(x, *args, **kwargs)
+        return super().evaluate(self._check_naflex_values(_plain_dict(x)), *args, **kwargs)
 
     def predict(self, x, *args, **kwargs):
-        self._check_naflex_values(x)
-        return super().predict(x, *args, **kwargs)
+        return super().predict(self._check_naflex_values(_plain_dict(x)), *args, **kwargs)
 
     def export(self, filepath, format="tf_saved_model", verbose=None, input_signature=None, **kwargs):
         """Keras' `export`, with a dynamic batch in every format and ONNX on every backend (`keras_vit.model.deployment`).
@@ -198,7 +202,7 @@ class VisionTransformer(keras.Model):
     def call(self, inputs, *args, **kwargs):
         # Keras' JAX trainer calls `call` directly, without the input check of `__call__`: every entry point and
         # every kind of data (arrays, tf.data, PyDataset, generators) reaches the model here with its real shape.
-        self._check_images(inputs)
+        inputs = self._graph_inputs(inputs)
         # The layers' policy (the model itself is built without one): float32 products for a float32 model.
         with kernels.float32_matmuls(self.get_layer("embedding").compute_dtype):
             return super().call(inputs, *args, **kwargs)
@@ -220,27 +224,51 @@ class VisionTransformer(keras.Model):
         return self.predict_function
 
     def _check_naflex_values(self, x):
-        """A NaFlex model refuses a batch of numpy arrays that `check_naflex_batch` refuses, before any compute.
+        """A NaFlex model refuses a batch of numpy arrays that `check_naflex_batch` refuses, before any compute;
+        returns `x`.
 
         Only numpy arrays: the trainers hand each step eager tensors, whose values a check would copy off the
         device at every step; `call` checks every batch's keys and shapes.
         """
-        arrays = all(isinstance(x[key], np.ndarray) for key in x) if hasattr(x, "keys") else isinstance(x, np.ndarray)
-        if arrays and is_naflex(self):
+        if hasattr(x, "keys") and all(isinstance(x[key], np.ndarray) for key in x) and is_naflex(self):
             check_naflex_batch(x, self.get_layer("embedding").patch_sizes)
+        return x
+
+    def _graph_inputs(self, x):
+        """`x` checked (`_check_images`), as the graph takes it.
+
+        A NaFlex model's graph takes its own batch (`keras_vit.layers.naflex`); it is also given transformers'
+        processor's dict (`keras_vit.data.naflex.TRANSFORMERS_LAYOUT`: its keys and dtypes mapped, `pixel_values`
+        taken back to [-1, 1] by the model's own input normalisation, which is the processor's), or a plain image
+        batch, cut into every image's whole grid (`NaFlexImagePatches`), as timm's NaFlexVit takes it.
+        """
+        naflex = is_naflex(self)
+        if not naflex or not hasattr(x, "keys"):
+            self._check_images(x)
+            return NaFlexImagePatches(self.get_layer("embedding").patch_size, dtype="float32")(x) if naflex else x
+        names = check_naflex_shapes(x, self.get_layer("embedding").patch_sizes)
+        if names == NAFLEX_INPUTS:
+            return x
+        patches, grid, mask = (x[name] for name in names)
+        normalization = next((layer for layer in self.layers if layer.name == "input_normalization"), None)
+        patches = keras.ops.cast(patches, "float32") if normalization is None else normalization.undo(patches)
+        return {"patches": patches, "patch_grid": keras.ops.cast(grid, "int32"),
+                "patch_mask": keras.ops.cast(mask, "bool")}
 
     def _check_images(self, x):
         """Refuse another image size, or a grayscale or channels-first batch, with a message that says so.
 
-        A NaFlex model's batch is checked by `check_naflex_shapes` instead: its keys, shapes and dtypes.
+        A NaFlex model's plain image batch is checked as a dynamic-resolution model's images (its NaFlex batch by
+        `check_naflex_shapes`).
         """
-        if is_naflex(self):
-            check_naflex_shapes(x, self.get_layer("embedding").patch_sizes)
-            return
-        if len(self.inputs) != 1:
+        naflex = is_naflex(self)
+        if len(self.inputs) != 1 and not naflex:
             return
         found = _images_shape(x)
-        expected = tuple(self.inputs[0].shape)
+        expected = (None, None, None, 3) if naflex else tuple(self.inputs[0].shape)
+        if naflex and found is None:
+            raise ValueError(f"A NaFlex model takes a NaFlex batch (a dict) or images {expected}, got "
+                             f"{type(x).__name__}.")
         if found is None or len(expected) != 4:
             return
         if len(found) == 3 and found[-1] in (1, 3, 4):
@@ -259,19 +287,29 @@ class VisionTransformer(keras.Model):
         if len(found) == 4 and expected[1:3] == DYNAMIC:
             # A TensorFlow graph traced with unknown sizes cannot check them; a "valid" convolution would crop,
             # which only a model built with drop_remainder=True asks for.
-            sizes, crop = sizes_of(self), self.get_layer("embedding").drop_remainder
+            sizes, crop = sizes_of(self), not naflex and self.get_layer("embedding").drop_remainder
             for size, axis in zip(found[1:3], ("height", "width")):
                 if size is not None and (size < sizes.pixels_per_patch if crop else size % sizes.pixels_per_patch):
                     what = f"the patch size {sizes.patch_size}" if sizes.resnet_layers is None else \
                         f"the {sizes.pixels_per_patch} pixels one patch spans"
+                    fix = ("; a NaFlex model cuts an image batch into whole patches, as timm's NaFlexVit does: resize "
+                           f"or crop the images to multiples of {sizes.patch_size} pixels, or cut each photo at its "
+                           "own size with keras_vit.data.naflex_batch") if naflex else ""
                     raise ValueError(f"Image {axis} {size} is {'smaller than' if crop else 'not divisible by'} {what} "
-                                     f"(input shape {found}).")
+                                     f"(input shape {found}){fix}.")
         compatible = len(found) == 4 and all(e is None or f is None or e == f for e, f in zip(expected, found))
+        if not compatible and naflex:
+            raise ValueError(f"A NaFlex model takes a NaFlex batch (a dict) or images {expected}, got shape {found}.")
         if not compatible:
             raise ValueError(
                 f"Input 0 with name '{self.inputs[0].name}' of layer '{self.name}' is incompatible with the layer: "
                 f"expected shape={expected}, found shape={found}"
             )
+
+
+def _plain_dict(x):
+    """A mapping that is not a dict (transformers' `BatchFeature`) as a dict, which Keras' data adapters take."""
+    return dict(x) if isinstance(x, Mapping) and not isinstance(x, dict) else x
 
 
 def _images_shape(x):
