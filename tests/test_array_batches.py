@@ -281,6 +281,24 @@ def test_an_image_folder_reads_the_same_without_tensorflow(tmp_path, monkeypatch
 
 
 @pytest.mark.backend_independent
+def test_an_evaluation_batch_of_only_undecodable_files_is_refused_not_empty(tmp_path):
+    # An empty batch made Keras' evaluate report a NaN loss (JAX, torch) and a wrong accuracy (JAX) for the whole pass.
+    from PIL import Image
+
+    paths = [str(tmp_path / f"{index}.png") for index in range(3)]
+    for path in paths:
+        Image.fromarray(np.full((20, 24, 3), 128, "uint8")).save(path)
+    with open(paths[2], "r+b") as f:  # its header still reads; its pixels do not
+        f.truncate(60)
+    source = data.Source(None, 3, 2, examples=(paths, np.array([0, 1, 1])))
+    batches = array_batches.ArrayBatches(source, (16, 16), 2, training=False)
+    assert batches[0][0].shape == (2, 16, 16, 3)
+    with pytest.raises(ValueError) as error:
+        batches[1]
+    assert str(error.value) == f"No image of evaluation batch 1 can be decoded ({paths[2]}); remove them from the set."
+
+
+@pytest.mark.backend_independent
 @pytest.mark.parametrize("layer", ["MixUp", "CutMix"])
 def test_mixup_and_cutmix_refuse_integer_labels_on_both_pipelines(digits, monkeypatch, layer):
     # Keras' layers mix one-hot labels; integer ones came out as a (batch, batch) matrix, with no word.

@@ -130,8 +130,11 @@ class ArrayBatches(keras.utils.PyDataset):
         positions = range(index * self.batch_size, min((index + 1) * self.batch_size, len(self.labels)))
         examples = [self.example(position) for position in positions]
         examples = [example for example in examples if example is not None]  # evaluation leaves out broken files
-        images = (np.stack([image for image, _ in examples]) if examples
-                  else np.zeros((0, *self.size, 3), self.pixel_dtype))
+        if not examples and positions:  # a batch of no rows, whose loss Keras' mean makes NaN for the whole pass
+            raise ValueError(f"No image of evaluation batch {index} can be decoded "
+                             f"({', '.join(str(self.images[position]) for position in positions)}); remove them "
+                             "from the set.")
+        images = np.stack([image for image, _ in examples])
         labels = self.labels[[row for _, row in examples]]
         if self.one_hot:
             labels = np.eye(self.num_classes, dtype="float32")[labels]
