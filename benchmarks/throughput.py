@@ -199,14 +199,15 @@ def keras_device_forward(net, jit_compile):
         import jax
 
         forward = jax.jit(lambda trainable, other, x: net.stateless_call(trainable, other, x, training=False)[0])
-        info = {}
+        info, compiled = {}, []
 
         def step(x):
             # Read at each step: Keras' own predict step donates the variables' buffers and replaces them.
             variables = ([v.value for v in net.trainable_variables], [v.value for v in net.non_trainable_variables])
-            if "attention" not in info:
-                info["attention"] = attention_kernel(forward.lower(*variables, x).compile().as_text())
-            return forward(*variables, x)
+            if not compiled:  # compiled once, and read for its attention kernel
+                compiled.append(forward.lower(*variables, x).compile())
+                info["attention"] = attention_kernel(compiled[0].as_text())
+            return compiled[0](*variables, x)
 
         return step, info
     if backend == "torch":

@@ -467,11 +467,12 @@ def test_float32_models_trace_float32_products_on_a_jax_gpu(monkeypatch, policy)
         pytest.skip("XLA's TF32 default is JAX's")
     import jax
 
-    def precisions(platform):
+    model = ViT(image_size=16, patch_size=8, hidden_size=16, num_layers=1, num_heads=2, mlp_dim=32, classes=3,
+                dtype=policy)
+    values = ([v.value for v in model.trainable_variables], [v.value for v in model.non_trainable_variables])
+
+    def precisions(platform):  # as the model's call is traced on that platform
         monkeypatch.setattr(kernels, "_platform", lambda: platform)
-        model = ViT(image_size=16, patch_size=8, hidden_size=16, num_layers=1, num_heads=2, mlp_dim=32, classes=3,
-                    dtype=policy)
-        values = ([v.value for v in model.trainable_variables], [v.value for v in model.non_trainable_variables])
         program = jax.make_jaxpr(lambda t, n, x: model.stateless_call(t, n, x, training=False)[0])(
             *values, np.zeros((1, 16, 16, 3), "float32"))
         return [str(e.params.get("precision")) for e in program.jaxpr.eqns
