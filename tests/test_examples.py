@@ -16,7 +16,7 @@ from keras_vit import training  # noqa: E402
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLES = {name: os.path.join(ROOT, "examples", f"{name}.py") for name in ("pretrain", "finetune")}
 BACKEND = keras.backend.backend()
-# The full digits example takes 2-3.5 min for both scripts on these CPUs (README): it runs in one pass, on the fastest backend.
+# The full digits example takes 1.5-3 min for both scripts on these CPUs (README): it runs in one pass, on the fastest backend.
 # Every backend runs both scripts small and checks them against the library step for step.
 FULL_RUN_BACKEND = "torch"
 

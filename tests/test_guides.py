@@ -11,6 +11,7 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tools"))
+import check_figures  # noqa: E402
 import run_guides  # noqa: E402
 
 GUIDES = sorted(glob.glob(os.path.join(ROOT, "guides", "*.md")))
@@ -101,3 +102,45 @@ def test_first_block_mode_runs_only_the_first_python_block_and_skips_a_guide_wit
     monkeypatch.setattr(run_guides.importlib.util, "find_spec", lambda name: None)
     run_guides.main(str(guide), first=True)
     assert capsys.readouterr().out == f"skip {guide}: its **Backends:** line names jax, none of them installed\n"
+
+
+@pytest.mark.backend_independent
+def test_every_documented_figure_is_what_its_recorded_run_printed():
+    """Each figure marked in README.md, guides/ and docs/ equals docs/figures.json's measured value at the
+    text's precision (a range: the lowest to the highest run), and every recorded figure is marked somewhere.
+    The runs themselves are `tools/check_figures.py --run`'s (full size, minutes): not CI's."""
+    assert check_figures.problems() == []
+
+
+@pytest.mark.backend_independent
+def test_figure_check_reports_a_figure_that_drifted_from_its_runs():
+    marks = check_figures.marked_figures(
+        "top-1 97.78%<!-- figure a --> and `0.9417`<!-- figure b -->\nfrom 0.23-0.32<!-- figure c -->", "doc.md")
+    assert [mark[:4] for mark in marks] == [("a", "97.78", None, True), ("b", "0.9417", None, False),
+                                            ("c", "0.23", "0.32", False)]
+    measured = {"a": {"tensorflow": "0.9778"}, "b": {"jax": "0.9417"}, "c": {"jax": "0.2301", "torch": "0.3249"}}
+    assert check_figures.compare(marks, measured) == []
+    measured = {"a": {"tensorflow": "0.9722"}, "b": {"jax": "0.94166"}, "c": {"jax": "0.2451", "torch": "0.3249"}}
+    assert check_figures.compare(marks, measured) == [
+        "doc.md:1: a says 97.78%, the runs printed 0.9722 (tensorflow)",
+        "doc.md:2: c says 0.23-0.32, the runs printed 0.2451 (jax), 0.3249 (torch): "
+        "a range must run from the lowest to the highest"]
+    several = check_figures.marked_figures("elsewhere 20-26%<!-- figure d e -->", "doc.md")
+    assert check_figures.compare(several, {"d": {"torch": "0.2"}, "e": {"torch": "0.2556"}}) == []
+    assert check_figures.compare(several, {"d": {"torch": "0.2"}, "e": {"torch": "0.3"}}) == [
+        "doc.md:1: d e says 20-26%, the runs printed 0.2 (d, torch), 0.3 (e, torch): "
+        "a range must run from the lowest to the highest"]
+    assert check_figures.compare(marks[:1], {}) == [
+        "doc.md:1: figure a was never measured (python tools/check_figures.py --run JOB --record)"]
+    assert check_figures.marked_figures("an example: `97.78%<!-- figure a -->`", "doc.md") == []
+    with pytest.raises(SystemExit, match="must follow its figure"):
+        check_figures.marked_figures("about half<!-- figure a -->", "doc.md")
+
+
+@pytest.mark.backend_independent
+def test_figure_check_reads_each_named_figure_from_a_run_and_refuses_a_changed_output():
+    job = check_figures.Job("python x.py", ("jax",), ((check_figures.TOP1, (None, "top1")),))
+    output = "Epoch 1/2\rloss 0.1\ntop-1 accuracy: 0.5000\ntop-1 accuracy: 0.9778\n"
+    assert check_figures.read_figures(job, output) == {"top1": "0.9778"}
+    with pytest.raises(SystemExit, match="matched 1 values in the output, the job names 2"):
+        check_figures.read_figures(job, "top-1 accuracy: 0.9778\n")
