@@ -17,6 +17,27 @@ import shutil
 import tempfile
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+
+def share_the_cores_between_workers():
+    """Each xdist worker, and every process its tests start, gets its share of the cores in threads.
+
+    Left alone, torch, TensorFlow and XLA each size their thread pools to every core, in every worker:
+    on CI's 2 cores, 2 workers then run 4 or more compute threads that spend the tests' tiny matmuls
+    waking and waiting on one another. A value the user set is kept.
+    """
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
+    if workers < 2:
+        return
+    threads = max(1, (os.cpu_count() or 1) // workers)
+    for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "TF_NUM_INTRAOP_THREADS"):
+        os.environ.setdefault(name, str(threads))
+    if threads == 1 and "xla_cpu_multi_thread_eigen" not in os.environ.get("XLA_FLAGS", ""):
+        os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_cpu_multi_thread_eigen=false"
+                                   " intra_op_parallelism_threads=1").strip()
+
+
+share_the_cores_between_workers()
 # Downloads in tests land in a throw-away Keras cache, never the user's ~/.keras.
 os.environ["KERAS_HOME"] = tempfile.mkdtemp(prefix="keras_vit_tests_")
 if os.environ.get("KERAS_BACKEND") == "jax":

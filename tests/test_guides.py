@@ -2,6 +2,7 @@
 in an empty folder, as a user who installed the package with pip would run it."""
 
 import glob
+import re
 import os
 import subprocess
 import sys
@@ -98,7 +99,9 @@ def test_first_block_mode_runs_only_the_first_python_block_and_skips_a_guide_wit
     guide.write_text("**Backends:** jax\n**Hardware:** CPU\n```bash\nexit 1\n```\n"
                      "```python\nprint('set-up ran')\n```\n```python\nraise SystemExit('a later block ran')\n```\n")
     run_guides.main(str(guide), first=True)
-    assert capsys.readouterr().out.splitlines()[1:] == ["set-up ran", f"ok {guide}"]
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith(f"--- {guide}:6 (python, at ") and lines[1] == "set-up ran", lines
+    assert re.fullmatch(rf"ok {re.escape(str(guide))} in \d+\.\d s", lines[2]), lines
     monkeypatch.setattr(run_guides.importlib.util, "find_spec", lambda name: None)
     run_guides.main(str(guide), first=True)
     assert capsys.readouterr().out == f"skip {guide}: its **Backends:** line names jax, none of them installed\n"

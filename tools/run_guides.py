@@ -27,6 +27,7 @@ import re
 import subprocess
 import sys
 import textwrap
+import time
 import traceback
 
 FENCE = re.compile(r"^```(\w+)([^\n]*)\n(.*?)^```\s*$", re.MULTILINE | re.DOTALL)
@@ -102,8 +103,9 @@ def main(path, first=False):
             return
         runs = [run for run in runs if run[0] == "python"][:1]   # the set-up, where the backend is chosen
     namespace = {"__name__": "__guide__"}
+    started = time.perf_counter()
     for language, code, line in runs:
-        print(f"--- {path}:{line} ({language})", flush=True)
+        print(f"--- {path}:{line} ({language}, at {time.perf_counter() - started:.1f} s)", flush=True)
         if language == "bash":
             done = subprocess.run(["bash", "-euo", "pipefail", "-c", code], env=os.environ)
             if done.returncode:
@@ -114,7 +116,7 @@ def main(path, first=False):
         except Exception:
             traceback.print_exc()
             raise SystemExit(f"{path}:{line}: python block failed") from None
-    print(f"ok {path}")
+    print(f"ok {path} in {time.perf_counter() - started:.1f} s")
 
 
 def run_each(guides, first):
