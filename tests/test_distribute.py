@@ -74,9 +74,7 @@ def test_model_parallel_shards_kernels_and_matches_one_device(single_device, tmp
 
 
 @jax_only
-def test_two_jax_processes_on_localhost_match_one_device(tmp_path):
-    reference = tmp_path / "reference.npz"
-    run_worker("jax", "none", reference)
+def test_two_jax_processes_on_localhost_match_one_device(single_device, tmp_path):
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
@@ -88,7 +86,7 @@ def test_two_jax_processes_on_localhost_match_one_device(tmp_path):
     for worker, output in zip(workers, outputs):
         assert worker.returncode == 0, output[-3000:]
         assert json.loads(output.split("REPORT ", 1)[1].splitlines()[0])["replicas"] == 2
-    assert_same_weights(reference, tmp_path / "w.npz", trainers=False)
+    assert_same_weights(single_device, tmp_path / "w.npz", trainers=False)
 
 
 @tf_only
