@@ -58,8 +58,7 @@ SMALL = dict(patch_size=8, hidden_size=48, num_layers=2, num_heads=3, mlp_dim=96
 SMALL_HYBRID = dict(SMALL, patch_size=1, resnet_layers=(1, 2), resnet_width=32)
 
 
-# The pass that runs the backend-independent tests: torch's, where the tiny models they build cost least
-# (CI's 2 cores: 249 s against TensorFlow's 410 for the same tests).
+# The pass that runs the backend-independent tests: torch's, where the tiny models some of them build cost least.
 BACKEND_INDEPENDENT_PASS = "torch"
 
 

@@ -2,8 +2,8 @@
 in an empty folder, as a user who installed the package with pip would run it."""
 
 import glob
-import re
 import os
+import re
 import subprocess
 import sys
 
