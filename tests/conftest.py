@@ -33,11 +33,20 @@ def share_the_cores_between_workers():
     for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "TF_NUM_INTRAOP_THREADS"):
         os.environ.setdefault(name, str(threads))
     if threads == 1 and "xla_cpu_multi_thread_eigen" not in os.environ.get("XLA_FLAGS", ""):
-        os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_cpu_multi_thread_eigen=false"
-                                   " intra_op_parallelism_threads=1").strip()
+        os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_cpu_multi_thread_eigen=false").strip()
 
 
 share_the_cores_between_workers()
+
+
+def xla_flags_for(devices=None):
+    """XLA_FLAGS for a process a test starts: this worker's thread limit, and `devices` simulated CPU devices."""
+    flags = [flag for flag in os.environ.get("XLA_FLAGS", "").split() if "device_count" not in flag]
+    if devices:
+        flags.append(f"--xla_force_host_platform_device_count={devices}")
+    return " ".join(flags)
+
+
 # Downloads in tests land in a throw-away Keras cache, never the user's ~/.keras.
 os.environ["KERAS_HOME"] = tempfile.mkdtemp(prefix="keras_vit_tests_")
 if os.environ.get("KERAS_BACKEND") == "jax":

@@ -16,6 +16,7 @@ import keras
 import numpy as np
 import pytest
 
+from conftest import xla_flags_for
 from keras_vit.training import distribute
 
 WORKER = os.path.join(os.path.dirname(__file__), "distributed_worker.py")
@@ -24,9 +25,7 @@ BACKEND = keras.backend.backend()
 
 def run_worker(backend, engine, output, *extra, devices=None, background=False):
     env = {**os.environ, "KERAS_BACKEND": backend, "TF_CPP_MIN_LOG_LEVEL": "2"}
-    env.pop("XLA_FLAGS", None)
-    if devices:
-        env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+    env["XLA_FLAGS"] = xla_flags_for(devices)
     command = [sys.executable, WORKER, engine, str(output), *extra]
     if background:
         return subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

@@ -5,6 +5,7 @@ import keras
 import numpy as np
 import pytest
 
+from conftest import xla_flags_for
 from keras_vit.training import recipes
 
 
@@ -115,10 +116,7 @@ def run_applied_rates(backend, engine, devices):
     if keras.backend.backend() != backend:
         pytest.skip(f"runs in the {backend} pass")
     worker = os.path.join(os.path.dirname(__file__), "applied_rates.py")
-    env = {**os.environ, "KERAS_BACKEND": backend, "TF_CPP_MIN_LOG_LEVEL": "2"}
-    env.pop("XLA_FLAGS", None)
-    if devices:
-        env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+    env = {**os.environ, "KERAS_BACKEND": backend, "TF_CPP_MIN_LOG_LEVEL": "2", "XLA_FLAGS": xla_flags_for(devices)}
     return subprocess.run([sys.executable, worker, engine], env=env, capture_output=True, text=True, timeout=600)
 
 
