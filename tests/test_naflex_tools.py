@@ -135,6 +135,72 @@ def test_int8_naflex_model_is_close_to_float_and_survives_a_keras_file(tmp_path)
     np.testing.assert_array_equal(predict(keras.saving.load_model(str(tmp_path / "int8.keras")), batch), quantized)
 
 
+def factorized_model():
+    """A NaFlex model with factorized position tables (timm's parfac) on a non-square grid, every tensor random."""
+    keras.utils.set_random_seed(2)
+    return randomised(keras_vit.ViT(naflex=True, image_size=(16, 24), **TINY, classes=3, classifier_activation=None,
+                                    register_tokens=1, classifier="gap", class_token_position_embedding=False,
+                                    position_embedding_factorized=True, position_embedding_aspect_preserving=True))
+
+
+@pytest.mark.backend_independent
+def test_every_tool_runs_on_factorized_position_tables_or_keeps_them(tmp_path):
+    from keras_vit.layers.naflex import NaFlexFactorizedPositionEmbedding
+
+    model = factorized_model()
+    position = model.get_layer("position_embedding")
+    assert isinstance(position, NaFlexFactorizedPositionEmbedding) and position.grid_size == (4, 6)
+    assert [tuple(w.shape) for w in position.weights] == [(1, 4, 16), (1, 6, 16)]
+    batch = batch_of(images_of(SHAPES, seed=6), 4, length=30)
+    expected = predict(model, batch)
+    # The .keras file, as saved and as from_pretrained rebuilds it (its aspect-preserving factorized tables kept).
+    model.save(str(tmp_path / "factorized.keras"))
+    np.testing.assert_array_equal(predict(keras.saving.load_model(str(tmp_path / "factorized.keras")), batch), expected)
+    rebuilt = keras_vit.from_pretrained(str(tmp_path / "factorized.keras"))
+    assert isinstance(rebuilt.get_layer("position_embedding"), NaFlexFactorizedPositionEmbedding)
+    assert rebuilt.get_layer("position_embedding").aspect_preserving
+    np.testing.assert_allclose(predict(rebuilt, batch), expected, atol=1e-6, rtol=0)
+    # The similarity figure: what the two tables add on their own 4 x 6 grid. Aspect-preserving, both are resized
+    # to the longer side, 6 (torch's linear interpolate, half-pixel centres), and the first 4 rows taken.
+    rows, cols = (keras.ops.convert_to_numpy(w)[0].astype("float64") for w in position.weights)
+
+    def linear(table, length):
+        source = np.clip((np.arange(length) + 0.5) * len(table) / length - 0.5, 0, len(table) - 1)
+        return np.stack([np.interp(source, np.arange(len(table)), column) for column in table.T], axis=1)
+
+    table = (linear(rows, 6)[:4, None] + linear(cols, 6)[None]).reshape(24, 16)
+    unit = table / np.linalg.norm(table, axis=-1, keepdims=True)
+    np.testing.assert_allclose(analysis.position_embedding_similarity(model), (unit @ unit.T).reshape(4, 6, 4, 6),
+                               atol=1e-5)
+    written = analysis.inspect(model, np.zeros((12, 20, 3), "uint8"), str(tmp_path / "figures"))
+    assert "position_embedding_similarity" in written
+    # LoRA and int8 leave the tables alone.
+    keras_vit.enable_lora(model, rank=2)
+    np.testing.assert_allclose(predict(model, batch), expected, atol=1e-6, rtol=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = keras_vit.merge_lora(model)
+        model.quantize("int8")
+    assert 0 < np.abs(predict(model, batch) - expected).max() < 0.05 * np.abs(expected).max()
+
+
+@pytest.mark.backend_independent
+@pytest.mark.parametrize("arguments, message", [
+    (dict(position_embedding_factorized=True), "Factorized position tables apply to NaFlex models only, as timm's "
+                                               "NaFlexVit builds them; pass naflex=True."),
+    (dict(naflex=True, position_embedding_factorized=True, position_embedding_align_corners=True),
+     "Factorized position tables resize without aligned corners, as timm's NaFlexVit does; leave "
+     "position_embedding_align_corners unset."),
+    (dict(naflex=True, position_embedding_factorized=True, register_tokens=1),
+     "Factorized position tables hold the patches' positions alone, as timm's NaFlexVit's; pass "
+     "class_token_position_embedding=False."),
+])
+def test_factorized_tables_refuse_what_they_cannot_be_in_one_line(arguments, message):
+    with pytest.raises(ValueError) as error:
+        keras_vit.ViT(image_size=16, **TINY, **arguments)
+    assert str(error.value) == message
+
+
 def test_naflex_onnx_export_keeps_batch_and_sequence_length_open(tmp_path):
     pytest.importorskip("onnxruntime")
     # TensorFlow's exporter on the one-product resize (tf2onnx mis-sized its batched matmul); PyTorch's on a table of
@@ -158,6 +224,12 @@ def test_naflex_onnx_export_keeps_batch_and_sequence_length_open(tmp_path):
                   batch_of(images_of(((4, 4),) * 4), 4)):
         (served,) = session.run(None, batch)
         np.testing.assert_allclose(served, predict(naflex, batch), atol=1e-4, rtol=0)
+    factorized = factorized_model()  # its own position layer, of two tables
+    factorized.export(str(tmp_path / "factorized.onnx"), format="onnx", verbose=False)
+    session = onnxruntime.InferenceSession(str(tmp_path / "factorized.onnx"), providers=["CPUExecutionProvider"])
+    for batch in (batch_of(images_of(SHAPES, seed=5), 4, length=30), batch_of(images_of(SHAPES[:1]), 4, length=44)):
+        (served,) = session.run(None, batch)
+        np.testing.assert_allclose(served, predict(factorized, batch), atol=1e-4, rtol=0)
 
 
 @pytest.mark.backend_independent

@@ -21,7 +21,8 @@ from keras_vit import CheckpointError, checkpoints
 from keras_vit.checkpoints.timm.naflex import NAFLEX_ARCHITECTURES
 from keras_vit.model.description import is_naflex
 
-KINDS = ("siglip", "gap_registers", "par_gap", "map_registers", "so150m2", "radio_v3", "radio_v4")
+KINDS = ("siglip", "gap_registers", "par_gap", "map_registers", "so150m2", "radio_v3", "radio_v4", "parfac",
+         "factorized_nonsquare")
 with np.load(fixture("timm_naflex_reference.npz")) as _data:
     REFERENCE = dict(_data)
 BATCH = {key: REFERENCE[key] for key in ("patches", "patch_grid", "patch_mask")}
@@ -48,9 +49,10 @@ def assert_valid_tokens_equal(tokens, reference, prefix):
 
 
 # On every backend: the kinds whose position resizes differ most (bilinear anti-aliased with MAP; bicubic
-# anti-aliased with registers and GAP; RADIO's 128-row-style table gathered by taps, aligned corners, aspect kept).
-# The others differ by switches every backend computes alike, and run once.
-ON_EVERY_BACKEND = ("siglip", "gap_registers", "radio_v3")
+# anti-aliased with registers and GAP; RADIO's 128-row-style table gathered by taps, aligned corners, aspect kept;
+# factorized tables, each resized on its own axis). The others differ by switches every backend computes alike, and
+# run once.
+ON_EVERY_BACKEND = ("siglip", "gap_registers", "radio_v3", "factorized_nonsquare")
 
 
 @pytest.mark.parametrize("kind", [kind if kind in ON_EVERY_BACKEND else
@@ -68,7 +70,8 @@ def test_loads_timm_naflexvit_with_exact_outputs_at_three_aspect_ratios_and_two_
 # The kinds whose table resize differs (timm's fixture script stores every kind's): bilinear and bicubic anti-aliased,
 # aspect-preserving, RADIO's aligned corners, and the table's own grid.
 @pytest.mark.backend_independent
-@pytest.mark.parametrize("kind", ("siglip", "gap_registers", "par_gap", "radio_v3", "radio_v4_nonsquare"))
+@pytest.mark.parametrize("kind", ("siglip", "gap_registers", "par_gap", "radio_v3", "radio_v4_nonsquare", "parfac",
+                                  "factorized_nonsquare"))
 def test_a_plain_image_batch_gives_timms_standard_mode_outputs(kind):
     # timm's NaFlexVit takes (batch, 3, height, width) images too: it cuts them itself and resizes the table to their
     # one grid (3 x 5 here; radio_v4_nonsquare's images are on its table's own 4 x 6 grid, which it adds unchanged).
@@ -122,9 +125,12 @@ def _with_config(tmp_path, kind, **changes):
     (dict(pos_embed_use_grid_sample=True), "sets pos_embed_use_grid_sample=True: the grid-sample resize of the "
                                            "position table, which keras_vit's NaFlex model does not compute"),
     (dict(rope_type="axial"), "sets rope_type='axial': RoPE, which keras_vit's NaFlex model does not compute"),
+    (dict(pos_embed="none"), "timm's 'naflexvit_base_patch16_par_gap' sets pos_embed='none': no position table (only "
+                             "pos_embed='learned' or 'factorized'), which keras_vit's NaFlex model does not compute "
+                             "(only timm's default 'learned')."),
     (dict(architecture="naflexvit_base_patch16_parfac_gap"),
-     "timm's 'naflexvit_base_patch16_parfac_gap' sets pos_embed='factorized': factorized or no position tables "
-     "(only pos_embed='learned'), which keras_vit's NaFlex model does not compute (only timm's default 'learned')."),
+     "model.safetensors: embeds.pos_embed_y has shape None, but timm's 'naflexvit_base_patch16_parfac_gap' with "
+     "pos_embed='factorized' builds a (1, 5, 16) table (pos_embed_grid_size [5, 5], "),
     (dict(not_an_argument=1), "model_args.not_an_argument is not a NaFlexVit argument keras_vit computes"),
     (dict(pos_embed_grid_size=[4, 4]), "embeds.pos_embed has shape (1, 5, 5, 16), but timm's "
                                        "'naflexvit_base_patch16_par_gap' builds a (1, 4, 4, width) table"),
@@ -139,16 +145,26 @@ def test_refuses_naflexvit_settings_keras_vit_does_not_compute_by_name(tmp_path,
 
 
 @pytest.mark.backend_independent
-def test_refuses_a_factorized_table_by_its_tensors(tmp_path):
+def test_refuses_factorized_tables_under_a_learned_config_and_tables_off_their_grid(tmp_path):
     from safetensors.numpy import load_file, save_file
 
     copy = _with_config(tmp_path, "par_gap")
     tensors = load_file(os.path.join(copy, "model.safetensors"))
     tensors["embeds.pos_embed_y"] = tensors["embeds.pos_embed_x"] = np.zeros((1, 5, 16), "float32")
     save_file(tensors, os.path.join(copy, "model.safetensors"))
-    with pytest.raises(CheckpointError, match=r"is a timm NaFlexVit with factorized position tables "
-                                              r"\(pos_embed='factorized'\) \(embeds.pos_embed_x, embeds.pos_embed_y\)"):
+    with pytest.raises(CheckpointError) as error:
         keras_vit.from_pretrained(copy)
+    assert str(error.value) == (
+        f"{copy}/model.safetensors holds factorized position tables (embeds.pos_embed_y, embeds.pos_embed_x), but "
+        f"timm's 'naflexvit_base_patch16_par_gap' sets pos_embed='learned' ({copy}/config.json): timm would not load "
+        "it. Nothing was loaded.")
+    wrong_grid = _with_config(tmp_path / "grid", "factorized_nonsquare", pos_embed_grid_size=[6, 4])
+    with pytest.raises(CheckpointError) as error:
+        keras_vit.from_pretrained(wrong_grid)
+    assert str(error.value) == (
+        f"{wrong_grid}/model.safetensors: embeds.pos_embed_y has shape (1, 4, 16), but timm's "
+        "'naflexvit_base_patch16_parfac_gap' with pos_embed='factorized' builds a (1, 6, 16) table "
+        f"(pos_embed_grid_size [6, 4], {wrong_grid}/config.json). Nothing was loaded.")
 
 
 # The 11 pretrained tags: (architecture, tag) -> the fixture kind whose configuration it has.
@@ -156,7 +172,8 @@ PRETRAINED = {(name, tag): kind for name, entry in NAFLEX_ARCHITECTURES.items() 
               for kind in [{"naflexvit_base_patch16_gap": "gap_registers", "naflexvit_base_patch16_par_gap": "par_gap",
                             "naflexvit_base_patch16_siglip": "siglip", "naflexvit_so400m_patch16_siglip": "siglip",
                             "naflexvit_base_patch16_radio_v3": "radio_v3", "naflexvit_huge_patch16_radio_v3":
-                            "radio_v3"}.get(name, "radio_v4" if "radio" in name else None)]}
+                            "radio_v3", "naflexvit_base_patch16_parfac_gap": "parfac"}.get(
+                                name, "radio_v4" if "radio" in name else None)]}
 
 
 @pytest.mark.backend_independent
@@ -171,7 +188,7 @@ def test_hf_handles_of_the_pretrained_tags_read_from_an_offline_cache(tmp_path):
         (repo / "refs").mkdir(parents=True)
         (repo / "refs" / "main").write_text("0" * 40)
         snapshot = repo / "snapshots" / ("0" * 40)
-        shutil.copytree(folder(kind or "par_gap"), snapshot)  # parfac: a learned table where it has factorized ones
+        shutil.copytree(folder(kind), snapshot)
         config = json.loads((snapshot / "config.json").read_text())
         # The fixture's sizes, layer scale and registers where the tag's architecture has others, as timm's model_args say them.
         own = NAFLEX_ARCHITECTURES[config["architecture"]].cfg
@@ -194,10 +211,7 @@ def test_hf_handles_of_the_pretrained_tags_read_from_an_offline_cache(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     gaps = [line.split() for line in done.stdout.splitlines() if line.startswith("GAP")]
     refused = [line for line in done.stdout.splitlines() if line.startswith("REFUSED")]
-    assert len(gaps) == 10 and max(float(gap[-1]) for gap in gaps) < 1e-5, done.stdout
-    assert refused == ["REFUSED naflexvit_base_patch16_parfac_gap timm's 'naflexvit_base_patch16_parfac_gap' sets "
-                       "pos_embed='factorized': factorized or no position tables (only pos_embed='learned'), which "
-                       "keras_vit's NaFlex model does not compute (only timm's default 'learned')."]
+    assert len(gaps) == 11 and max(float(gap[-1]) for gap in gaps) < 1e-5 and not refused, done.stdout
 
 
 @pytest.mark.backend_independent
@@ -211,3 +225,36 @@ def test_save_timm_writes_naflexvit_that_reads_back_with_the_same_outputs(tmp_pa
     assert config["model_args"]["pos_embed_grid_size"] == [7, 7] and config["model_args"]["reg_tokens"] == 7
     again = keras_vit.from_pretrained(str(tmp_path / "saved"), classifier_activation=None)
     np.testing.assert_array_equal(predict(again, BATCH), predict(model, BATCH))
+
+
+@pytest.mark.backend_independent
+@pytest.mark.parametrize("kind", ("parfac", "factorized_nonsquare"))
+def test_save_timm_writes_factorized_tables_back_under_timms_names_and_config(tmp_path, kind):
+    from safetensors.numpy import load_file
+
+    model = keras_vit.from_pretrained(folder(kind), classifier_activation=None)
+    path = tmp_path / "saved" / "model.safetensors"
+    path.parent.mkdir()
+    checkpoints.save_timm(model, str(path), architecture="naflexvit_base_patch16_parfac_gap")
+    args = json.loads((tmp_path / "saved" / "config.json").read_text())["model_args"]
+    original = json.loads(open(os.path.join(folder(kind), "config.json")).read())["model_args"]
+    assert args["pos_embed"] == "factorized" and args["pos_embed_grid_size"] == original["pos_embed_grid_size"]
+    assert args["pos_embed_ar_preserving"] == original.get("pos_embed_ar_preserving", True)
+    written, timms = load_file(str(path)), load_file(os.path.join(folder(kind), "model.safetensors"))
+    assert sorted(written) == sorted(timms)  # embeds.pos_embed_y and _x, no embeds.pos_embed
+    for name, value in timms.items():
+        np.testing.assert_array_equal(written[name], value, err_msg=name)
+    again = keras_vit.from_pretrained(str(tmp_path / "saved"), classifier_activation=None)
+    np.testing.assert_array_equal(predict(again, BATCH), predict(model, BATCH))
+
+
+@pytest.mark.backend_independent
+def test_factorized_tables_load_as_a_naflex_model_only():
+    for arguments, message in ((dict(naflex=False), "Factorized position tables apply to NaFlex models only, as "
+                                                    "timm's NaFlexVit builds them; pass naflex=True."),
+                               (dict(position_embedding_factorized=False),
+                                f"{folder('parfac')}/model.safetensors holds factorized position tables; leave "
+                                "position_embedding_factorized unset.")):
+        with pytest.raises(ValueError) as error:
+            keras_vit.from_pretrained(folder("parfac"), **arguments)
+        assert str(error.value) == message

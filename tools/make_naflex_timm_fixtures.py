@@ -5,7 +5,8 @@ Run in the side venv (timm installed there, never in the project's venv):
     /work/sidevenv/bin/python tools/make_naflex_timm_fixtures.py
 
 One folder per distinct configuration kind among timm's 14 NaFlexVit
-architectures, each built by `timm.create_model(arch, pretrained=False, ...)`
+architectures (factorized position tables twice: parfac's, and per axis on
+a non-square grid), each built by `timm.create_model(arch, pretrained=False, ...)`
 at tiny sizes (patch 4, width 16, depth 1-2, a small position grid), every
 parameter random (norm weights and layer-scale gammas too), written by
 timm's own `save_for_hf(..., safe_serialization=True)`.
@@ -70,6 +71,12 @@ KINDS = {
                      num_classes=3)),
     "radio_v3": ("naflexvit_base_patch16_radio_v3", dict(TINY, depth=2, pos_embed_grid_size=(7, 7))),
     "radio_v4": ("naflexvit_so400m_patch16_radio_v4", dict(TINY, depth=1, pos_embed_grid_size=(7, 7))),
+    # Factorized tables (a row table and a column table): parfac's own (aspect-preserving), and on a non-square
+    # grid resized per axis.
+    "parfac": ("naflexvit_base_patch16_parfac_gap", dict(TINY, depth=1, pos_embed_grid_size=(5, 5), num_classes=4)),
+    "factorized_nonsquare": ("naflexvit_base_patch16_parfac_gap",
+                             dict(TINY, depth=1, pos_embed_grid_size=(4, 6), pos_embed_ar_preserving=False,
+                                  num_classes=0)),
 }
 # kind -> (architecture, model_args, budgets, image shapes): a batch of its own.
 OWN_BATCH_KINDS = {

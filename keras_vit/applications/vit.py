@@ -80,6 +80,7 @@ def ViT(
     naflex_patch_sizes=None,
     position_embedding_aspect_preserving=None,
     position_embedding_align_corners=None,
+    position_embedding_factorized=None,
     drop_remainder=False,
     dtype=None,
     name=None,
@@ -161,6 +162,10 @@ def ViT(
             with `naflex`, resize the position table to a square of the
             longer side and crop it (timm's `pos_embed_ar_preserving`), and
             corner to corner (`pos_embed_align_corners`); default the checkpoint's.
+        position_embedding_factorized: with `naflex`, a table of rows and
+            one of columns (`keras_vit.layers.naflex.NaFlexFactorizedPositionEmbedding`,
+            timm's `pos_embed='factorized'`) instead of one table of the
+            grid; default the checkpoint's.
         drop_remainder: take an `image_size` that patches do not divide, as
             timm does: the last rows and columns that fill no patch are not
             seen (SigLIP so400m/14 at 384 px: 6). `from_pretrained` sets it
@@ -254,7 +259,7 @@ def ViT(
     if naflex and (source is not None or image_size == (224, 224)):  # the checkpoint's table, else 224 px worth
         image_size = DYNAMIC
     naflex_resize = _naflex_resize(naflex, source, position_embedding_aspect_preserving,
-                                   position_embedding_align_corners)
+                                   position_embedding_align_corners, position_embedding_factorized)
     if representation_size is None:
         representation_size = source.representation_size if source else 0
     if classes is None:
@@ -322,9 +327,17 @@ def _loaded(options, input_tensor, weights, source, include_top, classes):
     return model
 
 
-def _naflex_resize(naflex, source, aspect_preserving, align_corners):
+def _naflex_resize(naflex, source, aspect_preserving, align_corners, factorized):
     """The NaFlex position-table options of `ModelOptions`: the caller's, else the checkpoint's."""
+    if factorized is None:
+        factorized = bool(source and source.factorized_positions)
+    elif source is not None and bool(factorized) != source.factorized_positions:
+        what = "factorized position tables" if source.factorized_positions else "one position table of its grid"
+        raise ValueError(f"{source.description} holds {what}; leave position_embedding_factorized unset.")
     if not naflex:
+        if factorized:
+            raise ValueError("Factorized position tables apply to NaFlex models only, as timm's NaFlexVit builds them; "
+                             "pass naflex=True.")
         if aspect_preserving is not None or align_corners is not None:
             raise ValueError("position_embedding_aspect_preserving and position_embedding_align_corners apply to "
                              "NaFlex models only; pass naflex=True.")
@@ -333,8 +346,12 @@ def _naflex_resize(naflex, source, aspect_preserving, align_corners):
         aspect_preserving = bool(source and source.resize_aspect_preserving)
     if align_corners is None:
         align_corners = bool(source and source.resize_align_corners)
+    if factorized and align_corners:
+        raise ValueError("Factorized position tables resize without aligned corners, as timm's NaFlexVit does; leave "
+                         "position_embedding_align_corners unset.")
     return {"position_embedding_aspect_preserving": bool(aspect_preserving),
-            "position_embedding_align_corners": bool(align_corners)}
+            "position_embedding_align_corners": bool(align_corners),
+            "position_embedding_factorized": bool(factorized)}
 
 
 def _named(name, weights, image_size, kwargs):

@@ -35,6 +35,7 @@ from keras_vit.checkpoints.source import (
 )
 from keras_vit.layers import PRECISIONS
 from keras_vit.model.architecture import Architecture
+from keras_vit.layers.naflex import NaFlexFactorizedPositionEmbedding
 from keras_vit.model.description import architecture_of, is_naflex, native_grid
 from keras_vit.model.graph import ModelOptions, build
 from keras_vit.model.variants import Variant
@@ -87,6 +88,7 @@ def source_of_saved(saved, path):
         if position is not None:
             source.resize_aspect_preserving = bool(position.aspect_preserving)
             source.resize_align_corners = bool(position.align_corners)
+            source.factorized_positions = isinstance(position, NaFlexFactorizedPositionEmbedding)
         embedding = saved.get_layer("embedding")
         others = tuple(size for size in embedding.patch_sizes if size != embedding.patch_size[0])
         if others:

@@ -19,7 +19,8 @@ it into this layout, every image on its whole grid.
 `NaFlexPatchEmbedding` projects the cut patches with the kernel of
 `PatchEmbedding` (the same weight, so a fixed-size model's weights run
 here unchanged); `NaFlexPositionEmbedding` resizes the position table to
-each image's own grid, inside the batch; `NaFlexRotaryPositions` gives
+each image's own grid, inside the batch (`NaFlexFactorizedPositionEmbedding`
+a table of rows and one of columns); `NaFlexRotaryPositions` gives
 RoPE each image's own grid. Attention (`TransformerBlock(key_mask=...)`)
 and pooling (`TokenPooling`, `AttentionPooling` with `NaFlexTokenMask`'s
 mask, which is each image's grid, not the mask's values) leave the padding
@@ -273,6 +274,67 @@ class NaFlexPositionEmbedding(keras.layers.Layer):
         config.update(grid_size=self.grid_size, num_prefix_tokens=self.num_prefix_tokens,
                       interpolation=self.interpolation, antialias=self.antialias,
                       aspect_preserving=self.aspect_preserving, align_corners=self.align_corners,
+                      initializer=keras.initializers.serialize(self.initializer))
+        return config
+
+
+@keras.saving.register_keras_serializable(package="keras_vit")
+class NaFlexFactorizedPositionEmbedding(keras.layers.Layer):
+    """Add factorized position embeddings: a table of rows and one of columns, each resized to an image's grid.
+
+    NaViT's factorized tables, timm's NaFlexVit `pos_embed='factorized'`:
+    weights `(1, rows, D)` and `(1, cols, D)` for `grid_size`. For an image
+    of `h x w` patches the row table is resized to `h` rows and the column
+    table to `w` (with `aspect_preserving`, timm's `pos_embed_ar_preserving`:
+    both to `max(h, w)`, then the first `h` and `w` taken), linearly, as
+    `torch.nn.functional.interpolate(mode="linear")` without aligned corners
+    or anti-aliasing (timm's one resize for these tables); the token in row
+    `r`, column `c` gets row `r` plus column `c`. The tables are for the
+    patches alone: prefix tokens come after them.
+
+    Example:
+    >>> import numpy as np
+    >>> layer = NaFlexFactorizedPositionEmbedding((4, 4), aspect_preserving=True)
+    >>> layer(np.zeros((2, 6, 8)), np.array([[2, 3], [1, 4]])).shape
+    (2, 6, 8)
+    """
+
+    # The resize, fixed: the attributes NaFlexPositionEmbedding has, so that code reading a NaFlex table's resize
+    # (a .keras file's source, save_timm) reads this layer's alike.
+    interpolation, antialias, align_corners, num_prefix_tokens = "bilinear", False, False, 0
+
+    def __init__(self, grid_size, aspect_preserving=False, initializer=None, **kwargs):
+        super().__init__(**kwargs)
+        self.grid_size = as_pair(grid_size, "grid_size")
+        self.aspect_preserving = bool(aspect_preserving)
+        self.initializer = keras.initializers.get(initializer or keras.initializers.RandomNormal(stddev=0.02))
+
+    def build(self, tokens_shape, patch_grid_shape=None):
+        rows, cols = self.grid_size
+        self.pos_embedding_rows = self.add_weight(name="pos_embedding_rows", initializer=self.initializer,
+                                                  shape=(1, rows, tokens_shape[-1]))
+        self.pos_embedding_cols = self.add_weight(name="pos_embedding_cols", initializer=self.initializer,
+                                                  shape=(1, cols, tokens_shape[-1]))
+
+    def call(self, tokens, patch_grid):
+        row, col = token_grid_indices(tokens, patch_grid)
+        grid = ops.cast(patch_grid, "float32")
+        out_rows, out_cols = grid[:, 0:1], grid[:, 1:2]
+        if self.aspect_preserving:
+            out_rows = out_cols = ops.maximum(out_rows, out_cols)
+        in_rows, in_cols = self.grid_size
+        row_weights = interpolation_weights(in_rows, row, out_rows, "bilinear")  # (batch, tokens, in_rows)
+        col_weights = interpolation_weights(in_cols, col, out_cols, "bilinear")
+        positions = ops.einsum("bnk,kd->bnd", row_weights, ops.cast(self.pos_embedding_rows[0], "float32")) + \
+            ops.einsum("bnk,kd->bnd", col_weights, ops.cast(self.pos_embedding_cols[0], "float32"))
+        return tokens + ops.cast(positions, tokens.dtype)
+
+    def compute_output_shape(self, tokens_shape, patch_grid_shape=None):
+        return tokens_shape
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(grid_size=self.grid_size, aspect_preserving=self.aspect_preserving,
                       initializer=keras.initializers.serialize(self.initializer))
         return config
 

@@ -34,6 +34,7 @@ from keras_vit.layers.mbconv import MbConvEmbedding, apply_mbconv_stem
 from keras_vit.layers.mlp import GATED
 from keras_vit.layers.naflex import (
     NaFlexPatchEmbedding,
+    NaFlexFactorizedPositionEmbedding,
     NaFlexPositionEmbedding,
     NaFlexRotaryPositions,
     NaFlexTokenMask,
@@ -82,6 +83,7 @@ class ModelOptions:
     naflex_patch_sizes: tuple = None  # NaFlex: other patch sizes it takes, its kernel resampled (FlexiViT).
     position_embedding_aspect_preserving: bool = False  # NaFlex: timm's pos_embed_ar_preserving.
     position_embedding_align_corners: bool = False  # NaFlex: timm's pos_embed_align_corners (RADIO v3).
+    position_embedding_factorized: bool = False  # NaFlex: a table of rows and one of columns (timm's 'factorized').
     drop_remainder: bool = False
     name: str = "vit"
     dtype: object = None  # Every layer's keras.DTypePolicy; None: Keras' global policy.
@@ -97,6 +99,9 @@ def build(options, input_tensor):
     num_prefix_tokens = architecture.num_prefix_tokens
     epsilon = architecture.layer_norm_epsilon
     dynamic = image_size == DYNAMIC
+    if options.position_embedding_factorized and not options.naflex:
+        raise ValueError("Factorized position tables apply to NaFlex models only, as timm's NaFlexVit builds them; "
+                         "pass naflex=True.")
     typed = {"dtype": options.dtype}  # Given to every layer, so that building never touches the global policy.
     if options.naflex:
         x, patch_grid, inputs, position = _naflex_patches(options, input_tensor, grid_size, typed)
@@ -223,7 +228,7 @@ def distillation_heads(model):
 
 
 def _add_positions(position, x, patch_grid, dynamic):
-    if isinstance(position, NaFlexPositionEmbedding):
+    if isinstance(position, (NaFlexPositionEmbedding, NaFlexFactorizedPositionEmbedding)):
         return position(x, patch_grid)
     return position(x, patch_grid=patch_grid) if dynamic else position(x)
 
@@ -285,6 +290,14 @@ def _naflex_patches(options, input_tensor, grid_size, typed):
         x = InputNormalization(architecture.input_mean, architecture.input_std, name="input_normalization", **typed)(x)
     x = NaFlexPatchEmbedding(sizes.patch_size, sizes.hidden_size, use_bias=architecture.patch_bias,
                              patch_sizes=options.naflex_patch_sizes, name="embedding", **typed)(x)
+    if options.position_embedding_factorized and architecture.position_embedding:
+        if architecture.position_prefix_rows:
+            raise ValueError("Factorized position tables hold the patches' positions alone, as timm's NaFlexVit's; "
+                             "pass class_token_position_embedding=False.")
+        position = NaFlexFactorizedPositionEmbedding(
+            grid_size, aspect_preserving=options.position_embedding_aspect_preserving, name="position_embedding",
+            **typed)
+        return x, inputs["patch_grid"], inputs, position
     position = NaFlexPositionEmbedding(
         grid_size,
         architecture.position_prefix_rows,

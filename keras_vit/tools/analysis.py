@@ -22,7 +22,7 @@ import numpy as np
 from keras_vit.data.imagenet import preprocess_input
 from keras_vit.data.naflex import check_naflex_batch, patchify
 from keras_vit.layers import TokenPooling
-from keras_vit.layers.naflex import NAFLEX_INPUTS
+from keras_vit.layers.naflex import NAFLEX_INPUTS, NaFlexFactorizedPositionEmbedding
 from keras_vit.model.description import architecture_of, is_naflex, sizes_of
 from keras_vit.utils import files
 
@@ -202,7 +202,12 @@ def position_embedding_similarity(model):
                          "no position-embedding similarity to show.")
     position = model.get_layer("position_embedding")
     grid_size, prefix = tuple(position.grid_size), position.num_prefix_tokens  # The table's rows, not the sequence's
-    table = _numpy(position.pos_embedding)[0, prefix:].astype("float64")
+    if isinstance(position, NaFlexFactorizedPositionEmbedding):  # what its two tables add on their own grid
+        width = position.pos_embedding_rows.shape[-1]
+        table = _numpy(position(np.zeros((1, grid_size[0] * grid_size[1], width), "float32"),
+                                np.array([grid_size], "int32")))[0].astype("float64")
+    else:
+        table = _numpy(position.pos_embedding)[0, prefix:].astype("float64")
     unit = table / np.maximum(np.linalg.norm(table, axis=-1, keepdims=True), 1e-12)
     return (unit @ unit.T).reshape(*grid_size, *grid_size)
 

@@ -224,8 +224,9 @@ def layout_of(names, architecture=None):
     return GEGLU_LAYOUT if any(name.endswith(".mlp.w0.weight") for name in names) else LAYOUT
 
 
-def from_timm(tensors, description="checkpoint"):
-    """keras_vit's state `{path: array}` from a timm ViT state dict of numpy arrays."""
+def from_timm(tensors, description="checkpoint", position_tables=None):
+    """keras_vit's state `{path: array}` from a timm ViT state dict of numpy arrays; `position_tables`: keras_vit
+    paths and arrays of position tables read beside the layout (NaFlexVit's factorized ones)."""
     for marker, what in _UNSUPPORTED.items():
         found = sorted(name for name in tensors if marker in name or name.startswith(marker))
         if found:
@@ -236,8 +237,10 @@ def from_timm(tensors, description="checkpoint"):
     state = layout_of(tensors).read({name: value for name, value in tensors.items() if not name.startswith(BACKBONE)},
                                     description)
     state.update(backbone)
+    state.update(position_tables or {})
     # timm's pos_embed='none' is ViTamin XL's alone among the VisionTransformers keras_vit reads.
-    if "embedding/kernel" not in state or ("position_embedding/pos_embedding" not in state and mbconv_of(state) is None):
+    if "embedding/kernel" not in state or (not any(path.startswith("position_embedding/") for path in state)
+                                           and mbconv_of(state) is None):
         raise CheckpointError(f"{description} lacks a patch or position embedding (patch_embed.proj.weight, pos_embed).")
     return state
 

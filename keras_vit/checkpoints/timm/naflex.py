@@ -8,7 +8,10 @@ norms, pooling and head of `VisionTransformer` under the same names, and an
   layer over patches flattened in (row, column, channel) order (a `(D, C,
   P, P)` convolution where `embed_proj_type='conv'`);
 - `embeds.pos_embed` `(1, H, W, D)`: the position table on its own grid
-  (`pos_embed_grid_size`), for the patches only (no prefix rows);
+  (`pos_embed_grid_size`), for the patches only (no prefix rows); with
+  `pos_embed='factorized'`, `embeds.pos_embed_y` `(1, H, D)` and
+  `embeds.pos_embed_x` `(1, W, D)` instead (`FACTORIZED`: read and written
+  beside the layout, into `NaFlexFactorizedPositionEmbedding`);
 - `embeds.cls_token`, `embeds.reg_token`.
 
 `to_vision_transformer` renames these to timm's `VisionTransformer` names, so
@@ -19,7 +22,7 @@ the position table (`pos_embed_interp_mode`, `pos_embed_antialias`,
 `pos_embed_ar_preserving`, `pos_embed_align_corners`), which the
 `WeightsSource` carries (`naflex=True`): `ViT` then builds a NaFlex model.
 A `NaFlexVitCfg` field keras_vit does not compute, at a value other than
-timm's default, is refused by name (factorized position tables, grid-sample
+timm's default, is refused by name (no position table, grid-sample
 resizing, RoPE, ...). `tests/test_timm_registry.py` audits the table.
 
 Example:
@@ -40,6 +43,7 @@ from keras_vit.checkpoints.timm.config import check_head, check_tensors_agree, c
 from keras_vit.checkpoints.timm.families import ACTIVATIONS, timm_mlp_ratio, timm_switches_to_architecture
 from keras_vit.checkpoints.timm.layout import LAYOUT, from_timm
 from keras_vit.data.preprocessing import PILLOW_FILTERS
+from keras_vit.layers.naflex import NaFlexFactorizedPositionEmbedding
 from keras_vit.model.architecture import Architecture
 
 # timm's NaFlexVitCfg and its defaults (timm 1.0.31).
@@ -75,7 +79,7 @@ _NEUTRAL = ("attn_drop_rate", "drop_rate", "pos_drop_rate", "patch_drop_rate", "
             "weight_init", "fix_init", "use_key_only_attn_mask", "embed_proj_type")
 COMPUTED = frozenset({*_SWITCHES, *_SIZES, *_POSITION, *_NEUTRAL})
 # What the fields keras_vit computes only at their default are, for the refusals.
-_NOT_COMPUTED = {"pos_embed": "factorized or no position tables (only pos_embed='learned')",
+_NOT_COMPUTED = {"pos_embed": "no position table (only pos_embed='learned' or 'factorized')",
                  "pos_embed_use_grid_sample": "the grid-sample resize of the position table",
                  "rope_type": "RoPE", "attn_type": "EVA or RoPE attention", "dynamic_img_pad": "padded images",
                  "patchify_channels_last": "(channel, row, column) patches"}
@@ -144,19 +148,23 @@ NAFLEX_ARCHITECTURES = {
 # NaFlexVit's embedding names -> VisionTransformer's (the tensors reshaped by `_to_vision_transformer`).
 _EMBEDS = {"embeds.proj.weight": "patch_embed.proj.weight", "embeds.proj.bias": "patch_embed.proj.bias",
            "embeds.pos_embed": "pos_embed", "embeds.cls_token": "cls_token", "embeds.reg_token": "reg_token"}
+# The factorized tables (pos_embed='factorized'), which VisionTransformer has not: read and written beside its layout.
+FACTORIZED = {"embeds.pos_embed_y": "position_embedding/pos_embedding_rows",
+              "embeds.pos_embed_x": "position_embedding/pos_embedding_cols"}
 
 
 def to_vision_transformer(tensors, patch_size, description):
-    """A NaFlexVit state dict under timm's VisionTransformer names and shapes (`layout.LAYOUT` reads it)."""
-    other = sorted(name for name in tensors if name.startswith("embeds.") and name not in _EMBEDS)
+    """A NaFlexVit state dict under timm's VisionTransformer names and shapes (`layout.LAYOUT` reads it), the
+    factorized tables left out."""
+    other = sorted(name for name in tensors if name.startswith("embeds.") and name not in _EMBEDS
+                   and name not in FACTORIZED)
     if other:
-        what = ("factorized position tables (pos_embed='factorized')" if any("pos_embed_" in n for n in other)
-                else "embedding norms or a patch-size interpolator")
-        raise CheckpointError(f"{description} is a timm NaFlexVit with {what} ({', '.join(other[:3])}), which "
-                              "keras_vit's NaFlex model does not have.")
+        raise CheckpointError(f"{description} is a timm NaFlexVit with embedding norms or a patch-size interpolator "
+                              f"({', '.join(other[:3])}), which keras_vit's NaFlex model does not have.")
     # Checked under the file's names before they become VisionTransformer's (LAYOUT.read checks the others).
-    refuse_non_float(description, {name: np.asarray(tensors[name]).dtype for name in _EMBEDS if name in tensors})
-    out = {_EMBEDS.get(name, name): value for name, value in tensors.items()}
+    refuse_non_float(description, {name: np.asarray(tensors[name]).dtype for name in (*_EMBEDS, *FACTORIZED)
+                                   if name in tensors})
+    out = {_EMBEDS.get(name, name): value for name, value in tensors.items() if name not in FACTORIZED}
     kernel = out.get("patch_embed.proj.weight")
     if kernel is not None and kernel.ndim == 2:  # (D, P*P*C) in (row, column, channel) order -> (D, C, P, P)
         kernel = kernel.reshape(kernel.shape[0], patch_size, patch_size, -1)
@@ -205,6 +213,8 @@ def configured_naflex_architecture(config, where):
     cfg["global_pool"] = config.get("global_pool", cfg["global_pool"]) if "global_pool" not in args \
         else args["global_pool"]
     for key, value in cfg.items():
+        if key == "pos_embed" and value == "factorized":
+            continue
         if key not in COMPUTED and value != CFG_DEFAULTS[key] and not (isinstance(value, tuple)
                                                                          and list(value) == CFG_DEFAULTS[key]):
             what = _NOT_COMPUTED.get(key, f"{key}={value!r}")
@@ -243,25 +253,44 @@ def read_timm_naflex(path, budget, config, where):
                               f"resizes NaFlex images with ({', '.join(PILLOW_FILTERS)}); nothing was loaded.")
     tensors = read_state_dict(path, budget)
     patch = cfg["patch_size"] if isinstance(cfg["patch_size"], int) else cfg["patch_size"][0]
+    factorized = cfg["pos_embed"] == "factorized"
     table = tensors.get("embeds.pos_embed")
+    tables = {name: tensors.get(name) for name in FACTORIZED}
     converted = to_vision_transformer(tensors, patch, path)
-    state = from_timm(converted, description=path)
-    entry_sizes = dataclasses.replace(entry, cfg=cfg)
-    sizes = checked_sizes(state, entry_sizes, {}, name, path, where)
-    check_tensors_agree(state, architecture, name, path)
-    LAYOUT.check_complete(list(converted), architecture, sizes["depth"],
-                          settings(dict(sizes, architecture=name), "architecture", "depth"), path)
-    check_head(state, args.get("num_classes", config.get("num_classes")), path, where)
+    state = from_timm(converted, description=path, position_tables={
+        FACTORIZED[name]: np.asarray(value) for name, value in tables.items() if factorized and value is not None})
     grid = tuple(cfg["pos_embed_grid_size"] or (size // patch for size in checked_fields(
         {"img_size": args.get("img_size")}, where, "model_args.")["img_size"] or (0, 0)))
-    if table is None or table.ndim != 4 or tuple(table.shape[1:3]) != grid:
+    if factorized:  # its two tables, which VisionTransformer's layout and switches know nothing of
+        width = state["embedding/kernel"].shape[-1]
+        for file_name, length in zip(FACTORIZED, grid):
+            found = tables[file_name]
+            if found is None or tuple(found.shape) != (1, length, width):
+                raise CheckpointError(f"{path}: {file_name} has shape {None if found is None else tuple(found.shape)}, "
+                                      f"but timm's {name!r} with pos_embed='factorized' builds a (1, {length}, {width}) "
+                                      f"table (pos_embed_grid_size {list(grid)}, {where}). Nothing was loaded.")
+    elif any(value is not None for value in tables.values()):
+        raise CheckpointError(f"{path} holds factorized position tables ({', '.join(FACTORIZED)}), but timm's {name!r} "
+                              f"sets pos_embed={cfg['pos_embed']!r} ({where}): timm would not load it. Nothing was "
+                              "loaded.")
+    elif table is None or table.ndim != 4 or tuple(table.shape[1:3]) != grid:
         raise CheckpointError(f"{path}: embeds.pos_embed has shape {None if table is None else tuple(table.shape)}, "
                               f"but timm's {name!r} builds a (1, {grid[0]}, {grid[1]}, width) table "
                               f"(pos_embed_grid_size, {where}). Nothing was loaded.")
+    entry_sizes = dataclasses.replace(entry, cfg=cfg)
+    sizes = checked_sizes(state, entry_sizes, {}, name, path, where)
+    without_table = dataclasses.replace(architecture, position_embedding=not factorized)  # its one table, if any
+    check_tensors_agree(state, without_table, name, path)
+    LAYOUT.check_complete(list(converted), without_table, sizes["depth"],
+                          settings(dict(sizes, architecture=name), "architecture", "depth"), path)
+    check_head(state, args.get("num_classes", config.get("num_classes")), path, where)
     source = source_from_state(path, state, grid, sizes["num_heads"], architecture)
     source.naflex = True
-    source.position_resize = (cfg["pos_embed_interp_mode"], bool(cfg["pos_embed_antialias"]))
-    source.resize_align_corners = bool(cfg["pos_embed_align_corners"])
+    source.factorized_positions = factorized
+    # timm resizes factorized tables linearly (its interpolate's mode='linear'), whatever pos_embed_interp_mode says.
+    source.position_resize = ("bilinear", False) if factorized else (cfg["pos_embed_interp_mode"],
+                                                                      bool(cfg["pos_embed_antialias"]))
+    source.resize_align_corners = bool(cfg["pos_embed_align_corners"]) and not factorized
     source.resize_aspect_preserving = bool(cfg["pos_embed_ar_preserving"])
     source.naflex_preprocessing = {"rule": "timm", "max_patches": EVAL_MAX_PATCHES, "interpolation": interpolation}
     return source
@@ -302,7 +331,8 @@ def naflex_arguments(model, found):
         qk_norm=found.qk_norm, init_values=found.layer_scale, act_layer=found.mlp_activation,
         proj_bias=found.projection_bias, pool_include_prefix=found.pool_include_prefix,
         scale_mlp_norm=found.mlp_hidden_norm, scale_attn_inner_norm=found.attention_output_norm,
-        pos_embed_grid_size=list(position.grid_size), pos_embed_interp_mode=position.interpolation,
-        pos_embed_antialias=position.antialias, pos_embed_ar_preserving=position.aspect_preserving,
-        pos_embed_align_corners=position.align_corners,
+        pos_embed_grid_size=list(position.grid_size), pos_embed_ar_preserving=position.aspect_preserving,
+        **({"pos_embed": "factorized"} if isinstance(position, NaFlexFactorizedPositionEmbedding) else dict(
+            pos_embed_interp_mode=position.interpolation, pos_embed_antialias=position.antialias,
+            pos_embed_align_corners=position.align_corners)),
     )

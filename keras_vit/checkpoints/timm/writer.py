@@ -35,7 +35,7 @@ from keras_vit.checkpoints.timm.hybrid import (
     timm_backbone_name,
 )
 from keras_vit.checkpoints.timm.layout import configured_architecture, layout_of, read_timm
-from keras_vit.checkpoints.timm.naflex import from_vision_transformer, naflex_architecture, naflex_arguments, \
+from keras_vit.checkpoints.timm.naflex import FACTORIZED, from_vision_transformer, naflex_architecture, naflex_arguments, \
     read_timm_naflex
 from keras_vit.data import preprocessing
 from keras_vit.model.architecture import Architecture
@@ -52,8 +52,11 @@ from keras_vit.model.vision_transformer import eval_transform
 from keras_vit.utils.files import atomic_path_with_sidecars
 
 
-def to_timm(model, architecture=None):
-    """A keras_vit model's weights as a timm ViT state dict of numpy arrays (refuses what timm cannot express)."""
+def to_timm(model, architecture=None, set_aside=()):
+    """A keras_vit model's weights as a timm ViT state dict of numpy arrays (refuses what timm cannot express).
+
+    `set_aside`: variable paths left out, which the caller writes under names of its own (NaFlexVit's factorized
+    tables)."""
     names = {v.path for v in model.weights}
     if any("lora_" in name for name in names):
         raise CheckpointError(f"{model.name} has LoRA adapters, which timm's VisionTransformer does not have: call "
@@ -66,6 +69,8 @@ def to_timm(model, architecture=None):
         raise CheckpointError("timm's VisionTransformer has no pre-logits layer (representation_size); "
                               "build the model with representation_size=0, or save it with checkpoints.save_npz.")
     state = state_of(model)
+    for path in set_aside:
+        state.pop(path)
     backbone = {path: state.pop(path) for path in list(state) if hybrid is not None
                 and timm_backbone_name(path, stem_only=hybrid == ())}
     stem = {name: np.ascontiguousarray(value if value.dtype == np.int64 else value.astype("float32"))
@@ -410,7 +415,11 @@ def _save_naflex(model, path, architecture):
     naflex_architecture(architecture, "save_timm")
     found = architecture_of(model)
     arguments = naflex_arguments(model, found)
-    tensors = from_vision_transformer(to_timm(model), arguments["pos_embed_grid_size"])
+    factorized = {name: path for name, path in FACTORIZED.items() if arguments.get("pos_embed") == "factorized"}
+    tensors = from_vision_transformer(to_timm(model, set_aside=factorized.values()), arguments["pos_embed_grid_size"])
+    if factorized:
+        state = state_of(model)
+        tensors.update({name: np.ascontiguousarray(state[path].astype("float32")) for name, path in factorized.items()})
     config = _timm_config(model, architecture, arguments, {"interpolation": "bicubic", "crop_pct": 1.0})
     where = f"save_timm({model.name}, architecture={architecture!r})"
 
