@@ -71,6 +71,13 @@ SMALL_HYBRID = dict(SMALL, patch_size=1, resnet_layers=(1, 2), resnet_width=32)
 BACKEND_INDEPENDENT_PASS = "torch"
 
 
+def pytest_xdist_auto_num_workers(config):
+    """`-n auto`'s worker count: one more than the cores. The tests also wait (on the processes they start, on
+    files, on a shared run's lock), and a third worker on 2 cores keeps the cores busy meanwhile."""
+    cores = os.cpu_count() or 1
+    return cores + 1 if cores > 1 else 1
+
+
 def pytest_configure(config):
     config.addinivalue_line("markers", "backend_independent: the result cannot depend on the Keras backend; the "
                                        f"test runs in the {BACKEND_INDEPENDENT_PASS} pass only")
