@@ -34,8 +34,8 @@ from keras_vit.checkpoints.source import (
     weight_budget,
 )
 from keras_vit.layers import PRECISIONS
-from keras_vit.model.architecture import Architecture
 from keras_vit.layers.naflex import NaFlexFactorizedPositionEmbedding
+from keras_vit.model.architecture import Architecture
 from keras_vit.model.description import architecture_of, is_naflex, native_grid
 from keras_vit.model.graph import ModelOptions, build
 from keras_vit.model.variants import Variant

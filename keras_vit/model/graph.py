@@ -33,8 +33,8 @@ from keras_vit.layers.conv_stem import apply_conv_stem
 from keras_vit.layers.mbconv import MbConvEmbedding, apply_mbconv_stem
 from keras_vit.layers.mlp import GATED
 from keras_vit.layers.naflex import (
-    NaFlexPatchEmbedding,
     NaFlexFactorizedPositionEmbedding,
+    NaFlexPatchEmbedding,
     NaFlexPositionEmbedding,
     NaFlexRotaryPositions,
     NaFlexTokenMask,

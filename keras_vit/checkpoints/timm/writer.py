@@ -52,11 +52,11 @@ from keras_vit.model.vision_transformer import eval_transform
 from keras_vit.utils.files import atomic_path_with_sidecars
 
 
-def to_timm(model, architecture=None, set_aside=()):
+def to_timm(model, architecture=None, written_as=None):
     """A keras_vit model's weights as a timm ViT state dict of numpy arrays (refuses what timm cannot express).
 
-    `set_aside`: variable paths left out, which the caller writes under names of its own (NaFlexVit's factorized
-    tables)."""
+    `written_as`: `{variable path: tensor name}` of weights the ViT layout has no place for, written under that name
+    as they are (NaFlexVit's factorized tables)."""
     names = {v.path for v in model.weights}
     if any("lora_" in name for name in names):
         raise CheckpointError(f"{model.name} has LoRA adapters, which timm's VisionTransformer does not have: call "
@@ -69,8 +69,8 @@ def to_timm(model, architecture=None, set_aside=()):
         raise CheckpointError("timm's VisionTransformer has no pre-logits layer (representation_size); "
                               "build the model with representation_size=0, or save it with checkpoints.save_npz.")
     state = state_of(model)
-    for path in set_aside:
-        state.pop(path)
+    as_named = {name: np.ascontiguousarray(state.pop(path).astype("float32")) for path, name in
+                (written_as or {}).items()}
     backbone = {path: state.pop(path) for path in list(state) if hybrid is not None
                 and timm_backbone_name(path, stem_only=hybrid == ())}
     stem = {name: np.ascontiguousarray(value if value.dtype == np.int64 else value.astype("float32"))
@@ -84,6 +84,7 @@ def to_timm(model, architecture=None, set_aside=()):
         timm_architecture(architecture, "save_timm").switches.get("mlp_layer") == "swiglu"
     tensors = layout_of((), found).write(state, unpacked=unpacked, architecture=found)
     tensors.update(stem)
+    tensors.update(as_named)
     for path, value in backbone.items():
         name = timm_backbone_name(path, stem_only=hybrid == ())
         tensors[name] = np.ascontiguousarray(keras_to_torch(name, value).astype("float32"))
@@ -415,11 +416,8 @@ def _save_naflex(model, path, architecture):
     naflex_architecture(architecture, "save_timm")
     found = architecture_of(model)
     arguments = naflex_arguments(model, found)
-    factorized = {name: path for name, path in FACTORIZED.items() if arguments.get("pos_embed") == "factorized"}
-    tensors = from_vision_transformer(to_timm(model, set_aside=factorized.values()), arguments["pos_embed_grid_size"])
-    if factorized:
-        state = state_of(model)
-        tensors.update({name: np.ascontiguousarray(state[path].astype("float32")) for name, path in factorized.items()})
+    factorized = {path: name for name, path in FACTORIZED.items() if arguments.get("pos_embed") == "factorized"}
+    tensors = from_vision_transformer(to_timm(model, written_as=factorized), arguments["pos_embed_grid_size"])
     config = _timm_config(model, architecture, arguments, {"interpolation": "bicubic", "crop_pct": 1.0})
     where = f"save_timm({model.name}, architecture={architecture!r})"
 
