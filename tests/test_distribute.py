@@ -164,3 +164,19 @@ def test_tpu_engine_leaves_the_precision_to_the_model(monkeypatch, capsys):
     assert capsys.readouterr().out == (
         "precision: float32; add --mixed-precision to compute in bfloat16, as TPUs do natively\n"
         "precision: mixed_bfloat16 (float32 weights, bfloat16 computation; --mixed-precision)\n")
+
+
+@pytest.mark.backend_independent
+def test_processes_tests_start_keep_the_workers_xla_thread_limit_and_get_their_own_devices(monkeypatch):
+    # A token without dashes in XLA_FLAGS made XLA ignore every flag after it: the device count appended for the
+    # distributed workers was lost, so they dropped the thread limit instead.
+    import conftest
+
+    for name in ("XLA_FLAGS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "TF_NUM_INTRAOP_THREADS"):
+        monkeypatch.delenv(name, raising=False)  # restored afterwards
+    monkeypatch.setenv("PYTEST_XDIST_WORKER_COUNT", str(2 * (os.cpu_count() or 1)))  # one thread each
+    conftest.share_the_cores_between_workers()
+    assert os.environ["XLA_FLAGS"].split() and all(flag.startswith("--") for flag in os.environ["XLA_FLAGS"].split())
+    monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=false --xla_force_host_platform_device_count=2")
+    assert xla_flags_for(8) == "--xla_cpu_multi_thread_eigen=false --xla_force_host_platform_device_count=8"
+    assert xla_flags_for() == "--xla_cpu_multi_thread_eigen=false"
