@@ -195,3 +195,18 @@ def test_naflex_table_is_timms_naflexvit_registry():
         assert NAFLEX_ARCHITECTURES[name].cfg == {**CFG_DEFAULTS, **entry["kwargs"]["cfg"]["NaFlexVitCfg"]}, name
         assert sorted(NAFLEX_ARCHITECTURES[name].tags) == entry["tags"], name
     assert sum(len(entry.tags) for entry in NAFLEX_ARCHITECTURES.values()) == 11
+
+
+def test_beit_table_is_timms_beit_registry():
+    """Every Beit architecture timm registers, with the keywords its model function sets and its pretrained tags."""
+    from keras_vit.checkpoints.timm.beit import BEIT_ARCHITECTURES, RESIZE
+
+    timm = {name: entry for name, entry in TIMM.items() if entry["class"] == "Beit"}
+    assert sorted(BEIT_ARCHITECTURES) == sorted(timm) and len(timm) == 7
+    for name, entry in timm.items():
+        table = BEIT_ARCHITECTURES[name]
+        assert not sizes_differ(table, entry), name
+        switches = {key: value for key, value in entry["kwargs"].items() if key not in SIZES}
+        assert table.switches == switches, name
+        assert (entry["resize"]["interpolation"], entry["resize"]["antialias"]) == RESIZE[:2], name
+    assert sum(len(entry["tags"]) for entry in timm.values()) == 13

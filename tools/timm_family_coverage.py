@@ -15,9 +15,9 @@ which one block cannot take, Sapiens2's `num_kv_heads`: three blocks, with
 the first, a middle and the last block's settings), and everything else (image size, patch,
 width, heads, MLP, activation, norms, pooling, classes: those of the
 architecture's default pretrained tag) is the architecture's own. Only
-models whose class is exactly `timm.models.vision_transformer.VisionTransformer`
-are in scope; the classes of the others (Eva, NaFlexVit,
-...) are counted separately, as are the
+models of the classes in `IN_SCOPE` (VisionTransformer, DeiT distilled, Eva
+and Beit) are in scope; the classes of the others (NaFlexVit, ...) are
+counted separately, as are the
 architectures that do not take `depth=` at all (CNNs and the like).
 
 For each in-scope architecture, every parameter gets random values (norm
@@ -79,9 +79,9 @@ import torch.nn as nn  # noqa: E402
 TOLERANCE = 1e-4
 
 
-# The classes measured: timm's plain ViT, its DeiT-distilled subclass and its RoPE ViTs (Eva).
+# The classes measured: timm's plain ViT, its DeiT-distilled subclass, its RoPE ViTs (Eva) and BEiT (Beit).
 IN_SCOPE = ("timm.models.vision_transformer.VisionTransformer", "timm.models.deit.VisionTransformerDistilled",
-            "timm.models.eva.Eva")
+            "timm.models.eva.Eva", "timm.models.beit.Beit")
 
 
 @functools.lru_cache(maxsize=None)
@@ -603,7 +603,7 @@ def main(argv=None):
     scan_seconds = time.time() - start
     in_scope = [arch for arch, cls in classes.items() if cls in IN_SCOPE]
     print(f"scanned {len(classes)} pretrained architectures in {scan_seconds:.0f}s; "
-          f"{len(in_scope)} are VisionTransformer or Eva", flush=True)
+          f"{len(in_scope)} are of the classes in scope", flush=True)
 
     results, not_run = {}, []
     summary = {}

@@ -39,6 +39,7 @@ from keras_vit.checkpoints.timm.layout import from_timm, read_timm, read_timm_fo
 from keras_vit.checkpoints.timm.writer import save_timm, timm_arguments, to_timm
 from keras_vit.checkpoints.transformers.clip import from_vision_tower, read_vision_tower_folder
 from keras_vit.checkpoints.transformers.dinov2 import from_dinov2, read_dinov2_folder
+from keras_vit.checkpoints.transformers.beit import read_beit_folder
 from keras_vit.checkpoints.transformers.dinov3 import read_dinov3_folder
 from keras_vit.checkpoints.transformers.vit import from_transformers, read_transformers_folder
 from keras_vit.model.description import architecture_of
@@ -62,6 +63,7 @@ __all__ = [
     "load_keras",
     "read_keras",
     "read_npz",
+    "read_beit_folder",
     "read_dinov3_folder",
     "read_timm",
     "read_dinov2_folder",

@@ -38,6 +38,8 @@ from keras_vit.checkpoints.transformers.clip import MODEL_TYPES as VISION_TOWER_
 from keras_vit.checkpoints.transformers.clip import read_vision_tower_folder
 from keras_vit.checkpoints.transformers.dinov2 import MODEL_TYPES as DINOV2_TYPES
 from keras_vit.checkpoints.transformers.dinov2 import read_dinov2_folder
+from keras_vit.checkpoints.transformers.beit import MODEL_TYPES as BEIT_TYPES
+from keras_vit.checkpoints.transformers.beit import read_beit_folder
 from keras_vit.checkpoints.transformers.dinov3 import MODEL_TYPES as DINOV3_TYPES
 from keras_vit.checkpoints.transformers.dinov3 import read_dinov3_folder
 from keras_vit.checkpoints.transformers.siglip2 import MODEL_TYPES as SIGLIP2_TYPES
@@ -46,6 +48,11 @@ from keras_vit.checkpoints.transformers.vit import MODEL_TYPES as VIT_TYPES
 from keras_vit.checkpoints.transformers.vit import read_transformers_folder
 from keras_vit.data import preprocessing
 from keras_vit.layers.position_embedding import resize_patch_embedding, resize_position_embeddings
+from keras_vit.layers.relative_position import (
+    CLASS_TOKEN_ROWS,
+    relative_table_rows,
+    resize_relative_position_table,
+)
 from keras_vit.model.description import conv_stem_widths_of, mbconv_of, resnet_layers_of
 from keras_vit.model.variants import VARIANTS, width_name
 from keras_vit.utils.keras_internals import set_value
@@ -103,7 +110,7 @@ def read_weights(weights, variant=None, image_size=(224, 224), sizes=None, class
 
 def read_folder(folder, budget=None):
     """A Hub-style folder: timm's (`config.json` with `architecture`) or transformers' (ViT, DeiT, DINOv2, DINOv3, CLIP,
-    SigLIP, SigLIP 2)."""
+    SigLIP, SigLIP 2, BEiT)."""
     config = read_json_object(
         os.path.join(folder, "config.json"),
         f"{folder} is a folder without a readable config.json (timm's or transformers')",
@@ -123,11 +130,13 @@ def read_folder(folder, budget=None):
         return _with_preprocessor_statistics(read_vision_tower_folder(folder, config, budget), folder, model_type)
     if model_type in SIGLIP2_TYPES:
         return _with_preprocessor_statistics(read_siglip2_folder(folder, config, budget), folder, model_type)
+    if model_type in BEIT_TYPES:
+        return _with_preprocessor_statistics(read_beit_folder(folder, config, budget), folder, model_type)
     known = ", ".join(repr(name) for name in (*VIT_TYPES, *DINOV2_TYPES, *DINOV3_TYPES, *VISION_TOWER_TYPES,
-                                              *SIGLIP2_TYPES))
+                                              *SIGLIP2_TYPES, *BEIT_TYPES))
     raise CheckpointError(f"{folder}: its config.json is neither timm's (architecture) nor a transformers ViT, "
-                          f"DeiT, DINOv2, DINOv3, CLIP, SigLIP or SigLIP 2 model's (model_type {known}; this one is "
-                          f"{config.get('model_type')!r}).")
+                          f"DeiT, DINOv2, DINOv3, CLIP, SigLIP, SigLIP 2 or BEiT model's (model_type {known}; this one "
+                          f"is {config.get('model_type')!r}).")
 
 
 # transformers' models that take any image size in every call: DINOv2's interpolate_pos_encoding resizes its table
@@ -242,6 +251,7 @@ def load_into(model, source):
     notes = []  # Said only once the load succeeds.
     _adapt_patch_embedding(variables, state, name, notes)
     _adapt_position_embedding(model, state, source, notes)
+    _adapt_relative_position_tables(model, state, source, notes)
     _adapt_head(variables, state, source, notes)
 
     missing = sorted(k for k in variables if k not in state and not k.startswith(_OPTIONAL))
@@ -383,6 +393,37 @@ def _adapt_position_embedding(model, state, source, notes):
         f"{', antialiased' if layer.antialias else ''})."
     )
     state[key] = resized
+
+
+def _adapt_relative_position_tables(model, state, source, notes):
+    """Resize the file's relative position bias tables from its grid to the model's, as the file's library does.
+
+    The file's grid is its reader's (the config's image size), else the
+    square its rows describe; a table of any other row count is the shape
+    check's to report.
+    """
+    grids = {}
+    for layer in model.layers:
+        if getattr(layer, "relative_position_grid", None) is not None:
+            grids[f"{layer.name}/relative_position_bias_table"] = tuple(layer.relative_position_grid)
+        elif layer.name == "relative_position_bias":
+            grids["relative_position_bias/relative_position_bias_table"] = tuple(layer.grid_size)
+    resized = set()
+    for key, grid in grids.items():
+        table = state.get(key)
+        if table is None or table.ndim != 2:
+            continue
+        old = None if source.grid_size is None or None in source.grid_size else tuple(source.grid_size)
+        if old is None:
+            side = (math.isqrt(max(table.shape[0] - CLASS_TOKEN_ROWS, 0)) + 1) // 2
+            old = (side, side) if relative_table_rows((side, side)) == table.shape[0] else grid
+        if old == grid or table.shape[0] != relative_table_rows(old):
+            continue
+        state[key] = resize_relative_position_table(table, old, grid, source.relative_position_resize)
+        resized.add((old, grid))
+    for old, grid in sorted(resized):
+        notes.append(f"Resized the relative position bias tables of {source.description} from a {old[0]}x{old[1]} to "
+                     f"a {grid[0]}x{grid[1]} patch grid (as {source.relative_position_resize} does).")
 
 
 def _adapt_head(variables, state, source, notes):

@@ -183,6 +183,9 @@ class WeightsSource:
     resize_align_corners: bool = False  # That resize maps corner to corner (RADIO v3's, in timm).
     resize_aspect_preserving: bool = False  # That resize is to a square of the longer side, then cropped (timm's).
     factorized_positions: bool = False  # A NaFlex table of rows and one of columns (timm's pos_embed='factorized').
+    # How its library resizes relative position bias tables (BEiT's) to another grid: "timm" (its
+    # resize_rel_pos_bias_table) or "transformers" (BeitRelativePositionBias' bilinear interpolate).
+    relative_position_resize: str = "timm"
     naflex: bool = False  # A NaFlex model's file (timm's NaFlexVit, transformers' Siglip2): builds one by default.
     # How its library cuts a photo into a NaFlex batch for evaluation, as `keras_vit.data.naflex.naflex_batch`'s
     # keywords: {"rule": "siglip2" or "timm", "max_patches": budget, "interpolation": filter}; None: not NaFlex.

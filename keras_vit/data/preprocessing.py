@@ -58,6 +58,8 @@ TIMM_OTHER = ("url", "file", "state_dict", "hf_hub_id", "hf_hub_filename", "sour
 TRANSFORMERS_COMPUTED = ("do_resize", "size", "resample", "do_center_crop", "crop_size", "do_rescale",
                          "rescale_factor", "do_normalize", "image_mean", "image_std", "do_convert_rgb")
 TRANSFORMERS_NAMES = ("image_processor_type", "feature_extractor_type", "processor_class")
+# Fields of processors that change segmentation maps alone, never the image (BeitImageProcessor's).
+TRANSFORMERS_LABELS_ONLY = ("do_reduce_labels",)
 # transformers' Siglip2ImageProcessor fields: a NaFlex processor (no size or crop: a patch budget per image).
 SIGLIP2_COMPUTED = ("do_resize", "resample", "do_rescale", "rescale_factor", "do_normalize", "image_mean",
                     "image_std", "do_convert_rgb", "patch_size", "max_num_patches")
@@ -346,7 +348,7 @@ def from_preprocessor_config(config, where):
     Fields keras_vit does not compute, and values it does not (no rescale
     to [0, 1], a `longest_edge`, no normalisation), are refused by name.
     """
-    _refuse_unknown(config, TRANSFORMERS_COMPUTED + TRANSFORMERS_NAMES, where, "field")
+    _refuse_unknown(config, TRANSFORMERS_COMPUTED + TRANSFORMERS_NAMES + TRANSFORMERS_LABELS_ONLY, where, "field")
     processor = config.get("image_processor_type") or config.get("feature_extractor_type") or ""
     shortest_default = processor.removesuffix("Fast").removesuffix("Pil") in _SHORTEST_EDGE_PROCESSORS
     interpolation = _pixel_filter(config, where)

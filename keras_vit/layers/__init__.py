@@ -14,6 +14,7 @@ is `keras_vit.layers.kernels`' business, not the layers'.
 - `embedding`: input scaling, patch embedding, class and register tokens, token pooling;
 - `position_embedding`: learned position tables and the one place that resizes them (and patch kernels);
 - `rope`: rotary position embeddings;
+- `relative_position`: BEiT's relative position bias tables (a block's own, or one shared), their resize;
 - `blocks`: the Transformer encoder block in its three shapes (pre-norm, post-norm, parallel) and its
   switches, `BlockSwitches`;
 - `attention`: multi-head self-attention (plain, with weights, differential; RoPE, q/k norm, key bias);

@@ -5,9 +5,10 @@ fewer key/value heads, each repeated for its group of query heads before
 attention, so every attention path computes it); plain attention
 (`keras_vit.layers.kernels.attention`, fused where the platform has it),
 attention that returns its weights, or differential attention; RoPE
-rotation of queries and keys, per-head query/key norms and a key bias
-held at zero as its options; then the output projection. Uses `keras.ops`
-only.
+rotation of queries and keys, per-head query/key norms, a key bias held
+at zero and BEiT's relative position bias (its own table, plus any bias
+the block is given) as its options; then the output projection. Uses
+`keras.ops` only.
 """
 
 import math
@@ -19,6 +20,12 @@ from keras_vit.layers import kernels
 from keras_vit.layers import rope as rope_module
 from keras_vit.layers.norm import norm_layer
 from keras_vit.layers.parts import BlockPart
+from keras_vit.layers.relative_position import (
+    check_relative_grid,
+    relative_position_bias,
+    relative_position_index,
+    relative_table_rows,
+)
 
 
 @keras.saving.register_keras_serializable(package="keras_vit")
@@ -41,8 +48,9 @@ class SelfAttention(BlockPart):
     Reads the block's `num_heads`, `num_kv_heads`, `attention_dropout_rate`, `dropout_rate`,
     `layer_index` (differential attention's lambda offset) and its switches
     `qkv_bias`, `key_bias`, `qk_norm`, `rope`, `rope_temperature`,
-    `rope_rotate_half`, `differential_attention`, `attention_output_norm`
-    and `projection_bias`. Attention is `keras_vit.layers.kernels.attention`,
+    `rope_rotate_half`, `differential_attention`, `attention_output_norm`,
+    `projection_bias` and `relative_position_bias` (a table for the block's
+    `relative_position_grid`). Attention is `keras_vit.layers.kernels.attention`,
     except when its weights are asked for or attention dropout is active:
     then it is explicit einsums, which expose the weights.
     """
@@ -70,6 +78,15 @@ class SelfAttention(BlockPart):
         self.qkv = self.dense(width, "qkv", token_shape, 0, kernel_initializer=qkv_init, use_bias=switches.qkv_bias,
                               bias_constraint=None if switches.key_bias else ZeroKeyBias())
         self._build_rope()
+        if switches.relative_position_bias:
+            grid = block.relative_position_grid
+            if grid is None:
+                raise ValueError(f"{block.name} has a relative position bias table (relative_position_bias=True): "
+                                 "give the block its relative_position_grid, the (rows, columns) of its patches.")
+            check_relative_grid(grid, token_shape[1], block.name)
+            self.relative_index = relative_position_index(grid)
+            self.weight("relative_position_bias_table", shape=(relative_table_rows(grid), self.num_heads),
+                        initializer="zeros", autocast=False)
         if switches.qk_norm:  # differential attention normalises each half-width query and key (timm's DiffAttention)
             heads = (self.num_heads, 2, self.head_dim // 2) if switches.differential_attention else (self.num_heads,
                                                                                                      self.head_dim)
@@ -108,10 +125,12 @@ class SelfAttention(BlockPart):
             self.rope_frequencies = rope_module.rope_frequencies(switches.rope, self.head_dim,
                                                                  switches.rope_temperature)
 
-    def __call__(self, x, training, return_weights, positions=None, key_mask=None):
+    def __call__(self, x, training, return_weights, positions=None, key_mask=None, bias=None):
         """MSA(x) and, where `return_weights` (or differential attention computes them), its float32 weights.
 
-        `key_mask` `(batch, tokens)` leaves out the keys where it is False (NaFlex padding)."""
+        `key_mask` `(batch, tokens)` leaves out the keys where it is False (NaFlex padding); `bias`
+        `(1, heads, tokens, tokens)` is added to the logits (a shared relative position bias), with the
+        block's own table's."""
         switches = self.switches
         batch, tokens = ops.shape(x)[0], ops.shape(x)[1]
         # Split the fused projection on its last axis, then reshape each part, rather than
@@ -138,13 +157,16 @@ class SelfAttention(BlockPart):
                                                              switches.rope_rotate_half)
         if self.num_kv_heads != self.num_heads:
             key, value = self._for_each_query_head(key), self._for_each_query_head(value)
+        if switches.relative_position_bias:
+            own = relative_position_bias(self.block.relative_position_bias_table, self.relative_index)
+            bias = own if bias is None else own + ops.cast(bias, "float32")
         if switches.differential_attention:
             context, weights = self._differential(query, key, value, training, key_mask)
             weights = weights if return_weights else None
         elif return_weights or (training and self.attention_dropout.rate > 0):
-            context, weights = self._with_weights(query, key, value, training, key_mask)
+            context, weights = self._with_weights(query, key, value, training, key_mask, bias)
         else:
-            context, weights = kernels.attention(query, key, value, key_mask), None
+            context, weights = kernels.attention(query, key, value, key_mask, bias), None
         context = ops.reshape(context, (batch, tokens, self.num_heads * self.head_dim))
         if switches.attention_output_norm:
             context = self.output_norm(context)
@@ -185,12 +207,14 @@ class SelfAttention(BlockPart):
         context = self.sub_norm(context) * ops.cast(1.0 - self.lambda_init, context.dtype)
         return ops.cast(context, value.dtype), combined
 
-    def _with_weights(self, query, key, value, training, key_mask=None):
+    def _with_weights(self, query, key, value, training, key_mask=None, bias=None):
         """Attention as explicit einsums, returning its float32 weights (before dropout)."""
         scale = 1.0 / math.sqrt(self.head_dim)
         logits = ops.einsum("bqhd,bkhd->bhqk", query * ops.cast(scale, query.dtype), key)
         if key_mask is not None:
             logits = ops.cast(logits, "float32") + kernels.key_mask_bias(key_mask)
+        if bias is not None:
+            logits = ops.cast(logits, "float32") + ops.cast(bias, "float32")
         weights = ops.softmax(ops.cast(logits, "float32"), axis=-1)
         dropped = self.apply_dropout(self.attention_dropout, weights, training)
         return ops.einsum("bhqk,bkhd->bqhd", ops.cast(dropped, value.dtype), value), weights

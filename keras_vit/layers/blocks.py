@@ -63,6 +63,10 @@ class BlockSwitches:
             attention has q and v biases only).
         layer_norm_epsilon: every norm's epsilon (1e-6 in the original
             checkpoints and timm, 1e-5 in CLIP's, 1e-12 in transformers').
+        relative_position_bias: each block's attention adds a learned bias
+            per head from the two tokens' relative offset, its own table
+            (BEiT's, timm's `use_rel_pos_bias`;
+            `keras_vit.layers.relative_position`).
     """
 
     qkv_bias: bool = True
@@ -83,6 +87,7 @@ class BlockSwitches:
     rope_rotate_half: bool = False
     key_bias: bool = True
     layer_norm_epsilon: float = LAYER_NORM_EPSILON
+    relative_position_bias: bool = False
 
     def __post_init__(self):
         for field in dataclasses.fields(BlockSwitches):  # bools and numbers as the config of any version gives them
@@ -112,6 +117,9 @@ class BlockSwitches:
             raise ValueError(f"rope_temperature must be a finite number > 0, got {self.rope_temperature!r}.")
         if self.rope == "mixed" and self.rope_rotate_half:
             raise ValueError("Mixed RoPE rotates interleaved pairs; rope_rotate_half=True is not supported with it.")
+        if self.relative_position_bias and self.differential_attention:
+            raise ValueError("relative_position_bias=True is not supported with differential_attention=True (no "
+                             "timm architecture combines them).")
         if not self.layer_norm_epsilon > 0:
             raise ValueError(f"layer_norm_epsilon must be > 0, got {self.layer_norm_epsilon!r}.")
 
@@ -203,7 +211,11 @@ class TransformerBlock(_QuantizableSublayers, keras.layers.Layer):
     `keras_vit.layers.rope.RotaryPositions`) where it has RoPE, and
     `return_attention_weights=True` returns the float32 attention weights too;
     `key_mask`, `(batch, tokens)` booleans, leaves out the padding of a
-    NaFlex batch (`keras_vit.layers.naflex`).
+    NaFlex batch (`keras_vit.layers.naflex`). With the switch
+    `relative_position_bias` the block holds a table for the patch grid
+    `relative_position_grid`; `attention_bias` (a shared table's bias,
+    `keras_vit.layers.relative_position.RelativePositionBias`) is added
+    to every attention logit.
 
     Example:
     >>> import numpy as np
@@ -215,7 +227,7 @@ class TransformerBlock(_QuantizableSublayers, keras.layers.Layer):
 
     def __init__(self, num_heads, mlp_dim, dropout_rate=0.0, attention_dropout_rate=0.0, stochastic_depth_rate=0.0,
                  seed=None, lora_rank=None, lora_targets=(), layer_index=0, switches=None, num_kv_heads=None,
-                 **kwargs):
+                 relative_position_grid=None, **kwargs):
         switches = BlockSwitches.take(switches, kwargs)
         super().__init__(**kwargs)
         # === Config ===
@@ -229,6 +241,8 @@ class TransformerBlock(_QuantizableSublayers, keras.layers.Layer):
         self.lora_rank = lora_rank  # LoRA adapters on the dense layers named in lora_targets (keras_vit.enable_lora)
         self.lora_targets = tuple(lora_targets)
         self.layer_index = int(layer_index)
+        self.relative_position_grid = None if relative_position_grid is None else \
+            tuple(int(side) for side in relative_position_grid)
         self.num_kv_heads = self.num_heads if num_kv_heads is None else num_kv_heads
         if isinstance(self.num_kv_heads, bool) or not isinstance(self.num_kv_heads, int) \
                 or self.num_kv_heads < 1 or self.num_heads % self.num_kv_heads:
@@ -309,9 +323,10 @@ class TransformerBlock(_QuantizableSublayers, keras.layers.Layer):
             return branch
         return branch * ops.cast(getattr(self, name), branch.dtype)
 
-    def call(self, inputs, rope_positions=None, training=None, return_attention_weights=False, key_mask=None):
+    def call(self, inputs, rope_positions=None, training=None, return_attention_weights=False, key_mask=None,
+             attention_bias=None):
         def attend(x):
-            return self.attention(x, training, return_attention_weights, rope_positions, key_mask)
+            return self.attention(x, training, return_attention_weights, rope_positions, key_mask, attention_bias)
 
         if self.parallel:  # x + MSA(LN(x)) + MLP(LN(x)), one layer scale on the sum (ViT-22B's parallel block)
             normed = self.attention_norm(inputs)
@@ -343,6 +358,8 @@ class TransformerBlock(_QuantizableSublayers, keras.layers.Layer):
             config.update(layer_index=self.layer_index)
         if self.num_kv_heads != self.num_heads:
             config.update(num_kv_heads=self.num_kv_heads)
+        if self.relative_position_grid is not None:
+            config.update(relative_position_grid=list(self.relative_position_grid))
         if self.lora_rank:
             config.update(lora_rank=self.lora_rank, lora_targets=list(self.lora_targets))
         return self._with_quantized_sublayers(config)

@@ -215,7 +215,7 @@ def key_mask_bias(key_mask):
     return ops.where(keep, 0.0, MASKED_LOGIT)
 
 
-def attention(query, key, value, key_mask=None):
+def attention(query, key, value, key_mask=None, bias=None):
     """Bidirectional scaled dot-product attention on `(batch, tokens, heads, head_dim)` inputs.
 
     `softmax(q k^T / sqrt(head_dim)) v` with the softmax in float32, through
@@ -227,6 +227,8 @@ def attention(query, key, value, key_mask=None):
     log). `key_mask`, `(batch,
     keys)` booleans, leaves out the keys where it is False (NaFlex padding):
     their weights are exactly zero, so no query depends on what they hold.
+    `bias`, `(1 or batch, heads, queries, keys)`, is added to the logits
+    before the softmax (BEiT's relative position bias), and learns.
 
     Example:
     >>> import numpy as np
@@ -238,21 +240,25 @@ def attention(query, key, value, key_mask=None):
     True
     """
     if use_custom_gradients():
-        return softmax_attention(query, key, value, key_mask)
+        return softmax_attention(query, key, value, key_mask, bias)
+    if bias is not None:  # one additive mask: the bias, and the padding's -inf where there is a key mask
+        bias = ops.cast(bias, "float32") if key_mask is None else ops.cast(bias, "float32") + key_mask_bias(key_mask)
+        bias, key_mask = ops.cast(bias, query.dtype), None
     if use_torch_kernels() and query.dtype == key.dtype == value.dtype:
         from torch.nn import functional  # Only on the PyTorch backend, which has torch.
 
         mask = None if key_mask is None else ops.convert_to_tensor(key_mask).bool()[:, None, None, :]
+        mask = ops.convert_to_tensor(bias) if bias is not None else mask
         query, key, value = (ops.convert_to_tensor(t).transpose(1, 2) for t in (query, key, value))
         return functional.scaled_dot_product_attention(query, key, value, attn_mask=mask).transpose(1, 2)
     mask = None if key_mask is None else ops.cast(key_mask, "bool")[:, None, None, :]
-    flash = use_flash_attention() if mask is None else False
+    flash = use_flash_attention() if mask is None and bias is None else False
     if flash is None and keras.backend.backend() == "jax" and _platform() == "gpu":
         flash = _flash_attention(query, key, value)
-    return ops.dot_product_attention(query, key, value, mask=mask, flash_attention=flash)
+    return ops.dot_product_attention(query, key, value, bias=bias, mask=mask, flash_attention=flash)
 
 
-def softmax_attention(query, key, value, key_mask=None):
+def softmax_attention(query, key, value, key_mask=None, bias=None):
     """Bidirectional scaled dot-product attention with a FlashAttention-style backward pass.
 
     Computes `softmax(q k^T / sqrt(head_dim)) v` on `(batch, tokens, heads,
@@ -267,7 +273,8 @@ def softmax_attention(query, key, value, key_mask=None):
       FlashAttention uses), a reduction over the small output instead of the
       attention matrix, and no gradient flows through the max shift.
 
-    `key_mask` is `attention`'s.
+    `key_mask` and `bias` are `attention`'s; the bias's gradient is the
+    logits', summed over the axes it broadcasts along.
 
     Example:
     >>> import numpy as np
@@ -278,10 +285,11 @@ def softmax_attention(query, key, value, key_mask=None):
     scale = 1.0 / math.sqrt(query.shape[-1])
     # A mask goes in as an input (with a zero gradient), not a closure: JAX's custom gradients take no tracers
     # from outside. Without one there is no bias to add at all.
-    bias = () if key_mask is None else (key_mask_bias(key_mask),)
+    masks = () if key_mask is None else (key_mask_bias(key_mask),)
+    learned = () if bias is None else (ops.cast(bias, "float32"),)
 
     @ops.custom_gradient
-    def attend(query, key, value, *bias):
+    def attend(query, key, value, *extra):
         # Heads first, so that every product is a plain batched matmul. The logits and their
         # gradients are float32 whatever the inputs (as Keras' attention on JAX); the weights
         # meet `value` in its own dtype.
@@ -290,8 +298,8 @@ def softmax_attention(query, key, value, key_mask=None):
         query, key, value = (ops.transpose(t, heads_first) for t in (query, key, value))
         query, key = ops.cast(query, "float32") * scale, ops.cast(key, "float32")
         logits = ops.matmul(query, ops.swapaxes(key, -1, -2))
-        if bias:
-            logits = logits + bias[0]
+        for part in extra:
+            logits = logits + part
         exponentials = ops.exp(logits - ops.max(logits, axis=-1, keepdims=True))
         inverse_sums = 1.0 / ops.sum(exponentials, axis=-1, keepdims=True)
         output = ops.matmul(ops.cast(exponentials, dtype), value) * ops.cast(inverse_sums, dtype)
@@ -310,11 +318,15 @@ def softmax_attention(query, key, value, key_mask=None):
             d_key = ops.matmul(ops.swapaxes(d_logits, -1, -2), query)
             d_value = ops.matmul(ops.swapaxes(ops.cast(weights, dtype), -1, -2), d_output)
             grads = tuple(ops.cast(ops.transpose(g, heads_first), dtype) for g in (d_query, d_key, d_value))
-            return (*grads, *(ops.zeros_like(part) for part in bias))
+            d_extra = [ops.zeros_like(part) for part in extra[:len(masks)]]
+            for part in extra[len(masks):]:  # the learned bias: the logits' gradient, over the axes it broadcasts
+                axes = tuple(axis for axis in range(4) if part.shape[axis] == 1 and d_logits.shape[axis] != 1)
+                d_extra.append(ops.sum(d_logits, axis=axes, keepdims=True) if axes else d_logits)
+            return (*grads, *d_extra)
 
         return ops.transpose(output, heads_first), grad
 
-    return attend(query, key, value, *bias)
+    return attend(query, key, value, *masks, *learned)
 
 
 def gelu(x, approximate):

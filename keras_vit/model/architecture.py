@@ -85,6 +85,11 @@ class Architecture(BlockSwitches):
             `num_heads / num_kv_heads` query heads), as one number for every
             block or a tuple with one per block (Sapiens2's: full attention
             in the first and last 8 blocks); None for full attention.
+        shared_relative_position_bias: one relative position bias table
+            for every block, its bias added to each block's attention (and to
+            the block's own table's, with `relative_position_bias`): BEiT's
+            `use_shared_rel_pos_bias`. Either table needs the class token
+            and no other prefix token, and a fixed image size.
         resnet_epsilons: for a hybrid, its ResNet's epsilons, a key of
             `RESNET_EPSILONS`: `"flax"` (the original `.npz` models') or
             `"timm"` (timm's `vit_*_r50_*` and `vit_*_r26_*` hybrids).
@@ -111,6 +116,7 @@ class Architecture(BlockSwitches):
     input_std: tuple = PAPER_PIXEL_STATISTICS
     resnet_epsilons: str = "flax"
     num_kv_heads: tuple = None
+    shared_relative_position_bias: bool = False
 
     def __post_init__(self):
         super().__post_init__()
@@ -159,6 +165,14 @@ class Architecture(BlockSwitches):
                                  f"None; got {self.num_kv_heads!r}.")
             if isinstance(self.num_kv_heads, list):
                 object.__setattr__(self, "num_kv_heads", tuple(self.num_kv_heads))
+        if self.relative_position_bias or self.shared_relative_position_bias:
+            if not self.class_token or self.num_prefix_tokens != 1:
+                raise ValueError("A relative position bias table has three rows for BEiT's class token and none for "
+                                 "other prefix tokens: it needs class_token=True and no register or distillation "
+                                 "tokens.")
+            if self.shared_relative_position_bias and self.differential_attention:
+                raise ValueError("shared_relative_position_bias=True is not supported with differential_attention="
+                                 "True (no timm architecture combines them).")
         if self.resnet_epsilons not in RESNET_EPSILONS:
             raise ValueError(f"Unknown resnet_epsilons {self.resnet_epsilons!r}; expected one of "
                              f"{tuple(RESNET_EPSILONS)}.")
@@ -173,6 +187,11 @@ class Architecture(BlockSwitches):
     def position_prefix_rows(self):
         """The rows of the position table that belong to prefix tokens (0 with `no_embed_class`)."""
         return self.num_prefix_tokens if self.class_token_position_embedding else 0
+
+    @property
+    def relative_position_tables(self):
+        """Whether attention adds a relative position bias, from each block's table or a shared one (BEiT's)."""
+        return self.relative_position_bias or self.shared_relative_position_bias
 
     @property
     def normalizes_input(self):

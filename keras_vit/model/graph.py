@@ -39,6 +39,7 @@ from keras_vit.layers.naflex import (
     NaFlexRotaryPositions,
     NaFlexTokenMask,
 )
+from keras_vit.layers.relative_position import RelativePositionBias
 from keras_vit.layers.resnet import apply_resnet
 from keras_vit.layers.rope import RotaryPositions
 from keras_vit.model.architecture import Architecture
@@ -99,6 +100,10 @@ def build(options, input_tensor):
     num_prefix_tokens = architecture.num_prefix_tokens
     epsilon = architecture.layer_norm_epsilon
     dynamic = image_size == DYNAMIC
+    if architecture.relative_position_tables and (dynamic or options.naflex):
+        raise ValueError("A relative position bias table is learned for one patch grid (BEiT's, whose timm model "
+                         "takes a fixed input size): build the model at a fixed image_size; loading a checkpoint at "
+                         "another size resizes its tables, as timm does.")
     if options.position_embedding_factorized and not options.naflex:
         raise ValueError("Factorized position tables apply to NaFlex models only, as timm's NaFlexVit builds them; "
                          "pass naflex=True.")
@@ -134,6 +139,9 @@ def build(options, input_tensor):
                                  architecture.rope_reference_grid, architecture.rope_grid_indexing,
                                  name="rotary_positions", **typed)
         call_options["rope_positions"] = rotary(x, patch_grid=patch_grid) if dynamic else rotary(x)
+    if architecture.shared_relative_position_bias:
+        call_options["attention_bias"] = RelativePositionBias(grid_size, sizes.num_heads,
+                                                              name="relative_position_bias", **typed)(x)
     x = keras.layers.Dropout(options.dropout_rate, name="embedding_dropout", **typed)(x)
     if architecture.norm_pre:
         x = norm_layer(architecture.normalization, epsilon, name="pre_norm", **typed)(x)
@@ -148,6 +156,7 @@ def build(options, input_tensor):
             layer_index=index,
             switches=BlockSwitches.of(architecture),
             num_kv_heads=kv_heads[index],
+            relative_position_grid=grid_size if architecture.relative_position_bias else None,
             name=f"encoderblock_{index}",
             **typed,
         )(x, **call_options)

@@ -62,11 +62,13 @@ def attention_weights(model, images):
         x = keras.ops.convert_to_tensor(np.asarray(images, "float32"))
     names = {layer.name for layer in model.layers}
     # The model's own tokens as the first block receives them (prefix tokens, position embeddings, norm_pre), and
-    # what each block is called with: RoPE's token positions, a NaFlex batch's mask of its valid tokens.
+    # what each block is called with: RoPE's token positions, a NaFlex batch's mask of its valid tokens, a shared
+    # relative position bias.
     first = model.get_layer("encoderblock_0").input
     first = first[0] if isinstance(first, (list, tuple)) else first
     given = {argument: model.get_layer(layer).output for argument, layer in
-             (("rope_positions", "rotary_positions"), ("key_mask", "token_mask")) if layer in names}
+             (("rope_positions", "rotary_positions"), ("key_mask", "token_mask"),
+              ("attention_bias", "relative_position_bias")) if layer in names}
     outputs = keras.Model(model.input, [first, *given.values()] if given else first)(x, training=False)
     x, options = (outputs[0], dict(zip(given, outputs[1:]))) if given else (outputs, {})
     attentions = []

@@ -11,7 +11,7 @@ with plain `fit` on images alone; its `encoder` is then fine-tuned as usual.
 import keras
 from keras import ops
 
-from keras_vit.model.description import architecture_of, is_naflex
+from keras_vit.model.description import architecture_of, is_naflex, native_grid
 from keras_vit.utils.shapes import as_pair
 from keras_vit.utils.keras_internals import per_replica_loss
 
@@ -187,11 +187,11 @@ class MaskedPatchPretrainer(keras.Model):
     ):
         super().__init__(**kwargs)
         names = {layer.name for layer in getattr(encoder, "layers", ())}
-        missing = [name for name in ("embedding", "position_embedding") if name not in names]
-        if not isinstance(encoder, keras.Model) or missing:
+        if not isinstance(encoder, keras.Model) or "embedding" not in names or not any(
+                name.startswith("encoderblock_") for name in names):
             raise ValueError(
-                "encoder must be a keras_vit ViT model with layers named 'embedding' and "
-                f"'position_embedding'; {getattr(encoder, 'name', encoder)!r} lacks {missing or 'them'}."
+                "encoder must be a keras_vit ViT model with layers named 'embedding' and 'encoderblock_0', ...; "
+                f"{getattr(encoder, 'name', encoder)!r} is not one."
             )
         if is_naflex(encoder):
             raise ValueError(f"{encoder.name!r} is a NaFlex model, whose patches come cut, and masked-patch "
@@ -213,9 +213,8 @@ class MaskedPatchPretrainer(keras.Model):
         self.bits = int(bits)
         self.seed = seed
 
-        position = encoder.get_layer("position_embedding")
         self.num_prefix_tokens = architecture_of(encoder).num_prefix_tokens
-        self.grid_size = tuple(position.grid_size)
+        self.grid_size = native_grid(encoder)  # a BEiT's or a RoPE ViT's too, which have no position table
         height, width = encoder.input_shape[1:3]
         self.patch_size = (height // self.grid_size[0], width // self.grid_size[1])
 

@@ -142,7 +142,9 @@ EVA_ARGUMENTS = frozenset({*EVA_KEYWORDS, *TRAINING_ONLY_KEYWORDS, *SIZE_KEYWORD
                            - {"norm_eps", "norm_layer"})
 
 
-def _sizes(state, entry, args, switches, name, path, where):
+def checked_eva_sizes(state, entry, args, switches, name, path, where):
+    """The sizes of an `Eva` (or `Beit`) file: the name's with `model_args` over them, each checked against the
+    tensors."""
     sizes = {key: args.get(key, default) for key, default in (
         ("patch_size", entry.patch_size), ("embed_dim", entry.embed_dim), ("depth", entry.depth),
         ("num_heads", entry.num_heads))}
@@ -276,7 +278,7 @@ def read_timm_eva(path, budget, config, where):
     if "embedding/kernel" not in state or "encoderblock_0/mlp_hidden/kernel" not in state:
         raise CheckpointError(f"{path} lacks timm's patch embedding or first block (patch_embed.proj.weight, "
                               "blocks.0.mlp.fc1*). Nothing was loaded.")
-    sizes = _sizes(state, entry, args, switches, name, path, where)
+    sizes = checked_eva_sizes(state, entry, args, switches, name, path, where)
     unpacked = eva_unpacked_swiglu(switches)
     if unpacked != ("blocks.0.mlp.fc1_g.weight" in tensors) and architecture.mlp_activation == "swiglu":
         found, built = ("one packed SwiGLU layer (mlp.fc1)", "two (mlp.fc1_g, mlp.fc1_x)") if unpacked else \

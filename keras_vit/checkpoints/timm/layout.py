@@ -43,6 +43,7 @@ from keras_vit.checkpoints.timm.config import (
     grid_of_config,
     model_args_of,
 )
+from keras_vit.checkpoints.timm.beit import BEIT_ARCHITECTURES, read_timm_beit
 from keras_vit.checkpoints.timm.eva_families import EVA_ARCHITECTURES
 from keras_vit.checkpoints.timm.eva_layout import read_timm_eva
 from keras_vit.checkpoints.timm.families import (
@@ -336,9 +337,11 @@ def read_timm_folder(folder, config, budget=None):
     if not isinstance(architecture, str):
         raise CheckpointError(f"{where}: architecture is {architecture!r}; expected timm's model name (a string "
                               "such as 'vit_base_patch16_224').")
-    if architecture not in EVA_ARCHITECTURES:
+    if architecture not in EVA_ARCHITECTURES and architecture not in BEIT_ARCHITECTURES:
         timm_architecture(architecture, where)  # Refused by name before any tensor is read.
     weights = folder_weights(folder, "timm")
     if architecture in EVA_ARCHITECTURES:
         return read_timm_eva(weights, budget, config, where)
+    if architecture in BEIT_ARCHITECTURES:
+        return read_timm_beit(weights, budget, config, where)
     return read_timm(weights, budget, config, where)

@@ -25,6 +25,13 @@ import numpy as np
 from keras_vit.checkpoints.source import CheckpointError, preview, read_json_object, state_of
 from keras_vit.checkpoints.state_dict_files import TIMM_ENDINGS, _safetensors
 from keras_vit.checkpoints.tensor_layout import keras_to_torch
+from keras_vit.checkpoints.timm.beit import (
+    BEIT_ARCHITECTURES,
+    beit_arguments,
+    configured_beit_architecture,
+    read_timm_beit,
+    to_timm_beit,
+)
 from keras_vit.checkpoints.timm.eva_families import EVA_ARCHITECTURES
 from keras_vit.checkpoints.timm.eva_layout import configured_eva_architecture, eva_arguments, read_timm_eva, to_timm_eva
 from keras_vit.checkpoints.timm.families import timm_architecture, timm_mlp_dim, timm_mlp_ratio
@@ -117,9 +124,8 @@ def check_timm_rebuilds(model, architecture, arguments, path=None, written=None,
               if key not in _INFORMATIONAL}
     left_open = _LEFT_OPEN[2:] if "pretrained_cfg" in config else _LEFT_OPEN
     where = f"timm_arguments(model, {architecture!r})"
-    eva = name in EVA_ARCHITECTURES
-    entry, args, switches, _, rebuilt = (configured_eva_architecture if eva else configured_architecture)(config,
-                                                                                                          where)
+    configure, read = _family(name)
+    entry, args, switches, _, rebuilt = configure(config, where)
     found = architecture_of(model)
     differs = {field.name: (getattr(rebuilt, field.name), getattr(found, field.name))
                for field in dataclasses.fields(Architecture) if field.name not in left_open
@@ -143,7 +149,7 @@ def check_timm_rebuilds(model, architecture, arguments, path=None, written=None,
     if written is None:
         return
     try:
-        source = (read_timm_eva if eva else read_timm)(written, None, config, where)
+        source = read(written, None, config, where)
     except CheckpointError as error:  # keras_vit's writer and reader disagree: a bug, said as plainly as it can be
         reason = re.sub(r"[.;] [Nn]othing was loaded\.$", "", str(error).replace(written, "the file"))
         raise CheckpointError(f"{prefix}timm's {name!r} would not load the file save_timm wrote strictly: {reason}."
@@ -154,6 +160,24 @@ def check_timm_rebuilds(model, architecture, arguments, path=None, written=None,
         differ = sorted(set(read) ^ set(shapes)) or sorted(key for key in read if read[key] != shapes[key])
         raise CheckpointError(f"{prefix}read back as timm's {name!r}, the file's weights are not {model.name}'s "
                               f"({preview(differ, 3)}).{written_nothing}")
+
+
+def _check_beit_named(model, found, architecture):
+    """Refuse a model with relative position bias tables (`found`, its `Architecture`) unless `architecture` is one
+    of timm's `Beit` names, the only class that has them."""
+    if found.relative_position_tables and architecture not in BEIT_ARCHITECTURES:
+        raise CheckpointError(f"{model.name} has relative position bias tables, as timm's Beit class: pass "
+                              "architecture= the Beit name it is (beit_base_patch16_224, beitv2_base_patch16_224, "
+                              "...).")
+
+
+def _family(name):
+    """`(configure, read)`: the config and file readers of the timm class that architecture `name` belongs to."""
+    if name in EVA_ARCHITECTURES:
+        return configured_eva_architecture, read_timm_eva
+    if name in BEIT_ARCHITECTURES:
+        return configured_beit_architecture, read_timm_beit
+    return configured_architecture, read_timm
 
 
 # timm's `global_pool` of each keras_vit classifier.
@@ -201,8 +225,11 @@ def timm_arguments(model, architecture=None):
 def _keywords(model, architecture):
     """`timm_arguments` before its check: the keywords, and refusals of what no keyword expresses."""
     found = architecture_of(model)
+    _check_beit_named(model, found, architecture)
     if architecture in EVA_ARCHITECTURES:
         return eva_arguments(model, architecture)
+    if architecture in BEIT_ARCHITECTURES:
+        return beit_arguments(model, architecture)
     entry = None if architecture is None else timm_architecture(architecture, "timm_arguments")
     no_table = entry is not None and entry.switches.get("pos_embed") == "none"  # ViTamin XL's pos_embed='none'
     if found.rope or not found.key_bias or (not found.position_embedding and not no_table):
@@ -325,8 +352,10 @@ def save_timm(model, path, architecture=None):
     path = os.fspath(path)
     if is_naflex(model):
         return _save_naflex(model, path, architecture or "naflexvit_base_patch16_gap")
-    eva = architecture in EVA_ARCHITECTURES
-    tensors = None if eva else to_timm(model, architecture)  # first: its refusals (LoRA, ...) name the fix precisely
+    eva, beit = architecture in EVA_ARCHITECTURES, architecture in BEIT_ARCHITECTURES
+    _check_beit_named(model, architecture_of(model), architecture)
+    # first: its refusals (LoRA, ...) name the fix precisely
+    tensors = to_timm_beit(model, architecture) if beit else None if eva else to_timm(model, architecture)
     arguments = _keywords(model, architecture)
     pretrained, note = _pretrained_cfg(model, arguments)
     config = _timm_config(model, architecture or "vit_base_patch16_224", arguments, pretrained)
