@@ -12,12 +12,12 @@ for two, at another size after timm's `checkpoint_filter_fn` (which resizes the 
 import json
 import os
 import shutil
-import warnings
 
 import keras
 import numpy as np
 import pytest
 from conftest import fixture, predict
+from timm_class_checks import check_every_tool, check_one_step_moves, check_onnx, write_timm_hub_cache
 
 import keras_vit
 from keras_vit import CheckpointError, checkpoints
@@ -29,7 +29,6 @@ from keras_vit.layers.relative_position import (
     relative_table_rows,
     resize_relative_position_table,
 )
-from keras_vit.tools import analysis
 
 with np.load(fixture("timm_beit_reference.npz")) as _data:
     REFERENCE = dict(_data)
@@ -177,18 +176,9 @@ def test_hf_handles_of_the_pretrained_tags_read_from_an_offline_cache(tmp_path):
     tags = [(name, tag) for name, entry in sorted(registry.items()) if entry["class"] == "Beit"
             for tag in entry["tags"]]
     assert len(tags) == 13
-    cache = tmp_path / "hub"
-    for name, tag in tags:
-        repo = cache / f"models--timm--{name}.{tag}"
-        (repo / "refs").mkdir(parents=True)
-        (repo / "refs" / "main").write_text("0" * 40)
-        snapshot = repo / "snapshots" / ("0" * 40)
-        shutil.copytree(folder("beit_v1"), snapshot)
-        config = json.loads((snapshot / "config.json").read_text())
-        # The fixture's layer scale where the tag's architecture has another, as timm's model_args say it.
-        config["model_args"]["init_values"] = 0.1
-        config["architecture"], config["pretrained_cfg"]["tag"] = name, tag
-        (snapshot / "config.json").write_text(json.dumps(config))
+    # The fixture's layer scale where the tag's architecture has another, as timm's model_args say it.
+    write_timm_hub_cache(tmp_path / "hub", tags, lambda name: folder("beit_v1"),
+                         lambda name, args: args.update(init_values=0.1))
     code = (
         "import numpy as np, keras, keras_vit\n"
         f"data = np.load({fixture('timm_beit_reference.npz')!r})\n"
@@ -198,7 +188,7 @@ def test_hf_handles_of_the_pretrained_tags_read_from_an_offline_cache(tmp_path):
         "data['beit_v1/native/logits']).max()\n"
         "    print('GAP', name, float(gap))\n"
     )
-    done = run_offline(cache, code)
+    done = run_offline(tmp_path / "hub", code)
     assert done.returncode == 0, done.stderr[-3000:]
     gaps = [float(line.split()[-1]) for line in done.stdout.splitlines() if line.startswith("GAP")]
     assert len(gaps) == 13 and max(gaps) < 1e-5, done.stdout
@@ -206,47 +196,14 @@ def test_hf_handles_of_the_pretrained_tags_read_from_an_offline_cache(tmp_path):
 
 @pytest.mark.backend_independent
 def test_every_tool_works_on_beit(tmp_path):
-    model = load("shared_abs_token")
-    images = REFERENCE["shared_abs_token/native/images"]
-    expected = predict(model, images)
-    # The .keras file, as saved and as from_pretrained rebuilds it.
-    model.save(str(tmp_path / "beit.keras"))
-    np.testing.assert_array_equal(predict(keras.saving.load_model(str(tmp_path / "beit.keras")), images), expected)
-    rebuilt = keras_vit.from_pretrained(str(tmp_path / "beit.keras"), classifier_activation=None)
-    np.testing.assert_allclose(predict(rebuilt, images), expected, atol=1e-6, rtol=0)
-    # Attention weights as the blocks compute them (both tables added), rows summing to one; rollout on them.
-    weights = analysis.attention_weights(model, images)
-    assert [w.shape for w in weights] == [(2, 2, 17, 17)] * 2
-    np.testing.assert_allclose(weights[0].sum(-1), 1.0, atol=1e-5)
-    assert analysis.attention_rollout(weights).shape == (2, 17, 17)
-    # Features of a block on the patch grid, the class token dropped.
-    features = keras_vit.feature_extractor(model, (0, 1))
-    blocks = keras.Model(model.input, model.get_layer("encoderblock_1").output)
-    np.testing.assert_array_equal(predict(features, images)[1], predict(blocks, images)[:, 1:].reshape(2, 4, 4, 32))
-    # LoRA leaves the outputs unchanged and trains the adapters alone; int8 stays close.
-    keras_vit.enable_lora(model, rank=2)
-    assert not [v.path for v in model.trainable_weights if "relative_position_bias_table" in v.path]
-    np.testing.assert_allclose(predict(model, images), expected, atol=1e-6, rtol=0)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        model = keras_vit.merge_lora(model)
-        model.quantize("int8")
-    assert 0 < np.abs(predict(model, images) - expected).max() < 0.05 * np.abs(expected).max()
+    check_every_tool(load("shared_abs_token"), REFERENCE["shared_abs_token/native/images"], tmp_path, 1, 0.05)
 
 
 def test_beit_exports_to_onnx(tmp_path):
     if keras.backend.backend() == "jax":
         pytest.skip("ONNX export runs on the TensorFlow and PyTorch backends")
     pytest.importorskip("onnxruntime")
-    import onnxruntime
-
-    model = load("beit_v1")
-    images = REFERENCE["beit_v1/native/images"]
-    path = str(tmp_path / "beit.onnx")
-    model.export(path, format="onnx", verbose=False)
-    session = onnxruntime.InferenceSession(path, providers=["CPUExecutionProvider"])
-    (feed,) = session.get_inputs()
-    np.testing.assert_allclose(session.run(None, {feed.name: images})[0], predict(model, images), atol=1e-4)
+    check_onnx(load("beit_v1"), REFERENCE["beit_v1/native/images"], tmp_path)
 
 
 def test_the_learned_bias_gets_the_gradient_of_plain_attention():
@@ -280,37 +237,33 @@ def test_beit_trains_its_tables_one_step():
     model = keras_vit.ViT(image_size=16, patch_size=8, hidden_size=16, num_layers=1, num_heads=2, mlp_dim=32,
                           classes=3, relative_position_bias=True, shared_relative_position_bias=True,
                           position_embedding=False)
-    tables = [v for v in model.trainable_weights if "relative_position_bias_table" in v.path]
-    assert len(tables) == 2
-    model.get_layer("head").kernel.assign(np.random.default_rng(0).normal(size=(16, 3)).astype("float32"))
-    before = [keras.ops.convert_to_numpy(v).copy() for v in tables]
-    model.compile(optimizer=keras.optimizers.SGD(0.5), loss="sparse_categorical_crossentropy")
-    model.fit(np.random.default_rng(1).uniform(-1, 1, (4, 16, 16, 3)).astype("float32"), np.array([0, 1, 2, 0]),
-              epochs=1, verbose=0)
-    assert all(np.abs(keras.ops.convert_to_numpy(v) - b).max() > 0 for v, b in zip(tables, before))
+    check_one_step_moves(model, ("relative_position_bias_table",), 2)
+
+
+FIXED_GRID = ("A relative position bias is built for one patch grid (as timm's Beit and VisionTransformerRelPos take "
+              "one input size): build the model at a fixed image_size; loading a checkpoint at another size resizes "
+              "its tables, as timm does.")
+TABLE_PREFIX = ("A relative position bias table has three rows for a class token and none for other prefix tokens: it "
+                "takes the class token alone, or no prefix token (no register or distillation tokens).")
 
 
 @pytest.mark.backend_independent
 @pytest.mark.parametrize("arguments, message", [
     (dict(image_size=(None, None), relative_position_bias=True),
-     "A relative position bias table is learned for one patch grid (BEiT's, whose timm model takes a fixed input "
-     "size): build the model at a fixed image_size; loading a checkpoint at another size resizes its tables, as timm "
-     "does."),
+     FIXED_GRID),
     (dict(naflex=True, shared_relative_position_bias=True),
-     "A relative position bias table is learned for one patch grid (BEiT's, whose timm model takes a fixed input "
-     "size): build the model at a fixed image_size; loading a checkpoint at another size resizes its tables, as timm "
-     "does."),
-    (dict(image_size=16, relative_position_bias=True, register_tokens=2),
-     "A relative position bias table has three rows for BEiT's class token and none for other prefix tokens: it "
-     "needs class_token=True and no register or distillation tokens."),
-    (dict(image_size=16, relative_position_bias=True, classifier="gap"),
-     "A relative position bias table has three rows for BEiT's class token and none for other prefix tokens: it "
-     "needs class_token=True and no register or distillation tokens."),
+     FIXED_GRID),
+    (dict(image_size=16, relative_position_bias=True, register_tokens=2), TABLE_PREFIX),
+    (dict(image_size=16, shared_relative_position_bias="table", classifier="gap", register_tokens=1), TABLE_PREFIX),
     (dict(image_size=16, relative_position_bias=True, differential_attention=True),
-     "relative_position_bias=True is not supported with differential_attention=True (no timm architecture combines "
+     "relative_position_bias is not supported with differential_attention=True (no timm architecture combines "
      "them)."),
+    (dict(image_size=16, relative_position_bias="log"),
+     "Unknown relative_position_bias 'log'; expected one of ('table', 'mlp', 'mlp_swin') or None."),
+    (dict(image_size=16, relative_position_bias="mlp", relative_position_mlp_dim=0),
+     "relative_position_mlp_dim must be a whole number >= 1, got 0."),
 ])
-def test_relative_position_tables_refuse_what_they_cannot_be_in_one_line(arguments, message):
+def test_relative_position_biases_refuse_what_they_cannot_be_in_one_line(arguments, message):
     with pytest.raises(ValueError) as error:
         keras_vit.ViT(patch_size=8, hidden_size=16, num_layers=1, num_heads=2, mlp_dim=32, **arguments)
     assert str(error.value) == message
@@ -337,8 +290,9 @@ def test_save_timm_of_a_beit_needs_a_beit_name(tmp_path):
     with pytest.raises(CheckpointError) as error:
         checkpoints.save_timm(model, str(tmp_path / "model.safetensors"))
     assert str(error.value) == (
-        f"{model.name} has relative position bias tables, as timm's Beit class: pass architecture= the Beit name it is "
-        "(beit_base_patch16_224, beitv2_base_patch16_224, ...).")
+        f"{model.name} has a relative position bias, as timm's Beit and VisionTransformerRelPos classes: pass "
+        "architecture= the name it is (beit_base_patch16_224, beitv2_base_patch16_224, vit_relpos_base_patch16_224, "
+        "...).")
     assert not os.listdir(tmp_path)
 
 
@@ -388,3 +342,17 @@ def test_masked_patch_pretraining_takes_a_beit_without_a_position_table():
     pretrainer.compile(optimizer=keras.optimizers.SGD(1.0))
     pretrainer.fit(np.random.default_rng(0).uniform(-1, 1, (4, 16, 16, 3)).astype("float32"), epochs=1, verbose=0)
     assert np.abs(keras.ops.convert_to_numpy(table) - before).max() > 0
+
+
+@pytest.mark.backend_independent
+def test_a_null_model_arg_leaves_the_names_own_value_as_timm_create_model_does(tmp_path):
+    """timm's create_model drops keywords that are None: `init_values: null` keeps beit_base's own 0.1 (the file's
+    gammas), where reading it as None would build no layer scale."""
+    target = tmp_path / "beit"
+    shutil.copytree(folder("beit_v1"), target)
+    config = json.loads((target / "config.json").read_text())
+    config["model_args"].update(init_values=None, use_rel_pos_bias=None)
+    (target / "config.json").write_text(json.dumps(config))
+    model = keras_vit.from_pretrained(str(target), classifier_activation=None)
+    images = REFERENCE["beit_v1/native/images"]
+    np.testing.assert_allclose(predict(model, images), REFERENCE["beit_v1/native/logits"], atol=TOLERANCE, rtol=0)

@@ -114,6 +114,25 @@ def test_save_timm_folder_reloads_the_switch_a_bare_state_dict_loses(switch, tmp
 
 
 @pytest.mark.backend_independent
+def test_save_timm_writes_no_layer_scale_as_zero_where_the_name_sets_one_and_reads_null_as_the_names_own(tmp_path):
+    """timm's create_model drops a None keyword, so the name's own layer scale (DINOv2 giant's 1e-5) would stand: a
+    model without one is written with init_values 0 (no LayerScale in timm), and a null is read as timm reads it."""
+    model = keras_vit.ViT(image_size=32, patch_size=8, hidden_size=24, num_layers=1, num_heads=3, mlp_dim=48,
+                          classes=5, classifier="gap", class_token=True, fc_norm=True, mlp_activation="swiglu")
+    checkpoints.save_timm(model, tmp_path / "model.safetensors", architecture="vit_giant_patch14_dinov2")
+    config = json.loads((tmp_path / "config.json").read_text())
+    assert config["model_args"]["init_values"] == 0.0
+    assert checkpoints.architecture_of(keras_vit.from_pretrained(str(tmp_path))).layer_scale is None
+    config["model_args"]["init_values"] = None
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(CheckpointError) as error:  # as timm's strict load refuses it
+        keras_vit.from_pretrained(str(tmp_path))
+    assert str(error.value) == (f"{tmp_path / 'model.safetensors'} does not hold timm's 'vit_giant_patch14_dinov2' as "
+                                "its config.json sets it: it lacks blocks.0.ls1.gamma (init_values set). Nothing was "
+                                "loaded.")
+
+
+@pytest.mark.backend_independent
 def test_save_timm_writes_the_nearest_eval_transform_timm_states_and_says_so(tmp_path, keras_vit_log):
     model = keras_vit.ViT(image_size=32, patch_size=8, hidden_size=24, num_layers=1, num_heads=3, mlp_dim=48)
     checkpoints.save_timm(model, tmp_path / "model.safetensors")

@@ -15,6 +15,7 @@ import shutil
 import numpy as np
 import pytest
 from conftest import fixture, predict
+from timm_class_checks import write_timm_hub_cache
 
 import keras_vit
 from keras_vit import CheckpointError, checkpoints
@@ -183,18 +184,14 @@ def test_hf_handles_of_the_pretrained_tags_read_from_an_offline_cache(tmp_path):
 
     assert len(PRETRAINED) == 11
     cache = tmp_path / "hub"
-    for (name, tag), kind in PRETRAINED.items():
-        repo = cache / f"models--timm--{name}.{tag}"
-        (repo / "refs").mkdir(parents=True)
-        (repo / "refs" / "main").write_text("0" * 40)
-        snapshot = repo / "snapshots" / ("0" * 40)
-        shutil.copytree(folder(kind), snapshot)
-        config = json.loads((snapshot / "config.json").read_text())
-        # The fixture's sizes, layer scale and registers where the tag's architecture has others, as timm's model_args say them.
-        own = NAFLEX_ARCHITECTURES[config["architecture"]].cfg
-        config["model_args"].update({key: own[key] for key in ("mlp_ratio", "init_values", "reg_tokens")})
-        config["architecture"], config["pretrained_cfg"]["tag"] = name, tag
-        (snapshot / "config.json").write_text(json.dumps(config))
+    kinds = {name: kind for (name, _), kind in PRETRAINED.items()}
+
+    def fixture_sizes(name, args):  # the fixture's sizes, layer scale and registers where the tag's have others
+        own = NAFLEX_ARCHITECTURES[json.loads(open(os.path.join(folder(kinds[name]), "config.json")).read())[
+            "architecture"]].cfg
+        args.update({key: own[key] for key in ("mlp_ratio", "init_values", "reg_tokens")})
+
+    write_timm_hub_cache(cache, list(PRETRAINED), lambda name: folder(kinds[name]), fixture_sizes)
     code = (
         "import numpy as np, keras, keras_vit\n"
         f"data = np.load({fixture('timm_naflex_reference.npz')!r})\n"

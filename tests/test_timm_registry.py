@@ -210,3 +210,16 @@ def test_beit_table_is_timms_beit_registry():
         assert table.switches == switches, name
         assert (entry["resize"]["interpolation"], entry["resize"]["antialias"]) == RESIZE[:2], name
     assert sum(len(entry["tags"]) for entry in timm.values()) == 13
+
+
+def test_relpos_table_is_timms_vision_transformer_relpos_registry():
+    """Every VisionTransformerRelPos architecture timm registers, with the keywords its model function sets."""
+    from keras_vit.checkpoints.timm.relpos import RELPOS_ARCHITECTURES
+
+    timm = {name: entry for name, entry in TIMM.items() if entry["class"] == "VisionTransformerRelPos"}
+    assert sorted(RELPOS_ARCHITECTURES) == sorted(timm) and len(timm) == 14
+    for name, entry in timm.items():
+        table = RELPOS_ARCHITECTURES[name]
+        assert not sizes_differ(table, entry), name
+        assert table.switches == {key: value for key, value in entry["kwargs"].items() if key not in SIZES}, name
+    assert sum(len(entry["tags"]) for entry in timm.values()) == 9

@@ -6,7 +6,7 @@ package added (nothing is downloaded: every model is built with `pretrained=Fals
     /tmp/timm-venv/bin/pip install keras h5py
     /tmp/timm-venv/bin/pip install -e . --no-deps
     KERAS_BACKEND=torch /tmp/timm-venv/bin/python tools/timm_family_coverage.py \
-        [--json /tmp/timm_coverage.json] [--only REGEX] [--budget-minutes 25] [--naflex]
+        [--json /tmp/timm_coverage.json] [--only REGEX] [--budget-minutes 25] [--naflex] [--untagged]
 
 It groups `timm.list_pretrained()` by architecture (the name before the
 first '.') and builds each with `timm.create_model(arch, pretrained=False,
@@ -15,8 +15,8 @@ which one block cannot take, Sapiens2's `num_kv_heads`: three blocks, with
 the first, a middle and the last block's settings), and everything else (image size, patch,
 width, heads, MLP, activation, norms, pooling, classes: those of the
 architecture's default pretrained tag) is the architecture's own. Only
-models of the classes in `IN_SCOPE` (VisionTransformer, DeiT distilled, Eva
-and Beit) are in scope; the classes of the others (NaFlexVit, ...) are
+models of the classes in `IN_SCOPE` (VisionTransformer, DeiT distilled, Eva,
+Beit and VisionTransformerRelPos) are in scope; the classes of the others (NaFlexVit, ...) are
 counted separately, as are the
 architectures that do not take `depth=` at all (CNNs and the like).
 
@@ -79,9 +79,11 @@ import torch.nn as nn  # noqa: E402
 TOLERANCE = 1e-4
 
 
-# The classes measured: timm's plain ViT, its DeiT-distilled subclass, its RoPE ViTs (Eva) and BEiT (Beit).
+# The classes measured: timm's plain ViT, its DeiT-distilled subclass, its RoPE ViTs (Eva), BEiT (Beit) and its
+# relative-position ViTs (VisionTransformerRelPos).
 IN_SCOPE = ("timm.models.vision_transformer.VisionTransformer", "timm.models.deit.VisionTransformerDistilled",
-            "timm.models.eva.Eva", "timm.models.beit.Beit")
+            "timm.models.eva.Eva", "timm.models.beit.Beit",
+            "timm.models.vision_transformer_relpos.VisionTransformerRelPos")
 
 
 @functools.lru_cache(maxsize=None)
@@ -395,14 +397,16 @@ def check_architecture(arch, work):
     return result
 
 
-def scan(only):
-    """`(tags by architecture, class name by architecture)`: every pretrained architecture built small
-    (`build_keywords`)."""
+def scan(only, untagged=False):
+    """`(tags by architecture, class name by architecture)`: every pretrained architecture (with `untagged`, every
+    registered one) built small (`build_keywords`)."""
     import timm
 
     tags = collections.OrderedDict()
     for name in timm.list_pretrained():
         tags.setdefault(name.split(".")[0], []).append(name)
+    for name in timm.list_models() if untagged else ():
+        tags.setdefault(name, [])
     classes = {}
     for arch in tags:
         if only and not re.search(only, arch):
@@ -574,6 +578,8 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--naflex", action="store_true",
                         help="timm's NaFlexVit class instead (all 14 architectures, on mixed-aspect NaFlex batches)")
+    parser.add_argument("--untagged", action="store_true",
+                        help="the registered architectures without pretrained tags too")
     parser.add_argument("--json", default="/tmp/timm_coverage.json", help="where the full result goes")
     parser.add_argument("--only", default=None, help="a regular expression: only architectures it finds")
     parser.add_argument("--budget-minutes", type=float, default=None,
@@ -599,7 +605,7 @@ def main(argv=None):
             json.dump(dict(timm=timm.__version__, keras=keras.__version__, backend=keras.backend.backend(),
                            tolerance=TOLERANCE, results=results), f, indent=1, default=str)
         return 0
-    tags, classes = scan(args.only)
+    tags, classes = scan(args.only, args.untagged)
     scan_seconds = time.time() - start
     in_scope = [arch for arch, cls in classes.items() if cls in IN_SCOPE]
     print(f"scanned {len(classes)} pretrained architectures in {scan_seconds:.0f}s; "
@@ -672,9 +678,9 @@ def main(argv=None):
     print(f"timm {timm.__version__}, torch {torch.__version__}, keras {keras.__version__} "
           f"({keras.backend.backend()}), tolerance {TOLERANCE:g}")
     print(f"pretrained architectures: {len(classes)} ({tag_count(classes)} tags)")
-    print(f"exactly VisionTransformer: {len(in_scope)} architectures ({tag_count(in_scope)} tags); "
+    print(f"of the classes in scope: {len(in_scope)} architectures ({tag_count(in_scope)} tags); "
           f"run {len(results)}, not run {len(not_run)}")
-    print("other classes (out of scope):")
+    print("classes other than VisionTransformer:")
     for cls, n in other.most_common():
         print(f"   {n:4d}  {cls}")
     print(f"load with timm's outputs, with model_args:    {len(with_args)}/{len(results)} architectures "

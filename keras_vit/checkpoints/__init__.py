@@ -35,7 +35,8 @@ from keras_vit.checkpoints.hub.registry import (
 from keras_vit.checkpoints.keras_files import load_keras, read_keras, read_weights_h5, source_of_saved
 from keras_vit.checkpoints.loading import check_finite, load_into, read_folder, read_weights
 from keras_vit.checkpoints.source import CheckpointError, WeightsSource, state_of
-from keras_vit.checkpoints.timm.layout import from_timm, read_timm, read_timm_folder
+from keras_vit.checkpoints.timm.folders import read_timm_folder
+from keras_vit.checkpoints.timm.layout import from_timm, read_timm
 from keras_vit.checkpoints.timm.writer import save_timm, timm_arguments, to_timm
 from keras_vit.checkpoints.transformers.clip import from_vision_tower, read_vision_tower_folder
 from keras_vit.checkpoints.transformers.dinov2 import from_dinov2, read_dinov2_folder

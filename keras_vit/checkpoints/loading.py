@@ -32,8 +32,8 @@ from keras_vit.checkpoints.source import (
     weight_budget,
 )
 from keras_vit.checkpoints.tensor_layout import file_shape
-from keras_vit.checkpoints.timm.layout import read_timm, read_timm_folder
-from keras_vit.checkpoints.timm.naflex import NAFLEX_ARCHITECTURES, read_naflex_folder
+from keras_vit.checkpoints.timm.folders import read_timm_folder
+from keras_vit.checkpoints.timm.layout import read_timm
 from keras_vit.checkpoints.transformers.clip import MODEL_TYPES as VISION_TOWER_TYPES
 from keras_vit.checkpoints.transformers.clip import read_vision_tower_folder
 from keras_vit.checkpoints.transformers.dinov2 import MODEL_TYPES as DINOV2_TYPES
@@ -48,11 +48,7 @@ from keras_vit.checkpoints.transformers.vit import MODEL_TYPES as VIT_TYPES
 from keras_vit.checkpoints.transformers.vit import read_transformers_folder
 from keras_vit.data import preprocessing
 from keras_vit.layers.position_embedding import resize_patch_embedding, resize_position_embeddings
-from keras_vit.layers.relative_position import (
-    CLASS_TOKEN_ROWS,
-    relative_table_rows,
-    resize_relative_position_table,
-)
+from keras_vit.layers.relative_position import relative_table_rows, resize_relative_position_table
 from keras_vit.model.description import conv_stem_widths_of, mbconv_of, resnet_layers_of
 from keras_vit.model.variants import VARIANTS, width_name
 from keras_vit.utils.keras_internals import set_value
@@ -115,8 +111,6 @@ def read_folder(folder, budget=None):
         os.path.join(folder, "config.json"),
         f"{folder} is a folder without a readable config.json (timm's or transformers')",
         "timm's and transformers' config.json is an object ({\"architecture\": ...} or {\"model_type\": \"vit\", ...}).")
-    if config.get("architecture") in NAFLEX_ARCHITECTURES:
-        return read_naflex_folder(folder, config, budget)
     if "architecture" in config:
         return read_timm_folder(folder, config, budget)
     model_type = config.get("model_type")
@@ -400,7 +394,7 @@ def _adapt_relative_position_tables(model, state, source, notes):
 
     The file's grid is its reader's (the config's image size), else the
     square its rows describe; a table of any other row count is the shape
-    check's to report.
+    check's to report. (A bias computed by an MLP needs no resize.)
     """
     grids = {}
     for layer in model.layers:
@@ -408,16 +402,18 @@ def _adapt_relative_position_tables(model, state, source, notes):
             grids[f"{layer.name}/relative_position_bias_table"] = tuple(layer.relative_position_grid)
         elif layer.name == "relative_position_bias":
             grids["relative_position_bias/relative_position_bias_table"] = tuple(layer.grid_size)
+    variables = {variable.path: variable for variable in model.weights}
     resized = set()
     for key, grid in grids.items():
         table = state.get(key)
-        if table is None or table.ndim != 2:
+        if table is None or table.ndim != 2 or key not in variables:
             continue
+        extra = int(variables[key].shape[0]) - relative_table_rows(grid, class_token=False)  # a class token's rows
         old = None if source.grid_size is None or None in source.grid_size else tuple(source.grid_size)
         if old is None:
-            side = (math.isqrt(max(table.shape[0] - CLASS_TOKEN_ROWS, 0)) + 1) // 2
-            old = (side, side) if relative_table_rows((side, side)) == table.shape[0] else grid
-        if old == grid or table.shape[0] != relative_table_rows(old):
+            side = (math.isqrt(max(table.shape[0] - extra, 0)) + 1) // 2
+            old = (side, side) if relative_table_rows((side, side), False) + extra == table.shape[0] else grid
+        if old == grid or table.shape[0] != relative_table_rows(old, False) + extra:
             continue
         state[key] = resize_relative_position_table(table, old, grid, source.relative_position_resize)
         resized.add((old, grid))

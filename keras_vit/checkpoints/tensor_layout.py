@@ -28,6 +28,7 @@ import json
 import numpy as np
 
 from keras_vit.checkpoints.source import CheckpointError, preview, refuse_non_float
+from keras_vit.layers.relative_position import RelativePositions
 
 QKV = ("query", "key", "value")
 
@@ -63,7 +64,8 @@ MODEL_WEIGHTS = {
     "register_tokens/registers": lambda a: a.register_tokens > 0,
     "distillation_token/dist": lambda a: a.distillation_token,
     "position_embedding/pos_embedding": lambda a: a.position_embedding,
-    "relative_position_bias/relative_position_bias_table": lambda a: a.shared_relative_position_bias,
+    **{f"relative_position_bias/{name}": lambda a, name=name: name in RelativePositions.WEIGHTS.get(
+        a.shared_relative_position_bias, ()) for name in RelativePositions.NAMES},
     **_dense("embedding", bias=lambda a: a.patch_bias),
     **_pair("patch_norm", lambda a: a.patch_norm),
     **_pair("pre_norm", lambda a: a.norm_pre),
@@ -91,7 +93,8 @@ BLOCK_WEIGHTS = {
     **_pair("attention_output_norm", lambda a: a.attention_output_norm),
     **_pair("mlp_hidden_norm", lambda a: a.mlp_hidden_norm),
     **_pair("mlp_input_norm", lambda a: a.mlp_input_norm),
-    "relative_position_bias_table": lambda a: a.relative_position_bias,
+    **{name: lambda a, name=name: name in RelativePositions.WEIGHTS.get(a.relative_position_bias, ())
+       for name in RelativePositions.NAMES},
     "rope_frequencies": lambda a: a.rope == "mixed",  # learned; timm keeps all blocks' in one tensor
     **{name: lambda a: a.differential_attention for name in ("lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2",
                                                             "attention_sub_norm/gamma")},

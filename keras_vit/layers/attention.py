@@ -6,8 +6,8 @@ attention, so every attention path computes it); plain attention
 (`keras_vit.layers.kernels.attention`, fused where the platform has it),
 attention that returns its weights, or differential attention; RoPE
 rotation of queries and keys, per-head query/key norms, a key bias held
-at zero and BEiT's relative position bias (its own table, plus any bias
-the block is given) as its options; then the output projection. Uses
+at zero and a relative position bias (its own, plus any bias the block
+is given) as its options; then the output projection. Uses
 `keras.ops` only.
 """
 
@@ -20,12 +20,7 @@ from keras_vit.layers import kernels
 from keras_vit.layers import rope as rope_module
 from keras_vit.layers.norm import norm_layer
 from keras_vit.layers.parts import BlockPart
-from keras_vit.layers.relative_position import (
-    check_relative_grid,
-    relative_position_bias,
-    relative_position_index,
-    relative_table_rows,
-)
+from keras_vit.layers.relative_position import RelativePositions
 
 
 @keras.saving.register_keras_serializable(package="keras_vit")
@@ -49,8 +44,8 @@ class SelfAttention(BlockPart):
     `layer_index` (differential attention's lambda offset) and its switches
     `qkv_bias`, `key_bias`, `qk_norm`, `rope`, `rope_temperature`,
     `rope_rotate_half`, `differential_attention`, `attention_output_norm`,
-    `projection_bias` and `relative_position_bias` (a table for the block's
-    `relative_position_grid`). Attention is `keras_vit.layers.kernels.attention`,
+    `projection_bias`, `relative_position_bias` and
+    `relative_position_mlp_dim` (for the block's `relative_position_grid`). Attention is `keras_vit.layers.kernels.attention`,
     except when its weights are asked for or attention dropout is active:
     then it is explicit einsums, which expose the weights.
     """
@@ -81,12 +76,14 @@ class SelfAttention(BlockPart):
         if switches.relative_position_bias:
             grid = block.relative_position_grid
             if grid is None:
-                raise ValueError(f"{block.name} has a relative position bias table (relative_position_bias=True): "
-                                 "give the block its relative_position_grid, the (rows, columns) of its patches.")
-            check_relative_grid(grid, token_shape[1], block.name)
-            self.relative_index = relative_position_index(grid)
-            self.weight("relative_position_bias_table", shape=(relative_table_rows(grid), self.num_heads),
-                        initializer="zeros", autocast=False)
+                raise ValueError(f"{block.name} has a relative position bias (relative_position_bias="
+                                 f"{switches.relative_position_bias!r}): give the block its relative_position_grid, "
+                                 "the (rows, columns) of its patches.")
+            self.relative_positions = RelativePositions(
+                switches.relative_position_bias, grid, self.num_heads, token_shape[1] - grid[0] * grid[1],
+                switches.relative_position_mlp_dim, block.name)
+            self.relative_positions.make_weights(lambda name, shape, initializer: self.weight(
+                name, shape=shape, initializer=initializer, autocast=False))
         if switches.qk_norm:  # differential attention normalises each half-width query and key (timm's DiffAttention)
             heads = (self.num_heads, 2, self.head_dim // 2) if switches.differential_attention else (self.num_heads,
                                                                                                      self.head_dim)
@@ -158,7 +155,7 @@ class SelfAttention(BlockPart):
         if self.num_kv_heads != self.num_heads:
             key, value = self._for_each_query_head(key), self._for_each_query_head(value)
         if switches.relative_position_bias:
-            own = relative_position_bias(self.block.relative_position_bias_table, self.relative_index)
+            own = self.relative_positions.bias(self.block)
             bias = own if bias is None else own + ops.cast(bias, "float32")
         if switches.differential_attention:
             context, weights = self._differential(query, key, value, training, key_mask)

@@ -22,6 +22,7 @@ from keras_vit.layers.attention import SelfAttention
 from keras_vit.layers.mlp import ACTIVATIONS, Mlp
 from keras_vit.layers.norm import LAYER_NORM_EPSILON, NORMALIZATIONS
 from keras_vit.layers.parts import BlockPart
+from keras_vit.layers.relative_position import MLP_DIM, relative_position_form
 from keras_vit.utils.keras_internals import stored_kernel, sublayers
 
 
@@ -64,9 +65,13 @@ class BlockSwitches:
         layer_norm_epsilon: every norm's epsilon (1e-6 in the original
             checkpoints and timm, 1e-5 in CLIP's, 1e-12 in transformers').
         relative_position_bias: each block's attention adds a learned bias
-            per head from the two tokens' relative offset, its own table
-            (BEiT's, timm's `use_rel_pos_bias`;
-            `keras_vit.layers.relative_position`).
+            per head from the two tokens' offset on the patch grid, its own,
+            of one of `keras_vit.layers.relative_position.RELATIVE_POSITION_FORMS`:
+            `"table"` (BEiT's `use_rel_pos_bias`, timm's `RelPosBias`;
+            `True` means it), `"mlp"` or `"mlp_swin"` (timm's `RelPosMlp`,
+            `vit_relpos_*`), or None.
+        relative_position_mlp_dim: the hidden width of the MLP forms
+            (timm's `rel_pos_dim`, default 128).
     """
 
     qkv_bias: bool = True
@@ -87,7 +92,8 @@ class BlockSwitches:
     rope_rotate_half: bool = False
     key_bias: bool = True
     layer_norm_epsilon: float = LAYER_NORM_EPSILON
-    relative_position_bias: bool = False
+    relative_position_bias: str = None
+    relative_position_mlp_dim: int = MLP_DIM
 
     def __post_init__(self):
         for field in dataclasses.fields(BlockSwitches):  # bools and numbers as the config of any version gives them
@@ -117,9 +123,15 @@ class BlockSwitches:
             raise ValueError(f"rope_temperature must be a finite number > 0, got {self.rope_temperature!r}.")
         if self.rope == "mixed" and self.rope_rotate_half:
             raise ValueError("Mixed RoPE rotates interleaved pairs; rope_rotate_half=True is not supported with it.")
+        object.__setattr__(self, "relative_position_bias",
+                           relative_position_form(self.relative_position_bias, "relative_position_bias"))
+        if isinstance(self.relative_position_mlp_dim, bool) or not isinstance(self.relative_position_mlp_dim, int) \
+                or self.relative_position_mlp_dim < 1:
+            raise ValueError(f"relative_position_mlp_dim must be a whole number >= 1, got "
+                             f"{self.relative_position_mlp_dim!r}.")
         if self.relative_position_bias and self.differential_attention:
-            raise ValueError("relative_position_bias=True is not supported with differential_attention=True (no "
-                             "timm architecture combines them).")
+            raise ValueError("relative_position_bias is not supported with differential_attention=True (no timm "
+                             "architecture combines them).")
         if not self.layer_norm_epsilon > 0:
             raise ValueError(f"layer_norm_epsilon must be > 0, got {self.layer_norm_epsilon!r}.")
 

@@ -21,6 +21,7 @@ import dataclasses
 import difflib
 
 from keras_vit.layers.blocks import BlockSwitches
+from keras_vit.layers.relative_position import relative_position_form
 from keras_vit.layers.resnet import RESNET_EPSILONS
 
 # "token": the class token; "gap": the mean of the patch tokens (prefix tokens excluded); "map": multi-head
@@ -85,11 +86,12 @@ class Architecture(BlockSwitches):
             `num_heads / num_kv_heads` query heads), as one number for every
             block or a tuple with one per block (Sapiens2's: full attention
             in the first and last 8 blocks); None for full attention.
-        shared_relative_position_bias: one relative position bias table
-            for every block, its bias added to each block's attention (and to
-            the block's own table's, with `relative_position_bias`): BEiT's
-            `use_shared_rel_pos_bias`. Either table needs the class token
-            and no other prefix token, and a fixed image size.
+        shared_relative_position_bias: one relative position bias for every
+            block, of the forms `relative_position_bias` takes, added to each
+            block's attention (and to the block's own, with
+            `relative_position_bias`): BEiT's `use_shared_rel_pos_bias`,
+            timm's `shared_rel_pos`. Either needs a fixed image size; a
+            table takes the class token or no prefix token at all.
         resnet_epsilons: for a hybrid, its ResNet's epsilons, a key of
             `RESNET_EPSILONS`: `"flax"` (the original `.npz` models') or
             `"timm"` (timm's `vit_*_r50_*` and `vit_*_r26_*` hybrids).
@@ -116,7 +118,7 @@ class Architecture(BlockSwitches):
     input_std: tuple = PAPER_PIXEL_STATISTICS
     resnet_epsilons: str = "flax"
     num_kv_heads: tuple = None
-    shared_relative_position_bias: bool = False
+    shared_relative_position_bias: str = None
 
     def __post_init__(self):
         super().__post_init__()
@@ -165,14 +167,16 @@ class Architecture(BlockSwitches):
                                  f"None; got {self.num_kv_heads!r}.")
             if isinstance(self.num_kv_heads, list):
                 object.__setattr__(self, "num_kv_heads", tuple(self.num_kv_heads))
-        if self.relative_position_bias or self.shared_relative_position_bias:
-            if not self.class_token or self.num_prefix_tokens != 1:
-                raise ValueError("A relative position bias table has three rows for BEiT's class token and none for "
-                                 "other prefix tokens: it needs class_token=True and no register or distillation "
-                                 "tokens.")
-            if self.shared_relative_position_bias and self.differential_attention:
-                raise ValueError("shared_relative_position_bias=True is not supported with differential_attention="
-                                 "True (no timm architecture combines them).")
+        object.__setattr__(self, "shared_relative_position_bias", relative_position_form(
+            self.shared_relative_position_bias, "shared_relative_position_bias"))
+        if "table" in (self.relative_position_bias, self.shared_relative_position_bias) and \
+                self.num_prefix_tokens != int(self.class_token):
+            raise ValueError("A relative position bias table has three rows for a class token and none for other "
+                             "prefix tokens: it takes the class token alone, or no prefix token (no register or "
+                             "distillation tokens).")
+        if self.shared_relative_position_bias and self.differential_attention:
+            raise ValueError("shared_relative_position_bias is not supported with differential_attention=True (no "
+                             "timm architecture combines them).")
         if self.resnet_epsilons not in RESNET_EPSILONS:
             raise ValueError(f"Unknown resnet_epsilons {self.resnet_epsilons!r}; expected one of "
                              f"{tuple(RESNET_EPSILONS)}.")
@@ -190,8 +194,8 @@ class Architecture(BlockSwitches):
 
     @property
     def relative_position_tables(self):
-        """Whether attention adds a relative position bias, from each block's table or a shared one (BEiT's)."""
-        return self.relative_position_bias or self.shared_relative_position_bias
+        """Whether attention adds a relative position bias, each block's own or a shared one (BEiT's, timm's relpos)."""
+        return bool(self.relative_position_bias or self.shared_relative_position_bias)
 
     @property
     def normalizes_input(self):

@@ -101,7 +101,7 @@ def architecture_of(model):
             layers.get("attention_pool") or pool, "num_prefix_tokens", prefix) == 0,
         patch_norm="patch_norm" in layers,
         position_embedding=position is not None,
-        shared_relative_position_bias="relative_position_bias" in layers,
+        shared_relative_position_bias=getattr(layers.get("relative_position_bias"), "form", None),
         **_rope_settings(layers.get("rotary_positions")),
         **_attention_pool_settings(layers.get("attention_pool"), block, embedding),
         **_pixel_statistics(layers.get("input_normalization")),

@@ -101,9 +101,9 @@ def build(options, input_tensor):
     epsilon = architecture.layer_norm_epsilon
     dynamic = image_size == DYNAMIC
     if architecture.relative_position_tables and (dynamic or options.naflex):
-        raise ValueError("A relative position bias table is learned for one patch grid (BEiT's, whose timm model "
-                         "takes a fixed input size): build the model at a fixed image_size; loading a checkpoint at "
-                         "another size resizes its tables, as timm does.")
+        raise ValueError("A relative position bias is built for one patch grid (as timm's Beit and "
+                         "VisionTransformerRelPos take one input size): build the model at a fixed image_size; loading "
+                         "a checkpoint at another size resizes its tables, as timm does.")
     if options.position_embedding_factorized and not options.naflex:
         raise ValueError("Factorized position tables apply to NaFlex models only, as timm's NaFlexVit builds them; "
                          "pass naflex=True.")
@@ -140,8 +140,9 @@ def build(options, input_tensor):
                                  name="rotary_positions", **typed)
         call_options["rope_positions"] = rotary(x, patch_grid=patch_grid) if dynamic else rotary(x)
     if architecture.shared_relative_position_bias:
-        call_options["attention_bias"] = RelativePositionBias(grid_size, sizes.num_heads,
-                                                              name="relative_position_bias", **typed)(x)
+        call_options["attention_bias"] = RelativePositionBias(
+            grid_size, sizes.num_heads, architecture.shared_relative_position_bias,
+            architecture.relative_position_mlp_dim, name="relative_position_bias", **typed)(x)
     x = keras.layers.Dropout(options.dropout_rate, name="embedding_dropout", **typed)(x)
     if architecture.norm_pre:
         x = norm_layer(architecture.normalization, epsilon, name="pre_norm", **typed)(x)

@@ -24,16 +24,16 @@ import dataclasses
 import numpy as np
 
 from keras_vit.checkpoints.source import CheckpointError, source_from_state, state_of
+from keras_vit.checkpoints.state_dict_files import read_state_dict
 from keras_vit.checkpoints.tensor_layout import settings
 from keras_vit.checkpoints.timm import eva_layout
 from keras_vit.checkpoints.timm.config import (
     check_head,
+    check_relative_tables,
+    configured_class_architecture,
     configured_eval_transform,
     configured_image_sizes,
-    configured_pixel_statistics,
-    configured_switches,
     grid_of_config,
-    model_args_of,
 )
 from keras_vit.checkpoints.timm.families import (
     INFERENCE_NEUTRAL_KEYWORDS,
@@ -41,9 +41,6 @@ from keras_vit.checkpoints.timm.families import (
     TimmArchitecture,
     timm_mlp_ratio,
 )
-from keras_vit.checkpoints.state_dict_files import read_state_dict
-from keras_vit.layers.relative_position import relative_table_rows
-from keras_vit.model.architecture import Architecture
 from keras_vit.model.description import architecture_of, native_image_size
 
 # timm's Beit keywords that keras_vit computes, as model_args (and the table) spell them.
@@ -52,7 +49,7 @@ BEIT_KEYWORDS = ("qkv_bias", "use_abs_pos_emb", "use_rel_pos_bias", "use_shared_
 # Keywords that change only training (the head's initial scale).
 TRAINING_ONLY_KEYWORDS = ("head_init_scale",)
 BEIT_ARGUMENTS = frozenset({*BEIT_KEYWORDS, *TRAINING_ONLY_KEYWORDS, *SIZE_KEYWORDS, *INFERENCE_NEUTRAL_KEYWORDS})
-POOLS = {"token": "token", "avg": "gap"}
+POOLS = {"avg": "gap", "token": "token"}
 # timm's checkpoint_filter_fn resizes a pos_embed bicubic and anti-aliased.
 RESIZE = ("bicubic", True, False)
 
@@ -114,30 +111,8 @@ LAYOUT = dataclasses.replace(
 def configured_beit_architecture(config, where):
     """`(entry, model_args, switches, pretrained_cfg, Architecture)` of a timm `config.json` (parsed, read from
     `where`) naming one of `BEIT_ARCHITECTURES`: the model it describes, before any tensor is read."""
-    name = config.get("architecture")
-    entry = BEIT_ARCHITECTURES[name]
-    args = model_args_of(config, where, "Beit", BEIT_ARGUMENTS)
-    switches = configured_switches(entry, args, config, BEIT_KEYWORDS, "avg", where)
-    if switches["global_pool"] not in POOLS:
-        raise CheckpointError(f"{where}: global_pool is {switches['global_pool']!r}; timm's Beit pools by 'avg' or "
-                              "'token'.")
-    pretrained, statistics = configured_pixel_statistics(config, where)
-    try:
-        architecture = Architecture(**beit_switches_to_architecture(switches), **statistics)
-    except ValueError as error:
-        raise CheckpointError(f"{where}: timm's {name!r} with these model_args is no model keras_vit can build: "
-                              f"{error}") from None
-    return entry, args, switches, pretrained, architecture
-
-
-def _check_tables(tensors, architecture, grid, heads, path):
-    """Refuse relative position tables that are not `grid`'s, for `heads` heads (the file's own grid)."""
-    rows = relative_table_rows(grid)
-    for name, value in tensors.items():
-        if name.endswith(_TABLE) and tuple(value.shape) != (rows, heads):
-            raise CheckpointError(f"{path}: {name} has shape {tuple(value.shape)}, but timm builds ({rows}, {heads}) "
-                                  f"for its {grid[0]}x{grid[1]} patch grid and {heads} heads (the config's img_size "
-                                  "and num_heads). Nothing was loaded.")
+    return configured_class_architecture(config, where, 'Beit', BEIT_ARCHITECTURES, BEIT_ARGUMENTS, BEIT_KEYWORDS,
+                                         beit_switches_to_architecture, POOLS)
 
 
 def read_timm_beit(path, budget, config, where):
@@ -166,7 +141,7 @@ def read_timm_beit(path, budget, config, where):
         size = configured_image_sizes(args, pretrained, entry, where)[0]
         grid = (size[0] // step, size[1] // step)
     if grid[0] is not None:  # a position table of no stated size is read at its own square grid
-        _check_tables(tensors, architecture, grid, sizes["num_heads"], path)
+        check_relative_tables(tensors, grid, sizes["num_heads"], True, path)
     source = source_from_state(path, state, grid, sizes["num_heads"], architecture)
     source.origins = LAYOUT.origins(tensors)
     source.position_resize = entry.resize[:2]
@@ -187,10 +162,12 @@ def beit_arguments(model, architecture):
                 depth=sum(layer.name.startswith("encoderblock_") for layer in model.layers),
                 num_heads=int(block.num_heads), mlp_ratio=timm_mlp_ratio(embed, block.mlp_dim, switches),
                 num_classes=int(head[0].kernel.shape[-1]) if head else 0, qkv_bias=found.qkv_bias,
-                use_abs_pos_emb=found.position_embedding, use_rel_pos_bias=found.relative_position_bias,
-                use_shared_rel_pos_bias=found.shared_relative_position_bias,
+                use_abs_pos_emb=found.position_embedding, use_rel_pos_bias=bool(found.relative_position_bias),
+                use_shared_rel_pos_bias=bool(found.shared_relative_position_bias),
                 global_pool={"gap": "avg"}.get(found.classifier, found.classifier), use_fc_norm=found.fc_norm,
-                init_values=found.layer_scale, swiglu_mlp=switches["swiglu_mlp"], scale_mlp=found.mlp_hidden_norm)
+                # timm's create_model drops a None, so the name's own layer scale would stand; 0 makes none
+                init_values=0.0 if found.layer_scale is None else found.layer_scale, swiglu_mlp=switches["swiglu_mlp"],
+                scale_mlp=found.mlp_hidden_norm)
 
 
 def to_timm_beit(model, architecture):

@@ -25,6 +25,8 @@ from keras_vit.checkpoints.timm.families import (
     timm_mlp_pieces,
 )
 from keras_vit.data import preprocessing
+from keras_vit.layers.relative_position import relative_table_rows
+from keras_vit.model.architecture import Architecture
 
 # The model_args keywords of timm's VisionTransformer that keras_vit reads (the rest are refused by name).
 VISION_TRANSFORMER_ARGUMENTS = frozenset({*SIZE_KEYWORDS, *INFERENCE_NEUTRAL_KEYWORDS, *DEFAULT_ONLY_KEYWORDS,
@@ -36,11 +38,14 @@ def model_args_of(config, where, family="VisionTransformer", computed=VISION_TRA
 
     A key outside `computed`, or one keras_vit computes only at timm's
     default, is a `CheckpointError` naming it; so is a value of another kind.
+    A null is left out, as `timm.create_model` leaves it out.
     """
     args = config.get("model_args") or {}
     if not isinstance(args, dict):
         raise CheckpointError(f"{where}: model_args is a JSON {type(args).__name__}; timm writes an object of "
                               f"{family} arguments ({{\"num_heads\": 12, ...}}).")
+    # timm's create_model drops the keywords that are None, so the name's own value stands.
+    args = {key: value for key, value in args.items() if value is not None}
     for key, value in args.items():
         if key not in computed:
             raise CheckpointError(f"{where}: model_args.{key} is not {'an' if family[0] in 'AEIOU' else 'a'} {family} "
@@ -164,6 +169,17 @@ def check_tensors_agree(state, architecture, name, path, unpacked=(False, False)
                               + "; it ".join(problems) + ". Nothing was loaded.")
 
 
+def check_relative_tables(tensors, grid, heads, class_token, path):
+    """Refuse relative position bias tables (`...relative_position_bias_table`) that are not those timm builds for
+    `grid` and `heads` (three more rows with a `class_token`), naming the tensor."""
+    rows = relative_table_rows(grid, class_token)
+    for name, value in tensors.items():
+        if name.endswith("relative_position_bias_table") and tuple(value.shape) != (rows, heads):
+            raise CheckpointError(f"{path}: {name} has shape {tuple(value.shape)}, but timm builds ({rows}, {heads}) "
+                                  f"for its {grid[0]}x{grid[1]} patch grid and {heads} heads (the config's img_size "
+                                  "and num_heads). Nothing was loaded.")
+
+
 def check_head(state, num_classes, path, where):
     head = state.get("head/kernel")
     if num_classes is None:
@@ -220,6 +236,34 @@ def configured_switches(entry, args, config, keywords, default_pool, where):
         raise CheckpointError(f"{where}: global_pool is {pool!r}; keras_vit pools by 'token', 'avg' or 'map'.")
     switches["global_pool"] = pool
     return switches
+
+
+def configured_class_architecture(config, where, family, table, computed, keywords, to_fields, pools):
+    """`(entry, model_args, switches, pretrained_cfg, Architecture)` of a timm `config.json` (parsed, read from
+    `where`) naming an architecture of `table`, timm's class `family` (`Beit`, `VisionTransformerRelPos`): the model
+    it describes, before any tensor is read.
+
+    `computed` are the `model_args` keras_vit reads, `keywords` the
+    switches among them; `to_fields` turns the switches into `Architecture`
+    fields (a KeyError names a setting keras_vit does not compute); the
+    class pools by one of `pools` (its `global_pool`, `"avg"` by default).
+    """
+    name = config.get("architecture")
+    entry = table[name]
+    args = model_args_of(config, where, family, computed)
+    switches = configured_switches(entry, args, config, keywords, "avg", where)
+    if switches["global_pool"] not in pools:
+        raise CheckpointError(f"{where}: global_pool is {switches['global_pool']!r}; timm's {family} pools by "
+                              + " or ".join(repr(pool) for pool in pools) + ".")
+    pretrained, statistics = configured_pixel_statistics(config, where)
+    try:
+        architecture = Architecture(**to_fields(switches), **statistics)
+    except KeyError as error:
+        raise CheckpointError(f"{where}: {error} is not a setting keras_vit computes.") from None
+    except ValueError as error:
+        raise CheckpointError(f"{where}: timm's {name!r} with these model_args is no model keras_vit can build: "
+                              f"{error}") from None
+    return entry, args, switches, pretrained, architecture
 
 
 def configured_eval_transform(config, where):

@@ -5,7 +5,7 @@ timm stores PyTorch tensors under its module names (`blocks.0.attn.qkv.weight`,
 A bare state dict is a `.safetensors` file (or a `.bin`/`.pth` file, read
 only through `torch.load(weights_only=True)`); timm's Hub folders add a
 `config.json` with the model's arguments and preprocessing, which
-`read_timm_folder` reads too. Every switch of timm's plain-ViT family that
+`read_timm` reads too (`folders.read_timm_folder` picks the reader of each class). Every switch of timm's plain-ViT family that
 keras_vit's `Architecture` has (registers, `no_embed_class`, layer scale,
 `norm_pre`, `fc_norm`, attention pooling, q/k norms, optional biases, SwiGLU,
 DeiT's distillation token and head)
@@ -20,7 +20,6 @@ Example:
 
 import dataclasses
 import logging
-import os
 
 import numpy as np
 
@@ -31,7 +30,7 @@ from keras_vit.checkpoints.source import (
     preview,
     source_from_state,
 )
-from keras_vit.checkpoints.state_dict_files import folder_weights, read_state_dict
+from keras_vit.checkpoints.state_dict_files import read_state_dict
 from keras_vit.checkpoints.tensor_layout import BlockRule, TensorLayout, keras_to_torch, settings, torch_to_keras
 from keras_vit.checkpoints.timm.config import (
     check_head,
@@ -43,9 +42,6 @@ from keras_vit.checkpoints.timm.config import (
     grid_of_config,
     model_args_of,
 )
-from keras_vit.checkpoints.timm.beit import BEIT_ARCHITECTURES, read_timm_beit
-from keras_vit.checkpoints.timm.eva_families import EVA_ARCHITECTURES
-from keras_vit.checkpoints.timm.eva_layout import read_timm_eva
 from keras_vit.checkpoints.timm.families import (
     DEFAULT_RESIZE,
     SWITCH_KEYWORDS,
@@ -327,21 +323,3 @@ def read_timm(path, budget=None, config=None, config_path=None):
     source.class_names = names
     source.eval_transform = transform
     return source
-
-
-def read_timm_folder(folder, config, budget=None):
-    """A timm Hub folder (its parsed `config.json`, beside the weights file timm's `local-dir:` reads) as a
-    `WeightsSource`."""
-    where = os.path.join(folder, "config.json")
-    architecture = config.get("architecture")
-    if not isinstance(architecture, str):
-        raise CheckpointError(f"{where}: architecture is {architecture!r}; expected timm's model name (a string "
-                              "such as 'vit_base_patch16_224').")
-    if architecture not in EVA_ARCHITECTURES and architecture not in BEIT_ARCHITECTURES:
-        timm_architecture(architecture, where)  # Refused by name before any tensor is read.
-    weights = folder_weights(folder, "timm")
-    if architecture in EVA_ARCHITECTURES:
-        return read_timm_eva(weights, budget, config, where)
-    if architecture in BEIT_ARCHITECTURES:
-        return read_timm_beit(weights, budget, config, where)
-    return read_timm(weights, budget, config, where)

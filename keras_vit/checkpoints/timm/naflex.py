@@ -31,13 +31,12 @@ True
 """
 
 import dataclasses
-import os
 
 import numpy as np
 
 from keras_vit.checkpoints.config_fields import checked_fields
 from keras_vit.checkpoints.source import CheckpointError, pixel_statistics, refuse_non_float, source_from_state
-from keras_vit.checkpoints.state_dict_files import folder_weights, read_state_dict
+from keras_vit.checkpoints.state_dict_files import read_state_dict
 from keras_vit.checkpoints.tensor_layout import settings
 from keras_vit.checkpoints.timm.config import check_head, check_tensors_agree, checked_sizes
 from keras_vit.checkpoints.timm.families import ACTIVATIONS, timm_mlp_ratio, timm_switches_to_architecture
@@ -294,11 +293,6 @@ def read_timm_naflex(path, budget, config, where):
     source.resize_aspect_preserving = bool(cfg["pos_embed_ar_preserving"])
     source.naflex_preprocessing = {"rule": "timm", "max_patches": EVAL_MAX_PATCHES, "interpolation": interpolation}
     return source
-
-
-def read_naflex_folder(folder, config, budget=None):
-    """A timm Hub folder of a NaFlexVit (its parsed `config.json`, beside `model.safetensors`)."""
-    return read_timm_naflex(folder_weights(folder, "timm"), budget, config, os.path.join(folder, "config.json"))
 
 
 def naflex_arguments(model, found):

@@ -44,6 +44,13 @@ from keras_vit.checkpoints.timm.hybrid import (
 from keras_vit.checkpoints.timm.layout import configured_architecture, layout_of, read_timm
 from keras_vit.checkpoints.timm.naflex import FACTORIZED, from_vision_transformer, naflex_architecture, naflex_arguments, \
     read_timm_naflex
+from keras_vit.checkpoints.timm.relpos import (
+    RELPOS_ARCHITECTURES,
+    configured_relpos_architecture,
+    read_timm_relpos,
+    relpos_arguments,
+    to_timm_relpos,
+)
 from keras_vit.data import preprocessing
 from keras_vit.model.architecture import Architecture
 from keras_vit.model.description import (
@@ -162,13 +169,14 @@ def check_timm_rebuilds(model, architecture, arguments, path=None, written=None,
                               f"({preview(differ, 3)}).{written_nothing}")
 
 
-def _check_beit_named(model, found, architecture):
-    """Refuse a model with relative position bias tables (`found`, its `Architecture`) unless `architecture` is one
-    of timm's `Beit` names, the only class that has them."""
-    if found.relative_position_tables and architecture not in BEIT_ARCHITECTURES:
-        raise CheckpointError(f"{model.name} has relative position bias tables, as timm's Beit class: pass "
-                              "architecture= the Beit name it is (beit_base_patch16_224, beitv2_base_patch16_224, "
-                              "...).")
+def _check_relative_named(model, found, architecture):
+    """Refuse a model with a relative position bias (`found`, its `Architecture`) unless `architecture` is a name of
+    timm's `Beit` or `VisionTransformerRelPos` class, the classes that have them."""
+    if found.relative_position_tables and architecture not in BEIT_ARCHITECTURES \
+            and architecture not in RELPOS_ARCHITECTURES:
+        raise CheckpointError(f"{model.name} has a relative position bias, as timm's Beit and VisionTransformerRelPos "
+                              "classes: pass architecture= the name it is (beit_base_patch16_224, "
+                              "beitv2_base_patch16_224, vit_relpos_base_patch16_224, ...).")
 
 
 def _family(name):
@@ -177,6 +185,8 @@ def _family(name):
         return configured_eva_architecture, read_timm_eva
     if name in BEIT_ARCHITECTURES:
         return configured_beit_architecture, read_timm_beit
+    if name in RELPOS_ARCHITECTURES:
+        return configured_relpos_architecture, read_timm_relpos
     return configured_architecture, read_timm
 
 
@@ -225,11 +235,13 @@ def timm_arguments(model, architecture=None):
 def _keywords(model, architecture):
     """`timm_arguments` before its check: the keywords, and refusals of what no keyword expresses."""
     found = architecture_of(model)
-    _check_beit_named(model, found, architecture)
+    _check_relative_named(model, found, architecture)
     if architecture in EVA_ARCHITECTURES:
         return eva_arguments(model, architecture)
     if architecture in BEIT_ARCHITECTURES:
         return beit_arguments(model, architecture)
+    if architecture in RELPOS_ARCHITECTURES:
+        return relpos_arguments(model, architecture)
     entry = None if architecture is None else timm_architecture(architecture, "timm_arguments")
     no_table = entry is not None and entry.switches.get("pos_embed") == "none"  # ViTamin XL's pos_embed='none'
     if found.rope or not found.key_bias or (not found.position_embedding and not no_table):
@@ -265,6 +277,8 @@ def _keywords(model, architecture):
         scale_mlp_norm=found.mlp_hidden_norm, pool_include_prefix=found.pool_include_prefix,
         proj_bias=found.projection_bias,
     )
+    if found.layer_scale is None and entry is not None and entry.switches.get("init_values"):
+        arguments["init_values"] = 0.0  # timm's create_model drops a None, and the name's own layer scale would stand
     if found.differential_attention and not found.parallel:  # DiffParallelScalingBlock has its own
         arguments["attn_layer"] = "diff"
     needs_name = [key for key, needed in (("layer_norm_epsilon", found.layer_norm_epsilon != 1e-6),
@@ -352,10 +366,12 @@ def save_timm(model, path, architecture=None):
     path = os.fspath(path)
     if is_naflex(model):
         return _save_naflex(model, path, architecture or "naflexvit_base_patch16_gap")
-    eva, beit = architecture in EVA_ARCHITECTURES, architecture in BEIT_ARCHITECTURES
-    _check_beit_named(model, architecture_of(model), architecture)
+    eva = architecture in EVA_ARCHITECTURES
+    _check_relative_named(model, architecture_of(model), architecture)
     # first: its refusals (LoRA, ...) name the fix precisely
-    tensors = to_timm_beit(model, architecture) if beit else None if eva else to_timm(model, architecture)
+    writer = to_timm_beit if architecture in BEIT_ARCHITECTURES else to_timm_relpos \
+        if architecture in RELPOS_ARCHITECTURES else None if eva else to_timm
+    tensors = None if writer is None else writer(model, architecture)
     arguments = _keywords(model, architecture)
     pretrained, note = _pretrained_cfg(model, arguments)
     config = _timm_config(model, architecture or "vit_base_patch16_224", arguments, pretrained)

@@ -1,0 +1,83 @@
+"""Checks the tests of timm's other ViT classes share (Beit, VisionTransformerRelPos, NaFlexVit): an offline Hub cache
+of timm folders, every tool on one loaded model, ONNX, and one training step that moves the biases' weights."""
+
+import json
+import shutil
+import warnings
+
+import keras
+import numpy as np
+from conftest import predict
+
+import keras_vit
+from keras_vit.tools import analysis
+
+TOLERANCE = 1e-5
+
+
+def write_timm_hub_cache(cache, tags, folder_of, edit_args=None):
+    """A Hugging Face cache holding `hf://timm/<name>.<tag>` for each `(name, tag)` of `tags`: the fixture folder
+    `folder_of(name)` under that name and tag, its `model_args` changed by `edit_args(name, model_args)`."""
+    for name, tag in tags:
+        repo = cache / f"models--timm--{name}.{tag}"
+        (repo / "refs").mkdir(parents=True)
+        (repo / "refs" / "main").write_text("0" * 40)
+        snapshot = repo / "snapshots" / ("0" * 40)
+        shutil.copytree(folder_of(name), snapshot)
+        config = json.loads((snapshot / "config.json").read_text())
+        if edit_args is not None:
+            edit_args(name, config["model_args"])
+        config["architecture"], config["pretrained_cfg"]["tag"] = name, tag
+        (snapshot / "config.json").write_text(json.dumps(config))
+
+
+def check_every_tool(model, images, tmp_path, prefix_tokens, int8_share):
+    """`.keras` save and reload, its `from_pretrained` rebuild, attention weights, a block's feature map, LoRA (the
+    relative positions frozen, the outputs unchanged) and int8 (within `int8_share` of the outputs' scale)."""
+    expected = predict(model, images)
+    model.save(str(tmp_path / "model.keras"))
+    np.testing.assert_array_equal(predict(keras.saving.load_model(str(tmp_path / "model.keras")), images), expected)
+    rebuilt = keras_vit.from_pretrained(str(tmp_path / "model.keras"), classifier_activation=None)
+    np.testing.assert_allclose(predict(rebuilt, images), expected, atol=TOLERANCE, rtol=0)
+    weights = analysis.attention_weights(model, images)
+    tokens = model.get_layer("encoderblock_0").output.shape[1]
+    assert [w.shape[-2:] for w in weights] == [(tokens, tokens)] * len(weights)
+    np.testing.assert_allclose(weights[0].sum(-1), 1.0, atol=1e-5)
+    assert analysis.attention_rollout(weights).shape == (len(images), tokens, tokens)
+    features = keras_vit.feature_extractor(model, (0,))
+    block = keras.Model(model.input, model.get_layer("encoderblock_0").output)
+    grid = features.output_shape[1:3]
+    np.testing.assert_array_equal(predict(features, images),
+                                  predict(block, images)[:, prefix_tokens:].reshape(len(images), *grid, -1))
+    keras_vit.enable_lora(model, rank=2)
+    assert not [v.path for v in model.trainable_weights if "relative_position" in v.path]
+    np.testing.assert_allclose(predict(model, images), expected, atol=TOLERANCE, rtol=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = keras_vit.merge_lora(model)
+        model.quantize("int8")
+    assert 0 < np.abs(predict(model, images) - expected).max() < int8_share * np.abs(expected).max()
+
+
+def check_onnx(model, images, tmp_path):
+    """The model exported to ONNX gives its outputs in onnxruntime."""
+    import onnxruntime
+
+    path = str(tmp_path / "model.onnx")
+    model.export(path, format="onnx", verbose=False)
+    session = onnxruntime.InferenceSession(path, providers=["CPUExecutionProvider"])
+    (feed,) = session.get_inputs()
+    np.testing.assert_allclose(session.run(None, {feed.name: images})[0], predict(model, images), atol=1e-4)
+
+
+def check_one_step_moves(model, names, count):
+    """One SGD step of `model` (3 classes, 16 px) changes each of its `count` trainable weights whose path holds one
+    of `names`."""
+    weights = [v for v in model.trainable_weights if any(name in v.path for name in names)]
+    assert len(weights) == count
+    model.get_layer("head").kernel.assign(np.random.default_rng(0).normal(size=model.get_layer("head").kernel.shape))
+    before = [keras.ops.convert_to_numpy(v).copy() for v in weights]
+    model.compile(optimizer=keras.optimizers.SGD(0.5), loss="sparse_categorical_crossentropy")
+    model.fit(np.random.default_rng(1).uniform(-1, 1, (4, 16, 16, 3)).astype("float32"), np.array([0, 1, 2, 0]),
+              epochs=1, verbose=0)
+    assert all(np.abs(keras.ops.convert_to_numpy(v) - b).max() > 0 for v, b in zip(weights, before))
