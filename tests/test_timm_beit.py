@@ -12,16 +12,22 @@ for two, at another size after timm's `checkpoint_filter_fn` (which resizes the 
 import json
 import os
 import shutil
+from pathlib import Path
 
 import keras
 import numpy as np
 import pytest
 from conftest import fixture, predict
-from timm_class_checks import check_every_tool, check_one_step_moves, check_onnx, write_timm_hub_cache
+from timm_class_checks import (
+    check_every_tool,
+    check_hf_handles,
+    check_one_step_moves,
+    check_onnx,
+    check_save_timm_writes_the_file_back,
+)
 
 import keras_vit
 from keras_vit import CheckpointError, checkpoints
-from keras_vit.checkpoints.state_dict_files import read_state_dict
 from keras_vit.layers import kernels
 from keras_vit.layers.relative_position import (
     RelativePositionBias,
@@ -154,44 +160,20 @@ def test_evaluation_preprocessing_is_the_configs():
                                                 ("shared_abs_token", "beit_base_patch16_224"),
                                                 ("swiglu_scale_mlp", "beitv2_large_patch16_224")])
 def test_save_timm_writes_timms_own_tensors_back(case, architecture, tmp_path):
-    model = load(case)
-    path = tmp_path / "saved" / "model.safetensors"
-    path.parent.mkdir()
-    checkpoints.save_timm(model, str(path), architecture=architecture)
-    written, original = read_state_dict(str(path)), read_state_dict(os.path.join(folder(case), "model.safetensors"))
-    assert sorted(written) == sorted(original)
-    for name, value in original.items():
-        np.testing.assert_array_equal(written[name], value, err_msg=name)
-    again = keras_vit.from_pretrained(str(tmp_path / "saved"), classifier_activation=None)
-    images = REFERENCE[f"{case}/native/images"]
-    np.testing.assert_array_equal(predict(again, images), predict(model, images))
+    check_save_timm_writes_the_file_back(load(case), Path(folder(case)), architecture,
+                                         REFERENCE[f"{case}/native/images"], tmp_path)
 
 
 @pytest.mark.backend_independent
 def test_hf_handles_of_the_pretrained_tags_read_from_an_offline_cache(tmp_path):
     pytest.importorskip("huggingface_hub")
-    from test_pretrained import run_offline
-
     registry = json.loads(open(fixture("timm_registry.json")).read())["architectures"]
     tags = [(name, tag) for name, entry in sorted(registry.items()) if entry["class"] == "Beit"
             for tag in entry["tags"]]
     assert len(tags) == 13
     # The fixture's layer scale where the tag's architecture has another, as timm's model_args say it.
-    write_timm_hub_cache(tmp_path / "hub", tags, lambda name: folder("beit_v1"),
-                         lambda name, args: args.update(init_values=0.1))
-    code = (
-        "import numpy as np, keras, keras_vit\n"
-        f"data = np.load({fixture('timm_beit_reference.npz')!r})\n"
-        f"for name, tag in {tags!r}:\n"
-        "    model = keras_vit.from_pretrained(f'hf://timm/{name}.{tag}', classifier_activation=None)\n"
-        "    gap = np.abs(keras.ops.convert_to_numpy(model(data['beit_v1/native/images'])) - "
-        "data['beit_v1/native/logits']).max()\n"
-        "    print('GAP', name, float(gap))\n"
-    )
-    done = run_offline(tmp_path / "hub", code)
-    assert done.returncode == 0, done.stderr[-3000:]
-    gaps = [float(line.split()[-1]) for line in done.stdout.splitlines() if line.startswith("GAP")]
-    assert len(gaps) == 13 and max(gaps) < 1e-5, done.stdout
+    check_hf_handles(tmp_path, tags, lambda name: folder("beit_v1"), fixture("timm_beit_reference.npz"),
+                     lambda name: "beit_v1", lambda name, args: args.update(init_values=0.1))
 
 
 @pytest.mark.backend_independent

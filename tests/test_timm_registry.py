@@ -197,29 +197,27 @@ def test_naflex_table_is_timms_naflexvit_registry():
     assert sum(len(entry.tags) for entry in NAFLEX_ARCHITECTURES.values()) == 11
 
 
-def test_beit_table_is_timms_beit_registry():
-    """Every Beit architecture timm registers, with the keywords its model function sets and its pretrained tags."""
+@pytest.mark.parametrize("timm_class, module, table, architectures, tags", [
+    ("Beit", "beit", "BEIT_ARCHITECTURES", 7, 13),
+    ("VisionTransformerRelPos", "relpos", "RELPOS_ARCHITECTURES", 14, 9),
+    ("Cait", "cait", "CAIT_ARCHITECTURES", 10, 10),
+])
+def test_class_table_is_timms_registry(timm_class, module, table, architectures, tags):
+    """Every architecture of timm's class that timm registers, with its sizes, the keywords its model function sets
+    and its pretrained tags."""
+    import importlib
+
+    entries = getattr(importlib.import_module(f"keras_vit.checkpoints.timm.{module}"), table)
+    timm = {name: entry for name, entry in TIMM.items() if entry["class"] == timm_class}
+    assert sorted(entries) == sorted(timm) and len(timm) == architectures
+    for name, entry in timm.items():
+        assert not sizes_differ(entries[name], entry), name
+        assert entries[name].switches == {key: value for key, value in entry["kwargs"].items() if key not in SIZES}, name
+    assert sum(len(entry["tags"]) for entry in timm.values()) == tags
+
+
+def test_beit_table_has_the_position_resize_of_timms_checkpoint_filter():
     from keras_vit.checkpoints.timm.beit import BEIT_ARCHITECTURES, RESIZE
 
-    timm = {name: entry for name, entry in TIMM.items() if entry["class"] == "Beit"}
-    assert sorted(BEIT_ARCHITECTURES) == sorted(timm) and len(timm) == 7
-    for name, entry in timm.items():
-        table = BEIT_ARCHITECTURES[name]
-        assert not sizes_differ(table, entry), name
-        switches = {key: value for key, value in entry["kwargs"].items() if key not in SIZES}
-        assert table.switches == switches, name
-        assert (entry["resize"]["interpolation"], entry["resize"]["antialias"]) == RESIZE[:2], name
-    assert sum(len(entry["tags"]) for entry in timm.values()) == 13
-
-
-def test_relpos_table_is_timms_vision_transformer_relpos_registry():
-    """Every VisionTransformerRelPos architecture timm registers, with the keywords its model function sets."""
-    from keras_vit.checkpoints.timm.relpos import RELPOS_ARCHITECTURES
-
-    timm = {name: entry for name, entry in TIMM.items() if entry["class"] == "VisionTransformerRelPos"}
-    assert sorted(RELPOS_ARCHITECTURES) == sorted(timm) and len(timm) == 14
-    for name, entry in timm.items():
-        table = RELPOS_ARCHITECTURES[name]
-        assert not sizes_differ(table, entry), name
-        assert table.switches == {key: value for key, value in entry["kwargs"].items() if key not in SIZES}, name
-    assert sum(len(entry["tags"]) for entry in timm.values()) == 9
+    for name in BEIT_ARCHITECTURES:
+        assert (TIMM[name]["resize"]["interpolation"], TIMM[name]["resize"]["antialias"]) == RESIZE[:2], name

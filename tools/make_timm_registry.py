@@ -32,7 +32,7 @@ import timm
 import timm.models
 
 OUTPUT = os.path.join(os.path.dirname(__file__), "..", "tests", "fixtures", "timm_registry.json")
-CLASSES = ("VisionTransformer", "VisionTransformerDistilled", "Eva", "NaFlexVit", "Beit", "VisionTransformerRelPos")
+CLASSES = ("VisionTransformer", "VisionTransformerDistilled", "Eva", "NaFlexVit", "Beit", "VisionTransformerRelPos", "Cait")
 
 
 class _Captured(Exception):

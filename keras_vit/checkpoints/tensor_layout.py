@@ -1,18 +1,14 @@
 """Weight layouts as declared tables, and the one converter that applies them.
 
-A layout (timm's `VisionTransformer`, transformers' ViT, DINOv2 and CLIP or
-SigLIP towers) is data: a `TensorLayout` names, for each tensor of the
-file, the keras_vit weight it is, and which tensors are q, k and v kept
-apart, a buffer the model does not compute with, or a tensor that needs
-reshaping. `TensorLayout.read` applies any such table: it strips the
-file's prefix, maps the top level and each block, fuses q/k/v (each checked
-against its own shape first), and refuses every name the table does not
-know; `TensorLayout.origins` gives each weight's name in the file, which
-later refusals name. `MODEL_WEIGHTS` and `BLOCK_WEIGHTS`
-declare keras_vit's own weights with the `Architecture` switch that gives a
-model each one, so the integrity rule, that a file holds exactly the
-tensors of the model its config describes, is checked once for every
-layout (`TensorLayout.check_complete`), in the file's own names.
+A layout (timm's `VisionTransformer`, transformers' ViT, DINOv2 and CLIP or SigLIP towers) is data: a
+`TensorLayout` names, for each tensor of the file, the keras_vit weight it is, and which tensors are q, k and v
+kept apart, a buffer the model does not compute with, or a tensor that needs reshaping. `TensorLayout.read`
+applies any such table: it strips the file's prefix, maps the top level and each block, fuses q/k/v (each
+checked against its own shape first), and refuses every name the table does not know; `TensorLayout.origins`
+gives each weight's name in the file, which later refusals name. `MODEL_WEIGHTS` and `BLOCK_WEIGHTS` declare
+keras_vit's own weights with the `Architecture` switch that gives a model each one, so the integrity rule, that
+a file holds exactly the tensors of the model its config describes, is checked once for every layout
+(`TensorLayout.check_complete`), in the file's own names.
 
 Example:
 >>> import numpy as np
@@ -28,6 +24,7 @@ import json
 import numpy as np
 
 from keras_vit.checkpoints.source import CheckpointError, preview, refuse_non_float
+from keras_vit.layers.class_attention import class_attention_weights
 from keras_vit.layers.relative_position import RelativePositions
 
 QKV = ("query", "key", "value")
@@ -95,6 +92,8 @@ BLOCK_WEIGHTS = {
     **_pair("mlp_input_norm", lambda a: a.mlp_input_norm),
     **{name: lambda a, name=name: name in RelativePositions.WEIGHTS.get(a.relative_position_bias, ())
        for name in RelativePositions.NAMES},
+    **{f"talking_heads_{stage}_{part}": lambda a: a.talking_heads for stage in ("logit", "weight")
+       for part in ("kernel", "bias")},
     "rope_frequencies": lambda a: a.rope == "mixed",  # learned; timm keeps all blocks' in one tensor
     **{name: lambda a: a.differential_attention for name in ("lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2",
                                                             "attention_sub_norm/gamma")},
@@ -111,10 +110,13 @@ def optional_groups(distilled):
 
 
 def expected_weights(architecture, depth):
-    """The keras_vit weights a model of `architecture` and `depth` blocks has, besides `OPTIONAL_GROUPS`."""
+    """The keras_vit weights a model of `architecture` and `depth` blocks has, besides `OPTIONAL_GROUPS`; CaiT's
+    class-attention blocks (`class_attention_{i}`) too."""
     names = {name for name, when in MODEL_WEIGHTS.items() if when(architecture)}
     block = [name for name, when in BLOCK_WEIGHTS.items() if when(architecture)]
-    return names | {f"encoderblock_{index}/{name}" for index in range(depth) for name in block}
+    return names | {f"encoderblock_{index}/{name}" for index in range(depth) for name in block} | {
+        f"class_attention_{index}/{name}" for index in range(architecture.class_attention_blocks)
+        for name in class_attention_weights(architecture.qkv_bias)}
 
 
 def torch_to_keras(name, value):

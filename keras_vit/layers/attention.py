@@ -6,8 +6,8 @@ attention, so every attention path computes it); plain attention
 (`keras_vit.layers.kernels.attention`, fused where the platform has it),
 attention that returns its weights, or differential attention; RoPE
 rotation of queries and keys, per-head query/key norms, a key bias held
-at zero and a relative position bias (its own, plus any bias the block
-is given) as its options; then the output projection. Uses
+at zero, a relative position bias (its own, plus any bias the block is
+given) and CaiT's talking heads as its options; then the output projection. Uses
 `keras.ops` only.
 """
 
@@ -45,7 +45,8 @@ class SelfAttention(BlockPart):
     `qkv_bias`, `key_bias`, `qk_norm`, `rope`, `rope_temperature`,
     `rope_rotate_half`, `differential_attention`, `attention_output_norm`,
     `projection_bias`, `relative_position_bias` and
-    `relative_position_mlp_dim` (for the block's `relative_position_grid`). Attention is `keras_vit.layers.kernels.attention`,
+    `relative_position_mlp_dim` (for the block's `relative_position_grid`)
+    and `talking_heads`. Attention is `keras_vit.layers.kernels.attention`,
     except when its weights are asked for or attention dropout is active:
     then it is explicit einsums, which expose the weights.
     """
@@ -84,6 +85,12 @@ class SelfAttention(BlockPart):
                 switches.relative_position_mlp_dim, block.name)
             self.relative_positions.make_weights(lambda name, shape, initializer: self.weight(
                 name, shape=shape, initializer=initializer, autocast=False))
+        if switches.talking_heads:  # CaiT's: (heads, heads) maps over the logits and over the weights
+            for stage in ("logit", "weight"):
+                self.weight(f"talking_heads_{stage}_kernel", shape=(self.num_heads, self.num_heads),
+                            initializer="identity", autocast=False)
+                self.weight(f"talking_heads_{stage}_bias", shape=(self.num_heads,), initializer="zeros",
+                            autocast=False)
         if switches.qk_norm:  # differential attention normalises each half-width query and key (timm's DiffAttention)
             heads = (self.num_heads, 2, self.head_dim // 2) if switches.differential_attention else (self.num_heads,
                                                                                                      self.head_dim)
@@ -160,6 +167,9 @@ class SelfAttention(BlockPart):
         if switches.differential_attention:
             context, weights = self._differential(query, key, value, training, key_mask)
             weights = weights if return_weights else None
+        elif switches.talking_heads:
+            context, weights = self._with_weights(query, key, value, training, key_mask, bias)
+            weights = weights if return_weights else None
         elif return_weights or (training and self.attention_dropout.rate > 0):
             context, weights = self._with_weights(query, key, value, training, key_mask, bias)
         else:
@@ -204,14 +214,25 @@ class SelfAttention(BlockPart):
         context = self.sub_norm(context) * ops.cast(1.0 - self.lambda_init, context.dtype)
         return ops.cast(context, value.dtype), combined
 
+    def _mix_heads(self, maps, stage):
+        """Talking heads (CaiT's, timm's `TalkingHeadAttn`): each head's map a learned mix of every head's."""
+        kernel, bias = (ops.cast(getattr(self.block, f"talking_heads_{stage}_{part}"), "float32")
+                        for part in ("kernel", "bias"))
+        return ops.einsum("bhqk,hg->bgqk", ops.cast(maps, "float32"), kernel) + bias[None, :, None, None]
+
     def _with_weights(self, query, key, value, training, key_mask=None, bias=None):
-        """Attention as explicit einsums, returning its float32 weights (before dropout)."""
+        """Attention as explicit einsums, returning its float32 weights (before dropout); with talking heads, the
+        logits are mixed across heads before the softmax and the weights after it."""
         scale = 1.0 / math.sqrt(self.head_dim)
         logits = ops.einsum("bqhd,bkhd->bhqk", query * ops.cast(scale, query.dtype), key)
+        if self.switches.talking_heads:
+            logits = self._mix_heads(logits, "logit")
         if key_mask is not None:
             logits = ops.cast(logits, "float32") + kernels.key_mask_bias(key_mask)
         if bias is not None:
             logits = ops.cast(logits, "float32") + ops.cast(bias, "float32")
         weights = ops.softmax(ops.cast(logits, "float32"), axis=-1)
+        if self.switches.talking_heads:
+            weights = self._mix_heads(weights, "weight")
         dropped = self.apply_dropout(self.attention_dropout, weights, training)
         return ops.einsum("bhqk,bkhd->bqhd", ops.cast(dropped, value.dtype), value), weights

@@ -72,6 +72,9 @@ class BlockSwitches:
             `vit_relpos_*`), or None.
         relative_position_mlp_dim: the hidden width of the MLP forms
             (timm's `rel_pos_dim`, default 128).
+        talking_heads: learned `(heads, heads)` maps mix the heads' logits
+            before the softmax and their weights after it (CaiT's, timm's
+            `TalkingHeadAttn`).
     """
 
     qkv_bias: bool = True
@@ -94,6 +97,7 @@ class BlockSwitches:
     layer_norm_epsilon: float = LAYER_NORM_EPSILON
     relative_position_bias: str = None
     relative_position_mlp_dim: int = MLP_DIM
+    talking_heads: bool = False
 
     def __post_init__(self):
         for field in dataclasses.fields(BlockSwitches):  # bools and numbers as the config of any version gives them
@@ -131,6 +135,9 @@ class BlockSwitches:
                              f"{self.relative_position_mlp_dim!r}.")
         if self.relative_position_bias and self.differential_attention:
             raise ValueError("relative_position_bias is not supported with differential_attention=True (no timm "
+                             "architecture combines them).")
+        if self.talking_heads and self.differential_attention:
+            raise ValueError("talking_heads=True is not supported with differential_attention=True (no timm "
                              "architecture combines them).")
         if not self.layer_norm_epsilon > 0:
             raise ValueError(f"layer_norm_epsilon must be > 0, got {self.layer_norm_epsilon!r}.")

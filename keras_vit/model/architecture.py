@@ -92,6 +92,12 @@ class Architecture(BlockSwitches):
             `relative_position_bias`): BEiT's `use_shared_rel_pos_bias`,
             timm's `shared_rel_pos`. Either needs a fixed image size; a
             table takes the class token or no prefix token at all.
+        class_attention_blocks: CaiT's class attention: the patches go
+            through the blocks without the class token, which then enters
+            and is updated alone by this many
+            `keras_vit.layers.class_attention.ClassAttentionBlock`s (timm's
+            `depth_token_only`); `class_attention_mlp_ratio` is their MLP's
+            width over the hidden size (default: the blocks' MLP width).
         resnet_epsilons: for a hybrid, its ResNet's epsilons, a key of
             `RESNET_EPSILONS`: `"flax"` (the original `.npz` models') or
             `"timm"` (timm's `vit_*_r50_*` and `vit_*_r26_*` hybrids).
@@ -119,6 +125,8 @@ class Architecture(BlockSwitches):
     resnet_epsilons: str = "flax"
     num_kv_heads: tuple = None
     shared_relative_position_bias: str = None
+    class_attention_blocks: int = 0
+    class_attention_mlp_ratio: float = None
 
     def __post_init__(self):
         super().__post_init__()
@@ -177,6 +185,14 @@ class Architecture(BlockSwitches):
         if self.shared_relative_position_bias and self.differential_attention:
             raise ValueError("shared_relative_position_bias is not supported with differential_attention=True (no "
                              "timm architecture combines them).")
+        if isinstance(self.class_attention_blocks, bool) or not isinstance(self.class_attention_blocks, int) \
+                or self.class_attention_blocks < 0:
+            raise ValueError(f"class_attention_blocks must be a whole number >= 0, got {self.class_attention_blocks!r}.")
+        if self.class_attention_blocks and (not self.class_token or self.class_token_position_embedding
+                                            or self.num_prefix_tokens != 1 or self.classifier == "map"):
+            raise ValueError("class_attention_blocks (CaiT's) bring the class token in after the blocks: they need "
+                             "class_token=True without a position embedding (class_token_position_embedding=False), "
+                             "no register or distillation tokens, and classifier='token' or 'gap'.")
         if self.resnet_epsilons not in RESNET_EPSILONS:
             raise ValueError(f"Unknown resnet_epsilons {self.resnet_epsilons!r}; expected one of "
                              f"{tuple(RESNET_EPSILONS)}.")
@@ -191,6 +207,12 @@ class Architecture(BlockSwitches):
     def position_prefix_rows(self):
         """The rows of the position table that belong to prefix tokens (0 with `no_embed_class`)."""
         return self.num_prefix_tokens if self.class_token_position_embedding else 0
+
+    @property
+    def block_prefix_tokens(self):
+        """The tokens before the patches in the encoder blocks: the prefix tokens, but none where the class token
+        enters after them (CaiT's class attention)."""
+        return 0 if self.class_attention_blocks else self.num_prefix_tokens
 
     @property
     def relative_position_tables(self):

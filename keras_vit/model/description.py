@@ -102,6 +102,8 @@ def architecture_of(model):
         patch_norm="patch_norm" in layers,
         position_embedding=position is not None,
         shared_relative_position_bias=getattr(layers.get("relative_position_bias"), "form", None),
+        **_class_attention_settings([layer for name, layer in layers.items() if name.startswith("class_attention_")],
+                                    block, embedding),
         **_rope_settings(layers.get("rotary_positions")),
         **_attention_pool_settings(layers.get("attention_pool"), block, embedding),
         **_pixel_statistics(layers.get("input_normalization")),
@@ -148,6 +150,14 @@ def native_image_size(model, step):
     if None in size:
         size = tuple(side * pixels for side, pixels in zip(native_grid(model), step))
     return [int(side) for side in size]
+
+
+def _class_attention_settings(blocks, block, embedding):
+    """CaiT's class-attention fields of `Architecture` its `ClassAttentionBlock`s hold (empty without)."""
+    if not blocks:
+        return {}
+    ratio = None if blocks[0].mlp_dim == block.mlp_dim else blocks[0].mlp_dim / embedding.hidden_size
+    return dict(class_attention_blocks=len(blocks), class_attention_mlp_ratio=ratio)
 
 
 def _rope_settings(rotary):

@@ -29,6 +29,7 @@ from keras_vit.layers import (
     norm_layer,
 )
 from keras_vit.layers.blocks import BlockSwitches
+from keras_vit.layers.class_attention import ClassAttentionBlock
 from keras_vit.layers.conv_stem import apply_conv_stem
 from keras_vit.layers.mbconv import MbConvEmbedding, apply_mbconv_stem
 from keras_vit.layers.mlp import GATED
@@ -121,7 +122,7 @@ def build(options, input_tensor):
         x = RegisterTokens(architecture.register_tokens, name="register_tokens", **typed)(x)
     if architecture.distillation_token:  # [class, distillation, patches], as timm orders them.
         x = DistillationToken(name="distillation_token", **typed)(x)
-    if architecture.class_token:
+    if architecture.class_token and not architecture.class_attention_blocks:
         x = ClassToken(name="class_token", **typed)(x)
     if position is not None and architecture.class_token_position_embedding:
         x = _add_positions(position, x, patch_grid, dynamic)
@@ -161,6 +162,14 @@ def build(options, input_tensor):
             name=f"encoderblock_{index}",
             **typed,
         )(x, **call_options)
+    if architecture.class_attention_blocks:  # CaiT: the class token enters now, and attends to the patches alone
+        x = ClassToken(name="class_token", **typed)(x)
+        ratio = architecture.class_attention_mlp_ratio
+        for index in range(architecture.class_attention_blocks):
+            x = ClassAttentionBlock(sizes.num_heads, int(sizes.hidden_size * ratio) if ratio else sizes.mlp_dim,
+                                    architecture.mlp_activation, architecture.qkv_bias,
+                                    1.0 if architecture.layer_scale is None else architecture.layer_scale, epsilon,
+                                    name=f"class_attention_{index}", **typed)(x)
     if architecture.final_norm and not architecture.fc_norm:
         x = norm_layer(architecture.normalization, epsilon, name="encoder_norm", **typed)(x)
 

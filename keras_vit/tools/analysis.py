@@ -401,9 +401,9 @@ def inspect(model, image, output_dir):
                        "patch_mask": np.ones(len(patches), bool)}
     attentions = attention_weights(model, keras.tree.map_structure(lambda x: x[None], model_input))
     grid_size = (image.shape[0] // patch_size, image.shape[1] // patch_size)  # The image's, not the table's
-    prefix = architecture_of(model).num_prefix_tokens
+    prefix = architecture_of(model).block_prefix_tokens  # none in the blocks of CaiT, whose class token enters later
     written = {}
-    if architecture_of(model).class_token:  # Rollout follows the class token's row.
+    if architecture_of(model).class_token and prefix:  # Rollout follows the class token's row.
         heat = rollout_map(attention_rollout(attentions), grid_size, prefix)[0]
         written["attention_rollout"] = os.path.join(output_dir, "attention_rollout.png")
         plot_attention_overlay(image, heat, written["attention_rollout"])

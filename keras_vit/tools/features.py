@@ -118,7 +118,7 @@ def feature_extractor(model, blocks, spatial=True, norm=False, name=None):
     grid_size = native_grid(model)
     embedding = model.get_layer("embedding")
     dynamic = len(embedding.output.shape) == 4  # The dynamic model's patch grid, read on every call.
-    tokens = PatchTokens(architecture_of(model).num_prefix_tokens, None if dynamic else grid_size, spatial,
+    tokens = PatchTokens(architecture_of(model).block_prefix_tokens, None if dynamic else grid_size, spatial,
                          name=f"{model.name}_patch_tokens")
     outputs = []
     for index in chosen:

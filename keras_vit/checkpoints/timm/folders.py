@@ -2,8 +2,8 @@
 
 A timm folder (`config.json` with `architecture`, beside `model.safetensors`)
 is read by its class's module: `VisionTransformer` and DeiT distilled
-(`layout`), `Eva` (`eva_layout`), `NaFlexVit` (`naflex`), `Beit` (`beit`)
-and `VisionTransformerRelPos` (`relpos`). A name of none of them is
+(`layout`), `Eva` (`eva_layout`), `NaFlexVit` (`naflex`), `Beit` (`beit`),
+`VisionTransformerRelPos` (`relpos`) and `Cait` (`cait`). A name of none of them is
 refused with the reason `families.timm_architecture` gives, before any
 tensor is read.
 
@@ -16,17 +16,27 @@ import os
 
 from keras_vit.checkpoints.source import CheckpointError
 from keras_vit.checkpoints.state_dict_files import folder_weights
-from keras_vit.checkpoints.timm.beit import BEIT_ARCHITECTURES, read_timm_beit
+from keras_vit.checkpoints.timm import beit, cait, eva_layout, relpos
 from keras_vit.checkpoints.timm.eva_families import EVA_ARCHITECTURES
-from keras_vit.checkpoints.timm.eva_layout import read_timm_eva
 from keras_vit.checkpoints.timm.families import timm_architecture
 from keras_vit.checkpoints.timm.layout import read_timm
 from keras_vit.checkpoints.timm.naflex import NAFLEX_ARCHITECTURES, read_timm_naflex
-from keras_vit.checkpoints.timm.relpos import RELPOS_ARCHITECTURES, read_timm_relpos
 
+# The architecture names of the classes besides timm's VisionTransformer that `save_timm` writes too -> the class's
+# config reader, file reader, timm keywords and state dict writer (Eva's writer runs after the rebuild check, which
+# names its refusals, so it is not here).
+CLASSES = {
+    **{name: (eva_layout.configured_eva_architecture, eva_layout.read_timm_eva, eva_layout.eva_arguments, None)
+       for name in EVA_ARCHITECTURES},
+    **{name: (beit.configured_beit_architecture, beit.read_timm_beit, beit.beit_arguments, beit.to_timm_beit)
+       for name in beit.BEIT_ARCHITECTURES},
+    **{name: (relpos.configured_relpos_architecture, relpos.read_timm_relpos, relpos.relpos_arguments,
+              relpos.to_timm_relpos) for name in relpos.RELPOS_ARCHITECTURES},
+    **{name: (cait.configured_cait_architecture, cait.read_timm_cait, cait.cait_arguments, cait.to_timm_cait)
+       for name in cait.CAIT_ARCHITECTURES},
+}
 # Each architecture name of the classes other than timm's VisionTransformer -> its reader.
-READERS = {**dict.fromkeys(EVA_ARCHITECTURES, read_timm_eva), **dict.fromkeys(NAFLEX_ARCHITECTURES, read_timm_naflex),
-           **dict.fromkeys(BEIT_ARCHITECTURES, read_timm_beit), **dict.fromkeys(RELPOS_ARCHITECTURES, read_timm_relpos)}
+READERS = {**{name: entry[1] for name, entry in CLASSES.items()}, **dict.fromkeys(NAFLEX_ARCHITECTURES, read_timm_naflex)}
 
 
 def read_timm_folder(folder, config, budget=None):

@@ -25,16 +25,12 @@ import numpy as np
 from keras_vit.checkpoints.source import CheckpointError, preview, read_json_object, state_of
 from keras_vit.checkpoints.state_dict_files import TIMM_ENDINGS, _safetensors
 from keras_vit.checkpoints.tensor_layout import keras_to_torch
-from keras_vit.checkpoints.timm.beit import (
-    BEIT_ARCHITECTURES,
-    beit_arguments,
-    configured_beit_architecture,
-    read_timm_beit,
-    to_timm_beit,
-)
+from keras_vit.checkpoints.timm.beit import BEIT_ARCHITECTURES
+from keras_vit.checkpoints.timm.cait import CAIT_ARCHITECTURES
 from keras_vit.checkpoints.timm.eva_families import EVA_ARCHITECTURES
-from keras_vit.checkpoints.timm.eva_layout import configured_eva_architecture, eva_arguments, read_timm_eva, to_timm_eva
+from keras_vit.checkpoints.timm.eva_layout import to_timm_eva
 from keras_vit.checkpoints.timm.families import timm_architecture, timm_mlp_dim, timm_mlp_ratio
+from keras_vit.checkpoints.timm.folders import CLASSES
 from keras_vit.checkpoints.timm.hybrid import (
     check_timm_rebuilds_backbone,
     conv_stem_to_timm,
@@ -44,13 +40,7 @@ from keras_vit.checkpoints.timm.hybrid import (
 from keras_vit.checkpoints.timm.layout import configured_architecture, layout_of, read_timm
 from keras_vit.checkpoints.timm.naflex import FACTORIZED, from_vision_transformer, naflex_architecture, naflex_arguments, \
     read_timm_naflex
-from keras_vit.checkpoints.timm.relpos import (
-    RELPOS_ARCHITECTURES,
-    configured_relpos_architecture,
-    read_timm_relpos,
-    relpos_arguments,
-    to_timm_relpos,
-)
+from keras_vit.checkpoints.timm.relpos import RELPOS_ARCHITECTURES
 from keras_vit.data import preprocessing
 from keras_vit.model.architecture import Architecture
 from keras_vit.model.description import (
@@ -108,7 +98,7 @@ def to_timm(model, architecture=None, written_as=None):
 # What a timm file and its keywords leave open, so the model need not share it with what they rebuild: the pixel
 # statistics (unless a config.json's pretrained_cfg states them), the layer scale's initial value (the learned
 # scales are in the file) and a hybrid's ResNet epsilons (to_timm refuses the Flax ones).
-_LEFT_OPEN = ("input_mean", "input_std", "layer_scale", "resnet_epsilons")
+_LEFT_OPEN = ("input_mean", "input_std", "layer_scale", "resnet_epsilons", "class_attention_mlp_ratio")
 # The config.json fields timm writes for information only: `timm.create_model` builds without them.
 _INFORMATIONAL = ("num_features", "global_pool")
 
@@ -144,7 +134,7 @@ def check_timm_rebuilds(model, architecture, arguments, path=None, written=None,
     for key, value, own in (("embed_dim", embed, int(model.get_layer("embedding").kernel.shape[-1])),
                             ("num_heads", args.get("num_heads", entry.num_heads), int(block.num_heads)),
                             ("mlp_dim", timm_mlp_dim(embed, args.get("mlp_ratio", entry.mlp_ratio), switches),
-                             int(block.mlp_dim))):
+                             int(block.mlp_dim)), *_class_attention_widths(model, rebuilt, embed)):
         if value != own:
             differs[key] = (value, own)
     prefix, written_nothing = (f"{path}: ", " Nothing was written.") if path else ("", "")
@@ -169,25 +159,30 @@ def check_timm_rebuilds(model, architecture, arguments, path=None, written=None,
                               f"({preview(differ, 3)}).{written_nothing}")
 
 
-def _check_relative_named(model, found, architecture):
-    """Refuse a model with a relative position bias (`found`, its `Architecture`) unless `architecture` is a name of
-    timm's `Beit` or `VisionTransformerRelPos` class, the classes that have them."""
+def _check_class_named(model, found, architecture):
+    """Refuse a model with a relative position bias, or CaiT's talking heads or class attention (`found`, its
+    `Architecture`), unless `architecture` is a name of the timm class that has them."""
     if found.relative_position_tables and architecture not in BEIT_ARCHITECTURES \
             and architecture not in RELPOS_ARCHITECTURES:
         raise CheckpointError(f"{model.name} has a relative position bias, as timm's Beit and VisionTransformerRelPos "
                               "classes: pass architecture= the name it is (beit_base_patch16_224, "
                               "beitv2_base_patch16_224, vit_relpos_base_patch16_224, ...).")
+    if (found.class_attention_blocks or found.talking_heads) and architecture not in CAIT_ARCHITECTURES:
+        raise CheckpointError(f"{model.name} has CaiT's talking heads or class attention, as timm's Cait class: pass "
+                              "architecture= the Cait name it is (cait_s24_224, cait_xxs24_384, ...).")
+
+
+def _class_attention_widths(model, rebuilt, embed):
+    """`[("class_attention_mlp_dim", timm's, the model's)]` for CaiT's class-attention MLP, else nothing."""
+    blocks = [layer for layer in model.layers if layer.name.startswith("class_attention_")]
+    if not blocks or not rebuilt.class_attention_blocks:
+        return []
+    return [("class_attention_mlp_dim", int(embed * rebuilt.class_attention_mlp_ratio), int(blocks[0].mlp_dim))]
 
 
 def _family(name):
     """`(configure, read)`: the config and file readers of the timm class that architecture `name` belongs to."""
-    if name in EVA_ARCHITECTURES:
-        return configured_eva_architecture, read_timm_eva
-    if name in BEIT_ARCHITECTURES:
-        return configured_beit_architecture, read_timm_beit
-    if name in RELPOS_ARCHITECTURES:
-        return configured_relpos_architecture, read_timm_relpos
-    return configured_architecture, read_timm
+    return CLASSES[name][:2] if name in CLASSES else (configured_architecture, read_timm)
 
 
 # timm's `global_pool` of each keras_vit classifier.
@@ -235,13 +230,9 @@ def timm_arguments(model, architecture=None):
 def _keywords(model, architecture):
     """`timm_arguments` before its check: the keywords, and refusals of what no keyword expresses."""
     found = architecture_of(model)
-    _check_relative_named(model, found, architecture)
-    if architecture in EVA_ARCHITECTURES:
-        return eva_arguments(model, architecture)
-    if architecture in BEIT_ARCHITECTURES:
-        return beit_arguments(model, architecture)
-    if architecture in RELPOS_ARCHITECTURES:
-        return relpos_arguments(model, architecture)
+    _check_class_named(model, found, architecture)
+    if architecture in CLASSES:
+        return CLASSES[architecture][2](model, architecture)
     entry = None if architecture is None else timm_architecture(architecture, "timm_arguments")
     no_table = entry is not None and entry.switches.get("pos_embed") == "none"  # ViTamin XL's pos_embed='none'
     if found.rope or not found.key_bias or (not found.position_embedding and not no_table):
@@ -367,10 +358,9 @@ def save_timm(model, path, architecture=None):
     if is_naflex(model):
         return _save_naflex(model, path, architecture or "naflexvit_base_patch16_gap")
     eva = architecture in EVA_ARCHITECTURES
-    _check_relative_named(model, architecture_of(model), architecture)
+    _check_class_named(model, architecture_of(model), architecture)
     # first: its refusals (LoRA, ...) name the fix precisely
-    writer = to_timm_beit if architecture in BEIT_ARCHITECTURES else to_timm_relpos \
-        if architecture in RELPOS_ARCHITECTURES else None if eva else to_timm
+    writer = CLASSES[architecture][3] if architecture in CLASSES else to_timm
     tensors = None if writer is None else writer(model, architecture)
     arguments = _keywords(model, architecture)
     pretrained, note = _pretrained_cfg(model, arguments)
