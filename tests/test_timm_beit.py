@@ -222,9 +222,9 @@ def test_beit_trains_its_tables_one_step():
     check_one_step_moves(model, ("relative_position_bias_table",), 2)
 
 
-FIXED_GRID = ("A relative position bias is built for one patch grid (as timm's Beit and VisionTransformerRelPos take "
-              "one input size): build the model at a fixed image_size; loading a checkpoint at another size resizes "
-              "its tables, as timm does.")
+FIXED_GRID = ("A relative position bias, SAM's windows or its neck are built for one patch grid (as timm's Beit, "
+              "VisionTransformerRelPos and VisionTransformerSAM take one input size at a time): build the model at a "
+              "fixed image_size; loading a checkpoint at another size resizes its tables, as timm does.")
 TABLE_PREFIX = ("A relative position bias table has three rows for a class token and none for other prefix tokens: it "
                 "takes the class token alone, or no prefix token (no register or distillation tokens).")
 

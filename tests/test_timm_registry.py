@@ -201,6 +201,7 @@ def test_naflex_table_is_timms_naflexvit_registry():
     ("Beit", "beit", "BEIT_ARCHITECTURES", 7, 13),
     ("VisionTransformerRelPos", "relpos", "RELPOS_ARCHITECTURES", 14, 9),
     ("Cait", "cait", "CAIT_ARCHITECTURES", 10, 10),
+    ("VisionTransformerSAM", "sam", "SAM_ARCHITECTURES", 4, 3),
 ])
 def test_class_table_is_timms_registry(timm_class, module, table, architectures, tags):
     """Every architecture of timm's class that timm registers, with its sizes, the keywords its model function sets

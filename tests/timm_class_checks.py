@@ -31,10 +31,11 @@ def write_timm_hub_cache(cache, tags, folder_of, edit_args=None):
         (snapshot / "config.json").write_text(json.dumps(config))
 
 
-def check_every_tool(model, images, tmp_path, prefix_tokens, int8_share, mixed_heads=False):
+def check_every_tool(model, images, tmp_path, prefix_tokens, int8_share, mixed_heads=False, windowed=False):
     """`.keras` save and reload, its `from_pretrained` rebuild, attention weights (each row summing to one, unless
     `mixed_heads`: CaiT's talking heads mix the heads' weights after the softmax), a block's feature map, LoRA (the
-    relative positions frozen, the outputs unchanged) and int8 (within `int8_share` of the outputs' scale)."""
+    relative positions frozen, the outputs unchanged) and int8 (within `int8_share` of the outputs' scale). With
+    `windowed` (SAM's first block), the attention maps are each window's."""
     expected = predict(model, images)
     model.save(str(tmp_path / "model.keras"))
     np.testing.assert_array_equal(predict(keras.saving.load_model(str(tmp_path / "model.keras")), images), expected)
@@ -42,6 +43,10 @@ def check_every_tool(model, images, tmp_path, prefix_tokens, int8_share, mixed_h
     np.testing.assert_allclose(predict(rebuilt, images), expected, atol=TOLERANCE, rtol=0)
     weights = analysis.attention_weights(model, images)
     tokens = model.get_layer("encoderblock_0").output.shape[1]
+    if windowed:
+        window = model.get_layer("encoderblock_0").window_size ** 2
+        assert weights[0].shape[-2:] == (window, window)
+        weights = weights[1:2]  # a global block's
     assert [w.shape[-2:] for w in weights] == [(tokens, tokens)] * len(weights)
     if not mixed_heads:
         np.testing.assert_allclose(weights[0].sum(-1), 1.0, atol=1e-5)
@@ -52,7 +57,8 @@ def check_every_tool(model, images, tmp_path, prefix_tokens, int8_share, mixed_h
     np.testing.assert_array_equal(predict(features, images),
                                   predict(block, images)[:, prefix_tokens:].reshape(len(images), *grid, -1))
     keras_vit.enable_lora(model, rank=2)
-    assert not [v.path for v in model.trainable_weights if "relative_position" in v.path or "talking" in v.path]
+    assert not [v.path for v in model.trainable_weights if "relative_position" in v.path or "talking" in v.path
+                or "rel_pos" in v.path]
     np.testing.assert_allclose(predict(model, images), expected, atol=TOLERANCE, rtol=0)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

@@ -32,7 +32,8 @@ import timm
 import timm.models
 
 OUTPUT = os.path.join(os.path.dirname(__file__), "..", "tests", "fixtures", "timm_registry.json")
-CLASSES = ("VisionTransformer", "VisionTransformerDistilled", "Eva", "NaFlexVit", "Beit", "VisionTransformerRelPos", "Cait")
+CLASSES = ("VisionTransformer", "VisionTransformerDistilled", "Eva", "NaFlexVit", "Beit", "VisionTransformerRelPos", "Cait",
+           "VisionTransformerSAM")
 
 
 class _Captured(Exception):

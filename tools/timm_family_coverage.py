@@ -16,7 +16,7 @@ the first, a middle and the last block's settings), and everything else (image s
 width, heads, MLP, activation, norms, pooling, classes: those of the
 architecture's default pretrained tag) is the architecture's own. Only
 models of the classes in `IN_SCOPE` (VisionTransformer, DeiT distilled, Eva,
-Beit, VisionTransformerRelPos and Cait) are in scope; the classes of the others (NaFlexVit, ...) are
+Beit, VisionTransformerRelPos, Cait and VisionTransformerSAM) are in scope; the classes of the others (NaFlexVit, ...) are
 counted separately, as are the
 architectures that do not take `depth=` at all (CNNs and the like).
 
@@ -80,10 +80,11 @@ TOLERANCE = 1e-4
 
 
 # The classes measured: timm's plain ViT, its DeiT-distilled subclass, its RoPE ViTs (Eva), BEiT (Beit), its
-# relative-position ViTs (VisionTransformerRelPos) and CaiT (Cait).
+# relative-position ViTs (VisionTransformerRelPos), CaiT (Cait) and SAM's encoder (VisionTransformerSAM).
 IN_SCOPE = ("timm.models.vision_transformer.VisionTransformer", "timm.models.deit.VisionTransformerDistilled",
             "timm.models.eva.Eva", "timm.models.beit.Beit",
-            "timm.models.vision_transformer_relpos.VisionTransformerRelPos", "timm.models.cait.Cait")
+            "timm.models.vision_transformer_relpos.VisionTransformerRelPos", "timm.models.cait.Cait",
+            "timm.models.vision_transformer_sam.VisionTransformerSAM")
 
 
 @functools.lru_cache(maxsize=None)

@@ -49,6 +49,7 @@ from keras_vit.checkpoints.transformers.vit import read_transformers_folder
 from keras_vit.data import preprocessing
 from keras_vit.layers.position_embedding import resize_patch_embedding, resize_position_embeddings
 from keras_vit.layers.relative_position import relative_table_rows, resize_relative_position_table
+from keras_vit.layers.windows import resize_decomposed_table
 from keras_vit.model.description import conv_stem_widths_of, mbconv_of, resnet_layers_of
 from keras_vit.model.variants import VARIANTS, width_name
 from keras_vit.utils.keras_internals import set_value
@@ -420,6 +421,13 @@ def _adapt_relative_position_tables(model, state, source, notes):
     for old, grid in sorted(resized):
         notes.append(f"Resized the relative position bias tables of {source.description} from a {old[0]}x{old[1]} to "
                      f"a {grid[0]}x{grid[1]} patch grid (as {source.relative_position_resize} does).")
+    for key, variable in variables.items():  # SAM's decomposed tables of a whole-grid block: linear, as timm's get_rel_pos
+        table = state.get(key)
+        if key.endswith(("/rel_pos_h", "/rel_pos_w")) and table is not None and table.ndim == 2 \
+                and table.shape[1] == variable.shape[1] and table.shape[0] != variable.shape[0]:
+            state[key] = resize_decomposed_table(table, int(variable.shape[0]))
+            notes.append(f"Resized {source.description}'s {key} from {table.shape[0]} to {variable.shape[0]} offsets "
+                         "(linear, as timm's get_rel_pos).")
 
 
 def _adapt_head(variables, state, source, notes):

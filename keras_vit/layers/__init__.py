@@ -22,6 +22,7 @@ is `keras_vit.layers.kernels`' business, not the layers'.
 - `parts`: what the block's parts share, and why they are plain Python rather than Keras layers;
 - `attention_pooling`: multi-head attention pooling (MAP);
 - `class_attention`: CaiT's class-attention block, in which the class token alone attends;
+- `windows`: SAM's windowed attention, decomposed relative positions and convolutional neck;
 - `naflex`: NaFlex inputs (pre-cut patches, each image's own grid, padding masks);
 - `norm`, `dense`: the LayerNorm/RMSNorm and the projections every block uses;
 - `conv_stem`, `resnet`, `mbconv`: the stems of the hybrid models (MobileCLIP's, the ResNet, ViTamin's);

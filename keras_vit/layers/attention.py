@@ -21,6 +21,7 @@ from keras_vit.layers import rope as rope_module
 from keras_vit.layers.norm import norm_layer
 from keras_vit.layers.parts import BlockPart
 from keras_vit.layers.relative_position import RelativePositions
+from keras_vit.layers.windows import decomposed_relative_bias
 
 
 @keras.saving.register_keras_serializable(package="keras_vit")
@@ -46,7 +47,8 @@ class SelfAttention(BlockPart):
     `rope_rotate_half`, `differential_attention`, `attention_output_norm`,
     `projection_bias`, `relative_position_bias` and
     `relative_position_mlp_dim` (for the block's `relative_position_grid`)
-    and `talking_heads`. Attention is `keras_vit.layers.kernels.attention`,
+    `talking_heads` and `decomposed_relative_position` (SAM's, for the
+    block's grid or its `window_size`). Attention is `keras_vit.layers.kernels.attention`,
     except when its weights are asked for or attention dropout is active:
     then it is explicit einsums, which expose the weights.
     """
@@ -85,6 +87,13 @@ class SelfAttention(BlockPart):
                 switches.relative_position_mlp_dim, block.name)
             self.relative_positions.make_weights(lambda name, shape, initializer: self.weight(
                 name, shape=shape, initializer=initializer, autocast=False))
+        if switches.decomposed_relative_position:  # SAM's: tables of row and column offsets for the attended grid
+            self.decomposed_grid = (block.window_size,) * 2 if block.window_size else block.relative_position_grid
+            if self.decomposed_grid is None:
+                raise ValueError(f"{block.name} has decomposed relative positions: give the block its "
+                                 "relative_position_grid, the (rows, columns) of its patches.")
+            for name, side in zip(("rel_pos_h", "rel_pos_w"), self.decomposed_grid):
+                self.weight(name, shape=(2 * side - 1, self.head_dim), initializer="zeros", autocast=False)
         if switches.talking_heads:  # CaiT's: (heads, heads) maps over the logits and over the weights
             for stage in ("logit", "weight"):
                 self.weight(f"talking_heads_{stage}_kernel", shape=(self.num_heads, self.num_heads),
@@ -161,6 +170,9 @@ class SelfAttention(BlockPart):
                                                              switches.rope_rotate_half)
         if self.num_kv_heads != self.num_heads:
             key, value = self._for_each_query_head(key), self._for_each_query_head(value)
+        if switches.decomposed_relative_position:
+            own = decomposed_relative_bias(query, self.decomposed_grid, self.block.rel_pos_h, self.block.rel_pos_w)
+            bias = own if bias is None else own + ops.cast(bias, "float32")
         if switches.relative_position_bias:
             own = self.relative_positions.bias(self.block)
             bias = own if bias is None else own + ops.cast(bias, "float32")

@@ -23,6 +23,7 @@ from keras_vit.layers.mlp import ACTIVATIONS, Mlp
 from keras_vit.layers.norm import LAYER_NORM_EPSILON, NORMALIZATIONS
 from keras_vit.layers.parts import BlockPart
 from keras_vit.layers.relative_position import MLP_DIM, relative_position_form
+from keras_vit.layers.windows import window_partition, window_unpartition
 from keras_vit.utils.keras_internals import stored_kernel, sublayers
 
 
@@ -75,6 +76,10 @@ class BlockSwitches:
         talking_heads: learned `(heads, heads)` maps mix the heads' logits
             before the softmax and their weights after it (CaiT's, timm's
             `TalkingHeadAttn`).
+        decomposed_relative_position: SAM's (MViTv2's) relative positions:
+            a bias from each query and a table of row offsets and one of
+            column offsets (`rel_pos_h`, `rel_pos_w`;
+            `keras_vit.layers.windows.decomposed_relative_bias`).
     """
 
     qkv_bias: bool = True
@@ -98,6 +103,7 @@ class BlockSwitches:
     relative_position_bias: str = None
     relative_position_mlp_dim: int = MLP_DIM
     talking_heads: bool = False
+    decomposed_relative_position: bool = False
 
     def __post_init__(self):
         for field in dataclasses.fields(BlockSwitches):  # bools and numbers as the config of any version gives them
@@ -136,6 +142,10 @@ class BlockSwitches:
         if self.relative_position_bias and self.differential_attention:
             raise ValueError("relative_position_bias is not supported with differential_attention=True (no timm "
                              "architecture combines them).")
+        if self.decomposed_relative_position and (self.rope or self.differential_attention
+                                                  or self.relative_position_bias):
+            raise ValueError("decomposed_relative_position is not supported with rope, differential attention or "
+                             "relative_position_bias (SAM's encoder has none of them beside it).")
         if self.talking_heads and self.differential_attention:
             raise ValueError("talking_heads=True is not supported with differential_attention=True (no timm "
                              "architecture combines them).")
@@ -232,7 +242,9 @@ class TransformerBlock(_QuantizableSublayers, keras.layers.Layer):
     `key_mask`, `(batch, tokens)` booleans, leaves out the padding of a
     NaFlex batch (`keras_vit.layers.naflex`). With the switch
     `relative_position_bias` the block holds a table for the patch grid
-    `relative_position_grid`; `attention_bias` (a shared table's bias,
+    `relative_position_grid` (the patch grid after any prefix tokens; with
+    `window_size`, SAM's, attention is within windows of it);
+    `attention_bias` (a shared table's bias,
     `keras_vit.layers.relative_position.RelativePositionBias`) is added
     to every attention logit.
 
@@ -246,7 +258,7 @@ class TransformerBlock(_QuantizableSublayers, keras.layers.Layer):
 
     def __init__(self, num_heads, mlp_dim, dropout_rate=0.0, attention_dropout_rate=0.0, stochastic_depth_rate=0.0,
                  seed=None, lora_rank=None, lora_targets=(), layer_index=0, switches=None, num_kv_heads=None,
-                 relative_position_grid=None, **kwargs):
+                 relative_position_grid=None, window_size=0, **kwargs):
         switches = BlockSwitches.take(switches, kwargs)
         super().__init__(**kwargs)
         # === Config ===
@@ -262,6 +274,10 @@ class TransformerBlock(_QuantizableSublayers, keras.layers.Layer):
         self.layer_index = int(layer_index)
         self.relative_position_grid = None if relative_position_grid is None else \
             tuple(int(side) for side in relative_position_grid)
+        self.window_size = int(window_size)
+        if self.window_size and (self.relative_position_grid is None or switches.post_norm or switches.parallel):
+            raise ValueError(f"window_size {self.window_size} (SAM's windowed attention) needs the block's patch grid "
+                             "(relative_position_grid) and a pre-norm block.")
         self.num_kv_heads = self.num_heads if num_kv_heads is None else num_kv_heads
         if isinstance(self.num_kv_heads, bool) or not isinstance(self.num_kv_heads, int) \
                 or self.num_kv_heads < 1 or self.num_heads % self.num_kv_heads:
@@ -283,7 +299,7 @@ class TransformerBlock(_QuantizableSublayers, keras.layers.Layer):
         norms.norm("attention_norm", token_shape)
         if not self.parallel:
             norms.norm("mlp_norm", token_shape)
-        self.attention.build(token_shape)
+        self.attention.build((None, self.window_size ** 2, token_shape[-1]) if self.window_size else token_shape)
         self.mlp.build(token_shape)
         made = {**norms.sublayers, **self.attention.sublayers, **self.mlp.sublayers}
         for name in sorted(made, key=lambda name: _SUBLAYER_ORDER.index(name) if name in _SUBLAYER_ORDER else 99):
@@ -355,6 +371,13 @@ class TransformerBlock(_QuantizableSublayers, keras.layers.Layer):
             attended, weights = attend(inputs)
             x = inputs + self._drop_path(self._scaled(self.attention_norm(attended), "attention_layer_scale"), training)
             mlp = self._scaled(self.mlp_norm(self.mlp(x, training)), "mlp_layer_scale")
+        elif self.window_size:  # SAM's: attention within windows of the grid, zero-padded to whole ones
+            windows, padded = window_partition(self.attention_norm(inputs), self.relative_position_grid,
+                                               self.window_size)
+            attended, weights = attend(windows)
+            attended = window_unpartition(attended, self.relative_position_grid, self.window_size, padded)
+            x = inputs + self._drop_path(self._scaled(attended, "attention_layer_scale"), training)
+            mlp = self._scaled(self.mlp(self.mlp_norm(x), training), "mlp_layer_scale")
         else:
             # Eq. 2: z' = MSA(LN(z)) + z
             attended, weights = attend(self.attention_norm(inputs))
@@ -379,6 +402,8 @@ class TransformerBlock(_QuantizableSublayers, keras.layers.Layer):
             config.update(num_kv_heads=self.num_kv_heads)
         if self.relative_position_grid is not None:
             config.update(relative_position_grid=list(self.relative_position_grid))
+        if self.window_size:
+            config.update(window_size=self.window_size)
         if self.lora_rank:
             config.update(lora_rank=self.lora_rank, lora_targets=list(self.lora_targets))
         return self._with_quantized_sublayers(config)

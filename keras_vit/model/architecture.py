@@ -98,6 +98,14 @@ class Architecture(BlockSwitches):
             `keras_vit.layers.class_attention.ClassAttentionBlock`s (timm's
             `depth_token_only`); `class_attention_mlp_ratio` is their MLP's
             width over the hidden size (default: the blocks' MLP width).
+        window_size, global_attention_blocks: SAM's windowed attention:
+            every block but those of `global_attention_blocks` (indices)
+            attends within `window_size`-patch square windows of the grid
+            (`keras_vit.layers.windows`); 0 for none.
+        neck_channels: SAM's convolutional neck (`keras_vit.layers.windows.SamNeck`)
+            after the blocks, to this many channels, in place of the final
+            norm (0: its one LayerNorm, timm's `neck_chans=None`); None for
+            none.
         resnet_epsilons: for a hybrid, its ResNet's epsilons, a key of
             `RESNET_EPSILONS`: `"flax"` (the original `.npz` models') or
             `"timm"` (timm's `vit_*_r50_*` and `vit_*_r26_*` hybrids).
@@ -127,6 +135,9 @@ class Architecture(BlockSwitches):
     shared_relative_position_bias: str = None
     class_attention_blocks: int = 0
     class_attention_mlp_ratio: float = None
+    window_size: int = 0
+    global_attention_blocks: tuple = ()
+    neck_channels: int = None
 
     def __post_init__(self):
         super().__post_init__()
@@ -193,6 +204,14 @@ class Architecture(BlockSwitches):
             raise ValueError("class_attention_blocks (CaiT's) bring the class token in after the blocks: they need "
                              "class_token=True without a position embedding (class_token_position_embedding=False), "
                              "no register or distillation tokens, and classifier='token' or 'gap'.")
+        object.__setattr__(self, "global_attention_blocks", tuple(int(i) for i in self.global_attention_blocks or ()))
+        for field in ("window_size", "neck_channels"):
+            value = getattr(self, field)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+                raise ValueError(f"{field} must be a whole number >= 0, got {value!r}.")
+        if (self.window_size or self.neck_channels is not None) and self.num_prefix_tokens:
+            raise ValueError("window_size and neck_channels (SAM's) take the patch grid alone: they need "
+                             "class_token=False and no register or distillation tokens.")
         if self.resnet_epsilons not in RESNET_EPSILONS:
             raise ValueError(f"Unknown resnet_epsilons {self.resnet_epsilons!r}; expected one of "
                              f"{tuple(RESNET_EPSILONS)}.")
@@ -213,6 +232,17 @@ class Architecture(BlockSwitches):
         """The tokens before the patches in the encoder blocks: the prefix tokens, but none where the class token
         enters after them (CaiT's class attention)."""
         return 0 if self.class_attention_blocks else self.num_prefix_tokens
+
+    @property
+    def on_one_grid(self):
+        """Whether the model's parts are built for one patch grid: relative positions (BEiT's, timm's relpos, SAM's),
+        SAM's windows or its neck; such a model takes a fixed image size."""
+        return bool(self.relative_position_bias or self.shared_relative_position_bias or self.window_size
+                    or self.decomposed_relative_position or self.neck_channels is not None)
+
+    def window_of(self, index):
+        """Block `index`'s attention window (SAM's), or 0 where it attends to the whole grid."""
+        return 0 if index in self.global_attention_blocks else self.window_size
 
     @property
     def relative_position_tables(self):

@@ -102,6 +102,7 @@ def architecture_of(model):
         patch_norm="patch_norm" in layers,
         position_embedding=position is not None,
         shared_relative_position_bias=getattr(layers.get("relative_position_bias"), "form", None),
+        **_sam_settings(layers.get("neck"), blocks),
         **_class_attention_settings([layer for name, layer in layers.items() if name.startswith("class_attention_")],
                                     block, embedding),
         **_rope_settings(layers.get("rotary_positions")),
@@ -150,6 +151,18 @@ def native_image_size(model, step):
     if None in size:
         size = tuple(side * pixels for side, pixels in zip(native_grid(model), step))
     return [int(side) for side in size]
+
+
+def _sam_settings(neck, blocks):
+    """SAM's fields of `Architecture` its blocks' windows and its neck hold (empty without)."""
+    windows = [getattr(layer, "window_size", 0) for layer in blocks]
+    settings = {}
+    if any(windows):
+        settings.update(window_size=max(windows), global_attention_blocks=tuple(
+            index for index, window in enumerate(windows) if not window))
+    if neck is not None:
+        settings.update(neck_channels=neck.channels)
+    return settings
 
 
 def _class_attention_settings(blocks, block, embedding):

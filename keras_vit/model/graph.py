@@ -43,6 +43,7 @@ from keras_vit.layers.naflex import (
 from keras_vit.layers.relative_position import RelativePositionBias
 from keras_vit.layers.resnet import apply_resnet
 from keras_vit.layers.rope import RotaryPositions
+from keras_vit.layers.windows import SamNeck
 from keras_vit.model.architecture import Architecture
 from keras_vit.model.variants import Variant
 from keras_vit.model.vision_transformer import DYNAMIC, VisionTransformer
@@ -101,10 +102,11 @@ def build(options, input_tensor):
     num_prefix_tokens = architecture.num_prefix_tokens
     epsilon = architecture.layer_norm_epsilon
     dynamic = image_size == DYNAMIC
-    if architecture.relative_position_tables and (dynamic or options.naflex):
-        raise ValueError("A relative position bias is built for one patch grid (as timm's Beit and "
-                         "VisionTransformerRelPos take one input size): build the model at a fixed image_size; loading "
-                         "a checkpoint at another size resizes its tables, as timm does.")
+    if architecture.on_one_grid and (dynamic or options.naflex):
+        raise ValueError("A relative position bias, SAM's windows or its neck are built for one patch grid (as timm's "
+                         "Beit, VisionTransformerRelPos and VisionTransformerSAM take one input size at a time): build "
+                         "the model at a fixed image_size; loading a checkpoint at another size resizes its tables, as "
+                         "timm does.")
     if options.position_embedding_factorized and not options.naflex:
         raise ValueError("Factorized position tables apply to NaFlex models only, as timm's NaFlexVit builds them; "
                          "pass naflex=True.")
@@ -158,7 +160,8 @@ def build(options, input_tensor):
             layer_index=index,
             switches=BlockSwitches.of(architecture),
             num_kv_heads=kv_heads[index],
-            relative_position_grid=grid_size if architecture.relative_position_bias else None,
+            relative_position_grid=grid_size if architecture.on_one_grid else None,
+            window_size=architecture.window_of(index),
             name=f"encoderblock_{index}",
             **typed,
         )(x, **call_options)
@@ -170,7 +173,9 @@ def build(options, input_tensor):
                                     architecture.mlp_activation, architecture.qkv_bias,
                                     1.0 if architecture.layer_scale is None else architecture.layer_scale, epsilon,
                                     name=f"class_attention_{index}", **typed)(x)
-    if architecture.final_norm and not architecture.fc_norm:
+    if architecture.neck_channels is not None:  # SAM's image embedding, in place of the final norm
+        x = SamNeck(architecture.neck_channels, grid_size, name="neck", **typed)(x)
+    elif architecture.final_norm and not architecture.fc_norm:
         x = norm_layer(architecture.normalization, epsilon, name="encoder_norm", **typed)(x)
 
     pooling = architecture.classifier if options.include_top else options.pooling

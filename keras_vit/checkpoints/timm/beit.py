@@ -23,10 +23,11 @@ import dataclasses
 
 import numpy as np
 
-from keras_vit.checkpoints.source import CheckpointError, source_from_state, state_of
+from keras_vit.checkpoints.source import CheckpointError, source_from_state
 from keras_vit.checkpoints.state_dict_files import read_state_dict
 from keras_vit.checkpoints.tensor_layout import settings
 from keras_vit.checkpoints.timm import eva_layout
+from keras_vit.checkpoints.timm.class_common import size_arguments, state_without_adapters
 from keras_vit.checkpoints.timm.config import (
     check_head,
     check_relative_tables,
@@ -39,9 +40,8 @@ from keras_vit.checkpoints.timm.families import (
     INFERENCE_NEUTRAL_KEYWORDS,
     SIZE_KEYWORDS,
     TimmArchitecture,
-    timm_mlp_ratio,
 )
-from keras_vit.model.description import architecture_of, native_image_size
+from keras_vit.model.description import architecture_of
 
 # timm's Beit keywords that keras_vit computes, as model_args (and the table) spell them.
 BEIT_KEYWORDS = ("qkv_bias", "use_abs_pos_emb", "use_rel_pos_bias", "use_shared_rel_pos_bias", "global_pool",
@@ -153,15 +153,8 @@ def beit_arguments(model, architecture):
     """The keywords of `timm.create_model(architecture, **kwargs)` with the sizes and switches of `model`, for a
     name of timm's `Beit` class (`writer.timm_arguments` checks that they rebuild it)."""
     found = architecture_of(model)
-    block = model.get_layer("encoderblock_0")
-    embed = int(model.get_layer("embedding").kernel.shape[-1])
-    patch = tuple(model.get_layer("embedding").kernel.shape[:2])
-    head = [layer for layer in model.layers if layer.name == "head"]
     switches = {"swiglu_mlp": found.mlp_activation == "swiglu"}
-    return dict(img_size=native_image_size(model, patch), patch_size=patch[0], embed_dim=embed,
-                depth=sum(layer.name.startswith("encoderblock_") for layer in model.layers),
-                num_heads=int(block.num_heads), mlp_ratio=timm_mlp_ratio(embed, block.mlp_dim, switches),
-                num_classes=int(head[0].kernel.shape[-1]) if head else 0, qkv_bias=found.qkv_bias,
+    return dict(**size_arguments(model, switches), qkv_bias=found.qkv_bias,
                 use_abs_pos_emb=found.position_embedding, use_rel_pos_bias=bool(found.relative_position_bias),
                 use_shared_rel_pos_bias=bool(found.shared_relative_position_bias),
                 global_pool={"gap": "avg"}.get(found.classifier, found.classifier), use_fc_norm=found.fc_norm,
@@ -172,10 +165,7 @@ def beit_arguments(model, architecture):
 
 def to_timm_beit(model, architecture):
     """`model`'s weights as the state dict of timm's `Beit` `architecture` (numpy arrays, PyTorch's shapes)."""
-    state = state_of(model)
-    if any("lora_" in name for name in state):
-        raise CheckpointError(f"{model.name} has LoRA adapters, which timm's Beit does not have: call "
-                              "keras_vit.merge_lora(model) first, then save_timm.")
+    state = state_without_adapters(model, "Beit")
     found = architecture_of(model)
     tensors = LAYOUT.write(state, unpacked=found.mlp_activation == "swiglu", architecture=found)
     return {name: np.ascontiguousarray(value) for name, value in tensors.items()}

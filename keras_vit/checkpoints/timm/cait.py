@@ -20,10 +20,11 @@ import dataclasses
 
 import numpy as np
 
-from keras_vit.checkpoints.source import CheckpointError, source_from_state, state_of
+from keras_vit.checkpoints.source import CheckpointError, source_from_state
 from keras_vit.checkpoints.state_dict_files import read_state_dict
 from keras_vit.checkpoints.tensor_layout import settings
 from keras_vit.checkpoints.timm import eva_layout
+from keras_vit.checkpoints.timm.class_common import size_arguments, state_without_adapters
 from keras_vit.checkpoints.timm.config import (
     check_head,
     configured_class_architecture,
@@ -37,7 +38,7 @@ from keras_vit.checkpoints.timm.families import (
     timm_mlp_ratio,
 )
 from keras_vit.checkpoints.timm.layout import LAYOUT as VISION_TRANSFORMER_LAYOUT
-from keras_vit.model.description import architecture_of, native_image_size
+from keras_vit.model.description import architecture_of
 
 # timm's Cait keywords that keras_vit computes, as model_args (and the table) spell them.
 CAIT_KEYWORDS = ("global_pool", "qkv_bias", "init_values", "depth_token_only", "mlp_ratio_token_only")
@@ -152,26 +153,17 @@ def cait_arguments(model, architecture):
     """The keywords of `timm.create_model(architecture, **kwargs)` with the sizes and switches of `model`, for a
     name of timm's `Cait` class (`writer.timm_arguments` checks that they rebuild it)."""
     found = architecture_of(model)
-    block = model.get_layer("encoderblock_0")
-    embed = int(model.get_layer("embedding").kernel.shape[-1])
-    patch = tuple(model.get_layer("embedding").kernel.shape[:2])
-    head = [layer for layer in model.layers if layer.name == "head"]
     class_blocks = [layer for layer in model.layers if layer.name.startswith("class_attention_")]
-    return dict(img_size=native_image_size(model, patch), patch_size=patch[0], embed_dim=embed,
-                depth=sum(layer.name.startswith("encoderblock_") for layer in model.layers),
-                num_heads=int(block.num_heads), mlp_ratio=timm_mlp_ratio(embed, block.mlp_dim, {}),
-                num_classes=int(head[0].kernel.shape[-1]) if head else 0,
-                global_pool={"gap": "avg"}.get(found.classifier, found.classifier), qkv_bias=found.qkv_bias,
+    sizes = size_arguments(model)
+    return dict(**sizes, global_pool={"gap": "avg"}.get(found.classifier, found.classifier), qkv_bias=found.qkv_bias,
                 init_values=found.layer_scale, depth_token_only=len(class_blocks),
-                mlp_ratio_token_only=timm_mlp_ratio(embed, class_blocks[0].mlp_dim, {}) if class_blocks else 4.0)
+                mlp_ratio_token_only=timm_mlp_ratio(sizes["embed_dim"], class_blocks[0].mlp_dim, {}) if class_blocks
+                else 4.0)
 
 
 def to_timm_cait(model, architecture):
     """`model`'s weights as the state dict of timm's `Cait` `architecture` (numpy arrays, PyTorch's shapes)."""
-    state = state_of(model)
-    if any("lora_" in name for name in state):
-        raise CheckpointError(f"{model.name} has LoRA adapters, which timm's Cait does not have: call "
-                              "keras_vit.merge_lora(model) first, then save_timm.")
+    state = state_without_adapters(model, "Cait")
     found = architecture_of(model)
     tensors = layout_of(found.class_attention_blocks).write(state, architecture=found)
     return {name: np.ascontiguousarray(value) for name, value in tensors.items()}

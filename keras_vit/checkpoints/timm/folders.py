@@ -3,7 +3,8 @@
 A timm folder (`config.json` with `architecture`, beside `model.safetensors`)
 is read by its class's module: `VisionTransformer` and DeiT distilled
 (`layout`), `Eva` (`eva_layout`), `NaFlexVit` (`naflex`), `Beit` (`beit`),
-`VisionTransformerRelPos` (`relpos`) and `Cait` (`cait`). A name of none of them is
+`VisionTransformerRelPos` (`relpos`), `Cait` (`cait`) and `VisionTransformerSAM`
+(`sam`). A name of none of them is
 refused with the reason `families.timm_architecture` gives, before any
 tensor is read.
 
@@ -16,7 +17,7 @@ import os
 
 from keras_vit.checkpoints.source import CheckpointError
 from keras_vit.checkpoints.state_dict_files import folder_weights
-from keras_vit.checkpoints.timm import beit, cait, eva_layout, relpos
+from keras_vit.checkpoints.timm import beit, cait, eva_layout, relpos, sam
 from keras_vit.checkpoints.timm.eva_families import EVA_ARCHITECTURES
 from keras_vit.checkpoints.timm.families import timm_architecture
 from keras_vit.checkpoints.timm.layout import read_timm
@@ -34,6 +35,8 @@ CLASSES = {
               relpos.to_timm_relpos) for name in relpos.RELPOS_ARCHITECTURES},
     **{name: (cait.configured_cait_architecture, cait.read_timm_cait, cait.cait_arguments, cait.to_timm_cait)
        for name in cait.CAIT_ARCHITECTURES},
+    **{name: (sam.configured_sam_architecture, sam.read_timm_sam, sam.sam_arguments, sam.to_timm_sam)
+       for name in sam.SAM_ARCHITECTURES},
 }
 # Each architecture name of the classes other than timm's VisionTransformer -> its reader.
 READERS = {**{name: entry[1] for name, entry in CLASSES.items()}, **dict.fromkeys(NAFLEX_ARCHITECTURES, read_timm_naflex)}

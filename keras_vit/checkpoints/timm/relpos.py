@@ -22,10 +22,11 @@ import dataclasses
 
 import numpy as np
 
-from keras_vit.checkpoints.source import CheckpointError, source_from_state, state_of
+from keras_vit.checkpoints.source import CheckpointError, source_from_state
 from keras_vit.checkpoints.state_dict_files import read_state_dict
 from keras_vit.checkpoints.tensor_layout import settings
 from keras_vit.checkpoints.timm import eva_layout
+from keras_vit.checkpoints.timm.class_common import size_arguments, state_without_adapters
 from keras_vit.checkpoints.timm.config import (
     check_head,
     check_relative_tables,
@@ -37,11 +38,10 @@ from keras_vit.checkpoints.timm.families import (
     INFERENCE_NEUTRAL_KEYWORDS,
     SIZE_KEYWORDS,
     TimmArchitecture,
-    timm_mlp_ratio,
 )
 from keras_vit.checkpoints.timm.layout import LAYOUT as VISION_TRANSFORMER_LAYOUT
 from keras_vit.layers.relative_position import MLP_DIM
-from keras_vit.model.description import architecture_of, native_image_size
+from keras_vit.model.description import architecture_of
 
 # timm's VisionTransformerRelPos keywords that keras_vit computes, as model_args (and the table) spell them.
 RELPOS_KEYWORDS = ("class_token", "global_pool", "fc_norm", "qkv_bias", "qk_norm", "init_values", "rel_pos_type",
@@ -180,15 +180,8 @@ def relpos_arguments(model, architecture):
     """The keywords of `timm.create_model(architecture, **kwargs)` with the sizes and switches of `model`, for a
     name of timm's `VisionTransformerRelPos` class (`writer.timm_arguments` checks that they rebuild it)."""
     found = architecture_of(model)
-    block = model.get_layer("encoderblock_0")
-    embed = int(model.get_layer("embedding").kernel.shape[-1])
-    patch = tuple(model.get_layer("embedding").kernel.shape[:2])
-    head = [layer for layer in model.layers if layer.name == "head"]
     form = found.relative_position_bias or found.shared_relative_position_bias
-    return dict(img_size=native_image_size(model, patch), patch_size=patch[0], embed_dim=embed,
-                depth=sum(layer.name.startswith("encoderblock_") for layer in model.layers),
-                num_heads=int(block.num_heads), mlp_ratio=timm_mlp_ratio(embed, block.mlp_dim, {}),
-                num_classes=int(head[0].kernel.shape[-1]) if head else 0, class_token=found.class_token,
+    return dict(**size_arguments(model), class_token=found.class_token,
                 global_pool={"gap": "avg"}.get(found.classifier, found.classifier), fc_norm=found.fc_norm,
                 qkv_bias=found.qkv_bias, qk_norm=found.qk_norm,
                 # timm's create_model drops a None, so the name's own layer scale would stand; 0 makes none
@@ -200,9 +193,6 @@ def relpos_arguments(model, architecture):
 def to_timm_relpos(model, architecture):
     """`model`'s weights as the state dict of timm's `VisionTransformerRelPos` `architecture` (numpy arrays,
     PyTorch's shapes)."""
-    state = state_of(model)
-    if any("lora_" in name for name in state):
-        raise CheckpointError(f"{model.name} has LoRA adapters, which timm's VisionTransformerRelPos does not have: "
-                              "call keras_vit.merge_lora(model) first, then save_timm.")
+    state = state_without_adapters(model, "VisionTransformerRelPos")
     tensors = LAYOUT.write(state, architecture=architecture_of(model))
     return {name: np.ascontiguousarray(value) for name, value in tensors.items()}
