@@ -153,3 +153,26 @@ def test_a_sam_folder_whose_config_says_another_model_is_refused(change, message
     with pytest.raises(CheckpointError) as error:
         keras_vit.from_pretrained(str(target))
     assert str(error.value) == message.format(path=target / "model.safetensors", config=target / "config.json")
+
+
+@pytest.mark.backend_independent
+def test_loads_transformers_sam_vision_model_with_its_last_hidden_state():
+    """transformers' SamVisionModel (`tools/make_sam_fixtures.py`): its neck's grid, channels last here."""
+    images = REFERENCE["transformers_sam_vision/native/images"]
+    model = keras_vit.from_pretrained(fixture("transformers_sam_vision"))
+    features = predict(model, images)
+    expected = REFERENCE["transformers_sam_vision/native/features"].transpose(0, 2, 3, 1).reshape(features.shape)
+    np.testing.assert_allclose(features, expected, atol=TOLERANCE, rtol=0)
+
+
+@pytest.mark.backend_independent
+def test_a_transformers_sam_folder_whose_table_is_not_its_image_size_is_refused(tmp_path):
+    target = tmp_path / "sam"
+    shutil.copytree(fixture("transformers_sam_vision"), target)
+    config = json.loads((target / "config.json").read_text())
+    config["image_size"] = 56
+    (target / "config.json").write_text(json.dumps(config))
+    with pytest.raises(CheckpointError) as error:
+        keras_vit.from_pretrained(str(target))
+    assert str(error.value) == (f"{target / 'model.safetensors'}: vision_encoder.pos_embed is a 6x6 grid, but "
+                                "image_size 56 and patch_size 8 make 7x7. Nothing was loaded.")

@@ -103,9 +103,9 @@ def test_configs_keras_vit_cannot_compute_are_refused_by_name(tmp_path):
     shutil.rmtree(relu)
     bert = edited(tmp_path, lambda c: c.update(model_type="bert"))
     with pytest.raises(CheckpointError, match=r"neither timm's \(architecture\) nor a transformers ViT, DeiT, DINOv2, "
-                                              r"DINOv3, CLIP, SigLIP, SigLIP 2 or BEiT model's \(model_type 'vit', 'deit', 'dinov2', "
+                                              r"DINOv3, CLIP, SigLIP, SigLIP 2, BEiT or SAM vision model's \(model_type 'vit', 'deit', 'dinov2', "
                                               r"'dinov2_with_registers', 'dinov3_vit', 'clip_vision_model', 'clip', 'siglip_vision_model', 'siglip', "
-                                              r"'siglip2_vision_model', 'siglip2', 'beit'; this one is 'bert'\)"):
+                                              r"'siglip2_vision_model', 'siglip2', 'beit', 'sam_vision_model'; this one is 'bert'\)"):
         keras_vit.ViT(**SIZES, weights=bert)
     with pytest.raises(CheckpointError, match="is a folder without a readable config.json"):
         keras_vit.ViT(**SIZES, weights=str(tmp_path))

@@ -177,12 +177,45 @@ def timm_case(case, arch, model_args, other, seed, out):
             raise AssertionError(f"{case}: other blocks {blocks.shape}")
 
 
+# transformers' SamVisionModel (`tests/fixtures/transformers_sam_vision/`): windows padded beside a global block,
+# decomposed positions, the neck; its image processor's statistics are ImageNet's (given to it here).
+TRANSFORMERS_SAM = dict(hidden_size=16, output_channels=8, num_hidden_layers=3, num_attention_heads=2, image_size=48,
+                        patch_size=8, mlp_dim=32, window_size=4, global_attn_indexes=[1], qkv_bias=True)
+
+
+def transformers_case(out, seed=1300):
+    """A random `SamVisionModel`, saved by `save_pretrained`, read back, and its `last_hidden_state` (NCHW)."""
+    from transformers import SamVisionConfig, SamVisionModel
+
+    torch.manual_seed(seed)
+    model = SamVisionModel(SamVisionConfig(**TRANSFORMERS_SAM)).eval()
+    generator = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            noise = torch.randn(parameter.shape, generator=generator) * 0.2
+            parameter.copy_(noise + 1.0 if "layer_norm" in name and name.endswith("weight") else noise)
+    folder = os.path.join(FIXTURES, "transformers_sam_vision")
+    model.save_pretrained(folder, safe_serialization=True)
+    again = SamVisionModel.from_pretrained(folder).eval()
+    images = image_batch(np.random.default_rng(seed + 2), 48, 48)
+    mean, std = np.array([0.485, 0.456, 0.406], "float32"), np.array([0.229, 0.224, 0.225], "float32")
+    pixels = batch_of((((images + 1) / 2 - mean) / std).astype(np.float32))
+    with torch.no_grad():
+        features = again(pixel_values=pixels).last_hidden_state
+        if not torch.equal(features, model(pixel_values=pixels).last_hidden_state):
+            raise AssertionError("transformers read its own SamVisionModel back differently")
+    out["transformers_sam_vision/native/images"] = images
+    out["transformers_sam_vision/native/features"] = numpy(features)
+
+
 def main():
     torch.set_num_threads(1)
     out = {}
     for index, (case, (arch, model_args, other)) in enumerate(CASES.items(), start=1):
         timm_case(case, arch, model_args, other, 1200 + index, out)
         print(case, "written")
+    transformers_case(out)
+    print("transformers_sam_vision written")
     np.savez_compressed(REFERENCE, **out)
     with open(os.path.join(SAM_FOLDER, "cases.json"), "w") as f:
         json.dump({case: dict(architecture=arch, model_args=args, other=None if other is None else list(other))

@@ -41,6 +41,8 @@ from keras_vit.checkpoints.transformers.dinov2 import read_dinov2_folder
 from keras_vit.checkpoints.transformers.beit import MODEL_TYPES as BEIT_TYPES
 from keras_vit.checkpoints.transformers.beit import read_beit_folder
 from keras_vit.checkpoints.transformers.dinov3 import MODEL_TYPES as DINOV3_TYPES
+from keras_vit.checkpoints.transformers.sam import MODEL_TYPES as SAM_TYPES
+from keras_vit.checkpoints.transformers.sam import read_sam_vision_folder
 from keras_vit.checkpoints.transformers.dinov3 import read_dinov3_folder
 from keras_vit.checkpoints.transformers.siglip2 import MODEL_TYPES as SIGLIP2_TYPES
 from keras_vit.checkpoints.transformers.siglip2 import read_siglip2_folder
@@ -107,7 +109,7 @@ def read_weights(weights, variant=None, image_size=(224, 224), sizes=None, class
 
 def read_folder(folder, budget=None):
     """A Hub-style folder: timm's (`config.json` with `architecture`) or transformers' (ViT, DeiT, DINOv2, DINOv3, CLIP,
-    SigLIP, SigLIP 2, BEiT)."""
+    SigLIP, SigLIP 2, BEiT, SAM's vision encoder)."""
     config = read_json_object(
         os.path.join(folder, "config.json"),
         f"{folder} is a folder without a readable config.json (timm's or transformers')",
@@ -127,11 +129,13 @@ def read_folder(folder, budget=None):
         return _with_preprocessor_statistics(read_siglip2_folder(folder, config, budget), folder, model_type)
     if model_type in BEIT_TYPES:
         return _with_preprocessor_statistics(read_beit_folder(folder, config, budget), folder, model_type)
+    if model_type in SAM_TYPES:
+        return _with_preprocessor_statistics(read_sam_vision_folder(folder, config, budget), folder, model_type)
     known = ", ".join(repr(name) for name in (*VIT_TYPES, *DINOV2_TYPES, *DINOV3_TYPES, *VISION_TOWER_TYPES,
-                                              *SIGLIP2_TYPES, *BEIT_TYPES))
+                                              *SIGLIP2_TYPES, *BEIT_TYPES, *SAM_TYPES))
     raise CheckpointError(f"{folder}: its config.json is neither timm's (architecture) nor a transformers ViT, "
-                          f"DeiT, DINOv2, DINOv3, CLIP, SigLIP, SigLIP 2 or BEiT model's (model_type {known}; this one "
-                          f"is {config.get('model_type')!r}).")
+                          f"DeiT, DINOv2, DINOv3, CLIP, SigLIP, SigLIP 2, BEiT or SAM vision model's (model_type "
+                          f"{known}; this one is {config.get('model_type')!r}).")
 
 
 # transformers' models that take any image size in every call: DINOv2's interpolate_pos_encoding resizes its table
