@@ -176,3 +176,20 @@ def test_a_transformers_sam_folder_whose_table_is_not_its_image_size_is_refused(
         keras_vit.from_pretrained(str(target))
     assert str(error.value) == (f"{target / 'model.safetensors'}: vision_encoder.pos_embed is a 6x6 grid, but "
                                 "image_size 56 and patch_size 8 make 7x7. Nothing was loaded.")
+
+
+@pytest.mark.backend_independent
+def test_a_windowed_blocks_attention_is_laid_on_the_grid_and_inspect_draws_its_figures(tmp_path):
+    """Each token attends within its window: the weights outside are zero, those inside the window's own (the
+    padding's left out), and the figures that read them are drawn."""
+    from keras_vit.tools import analysis
+
+    model = load("windowed_neck")
+    images = REFERENCE["windowed_neck/native/images"]
+    windowed = analysis.attention_weights(model, images)[0]  # block 0: 4x4 windows of a 6x6 grid
+    window_of = np.array([(row // 4) * 2 + col // 4 for row in range(6) for col in range(6)])
+    np.testing.assert_array_equal(windowed[..., window_of[:, None] != window_of[None, :]], 0)
+    assert 0 < windowed[0, 0, 35].sum() < 0.99  # the corner window is 12 padding tokens of 16
+    np.testing.assert_allclose(windowed[0, 0, 0].sum(), 1.0, atol=1e-5)  # the first window has none
+    written = analysis.inspect(model, np.zeros((48, 48, 3), "uint8"), str(tmp_path))
+    assert sorted(written) == ["embedding_filters", "mean_attention_distance", "position_embedding_similarity"]

@@ -76,9 +76,30 @@ def attention_weights(model, images):
     while f"encoderblock_{index}" in names:
         block = model.get_layer(f"encoderblock_{index}")
         x, weights = block(x, training=False, return_attention_weights=True, **options)
-        attentions.append(_numpy(weights).astype("float32"))
+        weights = _numpy(weights).astype("float32")
+        if getattr(block, "window_size", 0):
+            weights = _windows_on_the_grid(weights, block.relative_position_grid, block.window_size)
+        attentions.append(weights)
         index += 1
     return attentions
+
+
+def _windows_on_the_grid(weights, grid, window):
+    """A windowed block's (SAM's) weights `(batch * windows, heads, w*w, w*w)` as `(batch, heads, h*w, h*w)` over
+    the grid's tokens: each token attends within its window; the weights on the padding are left out."""
+    rows, cols = -(-grid[0] // window), -(-grid[1] // window)
+    padded = np.arange(rows * window * cols * window).reshape(rows * window, cols * window)
+    # The padded grid's token at each (window, position in the window), -1 where it is padding.
+    token = np.where((padded // (cols * window) < grid[0]) & (padded % (cols * window) < grid[1]),
+                     (padded // (cols * window)) * grid[1] + padded % (cols * window), -1)
+    token = token.reshape(rows, window, cols, window).transpose(0, 2, 1, 3).reshape(rows * cols, window * window)
+    batch = weights.shape[0] // (rows * cols)
+    weights = weights.reshape(batch, rows * cols, *weights.shape[1:])
+    full = np.zeros((batch, weights.shape[2], grid[0] * grid[1], grid[0] * grid[1]), "float32")
+    for index, tokens in enumerate(token):
+        real = tokens >= 0
+        full[:, :, tokens[real][:, None], tokens[real][None, :]] = weights[:, index][:, :, real][:, :, :, real]
+    return full
 
 
 def naflex_attentions(attentions, patch_grid, num_prefix_tokens):
@@ -415,7 +436,8 @@ def inspect(model, image, output_dir):
         plot_position_embedding_similarity(position_embedding_similarity(model),
                                            written["position_embedding_similarity"])
     else:
-        logger.warning("No position-embedding similarity figure: the model's positions are rotary (RoPE), with no "
+        positions = "relative (attention biases)" if architecture_of(model).on_one_grid else "rotary (RoPE)"
+        logger.warning(f"No position-embedding similarity figure: the model's positions are {positions}, with no "
                        "learned table to compare.")
     if not _is_hybrid(model):  # A hybrid's filters see no pixels.
         written["embedding_filters"] = os.path.join(output_dir, "embedding_filters.png")
