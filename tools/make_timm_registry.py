@@ -33,7 +33,7 @@ import timm.models
 
 OUTPUT = os.path.join(os.path.dirname(__file__), "..", "tests", "fixtures", "timm_registry.json")
 CLASSES = ("VisionTransformer", "VisionTransformerDistilled", "Eva", "NaFlexVit", "Beit", "VisionTransformerRelPos", "Cait",
-           "VisionTransformerSAM")
+           "VisionTransformerSAM", "Gemma4VitEncoder", "Gemma4VitClassifier")
 
 
 class _Captured(Exception):

@@ -7,8 +7,8 @@ attention, so every attention path computes it); plain attention
 attention that returns its weights, or differential attention; RoPE
 rotation of queries and keys, per-head query/key norms, a key bias held
 at zero, a relative position bias (its own, plus any bias the block is
-given) and CaiT's talking heads as its options; then the output projection. Uses
-`keras.ops` only.
+given; SAM's decomposed one) and CaiT's talking heads as its options;
+then the output projection. Uses `keras.ops` only.
 """
 
 import math
@@ -46,7 +46,7 @@ class SelfAttention(BlockPart):
     `qkv_bias`, `key_bias`, `qk_norm`, `rope`, `rope_temperature`,
     `rope_rotate_half`, `differential_attention`, `attention_output_norm`,
     `projection_bias`, `relative_position_bias` and
-    `relative_position_mlp_dim` (for the block's `relative_position_grid`)
+    `relative_position_mlp_dim` (for the block's `relative_position_grid`),
     `talking_heads` and `decomposed_relative_position` (SAM's, for the
     block's grid or its `window_size`). Attention is `keras_vit.layers.kernels.attention`,
     except when its weights are asked for or attention dropout is active:
