@@ -178,6 +178,15 @@ def test_the_eva_table_holds_every_eva_architecture_keras_vit_can_compute():
     assert sum(len(TIMM[name]["tags"]) for name in EVA_ARCHITECTURES) == 83
 
 
+@pytest.mark.parametrize("name", ["vit_base_resnet26d_224", "vit_small_resnet50d_s16_224"])
+def test_a_resnet_d_hybrid_is_refused_by_its_backbone(name):
+    """timm's untagged ResNet-D hybrids, which its registry stub does not record (their builder is the hybrids')."""
+    with pytest.raises(CheckpointError) as error:
+        timm_architecture(name, where="c.json")
+    assert str(error.value) == (f"c.json: timm's {name!r} is a ViT with a ResNet-D backbone (timm's resnet26d or "
+                                "resnet50d, not the ResNetV2 of the hybrids keras_vit computes).")
+
+
 def test_a_name_timm_does_not_have_is_refused_by_the_catch_all():
     with pytest.raises(CheckpointError, match=r"^c.json: timm's 'vit_made_up_patch16_224' is not one of the 197 timm "
                                               r"ViT architectures keras_vit computes"):
