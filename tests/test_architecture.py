@@ -119,7 +119,7 @@ def test_bad_switches_name_the_problem(tmp_path):
     with pytest.raises(ValueError, match=r"classifier='token' pools the class token, but class_token=False has none"):
         keras_vit.ViT(**SMALL, class_token=False, classifier="token")
     with pytest.raises(ValueError, match=r"Unknown mlp_activation 'relu'; expected one of \('gelu_tanh', 'gelu', "
-                                         r"'quick_gelu', 'swiglu', 'geglu'\)"):
+                                         r"'quick_gelu', 'swiglu', 'geglu', 'geglu_tanh'\)"):
         keras_vit.ViT(**SMALL, mlp_activation="relu")
     with pytest.raises(ValueError, match=r"layer_scale is the initial value of the learned scales, a number >= 0"):
         keras_vit.ViT(**SMALL, layer_scale=-1e-5)

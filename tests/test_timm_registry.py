@@ -127,8 +127,8 @@ def test_base_patch32_plus_has_timms_14_heads():
     assert timm_architecture("vit_base_patch32_plus_256").num_heads == 14
 
 
-# Every Eva, Beit, VisionTransformerRelPos, Cait and VisionTransformerSAM is in its table; Gemma 4's tower is not yet.
-@pytest.mark.parametrize("timm_class", ["VisionTransformer", "Gemma4VitEncoder", "Gemma4VitClassifier"])
+# Every Eva, Beit, VisionTransformerRelPos, Cait, VisionTransformerSAM and Gemma4Vit architecture is in its table.
+@pytest.mark.parametrize("timm_class", ["VisionTransformer"])
 def test_every_other_timm_name_is_refused_with_a_reason(timm_class):
     refused = [name for name, timm in TIMM.items() if timm["class"] == timm_class and name not in ARCHITECTURES
                and name not in EVA_ARCHITECTURES]
@@ -232,3 +232,23 @@ def test_beit_table_has_the_position_resize_of_timms_checkpoint_filter():
 
     for name in BEIT_ARCHITECTURES:
         assert (TIMM[name]["resize"]["interpolation"], TIMM[name]["resize"]["antialias"]) == RESIZE[:2], name
+
+
+def test_gemma4_table_is_timms_gemma4_registry():
+    """Each Gemma 4 tower's sizes and switches as its model function sets them, its class, and its pretrained tag."""
+    from keras_vit.checkpoints.timm.gemma4 import DEFAULTS, GEMMA4_ARCHITECTURES, timm_class_of
+
+    gemma4 = {name: timm for name, timm in TIMM.items() if timm["class"] in ("Gemma4VitEncoder", "Gemma4VitClassifier")}
+    assert set(gemma4) == set(GEMMA4_ARCHITECTURES)
+    for name, entry in GEMMA4_ARCHITECTURES.items():
+        kwargs = {key: value for key, value in gemma4[name]["kwargs"].items() if key != "kwargs_filter"}
+        ours = dict(entry.switches, embed_dim=entry.embed_dim, depth=entry.depth, num_heads=entry.num_heads)
+        assert {key: value for key, value in ours.items() if DEFAULTS.get(key, object()) != value
+                or key in kwargs} == kwargs, name
+        assert gemma4[name]["class"] == timm_class_of(name)
+        assert (entry.patch_size, entry.image_size) == (16, tuple(gemma4[name]["input_size"][1:]))
+        assert len(gemma4[name]["tags"]) == 1
+    for timm_class in ("Gemma4VitEncoder", "Gemma4VitClassifier"):
+        defaults = REGISTRY["defaults"][timm_class]
+        assert {key: defaults[key] for key in DEFAULTS if key in defaults} == {
+            key: value for key, value in DEFAULTS.items() if key in defaults}, timm_class

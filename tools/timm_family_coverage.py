@@ -16,7 +16,7 @@ the first, a middle and the last block's settings), and everything else (image s
 width, heads, MLP, activation, norms, pooling, classes: those of the
 architecture's default pretrained tag) is the architecture's own. Only
 models of the classes in `IN_SCOPE` (VisionTransformer, DeiT distilled, Eva,
-Beit, VisionTransformerRelPos, Cait and VisionTransformerSAM) are in scope; the classes of the others (NaFlexVit, ...) are
+Beit, VisionTransformerRelPos, Cait, VisionTransformerSAM, Gemma4VitEncoder and Gemma4VitClassifier) are in scope; the classes of the others (NaFlexVit, ...) are
 counted separately, as are the
 architectures that do not take `depth=` at all (CNNs and the like).
 
@@ -80,11 +80,13 @@ TOLERANCE = 1e-4
 
 
 # The classes measured: timm's plain ViT, its DeiT-distilled subclass, its RoPE ViTs (Eva), BEiT (Beit), its
-# relative-position ViTs (VisionTransformerRelPos), CaiT (Cait) and SAM's encoder (VisionTransformerSAM).
+# relative-position ViTs (VisionTransformerRelPos), CaiT (Cait), SAM's encoder (VisionTransformerSAM) and Gemma 4's
+# vision tower (Gemma4VitEncoder, Gemma4VitClassifier).
 IN_SCOPE = ("timm.models.vision_transformer.VisionTransformer", "timm.models.deit.VisionTransformerDistilled",
             "timm.models.eva.Eva", "timm.models.beit.Beit",
             "timm.models.vision_transformer_relpos.VisionTransformerRelPos", "timm.models.cait.Cait",
-            "timm.models.vision_transformer_sam.VisionTransformerSAM")
+            "timm.models.vision_transformer_sam.VisionTransformerSAM", "timm.models.gemma4_vit.Gemma4VitEncoder",
+            "timm.models.gemma4_vit.Gemma4VitClassifier")
 
 
 @functools.lru_cache(maxsize=None)
@@ -115,7 +117,9 @@ def first_line(error):
 
 
 def randomise(model, generator):
-    """Random values in every parameter: norm weights around 1, layer-scale gammas around 0.5, the rest around 0."""
+    """Random values in every parameter: norm weights around 1, layer-scale gammas around 0.5, the rest around 0; and
+    in Gemma 4's buffers: its clamps' bounds, +-(1.5 to 2) on the inputs (normalised) and +-(0.5 to 0.8) on the
+    outputs, which bind now and then, its soft tokens' std_bias around 0 and std_scale around 1."""
     from timm.layers import LayerScale, RmsNorm
 
     norm_weights, gammas = set(), set()
@@ -136,6 +140,17 @@ def randomise(model, generator):
             else:
                 value = 0.02 * noise
             parameter.copy_(value.to(parameter.dtype))
+        for name, buffer in model.named_buffers():
+            noise = torch.rand(buffer.shape, generator=generator)
+            bound = (1.5 + 0.5 * noise) if "input_" in name else (0.5 + 0.3 * noise)
+            if name.endswith(("input_min", "output_min")):
+                buffer.copy_(-bound)
+            elif name.endswith(("input_max", "output_max")):
+                buffer.copy_(bound)
+            elif name.endswith("std_bias"):
+                buffer.copy_(0.1 * torch.randn(buffer.shape, generator=generator))
+            elif name.endswith("std_scale"):
+                buffer.copy_(1.0 + 0.1 * torch.randn(buffer.shape, generator=generator))
 
 
 def _norm(module):

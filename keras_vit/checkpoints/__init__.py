@@ -42,6 +42,7 @@ from keras_vit.checkpoints.transformers.clip import from_vision_tower, read_visi
 from keras_vit.checkpoints.transformers.dinov2 import from_dinov2, read_dinov2_folder
 from keras_vit.checkpoints.transformers.beit import read_beit_folder
 from keras_vit.checkpoints.transformers.dinov3 import read_dinov3_folder
+from keras_vit.checkpoints.transformers.gemma4 import read_gemma4_vision_folder
 from keras_vit.checkpoints.transformers.sam import read_sam_vision_folder
 from keras_vit.checkpoints.transformers.vit import from_transformers, read_transformers_folder
 from keras_vit.model.description import architecture_of
@@ -67,6 +68,7 @@ __all__ = [
     "read_npz",
     "read_beit_folder",
     "read_dinov3_folder",
+    "read_gemma4_vision_folder",
     "read_sam_vision_folder",
     "read_timm",
     "read_dinov2_folder",

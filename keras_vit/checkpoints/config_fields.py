@@ -107,6 +107,11 @@ FIELD_KINDS = {
     "rope_rotate_half": FLAG, "ref_feat_shape": IMAGE_SIZE.or_null("a positive int, [height, width] or null"),
     "attn_pool_num_heads": POSITIVE_INT.or_null(), "attn_pool_mlp_ratio": POSITIVE_NUMBER.or_null(),
     "attn_only_layer_scale": FLAG, "num_kv_heads": KV_HEADS,
+    # timm's Gemma4VitEncoder and Gemma4VitClassifier (and transformers' Gemma 4 vision config).
+    "head_dim": POSITIVE_INT, "norm_eps": EPSILON, "position_embedding_size": POSITIVE_INT,
+    "pooling_kernel_size": POSITIVE_INT, "standardize": FLAG, "use_clipped_linears": FLAG, "encoder_pool": NAME,
+    "rms_norm_eps": EPSILON, "num_key_value_heads": POSITIVE_INT, "attention_bias": FLAG.or_null(OPTIONAL_FLAG),
+    "hidden_activation": NAME,
     # timm's pretrained_cfg.
     "input_size": Kind("[channels, height, width]", lambda value: isinstance(value, (list, tuple)) and len(value) == 3
                        and all(_int(side) and side > 0 for side in value), tuple).or_null("[channels, height, width]"),

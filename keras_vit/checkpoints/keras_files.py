@@ -26,6 +26,7 @@ from keras_vit.checkpoints.source import (
     CheckpointError,
     WeightsSource,
     check_declared_size,
+    non_finite,
     preview,
     refuse_non_float,
     require_regular_file,
@@ -118,7 +119,7 @@ def load_keras(path, budget=None):
     _check_archive(path, budget, quantized=quantized)
     saved = _load(path)
     bad = [variable.path for variable in saved.weights if "float" in str(variable.dtype)
-           and not np.all(np.isfinite(keras.ops.convert_to_numpy(variable)))]
+           and non_finite(variable.path, keras.ops.convert_to_numpy(variable))]
     if bad:
         raise CheckpointError(f"{path} holds NaN or infinite weights in {len(bad)} variables: {preview(bad)}.")
     if quantized:

@@ -24,6 +24,7 @@ from keras_vit.checkpoints.source import (
     BLOCK,
     CheckpointError,
     WeightsSource,
+    non_finite,
     pixel_statistics,
     preview,
     read_json_object,
@@ -42,6 +43,8 @@ from keras_vit.checkpoints.transformers.beit import MODEL_TYPES as BEIT_TYPES
 from keras_vit.checkpoints.transformers.beit import read_beit_folder
 from keras_vit.checkpoints.transformers.dinov3 import MODEL_TYPES as DINOV3_TYPES
 from keras_vit.checkpoints.transformers.sam import MODEL_TYPES as SAM_TYPES
+from keras_vit.checkpoints.transformers.gemma4 import MODEL_TYPES as GEMMA4_TYPES
+from keras_vit.checkpoints.transformers.gemma4 import read_gemma4_vision_folder
 from keras_vit.checkpoints.transformers.sam import read_sam_vision_folder
 from keras_vit.checkpoints.transformers.dinov3 import read_dinov3_folder
 from keras_vit.checkpoints.transformers.siglip2 import MODEL_TYPES as SIGLIP2_TYPES
@@ -109,7 +112,7 @@ def read_weights(weights, variant=None, image_size=(224, 224), sizes=None, class
 
 def read_folder(folder, budget=None):
     """A Hub-style folder: timm's (`config.json` with `architecture`) or transformers' (ViT, DeiT, DINOv2, DINOv3, CLIP,
-    SigLIP, SigLIP 2, BEiT, SAM's vision encoder)."""
+    SigLIP, SigLIP 2, BEiT, SAM's vision encoder, Gemma 4's vision tower)."""
     config = read_json_object(
         os.path.join(folder, "config.json"),
         f"{folder} is a folder without a readable config.json (timm's or transformers')",
@@ -131,10 +134,13 @@ def read_folder(folder, budget=None):
         return _with_preprocessor_statistics(read_beit_folder(folder, config, budget), folder, model_type)
     if model_type in SAM_TYPES:
         return _with_preprocessor_statistics(read_sam_vision_folder(folder, config, budget), folder, model_type)
+    if model_type in GEMMA4_TYPES:  # its processor (a patch budget) read with the folder
+        return read_gemma4_vision_folder(folder, config, budget)
     known = ", ".join(repr(name) for name in (*VIT_TYPES, *DINOV2_TYPES, *DINOV3_TYPES, *VISION_TOWER_TYPES,
-                                              *SIGLIP2_TYPES, *BEIT_TYPES, *SAM_TYPES))
+                                              *SIGLIP2_TYPES, *BEIT_TYPES, *SAM_TYPES, *GEMMA4_TYPES))
     raise CheckpointError(f"{folder}: its config.json is neither timm's (architecture) nor a transformers ViT, "
-                          f"DeiT, DINOv2, DINOv3, CLIP, SigLIP, SigLIP 2, BEiT or SAM vision model's (model_type "
+                          f"DeiT, DINOv2, DINOv3, CLIP, SigLIP, SigLIP 2, BEiT, SAM vision or Gemma 4 model's "
+                          f"(model_type "
                           f"{known}; this one is {config.get('model_type')!r}).")
 
 
@@ -268,8 +274,8 @@ def load_into(model, source):
             raise CheckpointError(f"{name}: {_shapes(source, key, value.shape, variables[key].shape)}"
                                   f"{_apparent_size(state)}. Nothing was loaded.")
         # Checked after the cast: 1e39 is finite in float64 but not in float32, 1e5 not in float16.
-        if not np.all(np.isfinite(_cast(value, variables[key].dtype))):
-            if not np.all(np.isfinite(value)):
+        if non_finite(key, _cast(value, variables[key].dtype)):
+            if non_finite(key, value):
                 raise CheckpointError(f"{name}: {_file_name(source, key)} holds NaN or infinite values. Nothing was "
                                       "loaded.")
             raise CheckpointError(
@@ -321,7 +327,7 @@ def _apparent_size(state):
 
 def check_finite(model, description):
     """Raise `CheckpointError` if any of `model`'s weights is NaN or infinite (a model loaded by Keras)."""
-    bad = [v.path for v in model.weights if not np.all(np.isfinite(keras.ops.convert_to_numpy(v)))]
+    bad = [v.path for v in model.weights if non_finite(v.path, keras.ops.convert_to_numpy(v))]
     if bad:
         raise CheckpointError(f"{description} holds NaN or infinite weights in {len(bad)} variables: {preview(bad)}.")
 

@@ -21,9 +21,14 @@ def always(architecture):
     return True
 
 
-def _pair(prefix, when):
-    """A norm's weights: an RMSNorm has no bias."""
-    return {f"{prefix}/gamma": when, f"{prefix}/beta": lambda a: when(a) and a.normalization == "layer_norm"}
+def _pair(prefix, when, scale=always):
+    """A norm's weights: an RMSNorm has no bias, and one without a gain (`scale`) none at all."""
+    return {f"{prefix}/gamma": lambda a: when(a) and scale(a),
+            f"{prefix}/beta": lambda a: when(a) and a.normalization == "layer_norm"}
+
+
+def _final_norm_scale(architecture):
+    return architecture.final_norm_scale
 
 
 def _dense(prefix, when=always, bias=always):
@@ -53,8 +58,10 @@ MODEL_WEIGHTS = {
     **_dense("embedding", bias=lambda a: a.patch_bias),
     **_pair("patch_norm", lambda a: a.patch_norm),
     **_pair("pre_norm", lambda a: a.norm_pre),
-    **_pair("encoder_norm", lambda a: a.final_norm and not a.fc_norm and a.neck_channels is None),
-    **_pair("fc_norm", lambda a: a.fc_norm),
+    **_pair("encoder_norm", lambda a: a.final_norm and not a.fc_norm and a.neck_channels is None, _final_norm_scale),
+    **_pair("fc_norm", lambda a: a.fc_norm, _final_norm_scale),
+    "axis_position_embedding/table": lambda a: bool(a.axis_position_table),
+    **{f"soft_tokens/{name}": lambda a: a.soft_token_standardize for name in ("std_bias", "std_scale")},
     "attention_pool/probe": _attention_pooling,
     **{name: when for part in ("query", "key_value", "attention_output", "mlp_hidden", "mlp_output")
        for name, when in _dense(f"attention_pool/{part}", _attention_pooling).items()},
@@ -80,6 +87,9 @@ BLOCK_WEIGHTS = {
     **_pair("attention_output_norm", lambda a: a.attention_output_norm),
     **_pair("mlp_hidden_norm", lambda a: a.mlp_hidden_norm),
     **_pair("mlp_input_norm", lambda a: a.mlp_input_norm),
+    **_pair("attention_branch_norm", lambda a: a.sandwich_norm), **_pair("mlp_branch_norm", lambda a: a.sandwich_norm),
+    **{f"{name}_clip": lambda a: a.clipped_linears for name in ("qkv", "attention_output", "mlp_hidden",
+                                                                 "mlp_output")},
     **{name: lambda a, name=name: name in RelativePositions.WEIGHTS.get(a.relative_position_bias, ())
        for name in RelativePositions.NAMES},
     **{f"talking_heads_{stage}_{part}": lambda a: a.talking_heads for stage in ("logit", "weight")

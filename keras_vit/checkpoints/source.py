@@ -15,6 +15,7 @@ import re
 import stat
 
 import keras
+import numpy as np
 
 from keras_vit.layers.mlp import GATED
 from keras_vit.model.architecture import IMAGENET_PIXEL_STATISTICS, Architecture
@@ -436,6 +437,20 @@ def refuse_non_float(description, dtypes):
         more = f" (and {len(found) - 3} more)" if len(found) > 3 else ""
         raise CheckpointError(f"{description}: weights must be floating point, but {listed}{more}; the file is "
                               "corrupt, quantized or not a checkpoint of weights. Nothing was loaded.")
+
+
+def non_finite(path, value):
+    """Whether weight `path` holding `value` holds what no model computes with: NaN, or an infinity. A clamp's bound
+    (Gemma 4's `*_clip`) may be infinite: no clamp there, timm's and transformers' default.
+
+    Example:
+    >>> non_finite("encoderblock_0/qkv_clip", [float("-inf"), float("inf")]), non_finite("head/bias", [float("inf")])
+    (False, True)
+    """
+    value = np.asarray(value)
+    if str(path).endswith("_clip"):
+        return bool(np.any(np.isnan(value)))
+    return not bool(np.all(np.isfinite(value)))
 
 
 def preview(names, count=5):

@@ -343,7 +343,7 @@ class TensorLayout:
                 paths = {path for paths in rule.names.values() for path in paths}
                 parts = {path: state.pop(f"{block}/{path}") for path in paths if f"{block}/{path}" in state}
                 if parts:
-                    tensors.update({prefix + name: np.ascontiguousarray(value.astype("float32"))
+                    tensors.update({prefix + name: np.require(value, "float32", "C")  # a scalar stays 0-d
                                     for name, value in rule.write(parts).items()})
         pieces = {}
         for name, (ours, part, parts) in self.packed.items():

@@ -89,6 +89,13 @@ class EvalTransform:
             (vit_jax and keras_vit's own training). None: True for timm's and
             transformers' conventions and for filters other than bilinear.
         convention: whose size and offset arithmetic to follow (`CONVENTIONS`).
+        patch_budget: `(max_patches, patch_size, pooling_kernel_size)`:
+            Gemma 4's processor, which resizes each image, its aspect ratio
+            kept, to the largest size of at most `max_patches` patches whose
+            sides are multiples of `patch_size * pooling_kernel_size`
+            (`patch_budget_size`), and crops nothing: the model takes every
+            size (`image_size=(None, None)`). None: a resize and crop to
+            `image_size`.
     """
 
     image_size: tuple = None
@@ -98,8 +105,15 @@ class EvalTransform:
     interpolation: str = "bilinear"
     antialias: bool = None
     convention: str = "keras_vit"
+    patch_budget: tuple = None
 
     def __post_init__(self):
+        if self.patch_budget is not None:
+            budget = tuple(self.patch_budget) if isinstance(self.patch_budget, (list, tuple)) else ()
+            if len(budget) != 3 or not all(isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in budget):
+                raise ValueError(f"patch_budget must be (max_patches, patch_size, pooling_kernel_size), three "
+                                 f"positive ints, got {self.patch_budget!r}.")
+            object.__setattr__(self, "patch_budget", budget)
         if self.crop_mode is None:
             object.__setattr__(self, "crop_mode", "center" if self.convention in ("timm", "transformers") else "squash")
         if self.antialias is None:  # Pillow for timm's and transformers' rules and for filters tf's has no twin of
@@ -166,6 +180,8 @@ class EvalTransform:
     # === The arithmetic ===
     def plan(self, height, width):
         """`((resized height, resized width), (crop top, crop left))` for a `height` x `width` image."""
+        if self.patch_budget is not None:  # Gemma 4's: the image whole, at its size within the budget
+            return patch_budget_size(height, width, *self.patch_budget), (0, 0)
         if self.image_size is None:
             raise ValueError("This EvalTransform has no image_size: use model.eval_transform, or "
                              "transform.fitted_to((height, width)).")
@@ -205,7 +221,7 @@ class EvalTransform:
         array = None if self.antialias else _as_array(image)
         height, width = (pil_image.height, pil_image.width) if pil_image is not None else array.shape[:2]
         (resized_h, resized_w), (top, left) = self.plan(height, width)
-        crop_h, crop_w = self.image_size
+        crop_h, crop_w = (resized_h, resized_w) if self.patch_budget is not None else self.image_size
         if pil_image is None:
             resized = arrays.resize(array, (resized_h, resized_w))
             return resized[top:top + crop_h, left:left + crop_w]
@@ -230,9 +246,11 @@ class EvalTransform:
     # === Serialization ===
     def get_config(self):
         config = dataclasses.asdict(self)
-        for field in ("image_size", "resize_size"):
+        for field in ("image_size", "resize_size", "patch_budget"):
             if isinstance(config[field], tuple):
                 config[field] = list(config[field])
+        if config["patch_budget"] is None:
+            del config["patch_budget"]  # as keras_vit before it wrote them, which reads this config
         return config
 
     @classmethod
@@ -324,7 +342,8 @@ def to_timm_config(transform):
     crop_pct = transform.crop_fraction if transform.resize_size is None else transform._resize_share()
     fields = {"input_size": [3, *transform.image_size], "interpolation": transform.interpolation,
               "crop_pct": crop_pct, "crop_mode": transform.crop_mode}
-    exact = transform.convention == "timm" and transform.antialias and transform.resize_size is None
+    exact = transform.convention == "timm" and transform.antialias and transform.resize_size is None \
+        and transform.patch_budget is None
     return fields, exact
 
 
@@ -408,3 +427,58 @@ def naflex_from_preprocessor_config(config, where, patch_size):
     if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1:
         raise ValueError(f"{where}: max_num_patches is {budget!r}; expected a positive int.")
     return {"rule": "siglip2", "max_patches": budget, "interpolation": interpolation}
+
+
+# transformers' Gemma4ImageProcessor fields: an aspect-preserving resize to a patch budget, no crop.
+GEMMA4_COMPUTED = ("do_resize", "resample", "do_rescale", "rescale_factor", "do_normalize", "image_mean", "image_std",
+                   "do_convert_rgb", "patch_size", "max_soft_tokens", "pooling_kernel_size")
+
+
+def patch_budget_size(height, width, max_patches, patch_size, pooling_kernel_size):
+    """The size Gemma 4's processor resizes a `height` x `width` image to: the largest of at most `max_patches`
+    patches, the aspect ratio kept, whose sides are multiples of `patch_size * pooling_kernel_size` (transformers'
+    `get_aspect_ratio_preserving_size`, its edge cases included).
+
+    Example:
+    >>> patch_budget_size(3000, 4000, 2520, 16, 3)
+    (672, 912)
+    """
+    side = pooling_kernel_size * patch_size
+    target = max_patches * patch_size ** 2
+    factor = math.sqrt(target / (height * width))
+    rows, cols = int(math.floor(factor * height / side)) * side, int(math.floor(factor * width / side)) * side
+    if rows == 0 and cols == 0:
+        raise ValueError(f"A {height}x{width} image within {max_patches} patches is 0x0 at sides that are multiples "
+                         f"of {side}: give a larger patch budget.")
+    longest = (max_patches // pooling_kernel_size ** 2) * side
+    if rows == 0:
+        rows, cols = side, min(int(math.floor(width / height)) * side, longest)
+    elif cols == 0:
+        rows, cols = min(int(math.floor(height / width)) * side, longest), side
+    if rows * cols > target:
+        raise ValueError(f"A {height}x{width} image resized to {rows}x{cols} exceeds {max_patches} patches of "
+                         f"{patch_size} pixels.")
+    return rows, cols
+
+
+def gemma4_from_preprocessor_config(config, where, patch_size):
+    """`(EvalTransform, (mean, std))` of a transformers `Gemma4ImageProcessor`'s `preprocessor_config.json` (`{}`:
+    its defaults), for a model of `patch_size`: its patch budget (`max_soft_tokens` soft tokens of
+    `pooling_kernel_size` squared patches), its `resample` filter, and the pixel statistics it normalises by
+    (None where it does not normalise). Fields it does not have are refused by name."""
+    _refuse_unknown(config, GEMMA4_COMPUTED + TRANSFORMERS_NAMES, where, "field")
+    interpolation = _pixel_filter({"resample": 3, **config, "do_normalize": True}, where)  # normalising is optional
+    if config.get("do_resize", True) is not True:
+        raise ValueError(f"{where}: do_resize {config.get('do_resize')!r}: keras_vit resizes every image to Gemma 4's "
+                         "patch budget (max_soft_tokens).")
+    if config.get("patch_size", patch_size) != patch_size:
+        raise ValueError(f"{where}: patch_size is {config.get('patch_size')!r}, but the model's patches are "
+                         f"{patch_size} pixels: set it to the model's.")
+    tokens, kernel = config.get("max_soft_tokens", 280), config.get("pooling_kernel_size", 3)
+    for name, value in (("max_soft_tokens", tokens), ("pooling_kernel_size", kernel)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{where}: {name} is {value!r}; expected a positive int.")
+    transform = EvalTransform(None, 1.0, None, "squash", interpolation, True, "transformers",
+                              (tokens * kernel ** 2, patch_size, kernel))
+    statistics = (config.get("image_mean"), config.get("image_std")) if config.get("do_normalize", False) else None
+    return transform, statistics

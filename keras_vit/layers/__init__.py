@@ -15,14 +15,17 @@ is `keras_vit.layers.kernels`' business, not the layers'.
 - `position_embedding`: learned position tables and the one place that resizes them (and patch kernels);
 - `rope`: rotary position embeddings;
 - `relative_position`: BEiT's relative position bias tables (a block's own, or one shared), their resize;
-- `blocks`: the Transformer encoder block in its three shapes (pre-norm, post-norm, parallel) and its
+- `blocks`: the Transformer encoder block in its four shapes (pre-norm, post-norm, parallel, sandwich) and its
   switches, `BlockSwitches`;
 - `attention`: multi-head self-attention (plain, with weights, differential; RoPE, q/k norm, key bias);
-- `mlp`: the MLP (GELU, QuickGELU, SwiGLU, GeGLU; its input and hidden norms) and its activations;
-- `parts`: what the block's parts share, and why they are plain Python rather than Keras layers;
+- `mlp`: the MLP (GELU, QuickGELU, SwiGLU, GeGLU with exact or tanh GELU; its input and hidden norms) and its
+  activations;
+- `parts`: what the block's parts share (Gemma 4's clamped projections among it), and why they are plain Python
+  rather than Keras layers;
 - `attention_pooling`: multi-head attention pooling (MAP);
 - `class_attention`: CaiT's class-attention block, in which the class token alone attends;
 - `windows`: SAM's windowed attention, decomposed relative positions and convolutional neck;
+- `axis_positions`, `soft_tokens`: Gemma 4's position tables (one per axis) and its soft-token pooling;
 - `naflex`: NaFlex inputs (pre-cut patches, each image's own grid, padding masks);
 - `norm`, `dense`: the LayerNorm/RMSNorm and the projections every block uses;
 - `conv_stem`, `resnet`, `mbconv`: the stems of the hybrid models (MobileCLIP's, the ResNet, ViTamin's);
@@ -32,6 +35,7 @@ This package imports nothing from the rest of keras_vit but `keras_vit.utils`.
 """
 
 from keras_vit.layers.attention_pooling import AttentionPooling
+from keras_vit.layers.axis_positions import AxisPositionEmbedding
 from keras_vit.layers.blocks import BlockSwitches, TransformerBlock
 from keras_vit.layers.embedding import (
     PRECISIONS,
@@ -45,10 +49,12 @@ from keras_vit.layers.embedding import (
 )
 from keras_vit.layers.norm import LAYER_NORM_EPSILON, LayerNorm, RMSNorm, norm_layer
 from keras_vit.layers.position_embedding import AddPositionEmbedding
+from keras_vit.layers.soft_tokens import SoftTokenPooling
 
 __all__ = [
     "AddPositionEmbedding",
     "AttentionPooling",
+    "AxisPositionEmbedding",
     "BlockSwitches",
     "ClassToken",
     "DistillationToken",
@@ -59,6 +65,7 @@ __all__ = [
     "PatchEmbedding",
     "RMSNorm",
     "RegisterTokens",
+    "SoftTokenPooling",
     "TokenPooling",
     "TransformerBlock",
     "dtype_policy",

@@ -48,7 +48,8 @@ class SelfAttention(BlockPart):
     `projection_bias`, `relative_position_bias` and
     `relative_position_mlp_dim` (for the block's `relative_position_grid`),
     `talking_heads` and `decomposed_relative_position` (SAM's, for the
-    block's grid or its `window_size`). Attention is `keras_vit.layers.kernels.attention`,
+    block's grid or its `window_size`), and Gemma 4's `value_norm`,
+    `attention_scale`, `rope_axis_halves` and `clipped_linears`. Attention is `keras_vit.layers.kernels.attention`,
     except when its weights are asked for or attention dropout is active:
     then it is explicit einsums, which expose the weights.
     """
@@ -75,6 +76,14 @@ class SelfAttention(BlockPart):
         width = hidden_size + 2 * self.num_kv_heads * self.head_dim
         self.qkv = self.dense(width, "qkv", token_shape, 0, kernel_initializer=qkv_init, use_bias=switches.qkv_bias,
                               bias_constraint=None if switches.key_bias else ZeroKeyBias())
+        self.qkv_widths = (hidden_size, self.num_kv_heads * self.head_dim, self.num_kv_heads * self.head_dim)
+        if switches.clipped_linears:  # Gemma 4's: q, k and v each clamp their input and output
+            self.clip_bounds("qkv", 3)
+            self.clip_bounds("attention_output", 1)
+        if switches.value_norm:
+            self.value_norm = self.sublayer("value_norm_layer", norm_layer(
+                "rms_norm", switches.layer_norm_epsilon, scale=False, name="value_norm",
+                dtype=block._sublayer_policy()), (*token_shape[:-1], self.num_kv_heads, self.head_dim))
         self._build_rope()
         if switches.relative_position_bias:
             grid = block.relative_position_grid
@@ -149,7 +158,7 @@ class SelfAttention(BlockPart):
         # Split the fused projection on its last axis, then reshape each part, rather than
         # reshaping to (..., 3, heads, dim) and slicing: TensorFlow trains better this way
         # (see benchmarks/README.md).
-        fused = self.qkv(x)
+        fused = self.project(self.qkv, x, "qkv", self.qkv_widths)
         if self.num_kv_heads == self.num_heads:
             query, key, value = ops.split(fused, 3, axis=-1)
         else:  # narrower keys and values; sliced, as PyTorch's meta device cannot split at indices
@@ -159,6 +168,8 @@ class SelfAttention(BlockPart):
         key, value = (ops.reshape(part, (batch, tokens, self.num_kv_heads, self.head_dim)) for part in (key, value))
         if switches.qk_norm and not switches.differential_attention:
             query, key = self.query_norm(query), self.key_norm(key)
+        if switches.value_norm:
+            value = self.value_norm(value)
         if switches.rope:
             if positions is None:
                 raise ValueError(f"{self.block.name} rotates queries and keys (rope={switches.rope!r}): call it with "
@@ -167,7 +178,10 @@ class SelfAttention(BlockPart):
             if not isinstance(frequencies, keras.Variable):
                 frequencies = ops.convert_to_tensor(frequencies)
             query, key = rope_module.rotate_queries_and_keys(query, key, positions, frequencies,
-                                                             switches.rope_rotate_half)
+                                                             switches.rope_rotate_half, switches.rope_axis_halves)
+        if switches.attention_scale is not None:  # every path divides by sqrt(head_dim): the query makes up for it
+            query = ops.cast(ops.cast(query, "float32") * (switches.attention_scale * math.sqrt(self.head_dim)),
+                             query.dtype)
         if self.num_kv_heads != self.num_heads:
             key, value = self._for_each_query_head(key), self._for_each_query_head(value)
         if switches.decomposed_relative_position:
@@ -189,7 +203,8 @@ class SelfAttention(BlockPart):
         context = ops.reshape(context, (batch, tokens, self.num_heads * self.head_dim))
         if switches.attention_output_norm:
             context = self.output_norm(context)
-        return self.apply_dropout(self.output_dropout, self.output(context), training), weights
+        return self.apply_dropout(self.output_dropout, self.project(self.output, context, "attention_output"),
+                                  training), weights
 
     def _for_each_query_head(self, part):
         """Grouped keys or values `(batch, tokens, num_kv_heads, head_dim)` for each query head: head h takes

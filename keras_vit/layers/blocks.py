@@ -2,9 +2,10 @@
 
 `TransformerBlock` composes its parts, `keras_vit.layers.attention.SelfAttention`
 and `keras_vit.layers.mlp.Mlp`, with its norms, layer scales and
-stochastic depth, in one of three shapes: pre-norm (the paper's Eq. 2-3),
-post-norm (timm's `ResPostBlock`) or parallel (timm's
-`ParallelScalingBlock`). `BlockSwitches` declares the switches it reads,
+stochastic depth, in one of four shapes: pre-norm (the paper's Eq. 2-3),
+post-norm (timm's `ResPostBlock`), parallel (timm's
+`ParallelScalingBlock`) or sandwich (Gemma 4's, norms before and after each
+branch). `BlockSwitches` declares the switches it reads,
 once: they are fields of `keras_vit.model.architecture.Architecture` too,
 and they drive the block's keywords and its config. `_QuantizableSublayers`
 rebuilds quantized sublayers from a `.keras` file (the attention pooling
@@ -60,7 +61,9 @@ class BlockSwitches:
         rope: rotary position embeddings in every attention, one form of
             `keras_vit.layers.rope.ROPE_FORMS`, or None; `rope_temperature`
             and `rope_rotate_half` (half-split instead of interleaved pairs)
-            are timm's `Eva` settings of the same names.
+            are timm's `Eva` settings of the same names; `rope_axis_halves`:
+            each axis turns its own half of the head (Gemma 4's
+            multidimensional RoPE, with `rope_rotate_half`).
         key_bias: with `qkv_bias`, whether the keys have one too (EVA's
             attention has q and v biases only).
         layer_norm_epsilon: every norm's epsilon (1e-6 in the original
@@ -73,6 +76,17 @@ class BlockSwitches:
             `vit_relpos_*`), or None.
         relative_position_mlp_dim: the hidden width of the MLP forms
             (timm's `rel_pos_dim`, default 128).
+        value_norm: an RMSNorm without a gain over each head's values
+            (Gemma 4's `v_norm`).
+        attention_scale: what the logits `q . k` are multiplied by, or None
+            for `1 / sqrt(head_dim)` (Gemma 4's 1.0: its queries and keys
+            are normalised).
+        sandwich_norm: a norm on each branch's output too, before the
+            residual sum (Gemma 4's `post_attention_layernorm` and
+            `post_feedforward_layernorm`), besides the pre-norm.
+        clipped_linears: every projection clamps its input and its output
+            to learned bounds (Gemma 4's `Gemma4ClippableLinear`: q, k and v
+            each their own; `keras_vit.layers.parts.clamped_projection`).
         talking_heads: learned `(heads, heads)` maps mix the heads' logits
             before the softmax and their weights after it (CaiT's, timm's
             `TalkingHeadAttn`).
@@ -98,12 +112,17 @@ class BlockSwitches:
     rope: str = None
     rope_temperature: float = 10000.0
     rope_rotate_half: bool = False
+    rope_axis_halves: bool = False
     key_bias: bool = True
     layer_norm_epsilon: float = LAYER_NORM_EPSILON
     relative_position_bias: str = None
     relative_position_mlp_dim: int = MLP_DIM
     talking_heads: bool = False
     decomposed_relative_position: bool = False
+    value_norm: bool = False
+    attention_scale: float = None
+    sandwich_norm: bool = False
+    clipped_linears: bool = False
 
     def __post_init__(self):
         for field in dataclasses.fields(BlockSwitches):  # bools and numbers as the config of any version gives them
@@ -131,8 +150,23 @@ class BlockSwitches:
             raise ValueError(f"Unknown rope {self.rope!r}; expected one of {rope_module.ROPE_FORMS} or None.")
         if not math.isfinite(self.rope_temperature) or not self.rope_temperature > 0:
             raise ValueError(f"rope_temperature must be a finite number > 0, got {self.rope_temperature!r}.")
-        if self.rope == "mixed" and self.rope_rotate_half:
-            raise ValueError("Mixed RoPE rotates interleaved pairs; rope_rotate_half=True is not supported with it.")
+        if self.rope == "mixed" and (self.rope_rotate_half or self.rope_axis_halves):
+            raise ValueError("Mixed RoPE rotates interleaved pairs over the whole head; rope_rotate_half and "
+                             "rope_axis_halves are not supported with it.")
+        if self.rope_axis_halves and not (self.rope and self.rope_rotate_half):
+            raise ValueError("rope_axis_halves (Gemma 4's RoPE) turns each axis' half of the head by its halves: it "
+                             "needs rope (axial) and rope_rotate_half=True.")
+        if self.attention_scale is not None and not (math.isfinite(self.attention_scale)
+                                                     and self.attention_scale > 0):
+            raise ValueError(f"attention_scale must be a finite number > 0, or None for 1 / sqrt(head_dim); got "
+                             f"{self.attention_scale!r}.")
+        if self.sandwich_norm and (self.post_norm or self.parallel):
+            raise ValueError("sandwich_norm=True adds a norm after each branch of a pre-norm block: it is not "
+                             "supported with post_norm or parallel.")
+        if (self.value_norm or self.clipped_linears) and (self.differential_attention or self.talking_heads
+                                                           or self.parallel):
+            raise ValueError("value_norm and clipped_linears (Gemma 4's) are not supported with differential "
+                             "attention, talking heads or parallel blocks (no timm architecture combines them).")
         object.__setattr__(self, "relative_position_bias",
                            relative_position_form(self.relative_position_bias, "relative_position_bias"))
         if isinstance(self.relative_position_mlp_dim, bool) or not isinstance(self.relative_position_mlp_dim, int) \
@@ -227,7 +261,8 @@ class TransformerBlock(_QuantizableSublayers, keras.layers.Layer):
 
     The shape is pre-norm, `x + MSA(LN(x))` then `x + MLP(LN(x))`; with
     the switch `post_norm`, `x + LN(MSA(x))` then `x + LN(MLP(x))`; with
-    `parallel`, `x + MSA(LN(x)) + MLP(LN(x))` under one layer scale.
+    `parallel`, `x + MSA(LN(x)) + MLP(LN(x))` under one layer scale; with
+    `sandwich_norm`, `x + LN(MSA(LN(x)))` then `x + LN(MLP(LN(x)))`.
     `switches` (a `BlockSwitches`, or its fields as keywords) chooses the
     parts' options. Dropout follows every dense layer except q/k/v;
     attention dropout and stochastic depth on both branches are optional.
@@ -275,7 +310,8 @@ class TransformerBlock(_QuantizableSublayers, keras.layers.Layer):
         self.relative_position_grid = None if relative_position_grid is None else \
             tuple(int(side) for side in relative_position_grid)
         self.window_size = int(window_size)
-        if self.window_size and (self.relative_position_grid is None or switches.post_norm or switches.parallel):
+        if self.window_size and (self.relative_position_grid is None or switches.post_norm or switches.parallel
+                                 or switches.sandwich_norm):
             raise ValueError(f"window_size {self.window_size} (SAM's windowed attention) needs the block's patch grid "
                              "(relative_position_grid) and a pre-norm block.")
         self.num_kv_heads = self.num_heads if num_kv_heads is None else num_kv_heads
@@ -299,6 +335,9 @@ class TransformerBlock(_QuantizableSublayers, keras.layers.Layer):
         norms.norm("attention_norm", token_shape)
         if not self.parallel:
             norms.norm("mlp_norm", token_shape)
+        if self.sandwich_norm:  # Gemma 4's norms on the branches' outputs
+            norms.norm("attention_branch_norm", token_shape)
+            norms.norm("mlp_branch_norm", token_shape)
         self.attention.build((None, self.window_size ** 2, token_shape[-1]) if self.window_size else token_shape)
         self.mlp.build(token_shape)
         made = {**norms.sublayers, **self.attention.sublayers, **self.mlp.sublayers}
@@ -378,6 +417,11 @@ class TransformerBlock(_QuantizableSublayers, keras.layers.Layer):
             attended = window_unpartition(attended, self.relative_position_grid, self.window_size, padded)
             x = inputs + self._drop_path(self._scaled(attended, "attention_layer_scale"), training)
             mlp = self._scaled(self.mlp(self.mlp_norm(x), training), "mlp_layer_scale")
+        elif self.sandwich_norm:  # Gemma 4's: x + LN(MSA(LN(x))), then x + LN(MLP(LN(x)))
+            attended, weights = attend(self.attention_norm(inputs))
+            attended = self.attention_branch_norm(attended)
+            x = inputs + self._drop_path(self._scaled(attended, "attention_layer_scale"), training)
+            mlp = self._scaled(self.mlp_branch_norm(self.mlp(self.mlp_norm(x), training)), "mlp_layer_scale")
         else:
             # Eq. 2: z' = MSA(LN(z)) + z
             attended, weights = attend(self.attention_norm(inputs))

@@ -54,7 +54,9 @@ class LayerNorm(keras.layers.LayerNormalization):
 class RMSNorm(LayerNorm):
     """RMSNorm over the last axis, `x / sqrt(mean(x**2) + epsilon) * gamma`, always computed in float32.
 
-    timm's `RmsNorm` (AIMv2): no centring and no bias. It keeps `LayerNorm`'s
+    timm's `RmsNorm` (AIMv2): no centring and no bias; `scale=False` has no
+    `gamma` either (timm's `affine=False`, Gemma 4's value and classifier
+    norms). It keeps `LayerNorm`'s
     `gamma` weight name, so a layout's table maps a norm's weight alike for
     both kinds. (Keras' `rms_scaling=True` divides by the standard deviation,
     not the root mean square, so it is not this function.)
@@ -68,13 +70,17 @@ class RMSNorm(LayerNorm):
     ['norm/gamma']
     """
 
-    def __init__(self, epsilon=1e-6, **kwargs):
-        kwargs.update(center=False, scale=True, rms_scaling=False)
+    def __init__(self, epsilon=1e-6, scale=True, **kwargs):
+        kwargs.update(center=False, scale=bool(scale), rms_scaling=False)
         super().__init__(epsilon=epsilon, **kwargs)
 
     def call(self, inputs):
-        outputs = ops.rms_normalization(ops.cast(inputs, "float32"), scale=ops.cast(self.gamma, "float32"),
-                                        axis=self.axis, epsilon=self.epsilon)
+        inputs = ops.cast(inputs, "float32")
+        if not self.scale:
+            mean_square = ops.mean(ops.square(inputs), axis=self.axis, keepdims=True)
+            return ops.cast(inputs * ops.rsqrt(mean_square + self.epsilon), self.compute_dtype)
+        outputs = ops.rms_normalization(inputs, scale=ops.cast(self.gamma, "float32"), axis=self.axis,
+                                        epsilon=self.epsilon)
         return ops.cast(outputs, self.compute_dtype)
 
 
@@ -84,7 +90,8 @@ NORMALIZATIONS = tuple(_NORM_LAYERS)
 
 
 def norm_layer(normalization, epsilon, **kwargs):
-    """A `LayerNorm` or `RMSNorm` (`normalization`, one of `NORMALIZATIONS`) with `epsilon`."""
+    """A `LayerNorm` or `RMSNorm` (`normalization`, one of `NORMALIZATIONS`) with `epsilon`; `scale=False`: without
+    its learned gain."""
     if normalization not in _NORM_LAYERS:
         raise ValueError(f"Unknown normalization {normalization!r}; expected one of {NORMALIZATIONS}.")
     return _NORM_LAYERS[normalization](epsilon=epsilon, **kwargs)

@@ -13,8 +13,60 @@ held by the block under the names they always had.
 import keras
 from keras import ops
 
+from keras_vit.layers import kernels
 from keras_vit.layers.dense import Dense
 from keras_vit.layers.norm import norm_layer
+
+# A clipped projection's bounds before a checkpoint sets them: (input_min, input_max, output_min, output_max).
+UNBOUNDED = (-float("inf"), float("inf"), -float("inf"), float("inf"))
+
+
+def _clamp(x, low, high):
+    """`x` clamped to `[low, high]` (scalar tensors), by `where`: torch's ONNX export writes `clamp` with tensor
+    bounds as a Clip whose bounds it leaves out of the graph."""
+    x = ops.where(ops.less(x, low), low, x)
+    return ops.where(ops.greater(x, high), high, x)
+
+
+def clamped_projection(layer, x, bounds, widths=None):
+    """`layer(x)` (a `Dense`) where each group of its outputs (q, k and v of a fused projection; `widths` wide, equal
+    groups by default) takes `x` clamped to its own input bounds and is clamped to its own output bounds.
+
+    `bounds` is `(groups, 4)`, each row `(input_min, input_max, output_min,
+    output_max)`: Gemma 4's `Gemma4ClippableLinear`, one per projection
+    that keras_vit fuses. An unquantized layer multiplies each clamped
+    input by its group's columns of the kernel (LoRA's included), so the
+    product costs what one call does; a quantized one is called once per
+    group.
+
+    Example:
+    >>> import numpy as np
+    >>> layer = Dense(2, use_bias=False, kernel_initializer="ones")
+    >>> bounds = np.array([[-1.0, 1.0, -9.0, 9.0], [-9.0, 9.0, -9.0, 3.0]], "float32")
+    >>> np.asarray(clamped_projection(layer, np.full((1, 2), 2.0, "float32"), bounds)).tolist()
+    [[2.0, 3.0]]
+    """
+    if not layer.built:
+        layer.build(tuple(x.shape))
+    bounds = ops.cast(bounds, x.dtype)
+    groups = int(bounds.shape[0])
+    widths = tuple(widths or (layer.units // groups,) * groups)
+    starts = [sum(widths[:group]) for group in range(groups)]
+    outputs = []
+    for group, (start, width) in enumerate(zip(starts, widths)):
+        columns = slice(start, start + width)
+        clamped = _clamp(x, bounds[group, 0], bounds[group, 1])
+        if groups == 1:
+            projected = layer(clamped)
+        elif layer.quantization_mode is None:
+            dtype = layer.compute_dtype
+            bias = None if layer.bias is None else ops.cast(layer.bias[columns], dtype)
+            projected = kernels.linear(ops.cast(clamped, dtype), ops.cast(layer.kernel[:, columns], dtype), bias)
+        else:
+            projected = layer(clamped)[..., columns]
+        low, high = (ops.cast(bounds[group, column], projected.dtype) for column in (2, 3))
+        outputs.append(_clamp(projected, low, high))
+    return outputs[0] if groups == 1 else ops.concatenate(outputs, axis=-1)
 
 
 class BlockPart:
@@ -56,6 +108,19 @@ class BlockPart:
         options.setdefault("kernel_initializer", keras.initializers.GlorotUniform(seed=seed))
         return self.sublayer(name, Dense(units, name=name, dtype=self.block._sublayer_policy(name),
                                          lora_rank=self.block.lora_rank_of(name), **options), input_shape)
+
+    def clip_bounds(self, name, groups):
+        """A clipped projection's bounds (`switches.clipped_linears`), `(groups, 4)`, held by the block as
+        `{name}_clip`: buffers a checkpoint sets, never trained (`clamped_projection`)."""
+        initial = ops.convert_to_tensor([UNBOUNDED] * groups, "float32")
+        return self.weight(f"{name}_clip", shape=(groups, 4), trainable=False, autocast=False,
+                           initializer=lambda shape, dtype=None: ops.cast(initial, dtype))
+
+    def project(self, layer, x, name, widths=None):
+        """`layer(x)`, clamped by the block's `{name}_clip` bounds where its projections are clipped."""
+        if not self.switches.clipped_linears:
+            return layer(x)
+        return clamped_projection(layer, x, getattr(self.block, f"{name}_clip"), widths)
 
     def dropout(self, attribute, rate, seed_offset, **options):
         options.setdefault("dtype", self.block._sublayer_policy())

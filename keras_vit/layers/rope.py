@@ -176,14 +176,27 @@ def rotation_angles(positions, frequencies):
     return ops.expand_dims(first, -1) * frequencies[0] + ops.expand_dims(second, -1) * frequencies[1]
 
 
-def rotate_queries_and_keys(query, key, positions, frequencies, rotate_half):
+def rotate_queries_and_keys(query, key, positions, frequencies, rotate_half, axis_halves=False):
     """`query` and `key` `(batch, tokens, heads, head_dim)` rotated by their tokens' angles, in float32, then cast
-    back to their dtype (as timm's `apply_rot_embed`)."""
+    back to their dtype (as timm's `apply_rot_embed`).
+
+    With `axis_halves` each coordinate axis turns its own half of the head,
+    halves rotated within it (Gemma 4's `apply_multidimensional_rope`: the
+    first axis' angles `[a, a]` over the first half, the second's over the
+    second); otherwise the angles of both axes are laid over the whole head.
+    """
     angles = rotation_angles(positions, frequencies)
+    if axis_halves:  # (..., head_dim // 2) -> (..., 2, head_dim // 4): one row of angles per axis and half
+        angles = ops.reshape(angles, (*ops.shape(angles)[:-1], 2, ops.shape(angles)[-1] // 2))
     cos, sin = _layout(ops.cos(angles), rotate_half), _layout(ops.sin(angles), rotate_half)
 
     def rotate(x):
         wide = ops.cast(x, "float32")
+        if axis_halves:
+            shape = ops.shape(wide)
+            halves = ops.reshape(wide, (*shape[:-1], 2, shape[-1] // 2))
+            turned = halves * cos + _rotated(halves, rotate_half) * sin
+            return ops.cast(ops.reshape(turned, shape), x.dtype)
         return ops.cast(wide * cos + _rotated(wide, rotate_half) * sin, x.dtype)
 
     return rotate(query), rotate(key)

@@ -106,6 +106,18 @@ class Architecture(BlockSwitches):
             after the blocks, to this many channels, in place of the final
             norm (0: its one LayerNorm, timm's `neck_chans=None`); None for
             none.
+        axis_position_table: Gemma 4's position embeddings
+            (`keras_vit.layers.axis_positions`): a learned table per axis of
+            this many entries, read at each patch's column and row, in place
+            of `position_embedding`; 0 for none.
+        soft_token_pool: Gemma 4's soft tokens
+            (`keras_vit.layers.soft_tokens`): after the blocks, the patch
+            grid's cells of this many patches a side averaged, times
+            sqrt(hidden); `soft_token_standardize` standardises them with
+            the checkpoint's `std_bias` and `std_scale` (the 31B model's); 0
+            for none.
+        final_norm_scale: the final norm has a learned gain (Gemma 4's
+            classifier norm, an RMSNorm, has none).
         resnet_epsilons: for a hybrid, its ResNet's epsilons, a key of
             `RESNET_EPSILONS`: `"flax"` (the original `.npz` models') or
             `"timm"` (timm's `vit_*_r50_*` and `vit_*_r26_*` hybrids).
@@ -138,6 +150,10 @@ class Architecture(BlockSwitches):
     window_size: int = 0
     global_attention_blocks: tuple = ()
     neck_channels: int = None
+    axis_position_table: int = 0
+    soft_token_pool: int = 0
+    soft_token_standardize: bool = False
+    final_norm_scale: bool = True
 
     def __post_init__(self):
         super().__post_init__()
@@ -212,6 +228,18 @@ class Architecture(BlockSwitches):
         if (self.window_size or self.neck_channels is not None) and self.num_prefix_tokens:
             raise ValueError("window_size and neck_channels (SAM's) take the patch grid alone: they need "
                              "class_token=False and no register or distillation tokens.")
+        for field in ("axis_position_table", "soft_token_pool"):
+            value = getattr(self, field)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{field} must be a whole number >= 0, got {value!r}.")
+        if (self.axis_position_table or self.soft_token_pool) and (self.num_prefix_tokens or self.position_embedding):
+            raise ValueError("axis_position_table and soft_token_pool (Gemma 4's) take the patch grid alone: they need "
+                             "class_token=False, no register or distillation tokens, and position_embedding=False.")
+        if self.soft_token_standardize and not self.soft_token_pool:
+            raise ValueError("soft_token_standardize standardises Gemma 4's soft tokens: it needs soft_token_pool.")
+        if not self.final_norm_scale and self.normalization != "rms_norm":
+            raise ValueError("final_norm_scale=False (Gemma 4's classifier norm) is an RMSNorm without a gain: it "
+                             "needs normalization='rms_norm'.")
         if self.resnet_epsilons not in RESNET_EPSILONS:
             raise ValueError(f"Unknown resnet_epsilons {self.resnet_epsilons!r}; expected one of "
                              f"{tuple(RESNET_EPSILONS)}.")

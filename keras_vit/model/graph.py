@@ -28,6 +28,7 @@ from keras_vit.layers import (
     TransformerBlock,
     norm_layer,
 )
+from keras_vit.layers.axis_positions import AxisPositionEmbedding
 from keras_vit.layers.blocks import BlockSwitches
 from keras_vit.layers.class_attention import ClassAttentionBlock
 from keras_vit.layers.conv_stem import apply_conv_stem
@@ -43,6 +44,7 @@ from keras_vit.layers.naflex import (
 from keras_vit.layers.relative_position import RelativePositionBias
 from keras_vit.layers.resnet import apply_resnet
 from keras_vit.layers.rope import RotaryPositions
+from keras_vit.layers.soft_tokens import SoftTokenPooling
 from keras_vit.layers.windows import SamNeck
 from keras_vit.model.architecture import Architecture
 from keras_vit.model.variants import Variant
@@ -110,6 +112,9 @@ def build(options, input_tensor):
     if options.position_embedding_factorized and not options.naflex:
         raise ValueError("Factorized position tables apply to NaFlex models only, as timm's NaFlexVit builds them; "
                          "pass naflex=True.")
+    if (architecture.axis_position_table or architecture.soft_token_pool) and options.naflex:
+        raise ValueError("Gemma 4's position tables and soft tokens (axis_position_table, soft_token_pool) take whole "
+                         "images here, at any size: build the model without naflex=True.")
     typed = {"dtype": options.dtype}  # Given to every layer, so that building never touches the global policy.
     if options.naflex:
         x, patch_grid, inputs, position = _naflex_patches(options, input_tensor, grid_size, typed)
@@ -118,6 +123,10 @@ def build(options, input_tensor):
         x, patch_grid, inputs, position = _image_patches(options, input_tensor, grid_size, typed)
     if architecture.patch_norm:
         x = norm_layer(architecture.normalization, epsilon, name="patch_norm", **typed)(x)
+    if architecture.axis_position_table:  # Gemma 4's: a table per axis, read at each patch's column and row
+        axes = AxisPositionEmbedding(grid_size, architecture.axis_position_table, name="axis_position_embedding",
+                                     **typed)
+        x = axes(x, patch_grid=patch_grid) if dynamic else axes(x)
     if position is not None and not architecture.class_token_position_embedding:  # no_embed_class: patches only.
         x = _add_positions(position, x, patch_grid, dynamic)
     if architecture.register_tokens:  # [class, registers..., patches], as timm orders them.
@@ -173,10 +182,15 @@ def build(options, input_tensor):
                                     architecture.mlp_activation, architecture.qkv_bias,
                                     1.0 if architecture.layer_scale is None else architecture.layer_scale, epsilon,
                                     name=f"class_attention_{index}", **typed)(x)
+    if architecture.soft_token_pool:  # Gemma 4's soft tokens, in place of the patches
+        soft = SoftTokenPooling(architecture.soft_token_pool, grid_size, architecture.soft_token_standardize,
+                                name="soft_tokens", **typed)
+        x = soft(x, patch_grid=patch_grid) if dynamic else soft(x)
     if architecture.neck_channels is not None:  # SAM's image embedding, in place of the final norm
         x = SamNeck(architecture.neck_channels, grid_size, name="neck", **typed)(x)
     elif architecture.final_norm and not architecture.fc_norm:
-        x = norm_layer(architecture.normalization, epsilon, name="encoder_norm", **typed)(x)
+        x = norm_layer(architecture.normalization, epsilon, name="encoder_norm", scale=architecture.final_norm_scale,
+                       **typed)(x)
 
     pooling = architecture.classifier if options.include_top else options.pooling
     pooled_from = 0 if architecture.pool_include_prefix and pooling != "token" else num_prefix_tokens
@@ -190,7 +204,8 @@ def build(options, input_tensor):
     elif pooling is not None:
         x = TokenPooling(pooling, pooled_from, name="pool", **typed)(x, **pool_options)
     if pooling is not None and architecture.fc_norm:
-        x = norm_layer(architecture.normalization, epsilon, name="fc_norm", **typed)(x)
+        x = norm_layer(architecture.normalization, epsilon, name="fc_norm", scale=architecture.final_norm_scale,
+                       **typed)(x)
     if pooling == "token" and architecture.distillation_token:
         x = _distilled_head(options, x, tokens, typed)
     elif options.include_top:

@@ -161,8 +161,6 @@ REFUSED = (
     (r"_xp_|_18x2_", "parallel blocks of several attention and MLP branches (timm's ParallelThingsBlock)"),
     (r"_resnet(26|50)d_", "a ResNet-D backbone (timm's resnet26d or resnet50d, not the ResNetV2 of the hybrids keras_vit "
                           "computes)"),
-    (r"^gemma4_vit_", "timm's Gemma4VitEncoder or Gemma4VitClassifier, Gemma 4's vision tower (2-D RoPE, sandwich "
-                      "norms, clamped linears, a soft-token pooler), which keras_vit does not compute yet"),
 )
 
 ARCHITECTURES = {

@@ -3,8 +3,8 @@
 A timm folder (`config.json` with `architecture`, beside `model.safetensors`)
 is read by its class's module: `VisionTransformer` and DeiT distilled
 (`layout`), `Eva` (`eva_layout`), `NaFlexVit` (`naflex`), `Beit` (`beit`),
-`VisionTransformerRelPos` (`relpos`), `Cait` (`cait`) and `VisionTransformerSAM`
-(`sam`). A name of none of them is
+`VisionTransformerRelPos` (`relpos`), `Cait` (`cait`), `VisionTransformerSAM`
+(`sam`) and Gemma 4's `Gemma4VitEncoder` and `Gemma4VitClassifier` (`gemma4`). A name of none of them is
 refused with the reason `families.timm_architecture` gives, before any
 tensor is read.
 
@@ -17,7 +17,7 @@ import os
 
 from keras_vit.checkpoints.source import CheckpointError
 from keras_vit.checkpoints.state_dict_files import folder_weights
-from keras_vit.checkpoints.timm import beit, cait, eva_layout, relpos, sam
+from keras_vit.checkpoints.timm import beit, cait, eva_layout, gemma4, relpos, sam
 from keras_vit.checkpoints.timm.eva_families import EVA_ARCHITECTURES
 from keras_vit.checkpoints.timm.families import timm_architecture
 from keras_vit.checkpoints.timm.layout import read_timm
@@ -37,6 +37,8 @@ CLASSES = {
        for name in cait.CAIT_ARCHITECTURES},
     **{name: (sam.configured_sam_architecture, sam.read_timm_sam, sam.sam_arguments, sam.to_timm_sam)
        for name in sam.SAM_ARCHITECTURES},
+    **{name: (gemma4.configured_gemma4_architecture, gemma4.read_timm_gemma4, gemma4.gemma4_arguments,
+              gemma4.to_timm_gemma4) for name in gemma4.GEMMA4_ARCHITECTURES},
 }
 # Each architecture name of the classes other than timm's VisionTransformer -> its reader.
 READERS = {**{name: entry[1] for name, entry in CLASSES.items()}, **dict.fromkeys(NAFLEX_ARCHITECTURES, read_timm_naflex)}

@@ -30,6 +30,7 @@ from keras_vit.checkpoints.timm.cait import CAIT_ARCHITECTURES
 from keras_vit.checkpoints.timm.eva_families import EVA_ARCHITECTURES
 from keras_vit.checkpoints.timm.eva_layout import to_timm_eva
 from keras_vit.checkpoints.timm.families import timm_architecture, timm_mlp_dim, timm_mlp_ratio
+from keras_vit.checkpoints.timm.gemma4 import GEMMA4_ARCHITECTURES, timm_statistics
 from keras_vit.checkpoints.timm.folders import CLASSES
 from keras_vit.checkpoints.timm.hybrid import (
     check_timm_rebuilds_backbone,
@@ -131,10 +132,11 @@ def check_timm_rebuilds(model, architecture, arguments, path=None, written=None,
         differs["layer_scale"] = (rebuilt.layer_scale, found.layer_scale)
     block = model.get_layer("encoderblock_0")
     embed = args.get("embed_dim", entry.embed_dim)
+    gated_width = args.get("intermediate_size", switches.get("intermediate_size"))  # Gemma 4's gate and up, each
+    mlp_dim = 2 * gated_width if gated_width else timm_mlp_dim(embed, args.get("mlp_ratio", entry.mlp_ratio), switches)
     for key, value, own in (("embed_dim", embed, int(model.get_layer("embedding").kernel.shape[-1])),
                             ("num_heads", args.get("num_heads", entry.num_heads), int(block.num_heads)),
-                            ("mlp_dim", timm_mlp_dim(embed, args.get("mlp_ratio", entry.mlp_ratio), switches),
-                             int(block.mlp_dim)), *_class_attention_widths(model, rebuilt, embed)):
+                            ("mlp_dim", mlp_dim, int(block.mlp_dim)), *_class_attention_widths(model, rebuilt, embed)):
         if value != own:
             differs[key] = (value, own)
     prefix, written_nothing = (f"{path}: ", " Nothing was written.") if path else ("", "")
@@ -170,6 +172,10 @@ def _check_class_named(model, found, architecture):
     if (found.class_attention_blocks or found.talking_heads) and architecture not in CAIT_ARCHITECTURES:
         raise CheckpointError(f"{model.name} has CaiT's talking heads or class attention, as timm's Cait class: pass "
                               "architecture= the Cait name it is (cait_s24_224, cait_xxs24_384, ...).")
+    if (found.axis_position_table or found.sandwich_norm) and architecture not in GEMMA4_ARCHITECTURES:
+        raise CheckpointError(f"{model.name} has Gemma 4's position tables or sandwich norms, as timm's Gemma4Vit "
+                              "classes: pass architecture= the name it is (gemma4_vit_167m, gemma4_vit_167m_enc, "
+                              "gemma4_vit_570m, gemma4_vit_570m_enc).")
 
 
 def _class_attention_widths(model, rebuilt, embed):
@@ -393,14 +399,16 @@ def _timm_config(model, architecture, arguments, pretrained):
     """The `config.json` timm's `save_for_hf` writes for `model` as timm's `architecture` built with `arguments`,
     with `pretrained` (the eval transform's fields) and the pixel statistics as its `pretrained_cfg`."""
     found = architecture_of(model)
-    config = {"architecture": architecture, "num_classes": arguments["num_classes"],
-              "num_features": arguments["embed_dim"], "global_pool": _TIMM_POOLS[found.classifier]}
+    config = {"architecture": architecture, "num_classes": arguments.get("num_classes", 0),
+              "num_features": arguments["embed_dim"],
+              "global_pool": arguments.get("global_pool", _TIMM_POOLS[found.classifier])}
     names = getattr(model, "class_names", None)
     if names and len(names) == arguments["num_classes"]:
         config["label_names"] = list(names)
     config["model_args"] = arguments
-    config["pretrained_cfg"] = {**pretrained, "mean": list(found.input_mean), "std": list(found.input_std),
-                                "num_classes": arguments["num_classes"]}
+    mean, std = timm_statistics(found) if architecture in GEMMA4_ARCHITECTURES else (found.input_mean, found.input_std)
+    config["pretrained_cfg"] = {**pretrained, "mean": list(mean), "std": list(std),
+                                "num_classes": arguments.get("num_classes", 0)}
     return config
 
 
