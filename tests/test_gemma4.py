@@ -387,3 +387,25 @@ def test_infinite_clamp_bounds_load_as_no_clamp_and_nan_is_refused(tmp_path):
     with pytest.raises(CheckpointError, match=r"'encoderblock_0/qkv_clip' \(the file's .*\) holds NaN or infinite "
                                               r"values\. Nothing was loaded\."):
         keras_vit.from_pretrained(str(target))
+
+
+@pytest.mark.backend_independent
+def test_a_gemma4_file_under_a_plain_vit_name_and_a_plain_vit_under_a_gemma4_name_are_refused(tmp_path):
+    target = tmp_path / "renamed"
+    shutil.copytree(folder("classifier_clipped"), target)
+    config = json.loads((target / "config.json").read_text())
+    (target / "config.json").write_text(json.dumps(dict(config, architecture="vit_base_patch16_224", model_args={})))
+    with pytest.raises(CheckpointError) as error:
+        keras_vit.from_pretrained(str(target))
+    assert "tensors that are not in timm's VisionTransformer layout" in str(error.value)
+    plain = keras_vit.ViT(image_size=48, patch_size=8, hidden_size=32, num_layers=2, num_heads=2, mlp_dim=48, classes=5)
+    vit = tmp_path / "vit"
+    checkpoints.save_timm(plain, str(vit / "model.safetensors"))
+    config = json.loads((vit / "config.json").read_text())
+    (vit / "config.json").write_text(json.dumps(dict(config, architecture="gemma4_vit_167m",
+                                                     model_args=CASES["classifier_clipped"]["model_args"])))
+    with pytest.raises(CheckpointError) as error:
+        keras_vit.from_pretrained(str(vit))
+    assert str(error.value).startswith(f"{vit / 'model.safetensors'} lacks timm's patch projection or first block "
+                                       "(patch_embed.input_proj.weight, blocks.0.mlp.down_proj.linear.weight). Nothing "
+                                       "was loaded.")

@@ -102,11 +102,11 @@ def test_configs_keras_vit_cannot_compute_are_refused_by_name(tmp_path):
         keras_vit.ViT(**SIZES, weights=relu)
     shutil.rmtree(relu)
     bert = edited(tmp_path, lambda c: c.update(model_type="bert"))
-    with pytest.raises(CheckpointError, match=r"neither timm's \(architecture\) nor a transformers ViT, DeiT, DINOv2, "
-                                              r"DINOv3, CLIP, SigLIP, SigLIP 2, BEiT, SAM vision or Gemma 4 model's \(model_type 'vit', "
-                                              r"'deit', 'dinov2', 'dinov2_with_registers', 'dinov3_vit', 'clip_vision_model', 'clip', "
-                                              r"'siglip_vision_model', 'siglip', 'siglip2_vision_model', 'siglip2', 'beit', "
-                                              r"'sam_vision_model', 'gemma4_vision', 'gemma4'; this one is 'bert'\)"):
+    with pytest.raises(CheckpointError, match=r"neither timm's \(architecture\) nor a transformers ViT, DeiT, "
+                       r"DINOv2, DINOv3, CLIP, SigLIP, SigLIP 2, BEiT, SAM vision or Gemma 4 model's \(model_type "
+                       r"'vit', 'deit', 'dinov2', 'dinov2_with_registers', 'dinov3_vit', 'clip_vision_model', 'clip', "
+                       r"'siglip_vision_model', 'siglip', 'siglip2_vision_model', 'siglip2', 'beit', "
+                       r"'sam_vision_model', 'gemma4_vision', 'gemma4'; this one is 'bert'\)"):
         keras_vit.ViT(**SIZES, weights=bert)
     with pytest.raises(CheckpointError, match="is a folder without a readable config.json"):
         keras_vit.ViT(**SIZES, weights=str(tmp_path))

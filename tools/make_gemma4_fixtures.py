@@ -138,7 +138,8 @@ def processor_case(seed, out):
         positions, patches = done["image_position_ids"][0][valid], done["pixel_values"][0][valid]
         rows, cols = positions[:, 1].max() + 1, positions[:, 0].max() + 1
         image = patches.reshape(rows, cols, 4, 4, 3).transpose(0, 2, 1, 3, 4).reshape(rows * 4, cols * 4, 3)
-        out[f"processor/photo_{index}"], out[f"processor/pixels_{index}"] = photo, np.round(image * 255).astype(np.uint8)
+        out[f"processor/photo_{index}"] = photo
+        out[f"processor/pixels_{index}"] = np.round(image * 255).astype(np.uint8)
     sizes = [(int(h), int(w)) for h, w in rng.integers(1, 5000, (300, 2))] + [(10, 4000), (4000, 10), (48, 48),
                                                                            (1, 1000), (3000, 4000)]
     rules = []

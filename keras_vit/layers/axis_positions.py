@@ -1,4 +1,4 @@
-"""Gemma 4's position embeddings: a learned table per axis, read at each patch's column and row (`AxisPositionEmbedding`).
+"""Gemma 4's position embeddings, a learned table per axis read at each patch's column and row: `AxisPositionEmbedding`.
 
 Gemma 4's vision tower (timm's `Gemma4PatchEmbed`, transformers'
 `Gemma4VisionPatchEmbedder`) holds `position_embedding_table`, `(2, size,

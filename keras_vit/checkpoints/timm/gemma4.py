@@ -254,8 +254,8 @@ def read_timm_gemma4(path, budget, config, where):
     check_head(state, args.get("num_classes", config.get("num_classes")), path, where)
     size = configured_image_sizes(args, pretrained, entry, where)[0]
     size = (size, size) if isinstance(size, int) else tuple(size)
-    source = source_from_state(path, state, (size[0] // patch, size[1] // patch), args.get("num_heads",
-                                                                                          entry.num_heads), architecture)
+    heads = args.get("num_heads", entry.num_heads)
+    source = source_from_state(path, state, (size[0] // patch, size[1] // patch), heads, architecture)
     source.layout = {"pooling": gemma4_switches_to_architecture(switches, timm_class_of(name))[1]}
     source.origins = LAYOUT.origins(tensors)
     source.eval_transform = transform
