@@ -409,3 +409,15 @@ def test_a_gemma4_file_under_a_plain_vit_name_and_a_plain_vit_under_a_gemma4_nam
     assert str(error.value).startswith(f"{vit / 'model.safetensors'} lacks timm's patch projection or first block "
                                        "(patch_embed.input_proj.weight, blocks.0.mlp.down_proj.linear.weight). Nothing "
                                        "was loaded.")
+
+
+@pytest.mark.backend_independent
+def test_position_similarity_of_a_gemma4_tower_is_of_its_two_tables_sum():
+    from keras_vit.tools import analysis
+
+    model = load("classifier_clipped")
+    table = keras.ops.convert_to_numpy(model.get_layer("axis_position_embedding").table).astype("float64")
+    grid = (table[0][None, :6] + table[1][:6, None]).reshape(36, -1)  # column's row plus row's row, row-major
+    unit = grid / np.linalg.norm(grid, axis=-1, keepdims=True)
+    np.testing.assert_allclose(analysis.position_embedding_similarity(model), (unit @ unit.T).reshape(6, 6, 6, 6),
+                               atol=1e-6)

@@ -21,7 +21,7 @@ import numpy as np
 
 from keras_vit.data.imagenet import preprocess_input
 from keras_vit.data.naflex import check_naflex_batch, patchify
-from keras_vit.layers import TokenPooling
+from keras_vit.layers import AxisPositionEmbedding, TokenPooling
 from keras_vit.layers.naflex import NAFLEX_INPUTS, NaFlexFactorizedPositionEmbedding
 from keras_vit.model.description import architecture_of, is_naflex, sizes_of
 from keras_vit.utils import files
@@ -33,8 +33,14 @@ def _numpy(x):
     return np.asarray(keras.ops.convert_to_numpy(x))
 
 
+def _position_layer(model):
+    """The model's learned position table: one table, NaFlex's factorized pair, or Gemma 4's per-axis pair."""
+    return next((layer for layer in model.layers if layer.name in ("position_embedding", "axis_position_embedding")),
+                None)
+
+
 def _has_position_table(model):
-    return any(layer.name == "position_embedding" for layer in model.layers)
+    return _position_layer(model) is not None
 
 
 def _is_hybrid(model):
@@ -223,12 +229,16 @@ def position_embedding_similarity(model):
     if not _has_position_table(model):
         raise ValueError(f"{model.name!r} has no learned position table (its positions are rotary, RoPE): there is "
                          "no position-embedding similarity to show.")
-    position = model.get_layer("position_embedding")
-    grid_size, prefix = tuple(position.grid_size), position.num_prefix_tokens  # The table's rows, not the sequence's
-    if isinstance(position, NaFlexFactorizedPositionEmbedding):  # what its two tables add on their own grid
-        width = position.pos_embedding_rows.shape[-1]
-        table = _numpy(position(np.zeros((1, grid_size[0] * grid_size[1], width), "float32"),
-                                np.array([grid_size], "int32")))[0].astype("float64")
+    position = _position_layer(model)
+    grid_size = tuple(position.grid_size)  # The table's grid, not the sequence's
+    prefix = getattr(position, "num_prefix_tokens", 0)
+    if isinstance(position, (NaFlexFactorizedPositionEmbedding, AxisPositionEmbedding)):  # what two tables add
+        width = (position.pos_embedding_rows if isinstance(position, NaFlexFactorizedPositionEmbedding)
+                 else position.table).shape[-1]
+        zeros = np.zeros((1, grid_size[0] * grid_size[1], width), "float32")
+        added = position(zeros, np.array([grid_size], "int32")) if isinstance(
+            position, NaFlexFactorizedPositionEmbedding) else position(zeros)
+        table = _numpy(added)[0].astype("float64")
     else:
         table = _numpy(position.pos_embedding)[0, prefix:].astype("float64")
     unit = table / np.maximum(np.linalg.norm(table, axis=-1, keepdims=True), 1e-12)
