@@ -80,6 +80,7 @@ def test_loads_timm_gemma4_with_timms_outputs(case):
         assert_close(block_tokens(model, images), tokens)
 
 
+@pytest.mark.backend_independent
 def test_the_clamps_bind_in_the_fixture():
     """Without its clamps the clipped classifier gives other logits: the parity above tests them."""
     model = load("classifier_clipped")
@@ -242,6 +243,9 @@ def tiny(**changes):
      "normalization='rms_norm'."),
     (dict(attention_scale=0.0),
      "attention_scale must be a finite number > 0, or None for 1 / sqrt(head_dim); got 0.0."),
+    (dict(value_norm=False, differential_attention=True, rope=None, rope_axis_halves=False),
+     "value_norm, clipped_linears and attention_scale (Gemma 4's) are not supported with differential attention, "
+     "talking heads or parallel blocks (no timm architecture combines them)."),
     (dict(naflex=True),
      "Gemma 4's position tables and soft tokens (axis_position_table, soft_token_pool) take whole images here, at any "
      "size: build the model without naflex=True."),

@@ -85,8 +85,9 @@ class BlockSwitches:
             residual sum (Gemma 4's `post_attention_layernorm` and
             `post_feedforward_layernorm`), besides the pre-norm.
         clipped_linears: every projection clamps its input and its output
-            to learned bounds (Gemma 4's `Gemma4ClippableLinear`: q, k and v
-            each their own; `keras_vit.layers.parts.clamped_projection`).
+            to bounds its checkpoint sets, buffers never trained (Gemma 4's
+            `Gemma4ClippableLinear`: q, k and v each their own;
+            `keras_vit.layers.parts.clamped_projection`).
         talking_heads: learned `(heads, heads)` maps mix the heads' logits
             before the softmax and their weights after it (CaiT's, timm's
             `TalkingHeadAttn`).
@@ -163,10 +164,11 @@ class BlockSwitches:
         if self.sandwich_norm and (self.post_norm or self.parallel):
             raise ValueError("sandwich_norm=True adds a norm after each branch of a pre-norm block: it is not "
                              "supported with post_norm or parallel.")
-        if (self.value_norm or self.clipped_linears) and (self.differential_attention or self.talking_heads
-                                                           or self.parallel):
-            raise ValueError("value_norm and clipped_linears (Gemma 4's) are not supported with differential "
-                             "attention, talking heads or parallel blocks (no timm architecture combines them).")
+        if (self.value_norm or self.clipped_linears or self.attention_scale is not None) and (
+                self.differential_attention or self.talking_heads or self.parallel):
+            raise ValueError("value_norm, clipped_linears and attention_scale (Gemma 4's) are not supported with "
+                             "differential attention, talking heads or parallel blocks (no timm architecture combines "
+                             "them).")
         object.__setattr__(self, "relative_position_bias",
                            relative_position_form(self.relative_position_bias, "relative_position_bias"))
         if isinstance(self.relative_position_mlp_dim, bool) or not isinstance(self.relative_position_mlp_dim, int) \
