@@ -425,3 +425,17 @@ def test_position_similarity_of_a_gemma4_tower_is_of_its_two_tables_sum():
     unit = grid / np.linalg.norm(grid, axis=-1, keepdims=True)
     np.testing.assert_allclose(analysis.position_embedding_similarity(model), (unit @ unit.T).reshape(6, 6, 6, 6),
                                atol=1e-6)
+
+
+@pytest.mark.backend_independent
+def test_masked_patch_pretraining_refuses_soft_tokens_and_names_the_tower_without_them():
+    tower = keras_vit.ViT(image_size=48, patch_size=8, hidden_size=16, num_layers=1, num_heads=2, mlp_dim=32,
+                          include_top=False, soft_token_pool=3, **GEMMA4_SWITCHES)
+    with pytest.raises(ValueError) as error:
+        keras_vit.MaskedPatchPretrainer(tower)
+    assert str(error.value) == (f"{tower.name!r} gives Gemma 4's soft tokens, pooled from the patches, and "
+                                "masked-patch prediction reads each patch's token: pretrain the tower without its "
+                                "pooling (soft_token_pool=0), whose weights are the same, then build it with the "
+                                "pooling.")
+    keras_vit.MaskedPatchPretrainer(keras_vit.ViT(image_size=48, patch_size=8, hidden_size=16, num_layers=1,
+                                                  num_heads=2, mlp_dim=32, include_top=False, **GEMMA4_SWITCHES))

@@ -203,6 +203,10 @@ class MaskedPatchPretrainer(keras.Model):
                 f"encoder must output its token sequence (include_top=False, pooling=None), "
                 f"but its output shape is {output_shape}."
             )
+        if architecture_of(encoder).soft_token_pool:
+            raise ValueError(f"{encoder.name!r} gives Gemma 4's soft tokens, pooled from the patches, and masked-patch "
+                             "prediction reads each patch's token: pretrain the tower without its pooling "
+                             "(soft_token_pool=0), whose weights are the same, then build it with the pooling.")
         if int(bits) < 1:
             raise ValueError(f"bits must be at least 1, got {bits}.")
         # === Config ===
