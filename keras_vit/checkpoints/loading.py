@@ -431,13 +431,22 @@ def _adapt_relative_position_tables(model, state, source, notes):
     for old, grid in sorted(resized):
         notes.append(f"Resized the relative position bias tables of {source.description} from a {old[0]}x{old[1]} to "
                      f"a {grid[0]}x{grid[1]} patch grid (as {source.relative_position_resize} does).")
-    for key, variable in variables.items():  # SAM's decomposed tables of a whole-grid block: linear, as timm's get_rel_pos
-        table = state.get(key)
-        if key.endswith(("/rel_pos_h", "/rel_pos_w")) and table is not None and table.ndim == 2 \
-                and table.shape[1] == variable.shape[1] and table.shape[0] != variable.shape[0]:
+    # SAM's decomposed tables of a global block, from the file's grid to the model's (linear, as timm's get_rel_pos);
+    # a windowed block's depend on its window alone, and a table of any other length is the shape check's to report.
+    file_grid = None if source.grid_size is None or None in source.grid_size else tuple(source.grid_size)
+    for layer in model.layers:
+        if file_grid is None or not getattr(layer, "decomposed_relative_position", False) or layer.window_size:
+            continue
+        for side, name in zip(file_grid, ("rel_pos_h", "rel_pos_w")):
+            key = f"{layer.name}/{name}"
+            table, variable = state.get(key), variables.get(key)
+            if table is None or variable is None or table.ndim != 2 or table.shape[0] != 2 * side - 1 \
+                    or table.shape[0] == variable.shape[0] or table.shape[1] != variable.shape[1]:
+                continue
             state[key] = resize_decomposed_table(table, int(variable.shape[0]))
             notes.append(f"Resized {source.description}'s {key} from {table.shape[0]} to {variable.shape[0]} offsets "
-                         "(linear, as timm's get_rel_pos).")
+                         f"(the file's {file_grid[0]}x{file_grid[1]} patch grid to the model's; linear, as timm's "
+                         "get_rel_pos).")
 
 
 def _adapt_head(variables, state, source, notes):

@@ -116,6 +116,41 @@ def configured_sam_architecture(config, where):
                                          SAM_KEYWORDS, sam_switches_to_architecture, POOLS)
 
 
+def check_decomposed_tables(state, origins, architecture, grid, path, where, field_prefix=""):
+    """Refuse decomposed relative position tables (`rel_pos_h`, `rel_pos_w`) whose lengths are not those of the model
+    the file's own config describes, naming the tensor and the config field.
+
+    A windowed block's tables have `2 window - 1` rows and a global block's
+    `2 side - 1` for its axis of the file's own patch grid `grid`, as timm's
+    and transformers' SAM build them; both refuse any other length at load,
+    so nothing that a file holds legitimately is resized here (the loader
+    resizes a global block's tables only to another image size asked for).
+    """
+    window, global_blocks = architecture.window_size, tuple(architecture.global_attention_blocks)
+    for key, table in state.items():
+        block, _, name = key.partition("/")
+        if name not in ("rel_pos_h", "rel_pos_w") or not block.startswith("encoderblock_"):
+            continue
+        index, side = int(block[len("encoderblock_"):]), grid[0] if name == "rel_pos_h" else grid[1]
+        windowed = bool(window) and index not in global_blocks
+        rows = 2 * (window if windowed else side) - 1
+        if table.shape[0] == rows:
+            continue
+        if windowed:
+            reason = (f"{where}'s {field_prefix}window_size {window} makes block {index} attend within {window}x{window} "
+                      f"windows ({field_prefix}global_attn_indexes {list(global_blocks)}), whose tables have "
+                      f"2*{window} - 1 = {rows} rows")
+            other = table.shape[0] == 2 * side - 1
+        else:
+            reason = (f"block {index} is global in {where} ({field_prefix}global_attn_indexes {list(global_blocks)}), "
+                      f"and its tables on the file's {grid[0]}x{grid[1]} patch grid have 2*{side} - 1 = {rows} rows")
+            other = bool(window) and table.shape[0] == 2 * window - 1
+        hint = (f" ({table.shape[0]} rows are a {'global' if windowed else 'windowed'} block's: the config's "
+                f"{field_prefix}global_attn_indexes or {field_prefix}window_size is not the file's)") if other else ""
+        raise CheckpointError(f"{path}: {origins.get(key, key)} has {table.shape[0]} rows, but {reason}{hint}. Nothing "
+                              "was loaded.")
+
+
 def read_timm_sam(path, budget, config, where):
     """Read a timm `VisionTransformerSAM` state dict whose `config.json` (parsed as `config`, read from `where`)
     names one of `SAM_ARCHITECTURES` into a `WeightsSource`."""
@@ -141,8 +176,10 @@ def read_timm_sam(path, budget, config, where):
     if table is not None and tuple(table.shape[1:3]) != grid:
         raise CheckpointError(f"{path}: pos_embed is a {table.shape[1]}x{table.shape[2]} grid, but model_args.img_size "
                               f"{list(size)} makes {grid[0]}x{grid[1]}. Nothing was loaded.")
+    origins = layout.origins(tensors)
+    check_decomposed_tables(state, origins, architecture, grid, path, where, "model_args.")
     source = source_from_state(path, state, grid, sizes["num_heads"], architecture)
-    source.origins = layout.origins(tensors)
+    source.origins = origins
     source.position_resize = ("bicubic", True)  # timm's resample_abs_pos_embed_nhwc in its forward
     source.eval_transform = transform
     return source

@@ -18,6 +18,7 @@ import os
 from keras_vit.checkpoints.source import CheckpointError, source_from_state
 from keras_vit.checkpoints.state_dict_files import read_state_dict
 from keras_vit.checkpoints.tensor_layout import TensorLayout, settings
+from keras_vit.checkpoints.timm.sam import check_decomposed_tables
 from keras_vit.checkpoints.transformers.vit import check_sizes, transformers_fields
 from keras_vit.model.architecture import IMAGENET_PIXEL_STATISTICS, Architecture
 
@@ -78,8 +79,10 @@ def read_sam_vision_folder(folder, config, budget=None):
         raise CheckpointError(f"{weights}: vision_encoder.pos_embed is a {table.shape[1]}x{table.shape[2]} grid, but "
                               f"image_size {fields['image_size'][0]} and patch_size {fields['patch_size']} make "
                               f"{grid[0]}x{grid[1]}. Nothing was loaded.")
+    origins = LAYOUT.origins(tensors)
+    check_decomposed_tables(state, origins, architecture, grid, weights, where)
     source = source_from_state(weights, state, grid, fields["num_attention_heads"], architecture)
-    source.origins = LAYOUT.origins(tensors)
+    source.origins = origins
     source.layout = dict(include_top=False, pooling=None)  # SamVisionModel's last_hidden_state: the neck's grid
     source.position_resize = ("bicubic", True)
     return source

@@ -1,0 +1,106 @@
+"""A folder's name, config and tensors must agree, or nothing loads: per family, files that lie about themselves.
+
+Each case copies a fixture written by the reference's own writer and makes one part of it contradict the rest: a
+table of another length than its config's model has, or a config field that sizes a table the tensors do not fit.
+timm's strict load and transformers' `from_pretrained` refuse each of them; keras_vit refuses it in one line naming
+the file, the tensor and the field, where it used to resize the table to the model it wanted (SAM's, before
+2026-12-07).
+"""
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+from conftest import fixture
+
+import keras_vit
+from keras_vit import CheckpointError
+
+pytest.importorskip("safetensors")
+pytestmark = pytest.mark.backend_independent
+
+
+def lying_folder(tmp_path, source, tensors=None, config=None):
+    """A copy of the fixture folder `source` with `tensors(dict)` and `config(dict)` edited in place."""
+    from safetensors.numpy import load_file, save_file
+
+    target = tmp_path / "lying"
+    shutil.copytree(fixture(source), target)
+    if tensors is not None:
+        state = load_file(target / "model.safetensors")
+        tensors(state)
+        save_file(state, target / "model.safetensors", metadata={"format": "pt"})
+    if config is not None:
+        fields = json.loads((target / "config.json").read_text())
+        config(fields)
+        (target / "config.json").write_text(json.dumps(fields))
+    return target
+
+
+def rows(name, count):
+    """An edit giving tensor `name` `count` rows (linearly resampled, as a resize at save would)."""
+    def edit(state):
+        table = state[name]
+        positions = np.linspace(0, table.shape[0] - 1, count)
+        state[name] = np.stack([np.interp(positions, np.arange(table.shape[0]), column) for column in table.T],
+                               -1).astype(table.dtype)
+    return edit
+
+
+def model_args(**changes):
+    return lambda config: config["model_args"].update(changes)
+
+
+def fields(**changes):
+    return lambda config: config.update(changes)
+
+
+# timm's windowed_neck: a 6x6 grid in 4x4 windows, block 1 global (its tables 11 rows, the others 7); transformers'
+# SamVisionModel fixture is the same model.
+SAM_GLOBAL = ("blocks.1.attn.rel_pos_h has 9 rows, but block 1 is global in {config} (model_args.global_attn_indexes "
+              "[1]), and its tables on the file's 6x6 patch grid have 2*6 - 1 = 11 rows. Nothing was loaded.")
+SAM_CASES = {
+    "global table of another grid": ("timm_sam/windowed_neck", rows("blocks.1.attn.rel_pos_h", 9), None, SAM_GLOBAL),
+    "windowed table of another window": (
+        "timm_sam/windowed_neck", rows("blocks.0.attn.rel_pos_w", 9), None,
+        "blocks.0.attn.rel_pos_w has 9 rows, but {config}'s model_args.window_size 4 makes block 0 attend within 4x4 "
+        "windows (model_args.global_attn_indexes [1]), whose tables have 2*4 - 1 = 7 rows. Nothing was loaded."),
+    "config window_size over another window's tables": (
+        "timm_sam/windowed_neck", None, model_args(window_size=3),
+        "blocks.0.attn.rel_pos_h has 7 rows, but {config}'s model_args.window_size 3 makes block 0 attend within 3x3 "
+        "windows (model_args.global_attn_indexes [1]), whose tables have 2*3 - 1 = 5 rows. Nothing was loaded."),
+    "config global_attn_indexes over another block's tables": (
+        "timm_sam/windowed_neck", None, model_args(global_attn_indexes=[2]),
+        "blocks.1.attn.rel_pos_h has 11 rows, but {config}'s model_args.window_size 4 makes block 1 attend within 4x4 "
+        "windows (model_args.global_attn_indexes [2]), whose tables have 2*4 - 1 = 7 rows (11 rows are a global "
+        "block's: the config's model_args.global_attn_indexes or model_args.window_size is not the file's). Nothing "
+        "was loaded."),
+    "transformers: global table of another grid": (
+        "transformers_sam_vision", rows("vision_encoder.layers.1.attn.rel_pos_h", 9), None,
+        "vision_encoder.layers.1.attn.rel_pos_h has 9 rows, but block 1 is global in {config} (global_attn_indexes "
+        "[1]), and its tables on the file's 6x6 patch grid have 2*6 - 1 = 11 rows. Nothing was loaded."),
+    "transformers: config global_attn_indexes over another block's tables": (
+        "transformers_sam_vision", None, fields(global_attn_indexes=[2]),
+        "vision_encoder.layers.1.attn.rel_pos_h has 11 rows, but {config}'s window_size 4 makes block 1 attend within "
+        "4x4 windows (global_attn_indexes [2]), whose tables have 2*4 - 1 = 7 rows (11 rows are a global block's: the "
+        "config's global_attn_indexes or window_size is not the file's). Nothing was loaded."),
+}
+
+
+@pytest.mark.parametrize("case", sorted(SAM_CASES))
+def test_sam_tables_that_contradict_their_file_are_refused_not_resized(case, tmp_path):
+    source, tensors, config, message = SAM_CASES[case]
+    folder = lying_folder(tmp_path, source, tensors, config)
+    with pytest.raises(CheckpointError) as error:
+        keras_vit.from_pretrained(str(folder))
+    assert str(error.value) == f"{folder / 'model.safetensors'}: " + message.format(config=folder / "config.json")
+
+
+def test_a_sam_global_blocks_tables_still_resize_to_the_image_size_asked_for(keras_vit_log):
+    """The one legitimate resize: from the file's own grid (6x6) to the model's (8x8 at 64 px), as timm's get_rel_pos
+    does on the fly; the windowed blocks' tables stay as they are."""
+    model = keras_vit.from_pretrained(fixture("timm_sam/windowed_neck"), image_size=64)
+    assert tuple(model.get_layer("encoderblock_1").rel_pos_h.shape) == (15, 8)
+    assert tuple(model.get_layer("encoderblock_0").rel_pos_h.shape) == (7, 8)
+    assert "from 11 to 15 offsets (the file's 6x6 patch grid to the model's; linear" in keras_vit_log.text
