@@ -134,3 +134,62 @@ def test_a_non_float_dtype_policy_is_refused_with_the_way_to_int8(policy):
     with pytest.raises(ValueError, match=rf"^dtype policy '{policy}' is not a floating-point precision; build the "
                                          r"model in one of \['float32', .*\], then call model.quantize\('int8'\)"):
         keras_vit.ViT(image_size=32, **SMALL, dtype=dtype)
+
+
+# RoPE families in reduced precision, on every backend: TensorFlow refused to multiply the positions, cast to
+# bfloat16 by Keras, by the float32 frequencies, so no RoPE model built there (before 2026-12-07).
+@pytest.mark.parametrize("case, reference_file, dtype", [
+    ("timm_eva/eva02_axial", "timm_eva_reference.npz", "mixed_bfloat16"),  # EVA-02: positions rescaled, fractional
+    ("timm_gemma4/encoder_soft_grouped", "gemma4_reference.npz", "bfloat16"),  # Gemma 4: per-axis halves, clamps
+])
+def test_rope_models_build_and_run_in_bfloat16_close_to_the_reference(case, reference_file, dtype):
+    with np.load(fixture(reference_file)) as data:
+        name = case.split("/")[1]
+        images = data[f"{name}/native/images"]
+        expected = next(data[f"{name}/native/{key}"] for key in ("logits", "soft_tokens") if f"{name}/native/{key}"
+                        in data)
+    model = keras_vit.from_pretrained(fixture(case), dtype=dtype, classifier_activation=None)
+    output = np.asarray(keras.ops.convert_to_numpy(keras.ops.cast(model(images), "float32")))
+    assert np.abs(output - expected).max() < TOLERANCE * np.abs(expected).max()
+
+
+@pytest.mark.backend_independent
+def test_rope_positions_reach_the_rotation_in_float32_in_a_bfloat16_model(monkeypatch):
+    """Keras casts a layer's floating arguments to its compute dtype: the blocks take the positions as they are, so
+    EVA-02's fractional coordinates (a 14x14 grid rescaled to 16x16 here) are not rounded to bfloat16."""
+    from keras_vit.layers import attention, rope
+
+    seen, rotate = [], rope.rotate_queries_and_keys
+
+    def recording(query, key, positions, *args):
+        seen.append(np.asarray(keras.ops.convert_to_numpy(positions)))
+        return rotate(query, key, positions, *args)
+
+    monkeypatch.setattr(attention.rope_module, "rotate_queries_and_keys", recording)
+    model = keras_vit.ViT(image_size=112, patch_size=8, hidden_size=16, num_layers=1, num_heads=2, mlp_dim=32,
+                          dtype="mixed_bfloat16", architecture=keras_vit.Architecture(
+                              class_token=False, classifier="gap", position_embedding=False, rope="axial",
+                              rope_reference_grid=(16, 16)))
+    model(np.zeros((1, 112, 112, 3), "float32"))
+    expected = np.asarray(keras.ops.convert_to_numpy(rope.grid_coordinates(14, 14, reference_grid=(16, 16))))
+    assert seen and seen[-1].dtype == np.float32
+    np.testing.assert_array_equal(seen[-1], expected)
+    assert not np.array_equal(expected.astype(keras.ops.convert_to_numpy(keras.ops.zeros((), "bfloat16")).dtype)
+                              .astype("float32"), expected)  # bfloat16 would have rounded them
+
+
+# Every family's parts through a .keras file in bfloat16: ExactGELU (the MbConv and convolutional stems') had no
+# config Keras could write beside a dtype policy, so a bfloat16 hybrid could not be saved (before 2026-12-07).
+@pytest.mark.backend_independent
+@pytest.mark.parametrize("case", ["timm_hybrid/mbconv", "timm_hybrid/conv_stem", "hybrid_token.npz",
+                                  "timm_sam/windowed_neck", "timm_cait/token", "timm_beit/shared_abs_token",
+                                  "timm_relpos/mlp_gap", "timm_gemma4/classifier_clipped", "timm_eva/naver_mixed_ape",
+                                  "timm_family/differential", "timm_naflex/parfac"])
+def test_every_family_saves_and_reloads_in_bfloat16_with_the_same_outputs(case, tmp_path):
+    model = keras_vit.from_pretrained(fixture(case), dtype="bfloat16")
+    shape = [side or 24 for side in model.input_shape[1:3]] if not isinstance(model.input, dict) else [24, 40]
+    images = np.random.default_rng(0).uniform(-1, 1, (2, *shape, 3)).astype("float32")
+    model.save(tmp_path / "model.keras")
+    reloaded = keras.saving.load_model(tmp_path / "model.keras")
+    assert reloaded.get_layer("encoderblock_0").weights[0].dtype == "bfloat16"
+    np.testing.assert_array_equal(predict(reloaded, images), predict(model, images))

@@ -298,6 +298,9 @@ class TransformerBlock(_QuantizableSublayers, keras.layers.Layer):
                  relative_position_grid=None, window_size=0, **kwargs):
         switches = BlockSwitches.take(switches, kwargs)
         super().__init__(**kwargs)
+        # Keras would cast every floating argument to the compute dtype: the tokens are cast in `call`, while the
+        # RoPE positions (EVA-02's fractional coordinates) and a shared bias stay the float32 they are computed in.
+        self._convert_input_args = False
         # === Config ===
         self.switches = switches
         self.num_heads = int(num_heads)
@@ -401,6 +404,8 @@ class TransformerBlock(_QuantizableSublayers, keras.layers.Layer):
 
     def call(self, inputs, rope_positions=None, training=None, return_attention_weights=False, key_mask=None,
              attention_bias=None):
+        inputs = ops.cast(inputs, self.compute_dtype)
+
         def attend(x):
             return self.attention(x, training, return_attention_weights, rope_positions, key_mask, attention_bias)
 

@@ -35,6 +35,9 @@ class ExactGELU(keras.layers.Layer):
     def call(self, inputs):
         return kernels.gelu(inputs, approximate=False)
 
+    def get_config(self):  # written out: Keras' generated config refuses the dtype policy a bfloat16 model passes
+        return super().get_config()
+
 
 def apply_conv_stem(images, widths, dtype=None):
     """Run the stem (`widths`: each convolution's output channels) on a Keras tensor of images, in `dtype`."""
