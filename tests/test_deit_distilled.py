@@ -4,6 +4,7 @@ The fixtures are written by `tools/make_deit_fixtures.py` with timm's `save_for_
 `save_pretrained` (random values in every tensor); the references are those libraries' own outputs.
 """
 
+import json
 import os
 import shutil
 
@@ -11,6 +12,7 @@ import keras
 import numpy as np
 import pytest
 from conftest import fixture
+from timm_class_checks import check_timm_takes_the_config
 
 import keras_vit
 from keras_vit import CheckpointError
@@ -137,6 +139,7 @@ def test_save_timm_of_a_distilled_deit_reads_back_exactly(tmp_path):
                                               "takes only from a model function"):
         keras_vit.checkpoints.save_timm(model, path)
     keras_vit.checkpoints.save_timm(model, path, architecture="deit_tiny_distilled_patch16_224")  # and config.json
+    check_timm_takes_the_config(json.loads((tmp_path / "config.json").read_text()))
     np.testing.assert_allclose(outputs(keras_vit.from_pretrained(str(tmp_path), classifier_activation=None)),
                                REFERENCE["timm/logits"], atol=1e-5)
 

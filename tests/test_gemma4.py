@@ -273,6 +273,12 @@ def test_gemma4_switches_refuse_what_they_cannot_be_in_one_line(changes, message
     ("encoder_soft_grouped", dict(position_embedding_size=64),
      "{path}: 'patch_embed.position_embedding_table' has shape (2, 32, 32), but the config's embed_dim 32, "
      "intermediate_size 24 and position_embedding_size 64 expects (2, 64, 32). Nothing was loaded."),
+    ("encoder_soft_grouped", dict(num_kv_heads=[1, 1]),  # what save_timm wrote before 2026-12-07
+     "{config}: model_args.num_kv_heads is [1, 1]; timm's Gemma4VitEncoder takes one positive int, every block's (or "
+     "null: as many as num_heads)."),
+    ("encoder_soft_grouped", dict(pooling_kernel_size=4),
+     "{config}: model_args.pooling_kernel_size 4 does not divide the 6x9 patch grid of its image size [48, 72]: "
+     "Gemma 4's soft tokens pool 4x4 cells of patches. Nothing was loaded."),
     ("encoder_soft_grouped", dict(intermediate_size=12),
      "{path}: 'blocks.0.mlp.gate_proj.linear.weight' has shape (48, 32), but the config's embed_dim 32, "
      "intermediate_size 12 expects (24, 32). Nothing was loaded."),

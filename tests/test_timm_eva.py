@@ -14,6 +14,7 @@ import keras
 import numpy as np
 import pytest
 from conftest import fixture
+from timm_class_checks import check_timm_takes_the_config
 
 import keras_vit
 from keras_vit import CheckpointError, checkpoints
@@ -122,6 +123,7 @@ def test_save_timm_writes_the_file_timm_wrote(case, tmp_path):
     with open(os.path.join(case_folder(case), "config.json")) as f:
         name = json.load(f)["architecture"]
     path = checkpoints.save_timm(model, str(tmp_path / "w.safetensors"), architecture=name)
+    check_timm_takes_the_config(json.loads((tmp_path / "config.json").read_text()))
     written, original = read_state_dict(path), read_state_dict(os.path.join(case_folder(case), "model.safetensors"))
     assert sorted(written) == sorted(original)
     for tensor in original:

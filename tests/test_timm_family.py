@@ -12,6 +12,7 @@ import keras
 import numpy as np
 import pytest
 from conftest import fixture, predict
+from timm_class_checks import check_timm_takes_the_config
 
 import keras_vit
 from keras_vit import CheckpointError, checkpoints
@@ -77,6 +78,7 @@ def test_timm_family_folder_loads_with_timms_outputs_and_saves_back_in_timms_nam
     stated = ("mean", "std", "interpolation", "crop_pct", "crop_mode", "num_classes")
     assert {key: ours["pretrained_cfg"][key] for key in stated} == {key: theirs["pretrained_cfg"][key] for key in stated}
     np.testing.assert_allclose(predict(load(folder), images), outputs, atol=1e-5, rtol=0)
+    check_timm_takes_the_config(ours)
 
 
 @pytest.mark.backend_independent

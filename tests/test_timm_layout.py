@@ -305,3 +305,25 @@ def test_folder_that_is_not_a_timm_vit_says_what_it_holds(tmp_path):
     with pytest.raises(CheckpointError, match=r"timm's 'resnet50' is not one of the \d+ timm ViT architectures keras_vit "
                                               r"computes \(keras_vit.checkpoints.timm.families.ARCHITECTURES"):
         keras_vit.ViT(**TIMM, weights=str(folder))
+
+
+@pytest.mark.backend_independent
+@pytest.mark.parametrize("source, architecture, model_name, extra", [
+    ("transformers_siglip_no_head", "vit_base_patch16_siglip_224", "vit", ""),
+    ("transformers_gemma4_vision", "gemma4_vit_167m", "vit",
+     " or under the encoder's name (gemma4_vit_167m_enc), whose global_pool gives them"),
+])
+def test_save_timm_refuses_a_model_that_gives_its_tokens_and_writes_nothing(source, architecture, model_name, extra,
+                                                                          tmp_path):
+    """A timm model built from a config.json pools its tokens: a model without its head that gives them (these
+    towers' default, as transformers' last_hidden_state) would be another model there (before 2026-12-07 the
+    folder said it pooled)."""
+    model = keras_vit.from_pretrained(fixture(source))
+    with pytest.raises(CheckpointError) as error:
+        checkpoints.save_timm(model, tmp_path / "model.safetensors", architecture=architecture)
+    assert str(error.value) == (
+        f"{model_name} gives its token sequence (no head and no pooling: include_top=False, pooling=None), but the "
+        f"timm model {architecture!r} built from its config.json pools its tokens (global_pool), so the folder would "
+        "hold another model. Save the model pooled (keras_vit.from_pretrained(..., include_top=False, pooling='gap'), "
+        f"or 'token' or 'map': the weights are the same), with its head{extra}.")
+    assert not os.listdir(tmp_path)

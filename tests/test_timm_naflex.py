@@ -15,7 +15,7 @@ import shutil
 import numpy as np
 import pytest
 from conftest import fixture, predict
-from timm_class_checks import write_timm_hub_cache
+from timm_class_checks import check_timm_takes_the_config, write_timm_hub_cache
 
 import keras_vit
 from keras_vit import CheckpointError, checkpoints
@@ -220,6 +220,7 @@ def test_save_timm_writes_naflexvit_that_reads_back_with_the_same_outputs(tmp_pa
     config = json.loads((tmp_path / "saved" / "config.json").read_text())
     assert config["architecture"] == "naflexvit_base_patch16_radio_v3"
     assert config["model_args"]["pos_embed_grid_size"] == [7, 7] and config["model_args"]["reg_tokens"] == 7
+    check_timm_takes_the_config(config)
     again = keras_vit.from_pretrained(str(tmp_path / "saved"), classifier_activation=None)
     np.testing.assert_array_equal(predict(again, BATCH), predict(model, BATCH))
 
@@ -237,6 +238,7 @@ def test_save_timm_writes_factorized_tables_back_under_timms_names_and_config(tm
     original = json.loads(open(os.path.join(folder(kind), "config.json")).read())["model_args"]
     assert args["pos_embed"] == "factorized" and args["pos_embed_grid_size"] == original["pos_embed_grid_size"]
     assert args["pos_embed_ar_preserving"] == original.get("pos_embed_ar_preserving", True)
+    check_timm_takes_the_config(json.loads((tmp_path / "saved" / "config.json").read_text()))
     written, timms = load_file(str(path)), load_file(os.path.join(folder(kind), "model.safetensors"))
     assert sorted(written) == sorted(timms)  # embeds.pos_embed_y and _x, no embeds.pos_embed
     for name, value in timms.items():

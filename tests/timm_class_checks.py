@@ -1,5 +1,6 @@
 """Checks the tests of timm's other ViT classes share (Beit, VisionTransformerRelPos, NaFlexVit): an offline Hub cache
-of timm folders, every tool on one loaded model, ONNX, and one training step that moves the biases' weights."""
+of timm folders, every tool on one loaded model, ONNX, one training step that moves the biases' weights, and the
+config.json save_timm writes as timm's constructor takes it."""
 
 import json
 import shutil
@@ -7,7 +8,7 @@ import warnings
 
 import keras
 import numpy as np
-from conftest import predict
+from conftest import fixture, predict
 
 import keras_vit
 from keras_vit.tools import analysis
@@ -90,6 +91,32 @@ def check_one_step_moves(model, names, count):
     assert all(np.abs(keras.ops.convert_to_numpy(v) - b).max() > 0 for v, b in zip(weights, before))
 
 
+def _json_kind(value):
+    if value is None or isinstance(value, (bool, str, list)):
+        return {type(None): "null", bool: "bool", str: "str", list: "list"}[type(value)]
+    return "int" if isinstance(value, int) else "number" if isinstance(value, float) else "object"
+
+
+def check_timm_takes_the_config(config):
+    """Each `model_args` keyword of a `config.json` is one the constructor of timm's class of its `architecture`
+    takes, of a JSON kind its annotation admits (`keyword_kinds`, recorded by tools/make_timm_registry.py from timm
+    itself): what `timm.create_model("local-dir:...")` passes it. An int is a number; `img_size` and `patch_size`
+    may be `[height, width]` where the annotation says int, as every timm class passes them through `to_2tuple`."""
+    registry = json.loads(open(fixture("timm_registry.json")).read())
+    timm_class = registry["architectures"][config["architecture"]]["class"]
+    kinds = registry["keyword_kinds"][timm_class] or registry["keyword_kinds"]["VisionTransformer"]  # Distilled: *args
+    for key, value in config["model_args"].items():
+        assert key in kinds, f"timm's {timm_class} takes no keyword {key!r}"
+        allowed = set(kinds[key]) | ({"number"} if "number" in kinds[key] else set())
+        kind = _json_kind(value)
+        if key in ("img_size", "patch_size") and kind == "list":
+            allowed.add("list")
+        if kind == "int" and "number" in allowed:
+            allowed.add("int")
+        assert "any" in allowed or kind in allowed, (
+            f"model_args.{key} is {value!r}, a JSON {kind}, but timm's {timm_class} takes {sorted(kinds[key])}")
+
+
 def check_save_timm_writes_the_file_back(model, folder, architecture, images, tmp_path):
     """`save_timm(model, architecture=)` writes exactly the tensors of the timm file in `folder` it was loaded from
     (names and values), and the folder it writes loads back with the same outputs."""
@@ -105,6 +132,7 @@ def check_save_timm_writes_the_file_back(model, folder, architecture, images, tm
         np.testing.assert_array_equal(written[name], value, err_msg=name)
     again = keras_vit.from_pretrained(str(tmp_path / "saved"), classifier_activation=None)
     np.testing.assert_array_equal(predict(again, images), predict(model, images))
+    check_timm_takes_the_config(json.loads((tmp_path / "saved" / "config.json").read_text()))
 
 
 def check_hf_handles(tmp_path, tags, folder_of, reference, case_of, edit_args=None):

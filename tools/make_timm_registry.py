@@ -15,7 +15,10 @@ keras_vit's family tables concern are kept: `VisionTransformer`, its subclass
 `VisionTransformerDistilled` (DeiT distilled), `Eva` and
 `NaFlexVit`, whose model functions hand over a `NaFlexVitCfg`: it is recorded
 as the fields that differ from the dataclass's defaults (`{"NaFlexVitCfg":
-{...}}`), and those defaults as the class's.
+{...}}`), and those defaults as the class's. Each class's constructor
+keywords (NaFlexVit's with its config's fields) are recorded with the JSON
+kinds their annotations admit (`keyword_kinds`): what a `config.json`'s
+`model_args` may hold for timm to build the model (`tests/timm_class_checks.py`).
 `tests/test_timm_registry_audit.py` reads this file and keras_vit's table alone.
 """
 
@@ -26,6 +29,7 @@ import inspect
 import json
 import os
 import pkgutil
+import typing
 import warnings
 
 import timm
@@ -65,6 +69,20 @@ def describe(value):
     return _backbone(value)
 
 
+def _kinds(annotation):
+    """The JSON kinds a keyword of this annotation takes, as a config.json's model_args holds it: "int", "number",
+    "bool", "str", "list" (a tuple), "null"; "any" where the annotation is a callable, a class or none at all."""
+    origin = typing.get_origin(annotation)
+    if origin is typing.Union:
+        return sorted({kind for argument in typing.get_args(annotation) for kind in _kinds(argument)})
+    if origin is typing.Literal:
+        return sorted({"null" if choice is None else "str" for choice in typing.get_args(annotation)})
+    if origin in (tuple, list) or annotation in (tuple, list):
+        return ["list"]
+    simple = {type(None): "null", bool: "bool", int: "int", float: "number", str: "str"}
+    return [simple[annotation]] if annotation in simple else ["any"]
+
+
 def _backbone(module):
     """A hybrid's backbone (a module instance): its class, and for timm's ResNetV2 or its stem alone (a
     Sequential of a convolution and a norm) the blocks of each stage and the stem's width."""
@@ -86,7 +104,7 @@ def main():
             continue
         if hasattr(loaded, "build_model_with_cfg"):
             loaded.build_model_with_cfg = _stub
-    defaults = {}
+    defaults, keyword_kinds = {}, {}
     architectures = {}
     for name in timm.list_models():
         try:
@@ -103,6 +121,11 @@ def main():
             key: describe(parameter.default) for key, parameter in inspect.signature(model_cls).parameters.items()
             if parameter.default is not inspect.Parameter.empty} if config_class is None else {
             field.name: describe(getattr(config_class(), field.name)) for field in dataclasses.fields(config_class)})
+        keyword_kinds.setdefault(model_cls.__name__, {
+            key: _kinds(parameter.annotation) for key, parameter in
+            [*inspect.signature(model_cls).parameters.items(),
+             *([] if config_class is None else inspect.signature(config_class).parameters.items())]
+            if parameter.kind is parameter.POSITIONAL_OR_KEYWORD or parameter.kind is parameter.KEYWORD_ONLY})
         resize = kwargs.pop("pretrained_filter_fn", None)
         keywords = resize.keywords if isinstance(resize, functools.partial) else {}
         resize_function = resize.func if isinstance(resize, functools.partial) else resize
@@ -122,8 +145,8 @@ def main():
             "tags": sorted(tag.partition(".")[2] for tag in timm.list_pretrained(name + ".*")),
         }
     with open(OUTPUT, "w") as f:
-        json.dump({"timm_version": timm.__version__, "defaults": defaults, "architectures": architectures}, f,
-                  indent=0, sort_keys=True)
+        json.dump({"timm_version": timm.__version__, "defaults": defaults, "keyword_kinds": keyword_kinds,
+                   "architectures": architectures}, f, indent=0, sort_keys=True)
     counts = {cls: sum(entry["class"] == cls for entry in architectures.values()) for cls in CLASSES}
     tags = {cls: sum(len(entry["tags"]) for entry in architectures.values() if entry["class"] == cls)
             for cls in CLASSES}

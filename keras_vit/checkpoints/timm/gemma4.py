@@ -121,6 +121,9 @@ def configured_gemma4_architecture(config, where):
     if "global_pool" not in args and "global_pool" in config and timm_class == ENCODER:
         switches["global_pool"] = config["global_pool"]
     _pools(switches, timm_class, where)
+    if isinstance(args.get("num_kv_heads"), tuple):  # Eva's num_kv_heads takes one per block; Gemma 4's one count
+        raise CheckpointError(f"{where}: model_args.num_kv_heads is {list(args['num_kv_heads'])}; timm's {timm_class} "
+                              "takes one positive int, every block's (or null: as many as num_heads).")
     embed, heads = args.get("embed_dim", entry.embed_dim), args.get("num_heads", entry.num_heads)
     head_dim = args.get("head_dim", entry.switches["head_dim"])
     if heads * head_dim != embed:
@@ -254,8 +257,13 @@ def read_timm_gemma4(path, budget, config, where):
     check_head(state, args.get("num_classes", config.get("num_classes")), path, where)
     size = configured_image_sizes(args, pretrained, entry, where)[0]
     size = (size, size) if isinstance(size, int) else tuple(size)
+    grid, cell = (size[0] // patch, size[1] // patch), architecture.soft_token_pool
+    if cell and (grid[0] % cell or grid[1] % cell):
+        raise CheckpointError(f"{where}: model_args.pooling_kernel_size {cell} does not divide the {grid[0]}x{grid[1]} "
+                              f"patch grid of its image size {list(size)}: Gemma 4's soft tokens pool {cell}x{cell} "
+                              "cells of patches. Nothing was loaded.")
     heads = args.get("num_heads", entry.num_heads)
-    source = source_from_state(path, state, (size[0] // patch, size[1] // patch), heads, architecture)
+    source = source_from_state(path, state, grid, heads, architecture)
     source.layout = {"pooling": gemma4_switches_to_architecture(switches, timm_class_of(name))[1]}
     source.origins = LAYOUT.origins(tensors)
     source.eval_transform = transform
@@ -288,7 +296,7 @@ def gemma4_arguments(model, architecture):
                      num_heads=int(block.num_heads), head_dim=embed // int(block.num_heads),
                      intermediate_size=int(block.mlp_dim) // 2, norm_eps=found.layer_norm_epsilon,
                      rope_theta=found.rope_temperature, position_embedding_size=found.axis_position_table,
-                     use_clipped_linears=found.clipped_linears, num_kv_heads=found.num_kv_heads)
+                     use_clipped_linears=found.clipped_linears, num_kv_heads=_one_kv_head_count(model, found))
     standardized = found.soft_token_standardize or GEMMA4_ARCHITECTURES[architecture].switches["standardize"]
     arguments["standardize"] = bool(standardized)
     if found.soft_token_pool:
@@ -299,6 +307,17 @@ def gemma4_arguments(model, architecture):
         return dict(arguments, global_pool=pooled)
     return dict(arguments, num_classes=int(head[0].kernel.shape[-1]) if head else 0, global_pool="avg",
                 encoder_pool="soft" if found.soft_token_pool else "", final_norm=found.fc_norm)
+
+
+def _one_kv_head_count(model, found):
+    """timm's Gemma 4 `num_kv_heads`: one count for every block (None: as many as the heads)."""
+    counts = found.num_kv_heads
+    if counts is None:
+        return None
+    if len(set(counts)) > 1:
+        raise CheckpointError(f"{model.name} has {list(counts)} key/value heads in its blocks; timm's Gemma 4 takes one "
+                              "num_kv_heads for every block, so it cannot build this model.")
+    return int(counts[0])
 
 
 def to_timm_gemma4(model, architecture):

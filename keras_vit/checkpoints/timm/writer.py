@@ -30,7 +30,7 @@ from keras_vit.checkpoints.timm.cait import CAIT_ARCHITECTURES
 from keras_vit.checkpoints.timm.eva_families import EVA_ARCHITECTURES
 from keras_vit.checkpoints.timm.eva_layout import to_timm_eva
 from keras_vit.checkpoints.timm.families import timm_architecture, timm_mlp_dim, timm_mlp_ratio
-from keras_vit.checkpoints.timm.gemma4 import GEMMA4_ARCHITECTURES, timm_statistics
+from keras_vit.checkpoints.timm.gemma4 import ENCODER, GEMMA4_ARCHITECTURES, timm_class_of, timm_statistics
 from keras_vit.checkpoints.timm.folders import CLASSES
 from keras_vit.checkpoints.timm.hybrid import (
     check_timm_rebuilds_backbone,
@@ -125,6 +125,10 @@ def check_timm_rebuilds(model, architecture, arguments, path=None, written=None,
     configure, read = _family(name)
     entry, args, switches, _, rebuilt = configure(config, where)
     found = architecture_of(model)
+    try:  # as the model carries it: one key/value head count per block, or None (timm's Gemma 4 takes one count)
+        rebuilt = rebuilt.with_blocks(args.get("depth", entry.depth), args.get("num_heads", entry.num_heads))
+    except ValueError:
+        pass  # counts for another depth: the comparison below names them
     differs = {field.name: (getattr(rebuilt, field.name), getattr(found, field.name))
                for field in dataclasses.fields(Architecture) if field.name not in left_open
                and getattr(rebuilt, field.name) != getattr(found, field.name)}
@@ -233,10 +237,30 @@ def timm_arguments(model, architecture=None):
     return arguments
 
 
+def _check_pooled(model, architecture):
+    """Refuse a model without its head that gives a sequence (its tokens, or Gemma 4's soft tokens): a timm model
+    built from a config.json pools it, but for Gemma 4's encoder (its `global_pool` 'none' and 'soft')."""
+    names = {layer.name for layer in model.layers}
+    if "head" in names or names & {"pool", "attention_pool", "pool_average"}:
+        return
+    gemma4 = architecture in GEMMA4_ARCHITECTURES
+    if gemma4 and timm_class_of(architecture) == ENCODER:
+        return
+    encoder = f" or under the encoder's name ({architecture}_enc), whose global_pool gives them" \
+        if gemma4 else ""
+    raise CheckpointError(
+        f"{model.name} gives its token sequence (no head and no pooling: include_top=False, pooling=None), but the "
+        f"timm model {architecture or 'vit_base_patch16_224'!r} built from its config.json pools its tokens "
+        "(global_pool), so the folder would hold another model. Save the model pooled "
+        "(keras_vit.from_pretrained(..., include_top=False, pooling='gap'), or 'token' or 'map': the weights are "
+        f"the same), with its head{encoder}.")
+
+
 def _keywords(model, architecture):
     """`timm_arguments` before its check: the keywords, and refusals of what no keyword expresses."""
     found = architecture_of(model)
     _check_class_named(model, found, architecture)
+    _check_pooled(model, architecture)
     if architecture in CLASSES:
         return CLASSES[architecture][2](model, architecture)
     entry = None if architecture is None else timm_architecture(architecture, "timm_arguments")
@@ -457,6 +481,7 @@ def _save_naflex(model, path, architecture):
     """`save_timm` of a NaFlex model: timm's NaFlexVit layout, and beside it the `config.json` (architecture,
     `model_args`, pixel statistics) with which `timm.create_model` and `keras_vit.from_pretrained` rebuild it."""
     naflex_architecture(architecture, "save_timm")
+    _check_pooled(model, architecture)
     found = architecture_of(model)
     arguments = naflex_arguments(model, found)
     factorized = {path: name for name, path in FACTORIZED.items() if arguments.get("pos_embed") == "factorized"}
