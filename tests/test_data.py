@@ -233,6 +233,20 @@ def test_a_folder_without_splits_holds_out_a_stratified_deterministic_part(tmp_p
         data.load_source(str(tmp_path), "test", holdout_fraction=1.0)
 
 
+def test_a_holdout_that_leaves_a_split_empty_says_so(tmp_path):
+    """It said "No readable images" of a folder of readable images (before 2026-12-07)."""
+    write_images(tmp_path, {"a": 3, "b": 5})
+    with pytest.raises(ValueError) as error:
+        data.load_source(str(tmp_path), "train", holdout_fraction=0.99)
+    assert str(error.value) == (f"holdout_fraction 0.99 holds out all 3 images of class 'a' under {tmp_path}, which "
+                                "leaves it none to train on; lower holdout_fraction (--holdout-fraction) or add images.")
+    write_images(tmp_path / "single", {"a": 1, "b": 1})
+    with pytest.raises(ValueError) as error:
+        data.load_source(str(tmp_path / "single"), "test", holdout_fraction=0.5)
+    assert str(error.value) == (f"The held-out 'test' split of {tmp_path / 'single'} is empty: a class of one image "
+                                "keeps it for training; add images, or put them in train/ and test/ folders.")
+
+
 def test_a_folder_without_splits_gives_the_api_the_commands_disjoint_split(tmp_path, caplog):
     from keras_vit import flags, training
 

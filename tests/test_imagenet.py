@@ -55,3 +55,20 @@ def test_decode_predictions_gives_probabilities_of_logits():
     softmax = [[0.2, 0.5, 0.3]]  # probabilities stay as they are, and so do scores said not to be logits
     assert decode_predictions(softmax, top=1, class_names=names) == [[("1", "dog", 0.5)]]
     assert decode_predictions(logits, top=1, class_names=names, from_logits=False)[0] == [("0", "cat", 2.0)]
+
+
+@pytest.mark.backend_independent
+def test_decode_predictions_takes_bfloat16_probabilities_as_probabilities():
+    """A bfloat16 softmax rounds each score by up to half an epsilon: [0.6, 0.3, 0.1] sums to 1.00244 there, and a
+    1000-class row several 1e-3 off 1. They were read as logits, the top class reported at 0.425 (before
+    2026-12-07); logits that sum near 1 by chance are not taken for probabilities in float32."""
+    names = ["cat", "dog", "bird"]
+    scores = keras.ops.convert_to_tensor(np.array([[0.6, 0.3, 0.1]]), "bfloat16")
+    assert decode_predictions(scores, top=1, class_names=names) == [[("0", "cat", 0.6015625)]]
+    row = keras.ops.softmax(keras.ops.convert_to_tensor(np.random.default_rng(0).normal(0, 3, (2, 1000)), "bfloat16"))
+    decoded = decode_predictions(row, top=1)
+    assert [best[0][2] for best in decoded] == pytest.approx(np.max(keras.ops.convert_to_numpy(
+        keras.ops.cast(row, "float32")), -1))
+    near_one = np.array([[0.6, 0.3, 0.1 + 5e-3]], "float32")  # not a distribution in float32: logits
+    assert decode_predictions(near_one, top=1, class_names=names)[0][0][2] == pytest.approx(0.4254, abs=1e-4)
+

@@ -283,7 +283,14 @@ def from_folder(path, shard=None, class_names=None, holdout=None):
                 "remove it or add images."
             )
         if holdout is not None:
-            images = _held_out_part(images, class_name, *holdout)
+            kept = _held_out_part(images, class_name, *holdout)
+            if not kept and holdout[0] == "train":
+                raise ValueError(
+                    f"holdout_fraction {holdout[1]} holds out all {len(images)} images of class {class_name!r} under "
+                    f"{path}, which leaves it none to train on; lower holdout_fraction (--holdout-fraction) or add "
+                    "images."
+                )
+            images = kept
         for file in images:
             problem = _image_problem(file)
             if problem:
@@ -293,6 +300,9 @@ def from_folder(path, shard=None, class_names=None, holdout=None):
             labels.append(class_names.index(class_name))
     if skipped:
         logger.warning("Skipped %d image files that cannot be decoded: %s", len(skipped), "; ".join(skipped[:20]))
+    if not files and holdout is not None and not skipped:
+        raise ValueError(f"The held-out {holdout[0]!r} split of {path} is empty: a class of one image keeps it for "
+                         f"training; add images, or put them in train/ and {holdout[0]}/ folders.")
     if not files:
         raise ValueError(f"No readable images under {path}.")
     if shard is not None:

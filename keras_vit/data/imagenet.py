@@ -3,6 +3,8 @@
 import functools
 import os
 
+import keras
+import ml_dtypes
 import numpy as np
 from keras import ops
 
@@ -48,7 +50,8 @@ def decode_predictions(preds, top=5, class_names=None, from_logits=None):
     `keras_vit.tools.inference.outputs_logits(model)`), `False` takes the
     scores as they are, and `None` decides from them: predictions that are
     not probabilities (a score outside [0, 1], or a row whose sum is not 1)
-    are logits.
+    are logits. A row of probabilities sums to 1 within what rounding to
+    their dtype leaves (`sum_tolerance`: bfloat16's 0.016).
 
     Example:
     >>> import numpy as np
@@ -60,6 +63,7 @@ def decode_predictions(preds, top=5, class_names=None, from_logits=None):
     >>> decode_predictions(np.array([[0.0, np.log(3)]]), top=1, class_names=["cat", "dog"])  # logits
     [[('1', 'dog', 0.75)]]
     """
+    dtype = keras.backend.standardize_dtype(getattr(preds, "dtype", "float64"))
     preds = np.asarray(ops.convert_to_numpy(preds), "float64")
     if class_names is not None:
         if preds.ndim != 2 or preds.shape[1] != len(class_names):
@@ -75,7 +79,7 @@ def decode_predictions(preds, top=5, class_names=None, from_logits=None):
     else:
         labels = imagenet_labels()
     if from_logits is None:
-        from_logits = not is_probabilities(preds)
+        from_logits = not is_probabilities(preds, sum_tolerance(dtype))
     if from_logits:
         preds = np.exp(preds - preds.max(axis=-1, keepdims=True))
         preds /= preds.sum(axis=-1, keepdims=True)
@@ -86,7 +90,21 @@ def decode_predictions(preds, top=5, class_names=None, from_logits=None):
     return results
 
 
+def sum_tolerance(dtype):
+    """How far from 1 a row of probabilities in `dtype` may sum: 1e-3, or two of its epsilons where those are more
+    (bfloat16's softmax rounds each score by up to half of one: a 1000-class row sums 0.005 off 1).
+
+    Example:
+    >>> sum_tolerance("float32"), sum_tolerance("bfloat16")
+    (0.001, 0.015625)
+    """
+    if not keras.backend.is_float_dtype(dtype):
+        return 1e-3
+    return max(1e-3, 2 * float(ml_dtypes.finfo(dtype).eps))
+
+
 def is_probabilities(preds, tolerance=1e-3):
-    """Whether every row of `preds` is a probability distribution: scores in [0, 1] that sum to 1."""
+    """Whether every row of `preds` is a probability distribution: scores in [0, 1] that sum to 1 (within
+    `tolerance`)."""
     preds = np.asarray(preds)
     return bool(np.all((preds >= 0) & (preds <= 1)) and np.all(np.abs(preds.sum(axis=-1) - 1) <= tolerance))
