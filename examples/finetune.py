@@ -87,6 +87,7 @@ stream, validation = training.training_data(
     train_source, eval_source, config.image_size, config.batch_size, config.epochs, initial_epoch, config.seed,
     config.eval_batch_size, config.randaugment, config.mixup, config.cutmix, min_crop_area, flip,
     multi_process=engine.process_count > 1, workers=config.workers,
+    eval_transform=training.evaluation_transform(model),  # the checkpoint's own, which model.keras keeps
 )
 callbacks = [durable.DurableBackup(backup, initial_epoch), keras.callbacks.TerminateOnNaN()]
 if engine.is_chief:  # One process writes the logs; log.csv first, so it has a row for every backed-up epoch.

@@ -565,6 +565,34 @@ def test_predict_names_every_missing_image_and_empty_folder_in_one_line_before_l
 
 
 @pytest.mark.backend_independent
+def test_finetune_from_a_timm_folder_evaluates_and_saves_the_checkpoints_own_preprocessing(tmp_path, capsys):
+    """One rule for the held-out accuracy, the saved model, predict and export: timm's crop 0.9, bicubic,
+    antialiased here. model.keras carried keras_vit's squash resize, which predict then fed (before 2026-12-07)."""
+    import keras_vit
+    from keras_vit import training
+
+    timm_folder = fixture("timm_family/deit")  # pretrained_cfg: 32 px, crop_pct 0.9, bicubic
+    folder = str(image_folder(tmp_path / "photos", {"cats": 5, "dogs": 5}, size=(45, 70)))
+    out = tmp_path / "run"
+    cli.main(["finetune", "--dataset", folder, "--weights", timm_folder, "--epochs", "1", "--warmup-steps", "1",
+              "--learning-rate", "0.1", "--output-dir", str(out), "--verbose", "0"])
+    printed = capsys.readouterr().out.splitlines()
+    assert ("preprocessing: timm's: the shorter side resized (bicubic, antialiased), then the centre 32x32 "
+            "(crop_pct 0.9), for evaluation and the saved model") in printed
+    trained = keras.saving.load_model(out / "model.keras")
+    assert trained.eval_transform == keras_vit.from_pretrained(timm_folder).eval_transform
+    # The pixels the printed accuracy came from are those predict (and the API's training_data) give.
+    held_out = data.load_source(folder, "test", holdout_fraction=0.2)
+    files, labels = held_out.examples
+    pixels = np.stack([keras_vit.eval_transform(trained).load(file) for file in files])
+    _, validation = training.training_data(data.load_source(folder, "train", holdout_fraction=0.2), held_out, 32, 8,
+                                           1, eval_transform=training.evaluation_transform(trained))
+    np.testing.assert_array_equal(np.asarray(next(iter(validation))[0]), pixels)
+    top1 = np.mean(np.argmax(trained.predict(pixels, verbose=0), -1) == labels)
+    assert printed[-1] == f"top-1 accuracy: {top1:.4f}"
+
+
+@pytest.mark.backend_independent
 def test_evaluate_scores_the_part_finetune_held_out_and_says_which_images(tmp_path, capsys, keras_vit_log):
     # It scored every image of a folder without splits, the 80% fine-tuning had trained on too, and said nothing.
     tiny_classifier(tmp_path / "model.keras", ("cats", "dogs"))

@@ -36,7 +36,8 @@ from keras_vit.configs import (  # noqa: F401 (public here too)
 )
 from keras_vit.data import preprocessing
 from keras_vit.model.lora import enable_lora
-from keras_vit.model.vision_transformer import VisionTransformer, check_image_size
+from keras_vit.model.description import is_naflex
+from keras_vit.model.vision_transformer import VisionTransformer, check_image_size, eval_transform
 from keras_vit.training import distribute, durable, recipes
 from keras_vit.training.durable import backup_dir, resumed_epoch  # noqa: F401 (public here too)
 from keras_vit.training.distillation import Distiller  # noqa: F401 (public here too)
@@ -83,13 +84,34 @@ def augmentation_defaults(dataset, min_crop_area=None, flip=None):
             flip if flip is not None else not digits)
 
 
+def evaluation_transform(model):
+    """The one preprocessing of a trained `model`'s evaluation: its checkpoint's own (timm's crop and filter,
+    transformers' processor) where it has one, else keras_vit's resize; None for a NaFlex model (it cuts each photo
+    whole). The held-out split is evaluated with it and `model.keras` keeps it, so `predict`, `evaluate` and export
+    see the pixels the printed accuracy came from. Says which it is, in one line.
+
+    Example:
+    >>> import keras_vit
+    >>> model = keras_vit.ViT(image_size=32, patch_size=8, hidden_size=16, num_layers=1, num_heads=2, mlp_dim=32)
+    >>> evaluation_transform(model).convention
+    preprocessing: keras_vit's: both sides to 32x32 (bilinear, tf.image.resize), for evaluation and the saved model
+    'keras_vit'
+    """
+    if is_naflex(model):
+        return None
+    transform = eval_transform(model)
+    print(f"preprocessing: {transform.summary()}, for evaluation and the saved model")
+    return transform
+
+
 def training_data(
     train_source, eval_source, image_size, batch_size, epochs, initial_epoch=0, seed=0, eval_batch_size=256,
     randaugment=None, mixup=0.0, cutmix=0.0, min_crop_area=0.05, flip=True, images_only=False, multi_process=False,
-    workers=None):
+    workers=None, eval_transform=None):
     """`(stream, validation)`: the augmented batches of epochs `initial_epoch..epochs-1`, and the held-out ones.
 
-    Labels are one-hot; `images_only` drops them (masked patch prediction).
+    The held-out images go through `eval_transform` (`evaluation_transform(model)`: the model's own; by default
+    keras_vit's resize). Labels are one-hot; `images_only` drops them (masked patch prediction).
     `workers`: decoding processes without TensorFlow (`data.training_stream`).
     With `multi_process` the last partial held-out batch is left out: JAX
     needs static batch sizes across processes.
@@ -104,7 +126,8 @@ def training_data(
         print(f"note: evaluating {eval_source.num_examples // eval_batch_size * eval_batch_size} "
               f"of {eval_source.num_examples} held-out examples (whole batches only across processes)")
     validation = data.make_dataset(eval_source, image_size, eval_batch_size, training=False, one_hot=True,
-                                   num_classes=train_source.num_classes, drop_remainder=multi_process)
+                                   num_classes=train_source.num_classes, drop_remainder=multi_process,
+                                   eval_transform=eval_transform)
     if images_only:  # The targets come from the images themselves.
         stream, validation = data.images_only(stream), data.images_only(validation)
     return stream, validation
@@ -238,8 +261,9 @@ def save_run(encoder, output_dir, class_names=None, process_index=0):
     since saving gathers the weights with a collective every process joins.
     """
     durable.kill_point("before-save")
-    if isinstance(encoder, VisionTransformer):  # its held-out accuracy is keras_vit's own resize's, not its file's
-        encoder.eval_transform = preprocessing.keras_vit()
+    if isinstance(encoder, VisionTransformer):
+        if encoder.eval_transform is None and not is_naflex(encoder):  # keras_vit's resize, as it was evaluated
+            encoder.eval_transform = preprocessing.keras_vit()
         if class_names is not None:  # `decode_predictions` and `keras-vit predict` read them from model.keras
             encoder.class_names = [str(name) for name in class_names]
     if process_index != 0:
@@ -371,6 +395,7 @@ def train(config):
         train_source, eval_source, config.image_size, config.batch_size, config.epochs, initial_epoch, config.seed,
         config.eval_batch_size, config.randaugment, config.mixup, config.cutmix, min_crop_area, flip,
         images_only=masked_patch, multi_process=engine.process_count > 1, workers=config.workers,
+        eval_transform=evaluation_transform(encoder),
     )
     history = model.fit(
         stream,
