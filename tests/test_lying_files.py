@@ -49,7 +49,30 @@ def rows(name, count):
 
 
 def model_args(**changes):
-    return lambda config: config["model_args"].update(changes)
+    """An edit setting `model_args` fields; a None deletes the field."""
+    def edit(config):
+        config["model_args"].update(changes)
+        for key in [key for key, value in changes.items() if value is None]:
+            del config["model_args"][key]
+    return edit
+
+
+def pretrained_cfg(**changes):
+    return lambda config: config["pretrained_cfg"].update(changes)
+
+
+def both(*edits):
+    return lambda config: [edit(config) for edit in edits]
+
+
+def retensored(name, change):
+    """An edit replacing tensor `name` with `change(tensor)`."""
+    return lambda state: state.update({name: np.ascontiguousarray(change(state[name]))})
+
+
+def table_grid(side):
+    """A CaiT position table `(1, n, c)` resampled to a `side` x `side` grid (its values do not matter)."""
+    return lambda table: np.resize(table, (1, side * side, table.shape[-1]))
 
 
 def fields(**changes):
@@ -104,3 +127,51 @@ def test_a_sam_global_blocks_tables_still_resize_to_the_image_size_asked_for(ker
     assert tuple(model.get_layer("encoderblock_1").rel_pos_h.shape) == (15, 8)
     assert tuple(model.get_layer("encoderblock_0").rel_pos_h.shape) == (7, 8)
     assert "from 11 to 15 offsets (the file's 6x6 patch grid to the model's; linear" in keras_vit_log.text
+
+
+# Other families' sizes: a table or kernel that timm loads as it is (no resample in its filter) must be the one its
+# config builds; a hybrid's stem ends in the kernel its name fixes. Each loaded, resized, before 2026-12-07.
+CAIT_TABLE = ("{config}: pretrained_cfg.input_size (fixed_input_size true) is [32, 32], a 4x4 grid of 8-pixel "
+              "patches, but the file's position table has 25 rows, 25 of them for patches (a 5x5 grid: 40 px); set it "
+              "to the size the table was trained at. Nothing was loaded.")
+SIZE_CASES = {
+    "CaiT table of another grid than its fixed input size": (
+        "timm_cait/token", retensored("pos_embed", table_grid(5)), model_args(img_size=None), CAIT_TABLE),
+    "CaiT without img_size or fixed_input_size (timm builds 224 px)": (
+        "timm_cait/token", None, both(model_args(img_size=None), pretrained_cfg(fixed_input_size=False)),
+        "{config}: with no model_args.img_size and no fixed_input_size, timm's default img_size is [224, 224], a 28x28 "
+        "grid of 8-pixel patches, but the file's position table has 16 rows, 16 of them for patches (a 4x4 grid: 32 "
+        "px); set it to the size the table was trained at. Nothing was loaded."),
+    **{f"{family} patch kernel 8x4 under patch_size 8": (
+        folder, retensored("patch_embed.proj.weight", lambda kernel: kernel[..., ::2]), None,
+        "{path}: patch_embed.proj.weight gives patch_size (8, 4), but model_args.patch_size has 8 ({config}); the "
+        "name, config and tensors disagree. Nothing was loaded.")
+       for family, folder in (("CaiT", "timm_cait/token"), ("RelPos", "timm_relpos/table_cls_gap"),
+                              ("SAM", "timm_sam/windowed_neck"))},
+    "ViTamin stem ending in a 5x5 convolution": (
+        "timm_hybrid/mbconv", retensored("patch_embed.backbone.pool.proj.weight",
+                                         lambda kernel: np.pad(kernel, ((0, 0), (0, 0), (1, 1), (1, 1)))), None,
+        "{path}: patch_embed.backbone.pool.proj.weight is a 5x5 kernel, but ViTamin's MbConvStages (timm's "
+                  "'vitamin_small_224') ends in a 3x3 one. Nothing was loaded."),
+    "MobileCLIP stem ending in a 4x4 convolution": (
+        "timm_hybrid/conv_stem", retensored("patch_embed.backbone.2.conv.weight",
+                                            lambda kernel: kernel.repeat(2, 2).repeat(2, 3) / 4),
+        model_args(img_size=[64, 96]),
+        "{path}: patch_embed.backbone.2.conv.weight is a 4x4 kernel, but MobileCLIP's ConvStem (timm's "
+        "'vit_base_mci_224') ends in a 2x2 one. Nothing was loaded."),
+    "BEiT absolute table of no stated size beside relative tables of the config's": (
+        "timm_beit/shared_abs_token", retensored("pos_embed", lambda table: np.resize(table, (1, 26, 32))),
+        model_args(img_size=None),  # a TypeError before 2026-12-07
+        "{path}: 'blocks.0.attn.relative_position_bias_table' has shape (52, 2) but the model expects (84, 2); the "
+        "file has hidden size 32. Nothing was loaded."),
+}
+
+
+@pytest.mark.parametrize("case", sorted(SIZE_CASES))
+def test_sizes_that_contradict_their_file_are_refused_not_resized(case, tmp_path):
+    source, tensors, config, message = SIZE_CASES[case]
+    folder = lying_folder(tmp_path, source, tensors, config)
+    with pytest.raises(CheckpointError) as error:
+        keras_vit.from_pretrained(str(folder))
+    assert str(error.value) == message.format(path=folder / "model.safetensors", config=folder / "config.json")
+

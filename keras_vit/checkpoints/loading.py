@@ -333,9 +333,11 @@ def check_finite(model, description):
 
 
 def _adapt_patch_embedding(variables, state, name, notes):
-    """A checkpoint of another patch size serves this one through FlexiViT's pseudo-inverse resize."""
+    """A checkpoint of another patch size serves this one through FlexiViT's pseudo-inverse resize. A hybrid's
+    patches are its stem's last convolution, over feature maps, not pixels: never resized."""
     key = "embedding/kernel"
-    if key not in state or key not in variables:
+    if key not in state or key not in variables or {"conv_root/kernel", "conv_stem_0/kernel",
+                                                    "mbconv_stem_conv1/kernel"} & set(state):
         return
     kernel, target = state[key], tuple(variables[key].shape)
     if kernel.ndim != 4 or tuple(kernel.shape[2:]) != target[2:] or tuple(kernel.shape[:2]) == target[:2]:

@@ -140,7 +140,7 @@ def read_timm_beit(path, budget, config, where):
     else:
         size = configured_image_sizes(args, pretrained, entry, where)[0]
         grid = (size[0] // step, size[1] // step)
-    if grid[0] is not None:  # a position table of no stated size is read at its own square grid
+    if grid is not None:  # a position table of no stated size is read at its own square grid
         check_relative_tables(tensors, grid, sizes["num_heads"], True, path)
     source = source_from_state(path, state, grid, sizes["num_heads"], architecture)
     source.origins = LAYOUT.origins(tensors)

@@ -25,11 +25,12 @@ from keras_vit.checkpoints.state_dict_files import read_state_dict
 from keras_vit.checkpoints.tensor_layout import settings
 from keras_vit.checkpoints.timm import eva_layout
 from keras_vit.checkpoints.timm.class_common import size_arguments, state_without_adapters
+from keras_vit.checkpoints.config_fields import check_table_fits
 from keras_vit.checkpoints.timm.config import (
+    built_image_size,
     check_head,
     configured_class_architecture,
     configured_eval_transform,
-    grid_of_config,
 )
 from keras_vit.checkpoints.timm.families import (
     INFERENCE_NEUTRAL_KEYWORDS,
@@ -44,6 +45,9 @@ from keras_vit.model.description import architecture_of
 CAIT_KEYWORDS = ("global_pool", "qkv_bias", "init_values", "depth_token_only", "mlp_ratio_token_only")
 CAIT_ARGUMENTS = frozenset({*CAIT_KEYWORDS, *SIZE_KEYWORDS, *INFERENCE_NEUTRAL_KEYWORDS})
 POOLS = {"token": "token", "avg": "gap"}
+# timm's Cait img_size where neither model_args nor a fixed pretrained_cfg.input_size sets it (its model functions
+# set none: the pretrained configs' fixed_input_size does).
+CAIT_DEFAULT_IMAGE_SIZE = (224, 224)
 
 
 def _cait(image_size, embed_dim, depth, num_heads, init_values):
@@ -131,7 +135,8 @@ def read_timm_cait(path, budget, config, where):
     if "embedding/kernel" not in state or "encoderblock_0/mlp_hidden/kernel" not in state:
         raise CheckpointError(f"{path} lacks timm's patch embedding or first block (patch_embed.proj.weight, "
                               "blocks.0.mlp.fc1.weight). Nothing was loaded.")
-    sizes = eva_layout.checked_eva_sizes(state, entry, args, switches, name, path, where)
+    sizes = eva_layout.checked_eva_sizes(state, entry, args, switches, name, path, where,
+                                          resamples_patches=False)  # timm loads the kernel as it is
     layout.check_complete(list(tensors), architecture, sizes["depth"], settings(dict(
         sizes, architecture=name, depth_token_only=architecture.class_attention_blocks), "architecture", "depth",
         "depth_token_only"), path)
@@ -142,8 +147,11 @@ def read_timm_cait(path, budget, config, where):
         raise CheckpointError(f"{path}: blocks_token_only.0.mlp.fc1.weight is {found} wide, but the config's "
                               f"mlp_ratio_token_only gives {width}. Nothing was loaded.")
     check_head(state, args.get("num_classes", config.get("num_classes")), path, where)
-    grid, _ = grid_of_config(state, architecture, entry, args, pretrained, sizes["patch_size"], where)
-    source = source_from_state(path, state, grid, sizes["num_heads"], architecture)
+    # timm's Cait filter resamples no table: the file's is the one grid timm builds, or timm refuses it.
+    size, field = built_image_size(args, pretrained, CAIT_DEFAULT_IMAGE_SIZE, where)
+    patch = sizes["patch_size"]
+    check_table_fits(int(state["position_embedding/pos_embedding"].shape[1]), 0, size, patch, field)
+    source = source_from_state(path, state, (size[0] // patch, size[1] // patch), sizes["num_heads"], architecture)
     source.origins = layout.origins(tensors)
     source.eval_transform = transform
     return source

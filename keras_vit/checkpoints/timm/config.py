@@ -63,6 +63,11 @@ def model_args_of(config, where, family="VisionTransformer", computed=VISION_TRA
     return args
 
 
+# The last convolution of each stem timm's hybrids have, keras_vit's patches: (its tensor, whose, its fixed side).
+_STEM_PATCHES = {"conv_stem_0/kernel": ("patch_embed.backbone.2.conv.weight", "MobileCLIP's ConvStem", 2),
+                 "mbconv_stem_conv1/kernel": ("patch_embed.backbone.pool.proj.weight", "ViTamin's MbConvStages", 3)}
+
+
 def checked_sizes(state, entry, args, name, path, where):
     """The patch size and head count, with the tensors' sizes checked against the name's or `model_args`'."""
     sizes = {}
@@ -80,8 +85,13 @@ def checked_sizes(state, entry, args, name, path, where):
         found["mlp_dim"] = (int(mlp.shape[-1]), "blocks.0.mlp.fc1.weight" if pieces == 1 else
                             "blocks.0.mlp.w0.weight and w1.weight" if entry.switches.get("mlp_layer") == "geglu" else
                             "blocks.0.mlp.fc1_g.weight and fc1_x.weight")
-    if "conv_stem_0/kernel" in state or "mbconv_stem_conv1/kernel" in state:  # timm's patch 1 is over the stem,
-        found.pop("patch_size")  # whose last convolution is keras_vit's patches
+    stem = next((stem for key, stem in _STEM_PATCHES.items() if key in state), None)
+    if stem is not None:  # timm's patch 1 is over the stem, whose last convolution is keras_vit's patches: its own
+        found.pop("patch_size")
+        tensor, owner, side = stem
+        if tuple(kernel.shape[:2]) != (side, side):
+            raise CheckpointError(f"{path}: {tensor} is a {kernel.shape[0]}x{kernel.shape[1]} kernel, but {owner} "
+                                  f"(timm's {name!r}) ends in a {side}x{side} one. Nothing was loaded.")
     for key, (value, tensor) in found.items():
         if value != sizes[key] and not (key == "patch_size" and kernel.shape[0] != kernel.shape[1]):
             given = f"model_args.{key}" if key in args else (
@@ -214,6 +224,18 @@ def grid_of_config(state, architecture, entry, args, pretrained, patch, where):
                          patch, f"{where}: model_args.img_size")
     size = image_size_of_grid(candidates, patch, rows)
     return (None, None) if size is None else ((size[0] // patch, size[1] // patch), size)
+
+
+def built_image_size(args, pretrained, default, where):
+    """The one image size timm builds a class at from a config.json whose load resamples no table (Cait's):
+    `model_args.img_size`, else `pretrained_cfg.input_size` where `fixed_input_size` says so (timm's
+    `_update_default_model_kwargs`), else the class's `default`; with the field that sets it, for the errors."""
+    if args.get("img_size") is not None:
+        return tuple(args["img_size"]), f"{where}: model_args.img_size"
+    input_size = checked_fields({"input_size": pretrained.get("input_size")}, where, "pretrained_cfg.")["input_size"]
+    if pretrained.get("fixed_input_size") and input_size is not None:
+        return tuple(input_size[1:]), f"{where}: pretrained_cfg.input_size (fixed_input_size true)"
+    return tuple(default), f"{where}: with no model_args.img_size and no fixed_input_size, timm's default img_size"
 
 
 def configured_image_sizes(args, pretrained, entry, where):

@@ -142,16 +142,19 @@ EVA_ARGUMENTS = frozenset({*EVA_KEYWORDS, *TRAINING_ONLY_KEYWORDS, *SIZE_KEYWORD
                            - {"norm_eps", "norm_layer"})
 
 
-def checked_eva_sizes(state, entry, args, switches, name, path, where):
-    """The sizes of an `Eva` (or `Beit`) file: the name's with `model_args` over them, each checked against the
-    tensors."""
+def checked_eva_sizes(state, entry, args, switches, name, path, where, resamples_patches=True):
+    """The sizes of an `Eva` (or `Beit`, `VisionTransformerRelPos`, `Cait`, `VisionTransformerSAM`) file: the name's
+    with `model_args` over them, each checked against the tensors. Where the class's load does not resample a
+    patch kernel of another shape (`resamples_patches=False`: RelPos, Cait, SAM), both its sides are checked."""
     sizes = {key: args.get(key, default) for key, default in (
         ("patch_size", entry.patch_size), ("embed_dim", entry.embed_dim), ("depth", entry.depth),
         ("num_heads", entry.num_heads))}
     ratio = args.get("mlp_ratio", entry.mlp_ratio)
     sizes["mlp_dim"] = timm_mlp_dim(sizes["embed_dim"], ratio, switches)
     kernel = state["embedding/kernel"]
-    found = dict(patch_size=(int(kernel.shape[0]), "patch_embed.proj.weight"),
+    square = resamples_patches or kernel.shape[0] == kernel.shape[1]
+    found = dict(patch_size=(int(kernel.shape[0]) if square else tuple(int(side) for side in kernel.shape[:2]),
+                             "patch_embed.proj.weight"),
                  embed_dim=(int(kernel.shape[-1]), "patch_embed.proj.weight"),
                  depth=(len({key.split("/")[0] for key in state if key.startswith("encoderblock_")}), "blocks.*"),
                  mlp_dim=(int(state["encoderblock_0/mlp_hidden/kernel"].shape[-1]), "blocks.0.mlp.fc1*"))

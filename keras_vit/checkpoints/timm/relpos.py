@@ -162,7 +162,8 @@ def read_timm_relpos(path, budget, config, where):
     if "embedding/kernel" not in state or "encoderblock_0/mlp_hidden/kernel" not in state:
         raise CheckpointError(f"{path} lacks timm's patch embedding or first block (patch_embed.proj.weight, "
                               "blocks.0.mlp.fc1.weight). Nothing was loaded.")
-    sizes = eva_layout.checked_eva_sizes(state, entry, args, switches, name, path, where)
+    sizes = eva_layout.checked_eva_sizes(state, entry, args, switches, name, path, where,
+                                          resamples_patches=False)  # timm loads the kernel as it is
     LAYOUT.check_complete(list(tensors), architecture, sizes["depth"],
                           settings(dict(sizes, architecture=name), "architecture", "depth"), path)
     _check_mlp_width(tensors, architecture, path)
