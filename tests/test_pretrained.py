@@ -8,6 +8,7 @@ import subprocess
 import sys
 import weakref
 
+import keras
 import numpy as np
 import pytest
 from conftest import fixture, predict
@@ -28,6 +29,32 @@ def test_sizes_head_and_gelu_come_from_the_files():
     np.testing.assert_allclose(predict(model, images), logits, atol=1e-5, rtol=0)
     original = keras_vit.from_pretrained(fixture("vit_token.npz"), classes=3)  # an override: a new head
     assert original.output_shape == (None, 3) and original.get_layer("encoderblock_0").approximate_gelu is True
+
+
+@pytest.mark.backend_independent
+def test_a_new_head_gives_logits_and_a_loss_of_the_other_kind_is_refused():
+    """A new head, to train, gives logits as timm's and keras-hub's do; the file's own head keeps its softmax. A
+    crossentropy that reads the outputs as the other kind is refused at compile (guide 02's loss read a softmax as
+    logits, without a word, before 2026-12-07)."""
+    new_head = keras_vit.from_pretrained(fixture("timm_hub"), classes=3)
+    assert new_head.get_layer("predictions").activation.__name__ == "linear"
+    own_head = keras_vit.from_pretrained(fixture("timm_hub"))
+    assert own_head.get_layer("predictions").activation.__name__ == "softmax"
+    asked = keras_vit.from_pretrained(fixture("timm_hub"), classes=3, classifier_activation="softmax")
+    with pytest.raises(ValueError) as error:
+        asked.compile(optimizer="sgd", loss=keras.losses.CategoricalCrossentropy(from_logits=True))
+    assert str(error.value) == (
+        f"{asked.name} ends in a softmax (classifier_activation='softmax'), but its loss CategoricalCrossentropy "
+        "takes logits (from_logits=True): build the model with classifier_activation=None, or pass "
+        "from_logits=False.")
+    for loss in ("sparse_categorical_crossentropy", keras.losses.CategoricalCrossentropy()):
+        with pytest.raises(ValueError, match=rf"^{new_head.name} gives logits \(classifier_activation=None\), but "
+                                             r"its loss \w+ takes probabilities \(from_logits=False\): pass "
+                                             r"from_logits=True, or build the model with "
+                                             r"classifier_activation='softmax'\.$"):
+            new_head.compile(optimizer="sgd", loss=loss)
+    new_head.compile(optimizer="sgd", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    asked.compile(optimizer="sgd", loss="sparse_categorical_crossentropy")
 
 
 def hub_cache(root, repo, files):

@@ -31,8 +31,9 @@ def from_pretrained(source, **overrides):
             `num_heads`, timm `.safetensors`/`.bin`/`.pth`, a timm Hub folder)
             or an `hf://org/name` handle.
         **overrides: `keras_vit.ViT` keywords that replace what the file says,
-            for example a new `classes` (a fresh head) and its `class_names`,
-            or `image_size`.
+            for example a new `classes` (a fresh head, which gives logits
+            unless `classifier_activation` says otherwise, as timm's and
+            keras-hub's do) and its `class_names`, or `image_size`.
 
     The patch size, width, depth, MLP size, head count, image size (its
     position grid), architecture (`keras_vit.Architecture`: prefix tokens,
@@ -103,6 +104,8 @@ def from_pretrained(source, **overrides):
     if checkpoint.classifier_activation:
         options["classifier_activation"] = checkpoint.classifier_activation
     options.update(top_options(checkpoint, overrides))
+    if overrides.get("classes") not in (None, checkpoint.classes):  # a new head, to train: logits, as timm's
+        options["classifier_activation"] = None                    # and keras-hub's heads give
     options.update(overrides)
     return ViT(weights=dataclasses.replace(checkpoint, single_use=True), **options)
 

@@ -85,6 +85,47 @@ def eval_transform(model, image_size=None, crop_fraction=None, interpolation=Non
                              **overrides)
 
 
+# Keras' crossentropy losses by name, which take probabilities (from_logits=False).
+_PROBABILITY_LOSSES = ("categorical_crossentropy", "sparse_categorical_crossentropy", "binary_crossentropy",
+                       "categorical_focal_crossentropy", "binary_focal_crossentropy")
+
+
+def check_loss_reads_outputs(model, loss):
+    """Refuse a crossentropy `loss` that takes logits where `model` ends in a softmax (or sigmoid), or
+    probabilities where it gives logits (`classifier_activation=None`): either trains on the wrong numbers, without
+    a word from Keras. Other losses, and models without their top, pass.
+
+    Example:
+    >>> import keras, keras_vit
+    >>> model = keras_vit.ViT(image_size=32, patch_size=8, hidden_size=16, num_layers=1, num_heads=2, mlp_dim=32,
+    ...                       classes=3)
+    >>> check_loss_reads_outputs(model, keras.losses.CategoricalCrossentropy(from_logits=True))
+    Traceback (most recent call last):
+    ...
+    ValueError: vit ends in a softmax (classifier_activation='softmax'), but its loss CategoricalCrossentropy takes \
+logits (from_logits=True): build the model with classifier_activation=None, or pass from_logits=False.
+    """
+    try:
+        activation = model.get_layer("predictions").activation
+    except ValueError:
+        return
+    name = getattr(activation, "__name__", str(activation))
+    if isinstance(loss, str):
+        from_logits, what = (False if loss in _PROBABILITY_LOSSES else None), loss
+    else:
+        from_logits, what = getattr(loss, "from_logits", None), type(loss).__name__
+    if from_logits is None or name not in ("softmax", "sigmoid", "linear"):
+        return
+    if from_logits and name != "linear":
+        raise ValueError(f"{model.name} ends in a {name} (classifier_activation={name!r}), but its loss {what} takes "
+                         "logits (from_logits=True): build the model with classifier_activation=None, or pass "
+                         "from_logits=False.")
+    if not from_logits and name == "linear":
+        raise ValueError(f"{model.name} gives logits (classifier_activation=None), but its loss {what} takes "
+                         "probabilities (from_logits=False): pass from_logits=True, or build the model with "
+                         "classifier_activation='softmax'.")
+
+
 @keras.saving.register_keras_serializable(package="keras_vit")
 class VisionTransformer(keras.Model):
     """The functional model `ViT` returns: a `keras.Model` that checks its images before running.
@@ -176,6 +217,18 @@ class VisionTransformer(keras.Model):
             self._check_naflex_values(x)
             args = (self._graph_inputs(x), *args[1:])
         return super().__call__(*args, **kwargs)
+
+    def compile(self, *args, **kwargs):
+        """Keras' `compile`, refusing a crossentropy loss that reads the model's outputs as the other kind: logits
+        (`from_logits=True`) of a model that ends in a softmax, or probabilities of one that gives logits."""
+        check_loss_reads_outputs(self, kwargs.get("loss", args[1] if len(args) > 1 else None))
+        return super().compile(*args, **kwargs)
+
+    def compile_from_config(self, config):
+        """A `.keras` file's compile, as Keras' own (which skips a class that overrides `compile`)."""
+        self.compile(**keras.saving.deserialize_keras_object(config))
+        if hasattr(self, "optimizer") and self.built:
+            self.optimizer.build(self.trainable_variables)  # the optimizer's variables, for its saved state
 
     def fit(self, x=None, *args, **kwargs):
         x = self._check_naflex_values(_plain_dict(x))
