@@ -8,10 +8,12 @@ checks its flags before it imports Keras.
 """
 
 import dataclasses
+import os
 import typing
 
-from keras_vit.data import HOLDOUT_FRACTION
+from keras_vit.data import HOLDOUT_FRACTION, check_dataset
 from keras_vit.model.variants import SMALL_VIT, named_variant
+from keras_vit.utils.names import HF_PREFIX, looks_like_path
 from keras_vit.utils.shapes import as_pair
 
 # The values of `distribution` (`keras_vit.training.distribute`), and the formats and quantizations of `keras-vit export`
@@ -191,6 +193,33 @@ def check_sizes_agree(sizes, source, given):
                 f"{flag(name)} {value} disagrees with {source}, whose {name} is "
                 f"{getattr(sizes, name)}; leave the size flags out to use its sizes."
             )
+
+
+def check_weights_file(weights):
+    """Raise where `weights` names a file or folder that is not there (finetune's default, `keras-vit pretrain`'s
+    model, with what to run or pass instead). Needs no Keras: the command checks it before it loads one."""
+    if weights == FinetuneConfig.weights and not os.path.exists(weights):
+        raise FileNotFoundError(
+            f"Weights file not found: {weights}, finetune's default --weights (what `keras-vit pretrain` "
+            "writes): run `keras-vit pretrain` first, or pass --weights none (a random initialisation), --weights "
+            "PATH (a .keras, .npz or .safetensors file, a timm or transformers folder), --weights hf://org/name, "
+            "or a named checkpoint such as --model ViT_B16 --weights imagenet21k.")
+    if weights and not weights.startswith(HF_PREFIX) and looks_like_path(weights) and not os.path.exists(weights):
+        raise FileNotFoundError(f"Weights file not found: {weights}")
+
+
+def path_errors(config):
+    """The errors of a training `config`'s paths that are not there, its dataset's and its weights': what the
+    command checks before it imports Keras (`raise_all(path_errors(config))`), and `training.check_inputs` with
+    its output folder's."""
+    errors = []
+    for check in (lambda: check_dataset(config.dataset, config.data_dir),
+                  lambda: check_weights_file(getattr(config, "weights", None))):
+        try:
+            check()
+        except (ValueError, OSError) as error:
+            errors.append(error)
+    return errors
 
 
 def raise_all(errors):

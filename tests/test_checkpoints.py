@@ -309,10 +309,14 @@ def test_rejects_missing_file_and_unknown_kinds(tmp_path):
     with pytest.raises(CheckpointError, match=r"Unknown weights file type '\.ckpt': .*weights.ckpt. keras_vit reads"):
         keras_vit.ViT(image_size=32, **SMALL, weights=str(other))
     # A misspelt extension is a file type, not the name of published weights.
-    with pytest.raises(CheckpointError, match=r"Unknown weights file type '\.nzp': tiny.nzp"):
+    with pytest.raises(CheckpointError, match=r"^Weights file not found: tiny.nzp \('\.nzp' is no weights file type "
+                                              r"either: keras_vit reads an original \.npz"):
         keras_vit.ViT(image_size=32, **SMALL, weights="tiny.nzp")
-    with pytest.raises(CheckpointError, match=r"Unknown weights file type '\.ckpt': model.ckpt"):
+    with pytest.raises(CheckpointError, match=r"^Weights file not found: model.ckpt \('\.ckpt' is no"):
         keras_vit.ViT_B16(weights="model.ckpt")
+    # A path without an extension that is not there is not found (it was "a file type without an extension").
+    with pytest.raises(CheckpointError, match=r"^Weights file not found: runs/x/model$"):
+        keras_vit.ViT(image_size=32, **SMALL, weights="runs/x/model")
 
 
 @pytest.mark.backend_independent

@@ -276,6 +276,10 @@ def test_empty_class_folders_and_single_classes_are_refused(tmp_path):
     write_images(tmp_path, {"a": 1})
     with pytest.raises(ValueError, match=r"has one class folder \('a'\); a classifier needs at least two"):
         data.from_folder(str(tmp_path))
+    with pytest.raises(ValueError) as error:  # a folder given with its slash: no double slash (before 2026-12-07)
+        data.from_folder(f"{tmp_path}/")
+    assert str(error.value) == (f"{tmp_path}/ has one class folder ('a'); a classifier needs at least two (expected "
+                                f"{tmp_path}/<class>/<images> with one folder per class).")
     (tmp_path / "b").mkdir()
     with pytest.raises(ValueError, match="Class folder .*/b holds no images"):
         data.from_folder(str(tmp_path))

@@ -58,6 +58,7 @@ from keras_vit.layers.windows import resize_decomposed_table
 from keras_vit.model.description import conv_stem_widths_of, mbconv_of, resnet_layers_of
 from keras_vit.model.variants import VARIANTS, width_name
 from keras_vit.utils.keras_internals import set_value
+from keras_vit.utils.names import looks_like_path
 
 logger = logging.getLogger("keras_vit")
 
@@ -81,7 +82,7 @@ def read_weights(weights, variant=None, image_size=(224, 224), sizes=None, class
     path = os.fspath(weights)
     if path.startswith(HF_PREFIX):
         path = resolve_handle(path)
-    if not _looks_like_path(path):
+    if not looks_like_path(path):
         checkpoint = find_checkpoint(variant, path, image_size)
         source = read_npz(fetch(checkpoint, verbose))  # Checked against the variant's budget on download.
         if checkpoint.image_size != image_size[0] or image_size[0] != image_size[1]:
@@ -97,14 +98,15 @@ def read_weights(weights, variant=None, image_size=(224, 224), sizes=None, class
     readers = {".npz": read_npz, ".keras": read_keras, ".weights.h5": read_weights_h5,
                ".safetensors": read_timm, ".bin": read_timm, ".pth": read_timm}
     reader = next((read for suffix, read in readers.items() if path.endswith(suffix)), None)
+    kinds = ("keras_vit reads an original .npz, a .keras or a .weights.h5 file, a timm state dict (.safetensors, "
+             ".bin, .pth) or a timm or transformers folder.")
+    kind = os.path.splitext(path)[1]
+    if not os.path.exists(path):  # first: a mistyped path is not a file of an unknown type
+        raise CheckpointError(f"Weights file not found: {path}" + ("" if reader is not None or not kind else
+                                                                   f" ({kind!r} is no weights file type either: "
+                                                                   f"{kinds})"))
     if reader is None:
-        kind = os.path.splitext(path)[1] or "without an extension"
-        raise CheckpointError(
-            f"Unknown weights file type {kind!r}: {path}. keras_vit reads an original .npz, a .keras "
-            "or a .weights.h5 file, a timm state dict (.safetensors, .bin, .pth) or a timm Hub folder."
-        )
-    if not os.path.exists(path):
-        raise CheckpointError(f"Weights file not found: {path}")
+        raise CheckpointError(f"Unknown weights file type {kind or 'without an extension'!r}: {path}. {kinds}")
     require_regular_file(path)  # Before anything opens it: a FIFO or a device would hang or never end.
     source = reader(path, budget=budget)
     return source if source.state is not None else read_weights_h5_state(source)
@@ -186,11 +188,6 @@ def _with_preprocessor_statistics(source, folder, model_type):
                 "Nothing was loaded.")
         source.input_size = tuple(crop)
     return source
-
-
-def _looks_like_path(weights):
-    """A path has a folder, an extension or exists; published names (`imagenet21k+imagenet2012`) have none."""
-    return os.sep in weights or "." in os.path.basename(weights) or os.path.exists(weights)
 
 
 _OPTIONAL = ("pre_logits/", "head/", "head_dist/")

@@ -112,6 +112,7 @@ def run(args):
     if args.command in ("pretrain", "finetune"):
         config_class = configs.PretrainConfig if args.command == "pretrain" else configs.FinetuneConfig
         config = flags.config_from_flags(config_class, args)
+        configs.raise_all(configs.path_errors(config))  # a mistyped folder or file is said before Keras loads
     elif getattr(args, "model", None):
         named_variant(args.model)  # An unknown name is the error, not a missing default file.
     # Bad flag values are refused above, before Keras loads; `api` registers every class a .keras file may name.

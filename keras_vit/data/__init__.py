@@ -259,12 +259,12 @@ def from_folder(path, shard=None, class_names=None, holdout=None):
         raise FileNotFoundError(f"Image folder not found: {path}")
     found = class_folders(path)
     if not found:
-        raise ValueError(f"No images found under {path}/<class>/ (extensions {IMAGE_EXTENSIONS}).")
+        raise ValueError(f"No images found under {os.path.join(path, '<class>', '')} (extensions {IMAGE_EXTENSIONS}).")
     if class_names is None:
         if len(found) < 2:
             raise ValueError(
                 f"{path} has one class folder ({found[0]!r}); a classifier needs at least two "
-                f"(expected {path}/<class>/<images> with one folder per class)."
+                f"(expected {os.path.join(path, '<class>', '<images>')} with one folder per class)."
             )
         class_names = found
     class_names = tuple(class_names)

@@ -24,11 +24,10 @@ import numpy as np
 
 from keras_vit import checkpoints, data
 from keras_vit.applications.vit import ViT
-from keras_vit.checkpoints.hub.huggingface import HF_PREFIX
-from keras_vit.checkpoints.loading import _looks_like_path as looks_like_path  # read_weights' own test
 from keras_vit.configs import (  # noqa: F401 (public here too)
     SIZE_FIELDS,
     FinetuneConfig,
+    path_errors,
     PretrainConfig,
     check_sizes_agree,
     model_sizes,
@@ -302,26 +301,12 @@ def check_inputs(config, process_index=0):
 
     A user fixes them all in one go, not one run at a time.
     """
-    errors = []
-    for check in (lambda: data.check_dataset(config.dataset, config.data_dir),
-                  lambda: _check_weights_file(config.weights),
-                  lambda: durable.check_output_dir(config.output_dir, config.overwrite, config.weights, process_index)):
-        try:
-            check()
-        except (ValueError, OSError) as error:
-            errors.append(error)
+    errors = path_errors(config)
+    try:
+        durable.check_output_dir(config.output_dir, config.overwrite, config.weights, process_index)
+    except (ValueError, OSError) as error:
+        errors.append(error)
     raise_all(errors)
-
-
-def _check_weights_file(weights):
-    if weights == FinetuneConfig.weights and not os.path.exists(weights):
-        raise FileNotFoundError(
-            f"Weights file not found: {weights}, finetune's default --weights (what `keras-vit pretrain` "
-            "writes): run `keras-vit pretrain` first, or pass --weights none (a random initialisation), --weights "
-            "PATH (a .keras, .npz or .safetensors file, a timm or transformers folder), --weights hf://org/name, "
-            "or a named checkpoint such as --model ViT_B16 --weights imagenet21k.")
-    if weights and not weights.startswith(HF_PREFIX) and looks_like_path(weights) and not os.path.exists(weights):
-        raise FileNotFoundError(f"Weights file not found: {weights}")
 
 
 def fitted_batch_size(batch_size, examples, replicas=1):

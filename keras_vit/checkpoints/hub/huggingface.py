@@ -7,8 +7,8 @@ cached, a handle resolves offline.
 """
 
 from keras_vit.checkpoints.source import CheckpointError
+from keras_vit.utils.names import HF_PREFIX
 
-HF_PREFIX = "hf://"
 # The files a ViT repository on the Hub may hold that keras_vit reads (transformers keeps the pixel
 # statistics in preprocessor_config.json).
 HUB_FILES = ["config.json", "preprocessor_config.json", "model.safetensors", "pytorch_model.bin", "*.npz"]
