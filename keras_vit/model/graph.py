@@ -203,6 +203,9 @@ def build(options, input_tensor):
                              num_prefix_tokens=pooled_from, name="attention_pool", **typed)(x, **pool_options)
     elif pooling is not None:
         x = TokenPooling(pooling, pooled_from, name="pool", **typed)(x, **pool_options)
+    if pooling is None and not options.include_top and architecture.neck_channels is not None:
+        # SAM's image embedding as a map, channels last: timm's forward_features (batch, channels, h, w)
+        x = keras.layers.Reshape((*grid_size, x.shape[-1]), name="neck_grid", **typed)(x)
     if pooling is not None and architecture.fc_norm:
         x = norm_layer(architecture.normalization, epsilon, name="fc_norm", scale=architecture.final_norm_scale,
                        **typed)(x)
