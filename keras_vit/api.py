@@ -35,6 +35,7 @@ from keras_vit.model.variants import VARIANTS, Variant, decode_variant
 from keras_vit.model.vision_transformer import eval_transform
 from keras_vit.tools import analysis
 from keras_vit.tools.features import feature_extractor, naflex_feature_maps
+from keras_vit.tools.timm_names import create_model, list_models
 from keras_vit.training import distribute, durable, recipes  # recipes registers the optimizers saved in .keras files
 from keras_vit.training.distillation import Distiller
 from keras_vit.training.masked_patch import MaskedPatchPretrainer, PatchCorruption, mean_colour_bins
@@ -60,7 +61,9 @@ __all__ = MOVED_MODULES + [
     "decode_variant",
     "enable_lora",
     "eval_transform",
+    "create_model",
     "feature_extractor",
+    "list_models",
     "naflex_feature_maps",
     "from_pretrained",
     "layers",

@@ -33,7 +33,8 @@ def from_pretrained(source, **overrides):
         **overrides: `keras_vit.ViT` keywords that replace what the file says,
             for example a new `classes` (a fresh head, which gives logits
             unless `classifier_activation` says otherwise, as timm's and
-            keras-hub's do) and its `class_names`, or `image_size`.
+            keras-hub's do; 0: none, the pooled features timm's
+            `num_classes=0` gives) and its `class_names`, or `image_size`.
 
     The patch size, width, depth, MLP size, head count, image size (its
     position grid), architecture (`keras_vit.Architecture`: prefix tokens,
@@ -104,6 +105,8 @@ def from_pretrained(source, **overrides):
     if checkpoint.classifier_activation:
         options["classifier_activation"] = checkpoint.classifier_activation
     options.update(top_options(checkpoint, overrides))
+    if checkpoint.name:  # its library's name for it (timm's architecture), not keras_vit's "vit"
+        options["name"] = checkpoint.name
     if overrides.get("classes") not in (None, checkpoint.classes):  # a new head, to train: logits, as timm's
         options["classifier_activation"] = None                    # and keras-hub's heads give
     options.update(overrides)
@@ -114,8 +117,9 @@ def top_options(checkpoint, overrides):
     """The `ViT` keywords of the top `from_pretrained` (and `keras-vit convert`) builds on `checkpoint` besides
     `overrides` (the caller's `ViT` keywords).
 
-    A file without a head gives its features unless `classes` or
-    `include_top` ask for one: a `.keras` model without its top pools as it
+    A file without a head, or any file with `classes=0` (timm's
+    `num_classes=0`, taken out of `overrides`), gives its features unless
+    `classes` or `include_top` ask for a head: a `.keras` model without its top pools as it
     did (None: its token sequence), a SigLIP tower without its head as
     transformers (its `last_hidden_state`), any other file as timm's forward
     with `num_classes=0` (the pooled features, `fc_norm` included). The
@@ -126,6 +130,9 @@ def top_options(checkpoint, overrides):
     state, top = checkpoint.state, {}
     if overrides.get("classifier") and not {"class_token", "architecture"} & set(overrides):
         top["class_token"] = "class_token/cls" in state
+    if overrides.get("classes") == 0 and "include_top" not in overrides:  # timm's num_classes=0: the head goes
+        del overrides["classes"]
+        state = {}
     if "head/kernel" not in state and "classes" not in overrides and "include_top" not in overrides:
         saved = checkpoint.layout or {}
         top.update(include_top=False,

@@ -114,11 +114,19 @@ def read_weights(weights, variant=None, image_size=(224, 224), sizes=None, class
 
 def read_folder(folder, budget=None):
     """A Hub-style folder: timm's (`config.json` with `architecture`) or transformers' (ViT, DeiT, DINOv2, DINOv3, CLIP,
-    SigLIP, SigLIP 2, BEiT, SAM's vision encoder, Gemma 4's vision tower)."""
+    SigLIP, SigLIP 2, BEiT, SAM's vision encoder, Gemma 4's vision tower), named as its library names it (timm's
+    architecture, transformers' model_type)."""
     config = read_json_object(
         os.path.join(folder, "config.json"),
         f"{folder} is a folder without a readable config.json (timm's or transformers')",
         "timm's and transformers' config.json is an object ({\"architecture\": ...} or {\"model_type\": \"vit\", ...}).")
+    source = _read_folder(folder, config, budget)
+    name = config.get("architecture", config.get("model_type"))
+    source.name = name if isinstance(name, str) and name and "/" not in name else None
+    return source
+
+
+def _read_folder(folder, config, budget):
     if "architecture" in config:
         return read_timm_folder(folder, config, budget)
     model_type = config.get("model_type")

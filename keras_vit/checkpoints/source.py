@@ -166,6 +166,9 @@ class WeightsSource:
 
     description: str
     state: dict
+    # The model's name in its file's library, which the model built on it takes: timm's architecture
+    # (`beitv2_base_patch16_224`), transformers' model_type (`dinov2`); None where the file names none.
+    name: str = None
     grid_size: tuple = None
     representation_size: int = 0
     classes: int = None

@@ -169,6 +169,20 @@ class VisionTransformer(keras.Model):
         self.classifier = classifier
 
     @property
+    def pretrained_cfg(self):
+        """timm's `pretrained_cfg` fields of this model: its `input_size`, evaluation `interpolation`, `crop_pct`
+        and `crop_mode` (its `eval_transform`'s), and the pixel `mean` and `std` of its checkpoint, on [0, 1]
+        pixels (keras_vit applies them inside the model, which takes [-1, 1] images). None for a NaFlex model."""
+        if self.naflex_preprocessing:
+            return None
+        transform = eval_transform(self)
+        architecture = self.architecture
+        return {"input_size": (3, *transform.image_size), "interpolation": transform.interpolation,
+                "crop_pct": transform.crop_fraction, "crop_mode": transform.crop_mode,
+                "mean": None if architecture is None else tuple(architecture.input_mean),
+                "std": None if architecture is None else tuple(architecture.input_std)}
+
+    @property
     def naflex_preprocessing(self):
         """A NaFlex model's: how a photo is cut into its patches, `keras_vit.data.naflex_batch`'s keywords (checked
         when set, so that a model never carries keywords `naflex_batch` would refuse); None for other models."""

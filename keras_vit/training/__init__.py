@@ -359,7 +359,8 @@ def train(config):
             image_size=config.image_size, **sizes.__dict__, classes=num_classes, include_top=not masked_patch,
             weights=checkpoint, representation_size=getattr(config, "representation_size", 0),
             classifier=config.classifier, dropout_rate=config.dropout, stochastic_depth_rate=config.stochastic_depth,
-            classifier_activation=None, name=f"vit_{stage}", dtype=dtype, drop_remainder=config.drop_remainder,
+            classifier_activation=None, name=getattr(checkpoint, "name", None) or f"vit_{stage}", dtype=dtype,
+            drop_remainder=config.drop_remainder,
         )
         if stage == "finetune":
             zero_head(encoder)
