@@ -308,22 +308,24 @@ def test_folder_that_is_not_a_timm_vit_says_what_it_holds(tmp_path):
 
 
 @pytest.mark.backend_independent
-@pytest.mark.parametrize("source, architecture, model_name, extra", [
-    ("transformers_siglip_no_head", "vit_base_patch16_siglip_224", "vit", ""),
-    ("transformers_gemma4_vision", "gemma4_vit_167m", "vit",
-     " or under the encoder's name (gemma4_vit_167m_enc), whose global_pool gives them"),
-])
-def test_save_timm_refuses_a_model_that_gives_its_tokens_and_writes_nothing(source, architecture, model_name, extra,
-                                                                          tmp_path):
-    """A timm model built from a config.json pools its tokens: a model without its head that gives them (these
-    towers' default, as transformers' last_hidden_state) would be another model there (before 2026-12-07 the
-    folder said it pooled)."""
-    model = keras_vit.from_pretrained(fixture(source))
+def test_save_timm_of_a_model_that_gives_its_tokens_says_what_timm_builds(tmp_path, keras_vit_log):
+    """A headless model that gives its tokens (a SigLIP tower without its head, as transformers' last_hidden_state)
+    is timm's headless model, whose forward pools and whose forward_features are the tokens: the folder said it
+    pooled without a word (before 2026-12-07). A Gemma 4 classifier's name has nowhere for soft tokens: refused."""
+    model = keras_vit.from_pretrained(fixture("transformers_siglip_no_head"))
+    checkpoints.save_timm(model, tmp_path / "siglip" / "model.safetensors", architecture="vit_base_patch16_siglip_224")
+    assert (f"{model.name} gives its token sequence (include_top=False, pooling=None): the folder holds timm's "
+            "'vit_base_patch16_siglip_224' without a head, whose forward gives the pooled features (num_classes=0) "
+            "and whose forward_features gives these tokens; keras_vit.from_pretrained(folder, include_top=False, "
+            "pooling=None) gives them back.") in keras_vit_log.text
+    again = keras_vit.from_pretrained(str(tmp_path / "siglip"), include_top=False, pooling=None)
+    images = np.random.default_rng(0).uniform(-1, 1, (1, *model.input_shape[1:3], 3)).astype("float32")
+    np.testing.assert_array_equal(predict(again, images), predict(model, images))
+    tower = keras_vit.from_pretrained(fixture("transformers_gemma4_vision"))
     with pytest.raises(CheckpointError) as error:
-        checkpoints.save_timm(model, tmp_path / "model.safetensors", architecture=architecture)
+        checkpoints.save_timm(tower, tmp_path / "gemma" / "model.safetensors", architecture="gemma4_vit_167m")
     assert str(error.value) == (
-        f"{model_name} gives its token sequence (no head and no pooling: include_top=False, pooling=None), but the "
-        f"timm model {architecture!r} built from its config.json pools its tokens (global_pool), so the folder would "
-        "hold another model. Save the model pooled (keras_vit.from_pretrained(..., include_top=False, pooling='gap'), "
-        f"or 'token' or 'map': the weights are the same), with its head{extra}.")
-    assert not os.listdir(tmp_path)
+        f"{tower.name} gives its token sequence (no head and no pooling), which timm's classifier 'gemma4_vit_167m' "
+        "does not: save it under the encoder's name (gemma4_vit_167m_enc), whose global_pool gives them, or with its "
+        "head.")
+    assert not (tmp_path / "gemma").exists()

@@ -402,6 +402,11 @@ class TransformerBlock(_QuantizableSublayers, keras.layers.Layer):
             return branch
         return branch * ops.cast(getattr(self, name), branch.dtype)
 
+    def __call__(self, inputs, *args, **kwargs):
+        if not isinstance(inputs, keras.KerasTensor) and not ops.is_tensor(inputs):  # numpy, lists
+            inputs = ops.convert_to_tensor(inputs)  # what Keras' own conversion, switched off above, did
+        return super().__call__(inputs, *args, **kwargs)
+
     def call(self, inputs, rope_positions=None, training=None, return_attention_weights=False, key_mask=None,
              attention_bias=None):
         inputs = ops.cast(inputs, self.compute_dtype)

@@ -237,30 +237,30 @@ def timm_arguments(model, architecture=None):
     return arguments
 
 
-def _check_pooled(model, architecture):
-    """Refuse a model without its head that gives a sequence (its tokens, or Gemma 4's soft tokens): a timm model
-    built from a config.json pools it, but for Gemma 4's encoder (its `global_pool` 'none' and 'soft')."""
+def _token_note(model, architecture):
+    """A note for a model without its head that gives its token sequence, where timm's model of `architecture` has
+    them as its `forward_features` (None otherwise); refused for a Gemma 4 classifier's name, whose soft tokens
+    timm's classifier has nowhere (its encoder's name gives them: `global_pool` 'none' and 'soft')."""
     names = {layer.name for layer in model.layers}
     if "head" in names or names & {"pool", "attention_pool", "pool_average"}:
-        return
-    gemma4 = architecture in GEMMA4_ARCHITECTURES
-    if gemma4 and timm_class_of(architecture) == ENCODER:
-        return
-    encoder = f" or under the encoder's name ({architecture}_enc), whose global_pool gives them" \
-        if gemma4 else ""
-    raise CheckpointError(
-        f"{model.name} gives its token sequence (no head and no pooling: include_top=False, pooling=None), but the "
-        f"timm model {architecture or 'vit_base_patch16_224'!r} built from its config.json pools its tokens "
-        "(global_pool), so the folder would hold another model. Save the model pooled "
-        "(keras_vit.from_pretrained(..., include_top=False, pooling='gap'), or 'token' or 'map': the weights are "
-        f"the same), with its head{encoder}.")
+        return None
+    if architecture in GEMMA4_ARCHITECTURES:
+        if timm_class_of(architecture) == ENCODER:
+            return None
+        raise CheckpointError(f"{model.name} gives its token sequence (no head and no pooling), which timm's "
+                              f"classifier {architecture!r} does not: save it under the encoder's name "
+                              f"({architecture}_enc), whose global_pool gives them, or with its head.")
+    return (f"{model.name} gives its token sequence (include_top=False, pooling=None): the folder holds timm's "
+            f"{architecture or 'vit_base_patch16_224'!r} without a head, whose forward gives the pooled features "
+            "(num_classes=0) and whose forward_features gives these tokens; keras_vit.from_pretrained(folder, "
+            "include_top=False, pooling=None) gives them back.")
 
 
 def _keywords(model, architecture):
     """`timm_arguments` before its check: the keywords, and refusals of what no keyword expresses."""
     found = architecture_of(model)
     _check_class_named(model, found, architecture)
-    _check_pooled(model, architecture)
+    _token_note(model, architecture)  # its refusal
     if architecture in CLASSES:
         return CLASSES[architecture][2](model, architecture)
     entry = None if architecture is None else timm_architecture(architecture, "timm_arguments")
@@ -399,8 +399,9 @@ def save_timm(model, path, architecture=None):
     tensors = to_timm_eva(model, architecture) if eva else tensors
     _write_folder(path, tensors, config, lambda written: check_timm_rebuilds(  # and read back through config.json
         model, architecture, arguments, path, written=written, config=config))
-    if note:
-        logging.getLogger("keras_vit").warning(note)
+    for line in (note, _token_note(model, architecture)):
+        if line:
+            logging.getLogger("keras_vit").warning(line)
     return path
 
 
@@ -481,7 +482,6 @@ def _save_naflex(model, path, architecture):
     """`save_timm` of a NaFlex model: timm's NaFlexVit layout, and beside it the `config.json` (architecture,
     `model_args`, pixel statistics) with which `timm.create_model` and `keras_vit.from_pretrained` rebuild it."""
     naflex_architecture(architecture, "save_timm")
-    _check_pooled(model, architecture)
     found = architecture_of(model)
     arguments = naflex_arguments(model, found)
     factorized = {path: name for name, path in FACTORIZED.items() if arguments.get("pos_embed") == "factorized"}
