@@ -109,9 +109,10 @@ GUIDE12 = tuple(
 )
 
 JOBS = {
-    # README's first command, on Keras' default backend, TensorFlow.
+    # README's first command, on Keras' default backend, TensorFlow, with 1, 2 (every core here) and 4 threads:
+    # the last digits move with the threads, which split the float sums otherwise.
     "digits": Job("{python} {root}examples/pretrain.py && {python} {root}examples/finetune.py --image-size 32",
-                  ("tensorflow",), ((TOP1, (None, "top1")),)),
+                  ("tensorflow@1", "tensorflow", "tensorflow@4"), ((TOP1, (None, "top1")),)),
     "guide02": guide("02", ("jax",), guide02(smoke=False)),
     "guide02-smoke": guide("02", ("jax", "tensorflow", "torch"), guide02(smoke=True), smoke=True),
     "guide03": guide("03", ("torch",), GUIDE03),
@@ -229,13 +230,27 @@ def fraction(value):
     return str(decimal.Decimal(value[:-1]) / 100) if value.endswith("%") else value
 
 
+def thread_env(threads):
+    """The environment that gives TensorFlow, XLA, torch and the BLAS libraries `threads` compute threads each."""
+    env = {name: str(threads) for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS",
+                                           "TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS")}
+    if threads == 1:
+        env["XLA_FLAGS"] = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
+    return env
+
+
 def run(name, job, backend, logs, timeout, again=False):
-    """Run `job` on `backend` in an empty folder; its log goes to `logs`; returns (figures, seconds)."""
+    """Run `job` on `backend` in an empty folder; its log goes to `logs`; returns (figures, seconds).
+
+    A backend `tensorflow@4` is the backend run with 4 compute threads (`thread_env`); a plain one takes what the
+    libraries choose (every core)."""
     python = sys.executable
     command = job.command.format(python=shlex.quote(python), root=shlex.quote(ROOT + os.sep))
-    env = {**os.environ, "KERAS_BACKEND": backend, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1",
+    keras_backend, _, threads = backend.partition("@")
+    env = {**os.environ, "KERAS_BACKEND": keras_backend, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1",
            "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
-           "PATH": os.path.dirname(python) + os.pathsep + os.environ.get("PATH", "")}   # the keras-vit command
+           "PATH": os.path.dirname(python) + os.pathsep + os.environ.get("PATH", ""),   # the keras-vit command
+           **(thread_env(int(threads)) if threads else {})}
     env.pop("KERAS_VIT_GUIDE_SMOKE", None)
     if job.smoke:
         env["KERAS_VIT_GUIDE_SMOKE"] = "1"
@@ -311,7 +326,7 @@ def main(arguments=None):
                 print(f"figure {figure} {value} ({backend})")
                 record["figures"].setdefault(figure, {"job": name, "measured": {}})["measured"][backend] = value
             runs = record["jobs"].setdefault(name, {"runs": {}})
-            runs["command"] = shown_command(job) + "   # KERAS_BACKEND=each run's key"
+            runs["command"] = shown_command(job) + "   # KERAS_BACKEND=each run's key (@N: N compute threads)"
             runs["runs"][backend] = {"date": date, "seconds": seconds, "machine": machine()}
     found = unstable + problems(record)
     print("\n".join(found) if found else "every marked figure agrees with the measured runs")
