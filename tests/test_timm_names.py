@@ -118,3 +118,21 @@ def test_pretrained_true_reads_timms_hub_repository_of_the_tag(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     name, gap = done.stdout.split()[-2:]
     assert name == "beit_base_patch16_224" and float(gap) < 1e-5
+
+
+def test_the_name_and_preprocessing_survive_convert_a_rebuild_and_a_lora_merge(tmp_path):
+    """Every step after loading keeps what the checkpoint set: its name and eval transform (a rebuilt `.keras` and
+    `keras-vit convert` named the model "vit", before 2026-12-07)."""
+    from keras_vit import cli
+
+    folder = fixture("timm_beit/beitv2_nonsquare")
+    model = keras_vit.from_pretrained(folder, classes=3, class_names=["a", "b", "c"])
+    model.save(tmp_path / "m.keras")
+    rebuilt = keras_vit.from_pretrained(str(tmp_path / "m.keras"), classes=5)
+    cli.main(["convert", folder, str(tmp_path / "c.keras")])
+    converted = keras.saving.load_model(tmp_path / "c.keras")
+    keras_vit.enable_lora(model, rank=2)
+    merged = keras_vit.merge_lora(model)
+    for found in (rebuilt, converted, merged):
+        assert (found.name, found.eval_transform) == ("beitv2_base_patch16_224", model.eval_transform)
+    assert merged.class_names == ["a", "b", "c"]

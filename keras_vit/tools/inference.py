@@ -319,7 +319,7 @@ def convert(weights, output, model=None, image_size=None, classes=None, num_head
     image_size = image_size or source.image_size or 224
     given = {} if classes is None else {"classes": classes}
     network = ViT(image_size=image_size, **sizes.__dict__, weights=source, drop_remainder=drop_remainder,
-                  **top_options(source, given), **given)
+                  **top_options(source, given), **given, **({"name": source.name} if source.name else {}))
     with files.atomic_path(output) as path:  # A failed write keeps any earlier file whole.
         network.save(path)
     takes = "NaFlex patch sequences of any grid" if is_naflex(network) else f"{image_size} px"
