@@ -38,14 +38,18 @@ def lying_folder(tmp_path, source, tensors=None, config=None):
     return target
 
 
+def retensored(name, change):
+    """An edit replacing tensor `name` with `change(tensor)`."""
+    return lambda state: state.update({name: np.ascontiguousarray(change(state[name]))})
+
+
 def rows(name, count):
     """An edit giving tensor `name` `count` rows (linearly resampled, as a resize at save would)."""
-    def edit(state):
-        table = state[name]
+    def resampled(table):
         positions = np.linspace(0, table.shape[0] - 1, count)
-        state[name] = np.stack([np.interp(positions, np.arange(table.shape[0]), column) for column in table.T],
-                               -1).astype(table.dtype)
-    return edit
+        return np.stack([np.interp(positions, np.arange(table.shape[0]), column) for column in table.T],
+                        -1).astype(table.dtype)
+    return retensored(name, resampled)
 
 
 def model_args(**changes):
@@ -65,11 +69,6 @@ def both(*edits):
     return lambda config: [edit(config) for edit in edits]
 
 
-def retensored(name, change):
-    """An edit replacing tensor `name` with `change(tensor)`."""
-    return lambda state: state.update({name: np.ascontiguousarray(change(state[name]))})
-
-
 def table_grid(side):
     """A CaiT position table `(1, n, c)` resampled to a `side` x `side` grid (its values do not matter)."""
     return lambda table: np.resize(table, (1, side * side, table.shape[-1]))
@@ -81,43 +80,34 @@ def fields(**changes):
 
 # timm's windowed_neck: a 6x6 grid in 4x4 windows, block 1 global (its tables 11 rows, the others 7); transformers'
 # SamVisionModel fixture is the same model.
-SAM_GLOBAL = ("blocks.1.attn.rel_pos_h has 9 rows, but block 1 is global in {config} (model_args.global_attn_indexes "
+SAM_GLOBAL = ("{path}: blocks.1.attn.rel_pos_h has 9 rows, but block 1 is global in {config} (model_args.global_attn_indexes "
               "[1]), and its tables on the file's 6x6 patch grid have 2*6 - 1 = 11 rows. Nothing was loaded.")
 SAM_CASES = {
     "global table of another grid": ("timm_sam/windowed_neck", rows("blocks.1.attn.rel_pos_h", 9), None, SAM_GLOBAL),
     "windowed table of another window": (
         "timm_sam/windowed_neck", rows("blocks.0.attn.rel_pos_w", 9), None,
-        "blocks.0.attn.rel_pos_w has 9 rows, but {config}'s model_args.window_size 4 makes block 0 attend within 4x4 "
+        "{path}: blocks.0.attn.rel_pos_w has 9 rows, but {config}'s model_args.window_size 4 makes block 0 attend within 4x4 "
         "windows (model_args.global_attn_indexes [1]), whose tables have 2*4 - 1 = 7 rows. Nothing was loaded."),
     "config window_size over another window's tables": (
         "timm_sam/windowed_neck", None, model_args(window_size=3),
-        "blocks.0.attn.rel_pos_h has 7 rows, but {config}'s model_args.window_size 3 makes block 0 attend within 3x3 "
+        "{path}: blocks.0.attn.rel_pos_h has 7 rows, but {config}'s model_args.window_size 3 makes block 0 attend within 3x3 "
         "windows (model_args.global_attn_indexes [1]), whose tables have 2*3 - 1 = 5 rows. Nothing was loaded."),
     "config global_attn_indexes over another block's tables": (
         "timm_sam/windowed_neck", None, model_args(global_attn_indexes=[2]),
-        "blocks.1.attn.rel_pos_h has 11 rows, but {config}'s model_args.window_size 4 makes block 1 attend within 4x4 "
+        "{path}: blocks.1.attn.rel_pos_h has 11 rows, but {config}'s model_args.window_size 4 makes block 1 attend within 4x4 "
         "windows (model_args.global_attn_indexes [2]), whose tables have 2*4 - 1 = 7 rows (11 rows are a global "
         "block's: the config's model_args.global_attn_indexes or model_args.window_size is not the file's). Nothing "
         "was loaded."),
     "transformers: global table of another grid": (
         "transformers_sam_vision", rows("vision_encoder.layers.1.attn.rel_pos_h", 9), None,
-        "vision_encoder.layers.1.attn.rel_pos_h has 9 rows, but block 1 is global in {config} (global_attn_indexes "
+        "{path}: vision_encoder.layers.1.attn.rel_pos_h has 9 rows, but block 1 is global in {config} (global_attn_indexes "
         "[1]), and its tables on the file's 6x6 patch grid have 2*6 - 1 = 11 rows. Nothing was loaded."),
     "transformers: config global_attn_indexes over another block's tables": (
         "transformers_sam_vision", None, fields(global_attn_indexes=[2]),
-        "vision_encoder.layers.1.attn.rel_pos_h has 11 rows, but {config}'s window_size 4 makes block 1 attend within "
+        "{path}: vision_encoder.layers.1.attn.rel_pos_h has 11 rows, but {config}'s window_size 4 makes block 1 attend within "
         "4x4 windows (global_attn_indexes [2]), whose tables have 2*4 - 1 = 7 rows (11 rows are a global block's: the "
         "config's global_attn_indexes or window_size is not the file's). Nothing was loaded."),
 }
-
-
-@pytest.mark.parametrize("case", sorted(SAM_CASES))
-def test_sam_tables_that_contradict_their_file_are_refused_not_resized(case, tmp_path):
-    source, tensors, config, message = SAM_CASES[case]
-    folder = lying_folder(tmp_path, source, tensors, config)
-    with pytest.raises(CheckpointError) as error:
-        keras_vit.from_pretrained(str(folder))
-    assert str(error.value) == f"{folder / 'model.safetensors'}: " + message.format(config=folder / "config.json")
 
 
 def test_a_sam_global_blocks_tables_still_resize_to_the_image_size_asked_for(keras_vit_log):
@@ -167,9 +157,9 @@ SIZE_CASES = {
 }
 
 
-@pytest.mark.parametrize("case", sorted(SIZE_CASES))
-def test_sizes_that_contradict_their_file_are_refused_not_resized(case, tmp_path):
-    source, tensors, config, message = SIZE_CASES[case]
+@pytest.mark.parametrize("case", sorted({**SAM_CASES, **SIZE_CASES}))
+def test_tables_and_sizes_that_contradict_their_file_are_refused_not_resized(case, tmp_path):
+    source, tensors, config, message = {**SAM_CASES, **SIZE_CASES}[case]
     folder = lying_folder(tmp_path, source, tensors, config)
     with pytest.raises(CheckpointError) as error:
         keras_vit.from_pretrained(str(folder))
