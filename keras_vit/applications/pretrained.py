@@ -77,6 +77,7 @@ def from_pretrained(source, **overrides):
             return saved
         if names is not None:
             overrides["class_names"] = names
+        overrides.setdefault("name", saved.name)  # rebuilt, it keeps its name (timm's architecture, a run's own)
         checkpoint = source_of_saved(saved, path)
         del saved
     else:

@@ -98,7 +98,6 @@ def source_of_saved(saved, path):
         source.layout["image_size"] = (None, None)
     source.class_names = getattr(saved, "class_names", None)
     source.eval_transform = getattr(saved, "eval_transform", None)
-    source.name = saved.name  # the model rebuilt from it keeps its name (timm's architecture, a run's own)
     source.dtype_policy = precision if precision in PRECISIONS else None  # An int8 model's is its own
     try:
         activation = keras.activations.serialize(saved.get_layer("predictions").activation)

@@ -27,10 +27,10 @@ from keras_vit.applications.vit import ViT
 from keras_vit.configs import (  # noqa: F401 (public here too)
     SIZE_FIELDS,
     FinetuneConfig,
-    path_errors,
     PretrainConfig,
     check_sizes_agree,
     model_sizes,
+    path_errors,
     raise_all,
 )
 from keras_vit.data import preprocessing
