@@ -163,7 +163,7 @@ def test_convert_of_a_headless_folder_writes_the_feature_model_from_pretrained_b
     cli.main(["convert", folder, output])
     converted, built = keras.saving.load_model(output), keras_vit.from_pretrained(folder)
     assert capsys.readouterr().out.splitlines()[-1] == \
-        f"wrote {output}: vit, {built.count_params():,} parameters, (28, 28) px"
+        f"wrote {output}: vit_small_patch14_reg4_dinov2, {built.count_params():,} parameters, (28, 28) px"
     assert converted.output_shape == (None, 24) and "head" not in {layer.name for layer in converted.layers}
     images = np.random.default_rng(0).uniform(-1, 1, (2, 28, 28, 3)).astype("float32")
     np.testing.assert_allclose(keras.ops.convert_to_numpy(converted(images)),

@@ -215,7 +215,7 @@ def test_photos_of_many_shapes_compile_once_per_bucket(naflex_file, tmp_path, xl
     assert len(lengths) > 6  # that many compiles, were each image padded to its own length
     assert traces == [(1, 16), (1, 32), (1, 64)]
     assert compiles == {16: 1, 32: 1, 64: 1}  # one predict step per bucket, none for a bucket seen before
-    network.compile(loss="categorical_crossentropy", metrics=["accuracy"])
+    network.compile(loss=keras.losses.CategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
     source = data.load_source(str(tmp_path), "test", holdout_fraction=None)
     traces.clear()
     for budget in (16, 32, 64, 32):
