@@ -239,12 +239,20 @@ def test_a_transform_of_a_twelve_megapixel_photo_resizes_once_with_pillow(monkey
     assert calls == [((330, 248), {"resample": Image.Resampling.BICUBIC})]  # shorter side to floor(224 / 0.9)
 
 
-def test_a_model_keras_vit_trained_keeps_keras_vits_own_eval_transform(tmp_path, monkeypatch):
+def test_save_run_keeps_the_transform_the_run_evaluated_with(tmp_path, monkeypatch):
+    """A model fine-tuned from a timm checkpoint keeps timm's transform, which its held-out split was evaluated with
+    (`training.evaluation_transform`); it got keras_vit's squash resize, which no evaluation had used (before
+    2026-12-07). A model of no checkpoint keeps keras_vit's own."""
     from keras_vit import training
 
     monkeypatch.setattr(training, "plot_learning_curve", lambda *paths: None)  # no log.csv: no training ran here
     model = keras_vit.from_pretrained(os.path.join(FOLDERS, "timm_predict"))
     assert model.eval_transform.convention == "timm"
-    training.save_run(model, str(tmp_path))  # fine-tuned and evaluated by keras_vit's pipeline
-    saved = keras.saving.load_model(str(tmp_path / "model.keras"))
+    (tmp_path / "timm").mkdir()
+    (tmp_path / "scratch").mkdir()
+    training.save_run(model, str(tmp_path / "timm"))
+    assert keras.saving.load_model(str(tmp_path / "timm" / "model.keras")).eval_transform == model.eval_transform
+    scratch = keras_vit.ViT(image_size=32, patch_size=8, hidden_size=16, num_layers=1, num_heads=2, mlp_dim=32)
+    training.save_run(scratch, str(tmp_path / "scratch"))
+    saved = keras.saving.load_model(str(tmp_path / "scratch" / "model.keras"))
     assert saved.eval_transform == preprocessing.keras_vit() and keras_vit.eval_transform(saved).image_size == (32, 32)

@@ -35,6 +35,7 @@ from keras_vit.checkpoints.source import (
 from keras_vit.checkpoints.tensor_layout import file_shape
 from keras_vit.checkpoints.timm.folders import read_timm_folder
 from keras_vit.checkpoints.timm.layout import read_timm
+from keras_vit.checkpoints.timm.sam import resize_global_tables
 from keras_vit.checkpoints.transformers.clip import MODEL_TYPES as VISION_TOWER_TYPES
 from keras_vit.checkpoints.transformers.clip import read_vision_tower_folder
 from keras_vit.checkpoints.transformers.dinov2 import MODEL_TYPES as DINOV2_TYPES
@@ -54,7 +55,6 @@ from keras_vit.checkpoints.transformers.vit import read_transformers_folder
 from keras_vit.data import preprocessing
 from keras_vit.layers.position_embedding import resize_patch_embedding, resize_position_embeddings
 from keras_vit.layers.relative_position import relative_table_rows, resize_relative_position_table
-from keras_vit.layers.windows import resize_decomposed_table
 from keras_vit.model.description import conv_stem_widths_of, mbconv_of, resnet_layers_of
 from keras_vit.model.variants import VARIANTS, width_name
 from keras_vit.utils.keras_internals import set_value
@@ -438,22 +438,7 @@ def _adapt_relative_position_tables(model, state, source, notes):
     for old, grid in sorted(resized):
         notes.append(f"Resized the relative position bias tables of {source.description} from a {old[0]}x{old[1]} to "
                      f"a {grid[0]}x{grid[1]} patch grid (as {source.relative_position_resize} does).")
-    # SAM's decomposed tables of a global block, from the file's grid to the model's (linear, as timm's get_rel_pos);
-    # a windowed block's depend on its window alone, and a table of any other length is the shape check's to report.
-    file_grid = None if source.grid_size is None or None in source.grid_size else tuple(source.grid_size)
-    for layer in model.layers:
-        if file_grid is None or not getattr(layer, "decomposed_relative_position", False) or layer.window_size:
-            continue
-        for side, name in zip(file_grid, ("rel_pos_h", "rel_pos_w")):
-            key = f"{layer.name}/{name}"
-            table, variable = state.get(key), variables.get(key)
-            if table is None or variable is None or table.ndim != 2 or table.shape[0] != 2 * side - 1 \
-                    or table.shape[0] == variable.shape[0] or table.shape[1] != variable.shape[1]:
-                continue
-            state[key] = resize_decomposed_table(table, int(variable.shape[0]))
-            notes.append(f"Resized {source.description}'s {key} from {table.shape[0]} to {variable.shape[0]} offsets "
-                         f"(the file's {file_grid[0]}x{file_grid[1]} patch grid to the model's; linear, as timm's "
-                         "get_rel_pos).")
+    resize_global_tables(model, state, variables, source, notes)  # SAM's decomposed ones
 
 
 def _adapt_head(variables, state, source, notes):

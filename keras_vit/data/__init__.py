@@ -262,10 +262,8 @@ def from_folder(path, shard=None, class_names=None, holdout=None):
         raise ValueError(f"No images found under {os.path.join(path, '<class>', '')} (extensions {IMAGE_EXTENSIONS}).")
     if class_names is None:
         if len(found) < 2:
-            raise ValueError(
-                f"{path} has one class folder ({found[0]!r}); a classifier needs at least two "
-                f"(expected {os.path.join(path, '<class>', '<images>')} with one folder per class)."
-            )
+            raise ValueError(f"{path} has one class folder ({found[0]!r}); a classifier needs at least two (expected "
+                             f"{os.path.join(path, '<class>', '<images>')} with one folder per class).")
         class_names = found
     class_names = tuple(class_names)
     unknown = [name for name in found if name not in class_names]
@@ -278,18 +276,14 @@ def from_folder(path, shard=None, class_names=None, holdout=None):
     for class_name in found:
         images = image_files(os.path.join(path, class_name))
         if not images:
-            raise ValueError(
-                f"Class folder {os.path.join(path, class_name)} holds no images ({IMAGE_EXTENSIONS}); "
-                "remove it or add images."
-            )
+            raise ValueError(f"Class folder {os.path.join(path, class_name)} holds no images ({IMAGE_EXTENSIONS}); "
+                             "remove it or add images.")
         if holdout is not None:
             kept = _held_out_part(images, class_name, *holdout)
             if not kept and holdout[0] == "train":
-                raise ValueError(
-                    f"holdout_fraction {holdout[1]} holds out all {len(images)} images of class {class_name!r} under "
-                    f"{path}, which leaves it none to train on; lower holdout_fraction (--holdout-fraction) or add "
-                    "images."
-                )
+                raise ValueError(f"holdout_fraction {holdout[1]} holds out all {len(images)} images of class "
+                                 f"{class_name!r} under {path}, which leaves it none to train on; lower "
+                                 "holdout_fraction (--holdout-fraction) or add images.")
             images = kept
         for file in images:
             problem = _image_problem(file)
@@ -300,11 +294,10 @@ def from_folder(path, shard=None, class_names=None, holdout=None):
             labels.append(class_names.index(class_name))
     if skipped:
         logger.warning("Skipped %d image files that cannot be decoded: %s", len(skipped), "; ".join(skipped[:20]))
-    if not files and holdout is not None and not skipped:
-        raise ValueError(f"The held-out {holdout[0]!r} split of {path} is empty: a class of one image keeps it for "
-                         f"training; add images, or put them in train/ and {holdout[0]}/ folders.")
     if not files:
-        raise ValueError(f"No readable images under {path}.")
+        raise ValueError(f"No readable images under {path}." if holdout is None or skipped else
+                         f"The held-out {holdout[0]!r} split of {path} is empty: a class of one image keeps it for "
+                         f"training; add images, or put them in train/ and {holdout[0]}/ folders.")
     if shard is not None:
         index, count = shard
         files, labels = files[index::count], labels[index::count]

@@ -27,6 +27,8 @@ Example:
 ...                           convention="timm")
 >>> transform.plan(375, 500)  # resized (height, width), then the crop's (top, left)
 ((256, 341), (16, 58))
+>>> transform.summary()
+"timm's: the shorter side resized (bicubic, antialiased), then the centre 224x224 (crop_pct 0.875)"
 >>> transform(np.zeros((375, 500, 3), "uint8")).shape
 (224, 224, 3)
 """
@@ -238,24 +240,17 @@ class EvalTransform:
         return self(arrays.open_rgb(path) if self.antialias else arrays.decode_image(path))
 
     def summary(self):
-        """This rule in one line, whose it is first.
-
-        Example:
-        >>> EvalTransform((224, 224), 0.9, interpolation="bicubic", convention="timm").summary()
-        "timm's: the shorter side resized (bicubic, antialiased), then the centre 224x224 (crop_pct 0.9)"
-        """
-        owner = {"timm": "timm's", "transformers": "transformers'", "vit_jax": "vit_jax's"}.get(self.convention,
-                                                                                                "keras_vit's")
-        filter_ = f"{self.interpolation}, {'antialiased' if self.antialias else 'tf.image.resize'}"
-        size = "" if self.image_size is None else f"{self.image_size[0]}x{self.image_size[1]}"
+        """This rule in one line, whose it is first (the module's example shows one)."""
+        owner = self.convention + ("': " if self.convention.endswith("s") else "'s: ")
+        how = f"({self.interpolation}, {'antialiased' if self.antialias else 'tf.image.resize'})"
+        size = "the model size" if self.image_size is None else "x".join(map(str, self.image_size))
         if self.patch_budget is not None:
-            return (f"{owner}: each photo resized whole ({filter_}) to its patch budget of {self.patch_budget[0]} "
-                    f"patches of {self.patch_budget[1]} px")
+            return f"{owner}each photo resized whole {how} to its budget of {self.patch_budget[0]} patches"
         if self.crop_mode == "squash" and self.crop_fraction == 1.0 and self.resize_size is None:
-            return f"{owner}: both sides to {size or 'the model size'} ({filter_})"
-        resize = "the shorter side" if self.crop_mode == "center" else "both sides"
+            return f"{owner}both sides to {size} {how}"
         crop = f"crop_pct {self.crop_fraction:g}" if self.resize_size is None else f"resized to {self.resize_size}"
-        return f"{owner}: {resize} resized ({filter_}), then the centre {size or 'crop'} ({crop})"
+        sides = "the shorter side" if self.crop_mode == "center" else "both sides"
+        return f"{owner}{sides} resized {how}, then the centre {size} ({crop})"
 
     @property
     def computed_by_tf_image_resize(self):

@@ -33,3 +33,9 @@ def state_without_adapters(model, timm_class):
         raise CheckpointError(f"{model.name} has LoRA adapters, which timm's {timm_class} does not have: call "
                               "keras_vit.merge_lora(model) first, then save_timm.")
     return state
+
+
+def gives_tokens(model):
+    """Whether `model` has neither a head nor a pooling: its output is its token sequence (`pooling=None`)."""
+    names = {layer.name for layer in model.layers}
+    return "head" not in names and not names & {"pool", "attention_pool", "pool_average"}

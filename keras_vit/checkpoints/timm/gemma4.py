@@ -32,7 +32,7 @@ import numpy as np
 from keras_vit.checkpoints.source import CheckpointError, source_from_state
 from keras_vit.checkpoints.state_dict_files import read_state_dict
 from keras_vit.checkpoints.tensor_layout import BlockRule, TensorLayout, check_shape, settings
-from keras_vit.checkpoints.timm.class_common import state_without_adapters
+from keras_vit.checkpoints.timm.class_common import gives_tokens, state_without_adapters
 from keras_vit.checkpoints.timm.config import (
     check_head,
     configured_eval_transform,
@@ -286,6 +286,10 @@ def _check_sizes(state, entry, args, switches, path):
 def gemma4_arguments(model, architecture):
     """The keywords of `timm.create_model(architecture, **kwargs)` with the sizes and switches of `model`, for a name
     of `GEMMA4_ARCHITECTURES` (`writer.timm_arguments` checks that they rebuild it)."""
+    if timm_class_of(architecture) == CLASSIFIER and gives_tokens(model):
+        raise CheckpointError(f"{model.name} gives its token sequence (no head and no pooling), which timm's "
+                              f"classifier {architecture!r} does not: save it under the encoder's name "
+                              f"({architecture}_enc), whose global_pool gives them, or with its head.")
     found = architecture_of(model)
     block = model.get_layer("encoderblock_0")
     kernel = model.get_layer("embedding").kernel

@@ -42,6 +42,7 @@ from keras_vit.checkpoints.timm.families import (
     TimmArchitecture,
 )
 from keras_vit.checkpoints.timm.layout import LAYOUT as VISION_TRANSFORMER_LAYOUT
+from keras_vit.layers.windows import resize_decomposed_table
 from keras_vit.model.description import architecture_of
 
 # timm's VisionTransformerSAM keywords that keras_vit computes, as model_args (and the table) spell them.
@@ -149,6 +150,27 @@ def check_decomposed_tables(state, origins, architecture, grid, path, where, fie
                 f"{field_prefix}global_attn_indexes or {field_prefix}window_size is not the file's)") if other else ""
         raise CheckpointError(f"{path}: {origins.get(key, key)} has {table.shape[0]} rows, but {reason}{hint}. Nothing "
                               "was loaded.")
+
+
+def resize_global_tables(model, state, variables, source, notes):
+    """Resize the decomposed tables of `model`'s global blocks in `state` from the file's own grid to the model's,
+    linearly, as timm's `get_rel_pos` does in its forward (timm's and transformers' files alike; a note each). A
+    windowed block's tables depend on its window alone, and a table of another length is the shape check's to
+    report: nothing else is resized (`variables`: the model's, by path)."""
+    file_grid = None if source.grid_size is None or None in source.grid_size else tuple(source.grid_size)
+    for layer in model.layers:
+        if file_grid is None or not getattr(layer, "decomposed_relative_position", False) or layer.window_size:
+            continue
+        for side, name in zip(file_grid, ("rel_pos_h", "rel_pos_w")):
+            key = f"{layer.name}/{name}"
+            table, variable = state.get(key), variables.get(key)
+            if table is None or variable is None or table.ndim != 2 or table.shape[0] != 2 * side - 1 \
+                    or table.shape[0] == variable.shape[0] or table.shape[1] != variable.shape[1]:
+                continue
+            state[key] = resize_decomposed_table(table, int(variable.shape[0]))
+            notes.append(f"Resized {source.description}'s {key} from {table.shape[0]} to {variable.shape[0]} offsets "
+                         f"(the file's {file_grid[0]}x{file_grid[1]} patch grid to the model's; linear, as timm's "
+                         "get_rel_pos).")
 
 
 def read_timm_sam(path, budget, config, where):

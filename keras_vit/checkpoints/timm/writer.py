@@ -30,7 +30,8 @@ from keras_vit.checkpoints.timm.cait import CAIT_ARCHITECTURES
 from keras_vit.checkpoints.timm.eva_families import EVA_ARCHITECTURES
 from keras_vit.checkpoints.timm.eva_layout import to_timm_eva
 from keras_vit.checkpoints.timm.families import timm_architecture, timm_mlp_dim, timm_mlp_ratio
-from keras_vit.checkpoints.timm.gemma4 import ENCODER, GEMMA4_ARCHITECTURES, timm_class_of, timm_statistics
+from keras_vit.checkpoints.timm.gemma4 import GEMMA4_ARCHITECTURES, timm_statistics
+from keras_vit.checkpoints.timm.class_common import gives_tokens
 from keras_vit.checkpoints.timm.folders import CLASSES
 from keras_vit.checkpoints.timm.hybrid import (
     check_timm_rebuilds_backbone,
@@ -238,18 +239,10 @@ def timm_arguments(model, architecture=None):
 
 
 def _token_note(model, architecture):
-    """A note for a model without its head that gives its token sequence, where timm's model of `architecture` has
-    them as its `forward_features` (None otherwise); refused for a Gemma 4 classifier's name, whose soft tokens
-    timm's classifier has nowhere (its encoder's name gives them: `global_pool` 'none' and 'soft')."""
-    names = {layer.name for layer in model.layers}
-    if "head" in names or names & {"pool", "attention_pool", "pool_average"}:
+    """A note for a model without its head that gives its token sequence: timm's model of `architecture` has them
+    as its `forward_features` (Gemma 4's encoder as its output, its classifier nowhere: `gemma4_arguments`)."""
+    if not gives_tokens(model) or architecture in GEMMA4_ARCHITECTURES:
         return None
-    if architecture in GEMMA4_ARCHITECTURES:
-        if timm_class_of(architecture) == ENCODER:
-            return None
-        raise CheckpointError(f"{model.name} gives its token sequence (no head and no pooling), which timm's "
-                              f"classifier {architecture!r} does not: save it under the encoder's name "
-                              f"({architecture}_enc), whose global_pool gives them, or with its head.")
     return (f"{model.name} gives its token sequence (include_top=False, pooling=None): the folder holds timm's "
             f"{architecture or 'vit_base_patch16_224'!r} without a head, whose forward gives the pooled features "
             "(num_classes=0) and whose forward_features gives these tokens; keras_vit.from_pretrained(folder, "
@@ -260,7 +253,6 @@ def _keywords(model, architecture):
     """`timm_arguments` before its check: the keywords, and refusals of what no keyword expresses."""
     found = architecture_of(model)
     _check_class_named(model, found, architecture)
-    _token_note(model, architecture)  # its refusal
     if architecture in CLASSES:
         return CLASSES[architecture][2](model, architecture)
     entry = None if architecture is None else timm_architecture(architecture, "timm_arguments")
