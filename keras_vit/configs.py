@@ -209,11 +209,11 @@ def check_weights_file(weights):
 
 
 def path_errors(config):
-    """The errors of a training `config`'s paths that are not there, its dataset's and its weights': what the
-    command checks before it imports Keras (`raise_all(path_errors(config))`), and `training.check_inputs` with
-    its output folder's."""
+    """The errors of a command's paths that are not there, its dataset's and its weights' (a training config, or the
+    parsed flags of evaluate, predict and inspect): what the command checks before it imports Keras
+    (`raise_all(path_errors(config))`), and `training.check_inputs` with its output folder's."""
     errors = []
-    for check in (lambda: check_dataset(config.dataset, config.data_dir),
+    for check in (lambda: check_dataset(getattr(config, "dataset", "digits"), getattr(config, "data_dir", None)),
                   lambda: check_weights_file(getattr(config, "weights", None))):
         try:
             check()

@@ -279,14 +279,15 @@ def command(tmp_path, arguments, blocked=(), keras_json=None, entry=("-m", "kera
 
 @pytest.mark.parametrize("arguments,entry", [(["--help"], "script"), (["finetune", "--help"], ("-m", "keras_vit")),
                                              (["pretrain", "--lr", "0.1"], "script"),
-                                             (["finetune", "--dataset", "photos/", "--weights", "run/model"], "script")])
+                                             (["finetune", "--dataset", "photos/", "--weights", "run/model"], "script"),
+                                             (["evaluate", "--dataset", "photos/", "--weights", "run/model"], "script")])
 @pytest.mark.backend_independent
 def test_help_a_mistyped_flag_and_missing_paths_import_no_backend(tmp_path, arguments, entry):
     """A missing folder or weights file is said before Keras loads: it cost 5-10 s of imports (before 2026-12-07)."""
     done, imported = command(tmp_path, arguments, entry=entry)
     assert done.returncode == (0 if "--help" in arguments else 2), done.stderr
     assert imported == []
-    if "photos/" in arguments:
+    if "photos/" in arguments:  # finetune and evaluate alike
         assert done.stderr.endswith("keras-vit: error: 2 problems: (1) Image folder not found: photos/; check the path "
                                     "given as --dataset. (2) Weights file not found: run/model\n"), done.stderr
 

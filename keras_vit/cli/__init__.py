@@ -115,6 +115,8 @@ def run(args):
         configs.raise_all(configs.path_errors(config))  # a mistyped folder or file is said before Keras loads
     elif getattr(args, "model", None):
         named_variant(args.model)  # An unknown name is the error, not a missing default file.
+    if args.command in ("evaluate", "inspect"):  # (predict names its missing images and weights in one line, after)
+        configs.raise_all(configs.path_errors(args))
     # Bad flag values are refused above, before Keras loads; `api` registers every class a .keras file may name.
     from keras_vit import api, training  # noqa: F401
     from keras_vit.tools import inference
