@@ -66,11 +66,14 @@ with engine.scope():
     training.zero_head(model)  # The paper's fine-tuning head: one zero-initialised layer.
     if config.lora_rank:  # Low-rank adapters on every block's qkv: only they and the head train.
         keras_vit.enable_lora(model, config.lora_rank)
-    # The paper's recipe: SGD with momentum, warmup then cosine decay, global-norm clipping.
-    schedule = recipes.WarmupDecay(config.learning_rate, total_updates, min(config.warmup_steps, total_updates),
-                                   "cosine")
+    # Warmup (a tenth of the updates by default) then cosine decay, global-norm clipping; the paper's SGD with
+    # momentum, or --opt adamw / lamb with timm's parameter groups (and --layer-decay), as BEiT and MAE fine-tune.
+    warmup = recipes.warmup_updates(total_updates, config.warmup_steps, config.longest_warmup)
+    schedule = recipes.WarmupDecay(config.learning_rate, total_updates, warmup, "cosine")
     optimizer = recipes.finetuning_optimizer(schedule, global_clipnorm=config.clipnorm, ema_momentum=config.ema,
-                                             gradient_accumulation_steps=accumulation)
+                                             gradient_accumulation_steps=accumulation, opt=config.opt,
+                                             weight_decay=config.weight_decay, layer_decay=config.layer_decay,
+                                             model=model)
     model.compile(
         optimizer=optimizer,
         loss=keras.losses.CategoricalCrossentropy(from_logits=True, label_smoothing=config.label_smoothing),

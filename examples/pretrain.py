@@ -62,10 +62,11 @@ with engine.scope():
         name="vit_pretrain", dtype=dtype, drop_remainder=config.drop_remainder,
     )
     # The paper's recipe: AdamW, linear warmup then linear (or cosine) decay, global-norm clipping.
-    schedule = recipes.WarmupDecay(config.learning_rate, total_updates, min(config.warmup_steps, total_updates),
-                                   config.decay)
+    warmup = recipes.warmup_updates(total_updates, config.warmup_steps, config.longest_warmup)
+    schedule = recipes.WarmupDecay(config.learning_rate, total_updates, warmup, config.decay)
     optimizer = recipes.pretraining_optimizer(schedule, weight_decay=config.weight_decay,
-                                              global_clipnorm=config.clipnorm, gradient_accumulation_steps=accumulation)
+                                              global_clipnorm=config.clipnorm, gradient_accumulation_steps=accumulation,
+                                              model=encoder)
     if masked_patch:
         model = keras_vit.MaskedPatchPretrainer(encoder, seed=config.seed, name="masked_patch_pretrainer")
         model.compile(optimizer=optimizer, steps_per_execution=config.steps_per_execution)

@@ -21,6 +21,8 @@ from keras_vit.utils.shapes import as_pair
 ENGINES = ("none", "mirrored", "tpu", "data_parallel", "model_parallel", "multi_host")
 FORMATS = ("onnx", "litert", "tf_saved_model")
 QUANTIZE_MODES = ("int8",)
+# Fine-tuning optimizers, by timm's --opt names: the paper's SGD, torch's AdamW and timm's LAMB.
+OPTIMIZERS = ("sgd", "adamw", "lamb")
 
 
 def flag(name):
@@ -131,6 +133,7 @@ _RULES = {
     **dict.fromkeys(("warmup_steps", "mixup", "cutmix", "weight_decay", "representation_size", "workers"), _NON_NEGATIVE),
     **dict.fromkeys(("learning_rate", "clipnorm"), _POSITIVE),
     "min_crop_area": _bounds(0, 1, low_open=True, words="in (0, 1]"),
+    "layer_decay": _bounds(0, 1, low_open=True, words="in (0, 1] (0.65 for BEiT and MAE base, 0.75 for large)"),
 }
 
 
@@ -143,7 +146,8 @@ class PretrainConfig(_TrainingConfig):
     output_dir: str = "runs/pretrain"
     epochs: int = 60
     learning_rate: float = 1e-3
-    warmup_steps: int = 100
+    warmup_steps: int = None  # None: a share of the updates (recipes.warmup_updates), at most longest_warmup
+    longest_warmup: typing.ClassVar[int] = 100
     objective: str = "classification"
     weight_decay: float = 0.1
     decay: str = "linear"
@@ -163,9 +167,31 @@ class FinetuneConfig(_TrainingConfig):
     output_dir: str = "runs/finetune"
     epochs: int = 10
     learning_rate: float = 0.01
-    warmup_steps: int = 20
+    warmup_steps: int = None  # None: a share of the updates (recipes.warmup_updates), at most longest_warmup
+    longest_warmup: typing.ClassVar[int] = 20
     ema: float = None
+    # The optimizer (timm's --opt): the paper's "sgd", or "adamw" / "lamb" with timm's parameter groups.
+    opt: str = "sgd"
+    weight_decay: float = None  # None: 0 for sgd, 0.05 for adamw and lamb
+    layer_decay: float = None  # layer-wise rate decay (adamw, lamb): each layer's rate times this per layer above it
+
+    def __post_init__(self):
+        super().__post_init__()
+        check_optimizer(self.opt, self.weight_decay, self.layer_decay)
     lora_rank: int = None  # LoRA adapters of this rank on every block's qkv; only they and the head train
+
+
+def check_optimizer(opt, weight_decay=None, layer_decay=None):
+    """Refuse an unknown fine-tuning optimizer, or the paper's SGD with a weight or layer decay it does not have."""
+    if opt not in OPTIMIZERS:
+        raise ValueError(f"Unknown optimizer {opt!r} (--opt); expected one of {', '.join(OPTIMIZERS)}.")
+    if opt != "sgd":
+        return
+    for name, value, what in (("weight_decay", weight_decay, "no weight decay"),
+                              ("layer_decay", layer_decay, "one rate for every layer")):
+        if value:
+            raise ValueError(f"The paper's SGD fine-tuning has {what}; {flag(name)} {value!r} needs --opt adamw or "
+                             f"lamb (as BEiT, MAE and DeiT fine-tune), or leave {flag(name)} out.")
 
 
 def model_sizes(model=None, checkpoint=None, default=SMALL_VIT, given=None):

@@ -19,7 +19,7 @@ import dataclasses
 import difflib
 import re
 
-from keras_vit.configs import ENGINES, flag
+from keras_vit.configs import ENGINES, OPTIMIZERS, flag
 from keras_vit.data import HOLDOUT_FRACTION
 from keras_vit.data.preprocessing import PILLOW_FILTERS
 from keras_vit.data.randaugment import RandAugment
@@ -179,7 +179,8 @@ def add_training_flags(parser, config_class):
     group.add_argument("--target-batch-size", type=int,
                        help="reach this batch by gradient accumulation (the paper: 4096 pretraining, 512 fine-tuning)")
     group.add_argument("--learning-rate", type=float)
-    group.add_argument("--warmup-steps", type=int, help="linear warmup (the paper: 10k pretraining, 500 fine-tuning)")
+    group.add_argument("--warmup-steps", type=int, help="linear warmup in updates (the paper: 10k pretraining, 500 "
+                       f"fine-tuning; default: a tenth of the run's updates, at most {config_class.longest_warmup})")
     group.add_argument("--clipnorm", type=float, help="global gradient-norm clip")
     group.add_argument("--label-smoothing", type=float)
     group.add_argument("--dropout", type=float)
@@ -194,6 +195,13 @@ def add_training_flags(parser, config_class):
         group.add_argument("--representation-size", type=int, help="pre-logits width (0: none)")
     else:
         group.add_argument("--ema", type=float, help="Polyak averaging momentum, e.g. 0.9999")
+        group.add_argument("--opt", choices=OPTIMIZERS,
+                           help="sgd: the paper's (momentum 0.9, no weight decay); adamw (torch's) or lamb (timm's) "
+                           "with timm's parameter groups: no decay on biases, norms, tokens and position tables")
+        group.add_argument("--weight-decay", type=float, help="adamw and lamb's decoupled decay (default 0.05)")
+        group.add_argument("--layer-decay", type=float,
+                           help="layer-wise rate decay of adamw and lamb, as timm's: each layer's rate times this "
+                           "for every layer above it (0.65: BEiT and MAE base; 0.75: large)")
         group.add_argument("--lora-rank", type=int,
                            help="train LoRA adapters of this rank on every block's qkv and the head only")
     group.add_argument("--min-crop-area", type=float,

@@ -148,19 +148,26 @@ def update_steps(steps_per_epoch, epochs, accumulation=None):
     return max(steps_per_epoch // (accumulation or 1) * epochs, 1)
 
 
-def pretraining_recipe(learning_rate, total_updates, warmup_steps, weight_decay=0.1, decay="linear",
-                       clipnorm=1.0, accumulation=None):
-    """`recipes.pretraining_optimizer` (AdamW) on a warmup-then-`decay` schedule of `total_updates`."""
-    schedule = recipes.WarmupDecay(learning_rate, total_updates, min(warmup_steps, total_updates), decay)
+def pretraining_recipe(learning_rate, total_updates, warmup_steps=None, weight_decay=0.1, decay="linear",
+                       clipnorm=1.0, accumulation=None, model=None, longest_warmup=recipes.PRETRAINING_WARMUP):
+    """`recipes.pretraining_optimizer` (AdamW, `model`'s variables decayed as timm's groups say) on a
+    warmup-then-`decay` schedule of `total_updates` (warmup: `recipes.warmup_updates`)."""
+    schedule = recipes.WarmupDecay(learning_rate, total_updates,
+                                   recipes.warmup_updates(total_updates, warmup_steps, longest_warmup), decay)
     return recipes.pretraining_optimizer(schedule, weight_decay=weight_decay, global_clipnorm=clipnorm,
-                                         gradient_accumulation_steps=accumulation)
+                                         gradient_accumulation_steps=accumulation, model=model)
 
 
-def finetuning_recipe(learning_rate, total_updates, warmup_steps, clipnorm=1.0, ema=None, accumulation=None):
-    """`recipes.finetuning_optimizer` (SGD, momentum) on a warmup-then-cosine schedule of `total_updates`."""
-    schedule = recipes.WarmupDecay(learning_rate, total_updates, min(warmup_steps, total_updates), "cosine")
+def finetuning_recipe(learning_rate, total_updates, warmup_steps=None, clipnorm=1.0, ema=None, accumulation=None,
+                      opt="sgd", weight_decay=None, layer_decay=None, model=None,
+                      longest_warmup=recipes.FINETUNING_WARMUP):
+    """`recipes.finetuning_optimizer` (`opt`: the paper's SGD, or AdamW / LAMB with timm's groups over `model`) on
+    a warmup-then-cosine schedule of `total_updates` (warmup: `recipes.warmup_updates`)."""
+    schedule = recipes.WarmupDecay(learning_rate, total_updates,
+                                   recipes.warmup_updates(total_updates, warmup_steps, longest_warmup), "cosine")
     return recipes.finetuning_optimizer(schedule, global_clipnorm=clipnorm, ema_momentum=ema,
-                                        gradient_accumulation_steps=accumulation)
+                                        gradient_accumulation_steps=accumulation, opt=opt,
+                                        weight_decay=weight_decay, layer_decay=layer_decay, model=model)
 
 
 def accuracy_metrics(num_classes):
@@ -367,10 +374,12 @@ def train(config):
             if config.lora_rank:
                 enable_lora(encoder, config.lora_rank)
             optimizer = finetuning_recipe(config.learning_rate, total_updates, config.warmup_steps,
-                                          config.clipnorm, config.ema, accumulation)
+                                          config.clipnorm, config.ema, accumulation, config.opt,
+                                          config.weight_decay, config.layer_decay, encoder, config.longest_warmup)
         else:
             optimizer = pretraining_recipe(config.learning_rate, total_updates, config.warmup_steps,
-                                           config.weight_decay, config.decay, config.clipnorm, accumulation)
+                                           config.weight_decay, config.decay, config.clipnorm, accumulation,
+                                           encoder, config.longest_warmup)
         model = compile_model(encoder, optimizer, num_classes, masked_patch, config.label_smoothing, config.seed,
                               config.steps_per_execution)
 

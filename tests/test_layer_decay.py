@@ -1,0 +1,179 @@
+"""The fine-tuning optimizers of BEiT, MAE and DeiT: timm's parameter groups, and each step equal to timm's.
+
+The references are tests/fixtures/timm_optimizer/ (tools/make_optimizer_fixtures.py): timm's own param groups
+for every timm fixture, and the fixtures' weights after three steps of timm's AdamW and LAMB (weight decay 0.05,
+layer decay 0.65), in float32 and float64.
+"""
+
+import json
+import os
+import re
+import shutil
+
+import keras
+import numpy as np
+import pytest
+from conftest import fixture
+from keras import ops
+from safetensors.numpy import load_file, save_file
+
+import keras_vit
+from keras_vit.training import param_groups, recipes
+
+OPTIMIZER = fixture("timm_optimizer")
+with open(os.path.join(OPTIMIZER, "groups.json")) as _file:
+    TIMM_GROUPS = json.load(_file)
+STEP_CASES = sorted(name for name in os.listdir(OPTIMIZER) if os.path.isdir(os.path.join(OPTIMIZER, name)))
+LEARNING_RATE, WEIGHT_DECAY, LAYER_DECAY = 1e-3, 0.05, 0.65
+# Where timm holds a fused variable as several tensors, LAMB (a trust ratio per tensor) is refused.
+LAMB_REFUSED = {
+    "gemma4": "LAMB's trust ratio is one per timm tensor, and timm holds Gemma 4's q, k and v and its gate and up "
+              "projections apart, where gemma4_vit_167m fuses them: use opt='adamw' (--opt adamw), which steps them "
+              "alike.",
+    "beit_swiglu": "timm holds BEiT's two SwiGLU layers (mlp.fc1_g and mlp.fc1_x) apart",
+    "eva02_separate_qkv": "timm holds Eva's two SwiGLU layers (mlp.fc1_g and mlp.fc1_x, where it scales the MLP or "
+                          "names none) apart",
+}
+
+
+def _coded_folder(source, groups, folder):
+    """A copy of timm folder `source` whose every parameter holds one number, 10 to the power of its timm group's
+    index in the returned `pairs`; buffers keep their values. Read by keras_vit, each variable then says which timm
+    group it came from (where keras_vit sums tensors, as a parallel block's two output biases, a multiple of it)."""
+    pairs = sorted({tuple(pair) for pair in groups.values()})
+    tensors = load_file(os.path.join(source, "model.safetensors"))
+    for name in tensors:
+        if name in groups:
+            tensors[name] = np.full_like(tensors[name], 10.0 ** pairs.index(tuple(groups[name])))
+    os.makedirs(folder)
+    shutil.copy(os.path.join(source, "config.json"), folder)
+    save_file(tensors, os.path.join(folder, "model.safetensors"))
+    return pairs
+
+
+@pytest.mark.backend_independent
+@pytest.mark.parametrize("case", sorted(TIMM_GROUPS))
+def test_each_variable_gets_the_rate_scale_and_decay_of_its_timm_param_group(case, tmp_path):
+    """Every trainable variable of every timm fixture (each class, hybrid stems, CaiT's token-only blocks, SAM's
+    neck, RoPE frequencies, NaFlex) gets the `lr_scale` and weight decay of the group timm's
+    `create_optimizer_v2(model, "adamw", weight_decay=0.05, layer_decay=0.65)` puts its tensors in."""
+    groups = TIMM_GROUPS[case]
+    pairs = _coded_folder(fixture(case), groups, tmp_path / "coded")
+    model = keras_vit.from_pretrained(str(tmp_path / "coded"))
+    ours = param_groups.parameter_groups(model, layer_decay=LAYER_DECAY)
+    wrong = []
+    for variable in model.trainable_weights:
+        values = np.unique(ops.convert_to_numpy(variable))
+        codes = {int(np.floor(np.log10(value) + 1e-6)) for value in values[values != 0]}
+        assert len(codes) == 1 and codes <= set(range(len(pairs))), \
+            f"{case}: {variable.path} reads from timm tensors of groups {codes} (of {len(pairs)})"
+        scale, decays = pairs[codes.pop()]
+        got = ours[variable.path]
+        if not (np.isclose(got[0], scale, rtol=1e-9) and got[1] == decays):
+            wrong.append(f"{variable.path}: ours {got}, timm's ({scale}, {decays})")
+    assert not wrong, f"{case} ({param_groups.timm_class(model)}): " + "; ".join(wrong)
+
+
+def _loss(model):
+    if len(model.outputs[0].shape) == 2 and model.outputs[0].shape[-1] > 1:
+        return keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    return lambda labels, outputs: ops.mean(ops.square(outputs))  # a headless model: timm's mean square
+
+
+def _weights(folder):
+    return {variable.path: ops.convert_to_numpy(variable) for variable in keras_vit.from_pretrained(folder).weights}
+
+
+@pytest.mark.parametrize("opt", ["adamw", "lamb"])
+@pytest.mark.parametrize("case", STEP_CASES)
+def test_three_steps_equal_timms(case, opt):
+    """From timm-written weights and the same batches, three steps of `finetuning_optimizer(opt=...)` (weight decay
+    0.05, layer decay 0.65, a constant rate) give timm's weights, to 1e-3 of how far each tensor moved, plus eight
+    times timm's own float32 distance from its float64 run (which the next steps' gradients carry) and 1e-4 of a
+    step. Where the exact gradient is about 0 (a key bias, CaiT's talking-heads logit bias), Adam's step follows
+    float32 noise, ours and timm's each their own, by up to the rate: such a tensor is held to that."""
+    with np.load(os.path.join(OPTIMIZER, case, "batches.npz")) as batches:
+        pixels, labels, source = batches["pixels"], batches["labels"], str(batches["source"])
+    model = keras_vit.from_pretrained(fixture(source), classifier_activation=None)
+    if opt == "lamb" and case in LAMB_REFUSED:
+        with pytest.raises(ValueError, match=re.escape(LAMB_REFUSED[case])):
+            recipes.finetuning_optimizer(LEARNING_RATE, opt=opt, layer_decay=LAYER_DECAY, model=model)
+        return
+    optimizer = recipes.finetuning_optimizer(
+        LEARNING_RATE, opt=opt, weight_decay=WEIGHT_DECAY, layer_decay=LAYER_DECAY, model=model,
+        global_clipnorm=1.0 if opt == "lamb" else None)  # timm's Lamb clips to norm 1 itself; AdamW does not
+    model.compile(optimizer=optimizer, loss=_loss(model))
+    start = {variable.path: ops.convert_to_numpy(variable) for variable in model.weights}
+    for images, targets in zip(pixels, labels):
+        model.train_on_batch(images * 2 - 1, targets)  # keras_vit's [-1, 1]; timm's pixels normalised alike
+    timm32 = _weights(os.path.join(OPTIMIZER, case, opt))
+    timm64 = _weights(os.path.join(OPTIMIZER, case, opt + "_float64"))
+    worst = []
+    for variable in model.trainable_weights:
+        ours, theirs = ops.convert_to_numpy(variable), timm32[variable.path]
+        moved = np.abs(theirs - start[variable.path]).max()
+        assert moved > 0, f"{variable.path} did not move in timm's run"
+        noise = np.abs(theirs - timm64[variable.path]).max()
+        tolerance = 1e-3 * moved + 8 * noise + 1e-4 * LEARNING_RATE
+        if noise > 0.01 * moved:  # its exact gradient is about 0: each Adam step of noise moves it by up to the rate
+            tolerance = max(tolerance, 2 * len(pixels) * LEARNING_RATE * optimizer.parameter_groups[variable.path][0])
+        if np.abs(ours - theirs).max() > tolerance:
+            worst.append(f"{variable.path}: {np.abs(ours - theirs).max():.3g} > {tolerance:.3g} (moved {moved:.3g})")
+    assert not worst, f"{case}, {opt}: " + "; ".join(worst)
+
+
+@pytest.mark.backend_independent
+def test_bad_optimizer_settings_are_refused_in_one_line():
+    from keras_vit.configs import FinetuneConfig
+
+    with pytest.raises(ValueError, match=r"^Unknown optimizer 'adam' \(--opt\); expected one of sgd, adamw, lamb\.$"):
+        FinetuneConfig(opt="adam")
+    with pytest.raises(ValueError, match=re.escape(
+            "The paper's SGD fine-tuning has one rate for every layer; --layer-decay 0.65 needs --opt adamw or lamb "
+            "(as BEiT, MAE and DeiT fine-tune), or leave --layer-decay out.")):
+        FinetuneConfig(layer_decay=0.65)
+    with pytest.raises(ValueError, match=re.escape("--layer-decay must be in (0, 1] (0.65 for BEiT and MAE base, 0.75 "
+                                                   "for large), got 1.5.")):
+        FinetuneConfig(opt="adamw", layer_decay=1.5)
+    model = keras_vit.ViT(image_size=16, patch_size=8, hidden_size=8, num_layers=1, num_heads=2, mlp_dim=16,
+                          classes=3)
+    with pytest.raises(ValueError, match=re.escape("layer_decay must be in (0, 1]")):
+        param_groups.parameter_groups(model, layer_decay=0.0)
+
+
+@pytest.mark.backend_independent
+def test_the_default_warmup_is_a_share_of_the_run_so_the_first_update_moves():
+    """A short run's first (or only) update was at rate 0 where the default warmup outlasted it."""
+    assert recipes.warmup_updates(3) == 0 and recipes.warmup_updates(1) == 0
+    assert recipes.warmup_updates(220, longest=20) == 20  # the digits job: unchanged
+    assert recipes.warmup_updates(50, warmup_steps=80) == 50
+    from keras_vit import training
+
+    optimizer = training.finetuning_recipe(0.01, total_updates=3)
+    assert float(ops.convert_to_numpy(optimizer.learning_rate)) == pytest.approx(0.01)  # the rate of update 1
+
+
+def test_lora_trains_only_its_adapters_and_the_optimizer_state_survives_a_keras_file(tmp_path):
+    model = keras_vit.ViT(image_size=16, patch_size=8, hidden_size=8, num_layers=2, num_heads=2, mlp_dim=16,
+                          classes=3, classifier_activation=None)
+    keras_vit.enable_lora(model, 2)
+    optimizer = recipes.finetuning_optimizer(1e-3, opt="adamw", layer_decay=0.65, model=model)
+    assert set(optimizer.parameter_groups) == {variable.path for variable in model.trainable_weights}
+    assert all("lora" in path or path.startswith("head/") for path in optimizer.parameter_groups)
+    model.compile(optimizer=optimizer, loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    images, labels = np.random.default_rng(0).uniform(-1, 1, (4, 16, 16, 3)), np.array([0, 1, 2, 0])
+    model.train_on_batch(images, labels)
+    model.save(tmp_path / "model.keras")
+    again = keras.saving.load_model(tmp_path / "model.keras")
+    assert again.optimizer.parameter_groups == optimizer.parameter_groups
+    assert int(ops.convert_to_numpy(again.optimizer.iterations)) == 1
+    for ours, theirs in zip(optimizer.variables, again.optimizer.variables):
+        np.testing.assert_array_equal(ops.convert_to_numpy(ours), ops.convert_to_numpy(theirs))
+    keras.backend.clear_session()
+    with pytest.raises(ValueError, match="has no parameter group for encoderblock_0/qkv/lora_kernel_a"):
+        other = keras_vit.ViT(image_size=16, patch_size=8, hidden_size=8, num_layers=1, num_heads=2, mlp_dim=16,
+                              classes=3, classifier_activation=None)
+        optimizer = recipes.finetuning_optimizer(1e-3, opt="lamb", model=other)
+        keras_vit.enable_lora(other, 2)
+        other.compile(optimizer=optimizer, loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        other.train_on_batch(images, labels)
