@@ -25,7 +25,7 @@ import keras_vit
 from keras_vit import checkpoints, data, training
 from keras_vit.applications.vit import check_image_size
 from keras_vit.flags import parse_config
-from keras_vit.training import durable, recipes
+from keras_vit.training import durable, losses, recipes
 
 config = parse_config(training.FinetuneConfig, description=__doc__.splitlines()[0])
 
@@ -52,6 +52,11 @@ num_classes = train_source.num_classes
 steps = data.steps_per_epoch(train_source, config.batch_size)
 accumulation = recipes.accumulation_steps(config.target_batch_size, config.batch_size)
 total_updates = training.update_steps(steps, config.epochs, accumulation)
+# The recipe (--recipe: the paper's SGD, or MAE's, BEiT v2's, EVA-02's AdamW with layer decay) fills every
+# setting left open, for this model's depth and this run's batch; the flags given override it.
+config, warmup_share, note = config.with_recipe(sizes.num_layers, config.target_batch_size or config.batch_size)
+print(note)
+warmup = recipes.warmup_updates(total_updates, config.warmup_steps, config.longest_warmup, warmup_share)
 
 os.makedirs(config.output_dir, exist_ok=True)
 with engine.scope():
@@ -66,9 +71,8 @@ with engine.scope():
     training.zero_head(model)  # The paper's fine-tuning head: one zero-initialised layer.
     if config.lora_rank:  # Low-rank adapters on every block's qkv: only they and the head train.
         keras_vit.enable_lora(model, config.lora_rank)
-    # Warmup (a tenth of the updates by default) then cosine decay, global-norm clipping; the paper's SGD with
-    # momentum, or --opt adamw / lamb with timm's parameter groups (and --layer-decay), as BEiT and MAE fine-tune.
-    warmup = recipes.warmup_updates(total_updates, config.warmup_steps, config.longest_warmup)
+    # Warmup then cosine decay, global-norm clipping; the paper's SGD with momentum, or --opt adamw / lamb with
+    # timm's parameter groups (and --layer-decay), as BEiT and MAE fine-tune.
     schedule = recipes.WarmupDecay(config.learning_rate, total_updates, warmup, "cosine")
     optimizer = recipes.finetuning_optimizer(schedule, global_clipnorm=config.clipnorm, ema_momentum=config.ema,
                                              gradient_accumulation_steps=accumulation, opt=config.opt,
@@ -76,7 +80,9 @@ with engine.scope():
                                              model=model)
     model.compile(
         optimizer=optimizer,
-        loss=keras.losses.CategoricalCrossentropy(from_logits=True, label_smoothing=config.label_smoothing),
+        # The softmax crossentropy, or with --bce-loss timm's binary cross-entropy of each class (DeiT III's).
+        loss=losses.BinaryCrossentropyOfClasses(config.label_smoothing, config.bce_target_thresh) if config.bce_loss
+        else keras.losses.CategoricalCrossentropy(from_logits=True, label_smoothing=config.label_smoothing),
         metrics=training.accuracy_metrics(num_classes),  # "top1" and "top5"
         steps_per_execution=config.steps_per_execution,
     )
@@ -91,6 +97,8 @@ stream, validation = training.training_data(
     config.eval_batch_size, config.randaugment, config.mixup, config.cutmix, min_crop_area, flip,
     multi_process=engine.process_count > 1, workers=config.workers,
     eval_transform=training.evaluation_transform(model),  # the checkpoint's own, which model.keras keeps
+    # --reprob: timm's random erasing, its noise in the model's own normalized space
+    reprob=config.reprob, pixel_statistics=training.pixel_statistics(model),
 )
 callbacks = [durable.DurableBackup(backup, initial_epoch), keras.callbacks.TerminateOnNaN()]
 if engine.is_chief:  # One process writes the logs; log.csv first, so it has a row for every backed-up epoch.

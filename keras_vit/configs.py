@@ -12,6 +12,7 @@ import os
 import typing
 
 from keras_vit.data import HOLDOUT_FRACTION, check_dataset
+from keras_vit.fine_tuning_recipes import RECIPE_FIELDS, RECIPES, recipe_settings
 from keras_vit.model.variants import SMALL_VIT, named_variant
 from keras_vit.utils.names import HF_PREFIX, looks_like_path
 from keras_vit.utils.shapes import as_pair
@@ -67,6 +68,9 @@ class _TrainingConfig:
     randaugment: tuple = None
     mixup: float = 0.0
     cutmix: float = 0.0
+    reprob: float = 0.0  # timm's random erasing: each image's chance of a box of per-pixel noise
+    bce_loss: bool = False  # timm's binary cross-entropy of classes in place of the softmax crossentropy
+    bce_target_thresh: float = None  # with bce_loss: targets above it count 1, the rest 0
     workers: int = None  # Decoding processes without TensorFlow; None: data.default_workers.
     mixed_precision: bool = False
     steps_per_execution: int = 1
@@ -128,8 +132,10 @@ _POSITIVE = _bounds(0, low_open=True, words="positive")
 _RULES = {
     **dict.fromkeys(("batch_size", "target_batch_size", "eval_batch_size", "epochs", "steps_per_execution",
                      "model_parallel_size", "lora_rank", *SIZE_FIELDS), _AT_LEAST_1),
-    **dict.fromkeys(("label_smoothing", "dropout", "stochastic_depth"), _FRACTION),
-    **dict.fromkeys(("holdout_fraction", "ema"), _OPEN_FRACTION),
+    **dict.fromkeys(("label_smoothing", "dropout", "stochastic_depth", "bce_target_thresh"), _FRACTION),
+    "reprob": _bounds(0, 1, words="in [0, 1]"),
+    "holdout_fraction": _OPEN_FRACTION,
+    "ema": _bounds(0, 1, high_open=True, words="in [0, 1) (0: none)"),
     **dict.fromkeys(("warmup_steps", "mixup", "cutmix", "weight_decay", "representation_size", "workers"), _NON_NEGATIVE),
     **dict.fromkeys(("learning_rate", "clipnorm"), _POSITIVE),
     "min_crop_area": _bounds(0, 1, low_open=True, words="in (0, 1]"),
@@ -166,18 +172,40 @@ class FinetuneConfig(_TrainingConfig):
     weights: str = "runs/pretrain/model.keras"  # what `keras-vit pretrain` writes
     output_dir: str = "runs/finetune"
     epochs: int = 10
-    learning_rate: float = 0.01
-    warmup_steps: int = None  # None: a share of the updates (recipes.warmup_updates), at most longest_warmup
+    warmup_steps: int = None  # None: the recipe's share of the updates, else a tenth, at most longest_warmup
     longest_warmup: typing.ClassVar[int] = 20
-    ema: float = None
+    # The fine-tuning recipe (`keras_vit.fine_tuning_recipes`) that fills each of its settings left None below.
+    recipe: str = "paper"
+    learning_rate: float = None  # a recipe's rate at its batch, scaled to this run's
     # The optimizer (timm's --opt): the paper's "sgd", or "adamw" / "lamb" with timm's parameter groups.
-    opt: str = "sgd"
-    weight_decay: float = None  # None: 0 for sgd, 0.05 for adamw and lamb
+    opt: str = None
+    weight_decay: float = None  # 0.05 for adamw and lamb unless the recipe says otherwise
     layer_decay: float = None  # layer-wise rate decay (adamw, lamb): each layer's rate times this per layer above it
+    ema: float = None  # 0: none, where the recipe has one
+    clipnorm: float = None
+    label_smoothing: float = None
+    stochastic_depth: float = None
+    mixup: float = None
+    cutmix: float = None
+    reprob: float = None
+    bce_loss: bool = None
 
     def __post_init__(self):
         super().__post_init__()
-        check_optimizer(self.opt, self.weight_decay, self.layer_decay)
+        if self.recipe not in RECIPES:
+            raise ValueError(f"Unknown recipe {self.recipe!r} (--recipe); expected one of {', '.join(RECIPES)}.")
+        check_optimizer(self.opt or RECIPES[self.recipe].sizes[0][1]["opt"], self.weight_decay, self.layer_decay)
+
+    def with_recipe(self, num_layers, batch_size):
+        """`(config, warmup share, note)`: this config with each setting of its recipe it leaves None filled for a
+        model of `num_layers` blocks trained at `batch_size` (`fine_tuning_recipes.recipe_settings`)."""
+        given = {name: getattr(self, name) for name in RECIPE_FIELDS if getattr(self, name) is not None}
+        if given.get("opt") == "sgd":  # the paper's SGD has neither decay: a recipe's are not the user's to refuse
+            given.update({name: given.get(name) for name in ("weight_decay", "layer_decay")})
+        settings, share, note = recipe_settings(self.recipe, num_layers, batch_size, given)
+        settings["ema"] = settings["ema"] or None
+        check_optimizer(settings["opt"], settings["weight_decay"], settings["layer_decay"])
+        return dataclasses.replace(self, **settings), share, note
     lora_rank: int = None  # LoRA adapters of this rank on every block's qkv; only they and the head train
 
 

@@ -20,6 +20,7 @@ import difflib
 import re
 
 from keras_vit.configs import ENGINES, OPTIMIZERS, flag
+from keras_vit.fine_tuning_recipes import RECIPES
 from keras_vit.data import HOLDOUT_FRACTION
 from keras_vit.data.preprocessing import PILLOW_FILTERS
 from keras_vit.data.randaugment import RandAugment
@@ -171,6 +172,12 @@ def add_data_flags(parser, training=True):
 def add_training_flags(parser, config_class):
     pretrain = config_class.stage == "pretrain"
     group = parser.add_argument_group("training")
+    if not pretrain:
+        group.add_argument("--recipe", choices=list(RECIPES),
+                           help="fill every setting whose default is the recipe's as a family's authors fine-tuned: "
+                           "the paper's SGD, or MAE's, BEiT v2's or EVA-02's AdamW with layer decay, drop path, RandAugment, "
+                           "MixUp, CutMix, random erasing; each flag given overrides it (docs/training.md's table)")
+    recipe = "" if pretrain else " (default: the --recipe's)"
     group.add_argument("--output-dir", help="logs, learning curve, model.keras")
     group.add_argument("--overwrite", action="store_true",
                        help="train again into a finished --output-dir (or over its own --weights), replacing it")
@@ -178,13 +185,15 @@ def add_training_flags(parser, config_class):
     group.add_argument("--batch-size", type=int, help="global batch per step")
     group.add_argument("--target-batch-size", type=int,
                        help="reach this batch by gradient accumulation (the paper: 4096 pretraining, 512 fine-tuning)")
-    group.add_argument("--learning-rate", type=float)
+    group.add_argument("--learning-rate", type=float, help="peak rate" + ("" if pretrain else
+                       " (default: the --recipe's, at its batch, scaled linearly to --target-batch-size or --batch-size)"))
     group.add_argument("--warmup-steps", type=int, help="linear warmup in updates (the paper: 10k pretraining, 500 "
                        f"fine-tuning; default: a tenth of the run's updates, at most {config_class.longest_warmup})")
-    group.add_argument("--clipnorm", type=float, help="global gradient-norm clip")
-    group.add_argument("--label-smoothing", type=float)
+    group.add_argument("--clipnorm", type=float, help="global gradient-norm clip" + recipe)
+    group.add_argument("--label-smoothing", type=float, help="label smoothing" + recipe)
     group.add_argument("--dropout", type=float)
-    group.add_argument("--stochastic-depth", type=float)
+    group.add_argument("--stochastic-depth", "--drop-path", dest="stochastic_depth", type=float,
+                       help="drop path: the last block's rate, the others' growing linearly from 0 (as timm's)" + recipe)
     group.add_argument("--classifier", choices=["token", "gap"], help="default: the checkpoint's, else token")
     if pretrain:
         group.add_argument("--objective", choices=["classification", "masked-patch"],
@@ -194,14 +203,14 @@ def add_training_flags(parser, config_class):
         group.add_argument("--decay", choices=["linear", "cosine"])
         group.add_argument("--representation-size", type=int, help="pre-logits width (0: none)")
     else:
-        group.add_argument("--ema", type=float, help="Polyak averaging momentum, e.g. 0.9999")
+        group.add_argument("--ema", type=float, help="Polyak averaging momentum, e.g. 0.9999; 0: none" + recipe)
         group.add_argument("--opt", choices=OPTIMIZERS,
                            help="sgd: the paper's (momentum 0.9, no weight decay); adamw (torch's) or lamb (timm's) "
-                           "with timm's parameter groups: no decay on biases, norms, tokens and position tables")
-        group.add_argument("--weight-decay", type=float, help="adamw and lamb's decoupled decay (default 0.05)")
+                           "with timm's parameter groups: no decay on biases, norms, tokens and position tables" + recipe)
+        group.add_argument("--weight-decay", type=float, help="adamw and lamb's decoupled decay" + recipe)
         group.add_argument("--layer-decay", type=float,
                            help="layer-wise rate decay of adamw and lamb, as timm's: each layer's rate times this "
-                           "for every layer above it (0.65: BEiT and MAE base; 0.75: large)")
+                           "for every layer above it (0.65: BEiT and MAE base; 0.75: large)" + recipe)
         group.add_argument("--lora-rank", type=int,
                            help="train LoRA adapters of this rank on every block's qkv and the head only")
     group.add_argument("--min-crop-area", type=float,
@@ -210,9 +219,15 @@ def add_training_flags(parser, config_class):
                        help="random horizontal flips (default on; off for digits, which flips change)")
     group.add_argument("--randaugment", type=float, nargs=2, metavar=("NUM_OPS", "MAGNITUDE"),
                        help="timm's RandAugment rand-mMAGNITUDE-nNUM_OPS-mstd0.5-inc1 on each training example "
-                       "(MAGNITUDE 0-10; 2 9 is timm's rand-m9-mstd0.5-inc1)")
-    group.add_argument("--mixup", type=float, help="MixUp alpha (0: off)")
-    group.add_argument("--cutmix", type=float, help="CutMix factor (0: off)")
+                       "(MAGNITUDE 0-10; 2 9 is timm's rand-m9-mstd0.5-inc1)" + recipe)
+    group.add_argument("--mixup", type=float, help="MixUp alpha (0: off)" + recipe)
+    group.add_argument("--cutmix", type=float, help="CutMix factor (0: off)" + recipe)
+    group.add_argument("--reprob", type=float, help="timm's random erasing: each image's chance of a box of "
+                       "per-pixel noise (0.25 in DeiT's and MAE's recipes; 0: off)" + recipe)
+    group.add_argument("--bce-loss", action="store_true",
+                       help="timm's binary cross-entropy of classes (DeiT III's) in place of the softmax crossentropy"
+                       + recipe)
+    group.add_argument("--bce-target-thresh", type=float, help="with --bce-loss: targets above it count 1, else 0")
     group.add_argument("--workers", type=int, help="processes that decode and crop image files where TensorFlow "
                        "is not installed (default: every core but one; none for arrays); tf.data sizes "
                        "its own threads")

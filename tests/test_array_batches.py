@@ -240,7 +240,7 @@ def augmented_statistics(source, augmenters):
 
 @pytest.mark.parametrize("augmenter", ["mixup", "cutmix"])
 def test_augmentations_give_the_same_statistics_on_both_pipelines(digits, monkeypatch, augmenter):
-    # Keras' MixUp and CutMix draw from their layer's seed, in tf.data and in numpy alike: the same distribution, not
+    # timm's MixUp and CutMix (a Keras layer) draw from its seed, in tf.data and in numpy alike: the same distribution, not
     # the same draws (RandAugment's are the same: test_both_pipelines_give_the_same_training_batches).
     (x, y), _ = digits
     options = {"mixup": dict(mixup=0.4), "cutmix": dict(cutmix=1.0)}
@@ -304,7 +304,7 @@ def test_mixup_and_cutmix_refuse_integer_labels_on_both_pipelines(digits, monkey
     # Keras' layers mix one-hot labels; integer ones came out as a (batch, batch) matrix, with no word.
     (x, y), _ = digits
     augmenters = data.make_augmenters(**{"MixUp": {"mixup": 0.4}, "CutMix": {"cutmix": 1.0}}[layer])
-    message = (rf"^{layer} mixes one-hot labels, but one_hot=False gives integer labels \(mixed into a \(batch, batch\) "
+    message = (r"^MixUpCutMix mixes one-hot labels, but one_hot=False gives integer labels \(mixed into a \(batch, batch\) "
                r"matrix\): pass one_hot=True, with a categorical loss\.$")
     for numpy_path in (False, True):
         monkeypatch.setattr(data, "tensorflow_installed", lambda: not numpy_path)

@@ -12,7 +12,7 @@ def test_batched_keras_augmentations_mix_one_hot_labels():
     (x, y), _ = data.digits(image_size=16)
     source = data.from_arrays(x[:64], y[:64])
     augmenters = data.make_augmenters(randaugment=(2, 9), mixup=0.2, cutmix=1.0, seed=1)
-    assert [type(a).__name__ for a in augmenters] == ["RandAugment", "MixUp", "CutMix"]
+    assert [type(a).__name__ for a in augmenters] == ["RandAugment", "MixUpCutMix"]
     images, labels = next(iter(data.make_dataset(source, 16, 32, training=True, augmenters=augmenters, one_hot=True)))
     labels = labels.numpy()
     np.testing.assert_allclose(labels.sum(1), 1.0, atol=1e-5)

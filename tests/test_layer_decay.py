@@ -177,3 +177,60 @@ def test_lora_trains_only_its_adapters_and_the_optimizer_state_survives_a_keras_
         keras_vit.enable_lora(other, 2)
         other.compile(optimizer=optimizer, loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
         other.train_on_batch(images, labels)
+
+
+@pytest.mark.backend_independent
+def test_a_recipe_fills_what_the_user_left_open_for_the_models_size_and_batch():
+    from keras_vit.configs import FinetuneConfig
+
+    config, share, note = FinetuneConfig(recipe="mae", weights=None).with_recipe(num_layers=24, batch_size=512)
+    assert (config.opt, config.learning_rate, config.layer_decay, config.stochastic_depth, share) == \
+        ("adamw", 1e-3 * 512 / 256, 0.75, 0.2, 0.1)
+    assert (config.mixup, config.cutmix, config.reprob, config.label_smoothing, config.randaugment) == \
+        (0.8, 1.0, 0.25, 0.1, (2, 9))
+    assert note == ("recipe mae (MAE's FINETUNE.md and main_finetune.py (blr at batch 256)): opt adamw, "
+                    "learning_rate 0.002, weight_decay 0.05, layer_decay 0.75, stochastic_depth 0.2, label_smoothing "
+                    "0.1, mixup 0.8, cutmix 1, reprob 0.25, randaugment (2, 9) (its 0.001 at batch 256, scaled to "
+                    "512)")
+    given = FinetuneConfig(recipe="eva02", weights=None, learning_rate=3e-4, ema=0.0, opt="lamb")
+    config, share, note = given.with_recipe(num_layers=12, batch_size=64)
+    assert (config.learning_rate, config.ema, config.opt, config.layer_decay, share) == (3e-4, None, "lamb", 0.7, 0.1)
+    assert note.endswith("; given: ema, learning_rate, opt")
+    config, _, _ = FinetuneConfig(recipe="beit", weights=None, opt="sgd").with_recipe(12, 64)
+    assert (config.opt, config.layer_decay, config.weight_decay) == ("sgd", None, None)
+    paper, share, _ = FinetuneConfig(weights=None).with_recipe(12, 64)  # the digits job's settings, as before
+    assert (paper.opt, paper.learning_rate, paper.clipnorm, paper.label_smoothing, paper.mixup, share) == \
+        ("sgd", 0.01, 1.0, 0.0, 0.0, None)
+    with pytest.raises(ValueError, match=re.escape("Unknown recipe 'deit9' (--recipe); expected one of paper, mae, "
+                                                   "beit, eva02.")):
+        FinetuneConfig(recipe="deit9")
+    with pytest.raises(ValueError, match=re.escape("--layer-decay 0.65 needs --opt adamw or lamb")):
+        FinetuneConfig(layer_decay=0.65)  # the paper's recipe: SGD
+
+
+@pytest.mark.backend_independent
+def test_finetune_with_a_recipe_trains_with_its_optimizer_and_model_keras_records_it(tmp_path, capsys):
+    """From a timm folder, `--recipe beit --layer-decay 0.7`: the optimizer in force is AdamW with timm's groups at
+    the given layer decay and the recipe's rate scaled to the batch, and model.keras says so."""
+    from test_cli import image_folder
+
+    from keras_vit import cli
+
+    folder = str(image_folder(tmp_path / "photos", {"cats": 5, "dogs": 5}))
+    out = tmp_path / "run"
+    cli.main(["finetune", "--dataset", folder, "--weights", fixture("timm_family/deit"), "--epochs", "2",
+              "--recipe", "beit", "--layer-decay", "0.7", "--output-dir", str(out), "--verbose", "0"])
+    printed = capsys.readouterr().out.splitlines()
+    assert ("recipe beit (BEiT v2's get_started_cls.md (models pretrained 1600 epochs, batch 1024) and "
+            "run_class_finetuning.py's defaults): opt adamw, learning_rate 3.90625e-06, weight_decay 0.05, layer_decay "
+            "0.7, stochastic_depth 0.2, label_smoothing 0.1, mixup 0.8, cutmix 1, reprob 0.25, randaugment (2, 9) (its "
+            "0.0005 at batch 1024, scaled to 8); given: layer_decay") in printed
+    trained = keras.saving.load_model(out / "model.keras", compile=True)
+    assert trained.training_settings["recipe"] == "beit" and trained.training_settings["layer_decay"] == 0.7
+    assert trained.training_settings["warmup_updates"] == 0 and trained.training_settings["total_updates"] == 2
+    optimizer = trained.optimizer
+    assert isinstance(optimizer, recipes.LayerDecayAdamW) and int(ops.convert_to_numpy(optimizer.iterations)) == 2
+    fresh = keras_vit.from_pretrained(fixture("timm_family/deit"), classes=2)
+    assert optimizer.parameter_groups == param_groups.parameter_groups(fresh, layer_decay=0.7)
+    schedule = optimizer.get_config()["learning_rate"]["config"]
+    assert schedule["peak_learning_rate"] == pytest.approx(5e-4 * 8 / 1024) and schedule["decay"] == "cosine"

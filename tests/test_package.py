@@ -88,7 +88,7 @@ def test_the_cycle_finder_sees_function_local_imports(tmp_path):
 RANKS = (
     ("keras_vit.startup", "keras_vit.utils"),
     ("keras_vit.layers", "keras_vit.data"),
-    ("keras_vit.model", "keras_vit.configs", "keras_vit.flags"),
+    ("keras_vit.model", "keras_vit.configs", "keras_vit.fine_tuning_recipes", "keras_vit.flags"),
     ("keras_vit.checkpoints",),
     ("keras_vit.applications",),
     ("keras_vit.training",),

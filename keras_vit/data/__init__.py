@@ -405,8 +405,9 @@ def make_dataset(source, image_size, batch_size, training, seed=0, epoch=0, crop
     Training: shuffle (per `seed` and `epoch`), `inception_crop` (keeping at
     least `min_crop_area` of the image), random horizontal flip (if `flip`),
     then the `augmenters` (`make_augmenters`'): keras_vit's `RandAugment` on each
-    example, then the batched Keras layers (`MixUp`, `CutMix`, need
-    `one_hot=True`; any other Keras augmentation layer). Evaluation: `eval_transform`
+    example, then the batched Keras layers (timm's random erasing; its MixUp and
+    CutMix, `mixing.MixUpCutMix`, need `one_hot=True`; any other Keras augmentation
+    layer). Evaluation: `eval_transform`
     (a model's is `keras_vit.eval_transform(model)`: its checkpoint's own
     preprocessing), by default keras_vit's `resize` with `crop_fraction`.
 

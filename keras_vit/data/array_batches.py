@@ -187,7 +187,7 @@ class ArrayBatches(keras.utils.PyDataset):
 
 def mixes_labels(augmenter):
     """Whether a Keras augmentation layer mixes labels as well as images (MixUp, CutMix)."""
-    return type(augmenter).__name__ in ("MixUp", "CutMix")
+    return type(augmenter).__name__ in ("MixUp", "CutMix", "MixUpCutMix")
 
 
 def check_label_mixing(augmenters, one_hot):

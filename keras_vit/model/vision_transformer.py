@@ -153,7 +153,7 @@ class VisionTransformer(keras.Model):
     """
 
     def __init__(self, *args, class_names=None, classifier=None, eval_transform=None, architecture=None, sizes=None,
-                 native_grid=None, naflex_preprocessing=None, **kwargs):
+                 native_grid=None, naflex_preprocessing=None, training_settings=None, **kwargs):
         super().__init__(*args, **kwargs)
         # What it is (`keras_vit.model.description`): its `Architecture`, `Variant` sizes and position grid; None in a
         # model loaded from a `.keras` file saved before models carried them, which is read from its layers.
@@ -167,6 +167,8 @@ class VisionTransformer(keras.Model):
         # How its head pools ("token", "gap" or "map"): no layer shows it in a model without its top that returns
         # the token sequence (include_top=False, pooling=None), nor in one pooled otherwise than its head.
         self.classifier = classifier
+        # What the fine-tuning run that made it used (`keras-vit finetune`'s recipe and settings), or None.
+        self.training_settings = dict(training_settings) if training_settings else None
 
     @property
     def pretrained_cfg(self):
@@ -202,6 +204,8 @@ class VisionTransformer(keras.Model):
             config["eval_transform"] = self.eval_transform.get_config()
         if self.naflex_preprocessing:
             config["naflex_preprocessing"] = dict(self.naflex_preprocessing)
+        if self.training_settings:
+            config["training_settings"] = dict(self.training_settings)
         if self.architecture is not None and self.sizes is not None:
             config.update(describe(self.architecture, self.sizes, self.native_grid))
         return config
@@ -213,9 +217,11 @@ class VisionTransformer(keras.Model):
         classifier = config.pop("classifier", None)
         transform = config.pop("eval_transform", None)
         naflex = config.pop("naflex_preprocessing", None)
+        settings = config.pop("training_settings", None)
         architecture, sizes, grid = read_description(config)
         model = super().from_config(config, custom_objects=custom_objects)
         model.class_names, model.classifier = class_names, classifier
+        model.training_settings = settings
         model.architecture, model.sizes, model.native_grid = architecture, sizes, grid
         try:
             model.naflex_preprocessing = naflex

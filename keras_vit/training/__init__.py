@@ -35,9 +35,9 @@ from keras_vit.configs import (  # noqa: F401 (public here too)
 )
 from keras_vit.data import preprocessing
 from keras_vit.model.lora import enable_lora
-from keras_vit.model.description import is_naflex
+from keras_vit.model.description import architecture_of, is_naflex
 from keras_vit.model.vision_transformer import VisionTransformer, check_image_size, eval_transform
-from keras_vit.training import distribute, durable, recipes
+from keras_vit.training import distribute, durable, losses, recipes
 from keras_vit.training.durable import backup_dir, resumed_epoch  # noqa: F401 (public here too)
 from keras_vit.training.distillation import Distiller  # noqa: F401 (public here too)
 from keras_vit.training.masked_patch import MaskedPatchPretrainer
@@ -103,19 +103,27 @@ def evaluation_transform(model):
     return transform
 
 
+def pixel_statistics(model):
+    """`(mean, std)`: the pixel statistics `model` normalizes by (on [0, 1] pixels), for timm's random erasing."""
+    found = architecture_of(model)
+    return tuple(found.input_mean), tuple(found.input_std)
+
+
 def training_data(
     train_source, eval_source, image_size, batch_size, epochs, initial_epoch=0, seed=0, eval_batch_size=256,
     randaugment=None, mixup=0.0, cutmix=0.0, min_crop_area=0.05, flip=True, images_only=False, multi_process=False,
-    workers=None, eval_transform=None):
+    workers=None, eval_transform=None, reprob=0.0, pixel_statistics=None):
     """`(stream, validation)`: the augmented batches of epochs `initial_epoch..epochs-1`, and the held-out ones.
 
     The held-out images go through `eval_transform` (`evaluation_transform(model)`: the model's own; by default
     keras_vit's resize). Labels are one-hot; `images_only` drops them (masked patch prediction).
     `workers`: decoding processes without TensorFlow (`data.training_stream`).
+    `reprob`: timm's random erasing, its noise in the model's normalized space (`pixel_statistics`: its
+    `(input_mean, input_std)`).
     With `multi_process` the last partial held-out batch is left out: JAX
     needs static batch sizes across processes.
     """
-    augmenters = data.make_augmenters(randaugment, mixup, cutmix, seed)
+    augmenters = data.make_augmenters(randaugment, mixup, cutmix, seed, reprob, pixel_statistics)
     # A run killed after its last epoch resumes at `epochs`: fit trains nothing, the stream is never read.
     first = min(initial_epoch, epochs - 1)
     stream = data.training_stream(train_source, image_size, batch_size, epochs, first, seed,
@@ -149,25 +157,35 @@ def update_steps(steps_per_epoch, epochs, accumulation=None):
 
 
 def pretraining_recipe(learning_rate, total_updates, warmup_steps=None, weight_decay=0.1, decay="linear",
-                       clipnorm=1.0, accumulation=None, model=None, longest_warmup=recipes.PRETRAINING_WARMUP):
+                       clipnorm=1.0, accumulation=None, model=None):
     """`recipes.pretraining_optimizer` (AdamW, `model`'s variables decayed as timm's groups say) on a
-    warmup-then-`decay` schedule of `total_updates` (warmup: `recipes.warmup_updates`)."""
-    schedule = recipes.WarmupDecay(learning_rate, total_updates,
-                                   recipes.warmup_updates(total_updates, warmup_steps, longest_warmup), decay)
+    warmup-then-`decay` schedule of `total_updates` (warmup: `warmup_steps`, else `recipes.warmup_updates`')."""
+    warmup = recipes.warmup_updates(total_updates, warmup_steps, recipes.PRETRAINING_WARMUP)
+    schedule = recipes.WarmupDecay(learning_rate, total_updates, warmup, decay)
     return recipes.pretraining_optimizer(schedule, weight_decay=weight_decay, global_clipnorm=clipnorm,
                                          gradient_accumulation_steps=accumulation, model=model)
 
 
 def finetuning_recipe(learning_rate, total_updates, warmup_steps=None, clipnorm=1.0, ema=None, accumulation=None,
-                      opt="sgd", weight_decay=None, layer_decay=None, model=None,
-                      longest_warmup=recipes.FINETUNING_WARMUP):
+                      opt="sgd", weight_decay=None, layer_decay=None, model=None):
     """`recipes.finetuning_optimizer` (`opt`: the paper's SGD, or AdamW / LAMB with timm's groups over `model`) on
-    a warmup-then-cosine schedule of `total_updates` (warmup: `recipes.warmup_updates`)."""
-    schedule = recipes.WarmupDecay(learning_rate, total_updates,
-                                   recipes.warmup_updates(total_updates, warmup_steps, longest_warmup), "cosine")
+    a warmup-then-cosine schedule of `total_updates` (warmup: `warmup_steps`, else `recipes.warmup_updates`')."""
+    warmup = recipes.warmup_updates(total_updates, warmup_steps)
+    schedule = recipes.WarmupDecay(learning_rate, total_updates, warmup, "cosine")
     return recipes.finetuning_optimizer(schedule, global_clipnorm=clipnorm, ema_momentum=ema,
                                         gradient_accumulation_steps=accumulation, opt=opt,
                                         weight_decay=weight_decay, layer_decay=layer_decay, model=model)
+
+
+def training_settings(config, warmup, total_updates):
+    """What a fine-tuning run used, for its model.keras: the recipe, each setting it filled or the user gave, and
+    the schedule's warmup of its updates."""
+    from keras_vit.fine_tuning_recipes import RECIPE_FIELDS
+
+    settings = {"recipe": config.recipe, **{name: getattr(config, name) for name in RECIPE_FIELDS},
+                "warmup_updates": warmup, "total_updates": total_updates, "epochs": config.epochs,
+                "batch_size": config.batch_size, "target_batch_size": config.target_batch_size}
+    return {key: list(value) if isinstance(value, tuple) else value for key, value in settings.items()}
 
 
 def accuracy_metrics(num_classes):
@@ -180,8 +198,9 @@ def accuracy_metrics(num_classes):
 
 
 def compile_model(model, optimizer, num_classes, masked_patch=False, label_smoothing=0.0, seed=0,
-                  steps_per_execution=1):
-    """Compile `model` for classification from logits, or wrap it in `MaskedPatchPretrainer`.
+                  steps_per_execution=1, bce_loss=False, bce_target_thresh=None):
+    """Compile `model` for classification from logits (the softmax crossentropy, or with `bce_loss` timm's binary
+    cross-entropy of classes, `losses.BinaryCrossentropyOfClasses`), or wrap it in `MaskedPatchPretrainer`.
 
     Returns the model to fit.
     """
@@ -191,7 +210,8 @@ def compile_model(model, optimizer, num_classes, masked_patch=False, label_smoot
         return model
     model.compile(
         optimizer=optimizer,
-        loss=keras.losses.CategoricalCrossentropy(from_logits=True, label_smoothing=label_smoothing),
+        loss=losses.BinaryCrossentropyOfClasses(label_smoothing, bce_target_thresh) if bce_loss else
+        keras.losses.CategoricalCrossentropy(from_logits=True, label_smoothing=label_smoothing),
         metrics=accuracy_metrics(num_classes),
         steps_per_execution=steps_per_execution,
     )
@@ -359,6 +379,12 @@ def train(config):
     steps = data.steps_per_epoch(train_source, config.batch_size)
     accumulation = recipes.accumulation_steps(config.target_batch_size, config.batch_size)
     total_updates = update_steps(steps, config.epochs, accumulation)
+    warmup_share = None
+    if stage == "finetune":  # the recipe fills what the user left open, and says so
+        config, warmup_share, note = config.with_recipe(sizes.num_layers,
+                                                        config.target_batch_size or config.batch_size)
+        print(note)
+    warmup = recipes.warmup_updates(total_updates, config.warmup_steps, config.longest_warmup, warmup_share)
 
     os.makedirs(config.output_dir, exist_ok=True)
     with engine.scope():
@@ -373,15 +399,14 @@ def train(config):
             zero_head(encoder)
             if config.lora_rank:
                 enable_lora(encoder, config.lora_rank)
-            optimizer = finetuning_recipe(config.learning_rate, total_updates, config.warmup_steps,
-                                          config.clipnorm, config.ema, accumulation, config.opt,
-                                          config.weight_decay, config.layer_decay, encoder, config.longest_warmup)
+            optimizer = finetuning_recipe(config.learning_rate, total_updates, warmup, config.clipnorm, config.ema,
+                                          accumulation, config.opt, config.weight_decay, config.layer_decay, encoder)
+            encoder.training_settings = training_settings(config, warmup, total_updates)
         else:
-            optimizer = pretraining_recipe(config.learning_rate, total_updates, config.warmup_steps,
-                                           config.weight_decay, config.decay, config.clipnorm, accumulation,
-                                           encoder, config.longest_warmup)
+            optimizer = pretraining_recipe(config.learning_rate, total_updates, warmup, config.weight_decay,
+                                           config.decay, config.clipnorm, accumulation, encoder)
         model = compile_model(encoder, optimizer, num_classes, masked_patch, config.label_smoothing, config.seed,
-                              config.steps_per_execution)
+                              config.steps_per_execution, config.bce_loss, config.bce_target_thresh)
 
     backup = backup_dir(config.output_dir, engine.process_index)
     initial_epoch = resumed_epoch(backup)
@@ -390,7 +415,8 @@ def train(config):
         train_source, eval_source, config.image_size, config.batch_size, config.epochs, initial_epoch, config.seed,
         config.eval_batch_size, config.randaugment, config.mixup, config.cutmix, min_crop_area, flip,
         images_only=masked_patch, multi_process=engine.process_count > 1, workers=config.workers,
-        eval_transform=evaluation_transform(encoder),
+        eval_transform=evaluation_transform(encoder), reprob=config.reprob,
+        pixel_statistics=pixel_statistics(encoder),
     )
     history = model.fit(
         stream,

@@ -10,6 +10,7 @@ parameter groups and layer-wise rate decay (`finetuning_optimizer(opt=...)`).
 """
 
 from keras_vit.configs import OPTIMIZERS, check_optimizer  # noqa: F401 (OPTIMIZERS public here too)
+from keras_vit.fine_tuning_recipes import RECIPES, Recipe, recipe_settings  # noqa: F401 (public here too)
 from keras_vit.training import param_groups
 from keras_vit.training.optimizers import (  # noqa: F401 (public here too)
     SGD,
@@ -38,9 +39,10 @@ def accumulation_steps(target_batch_size, device_batch_size):
     return target_batch_size // device_batch_size
 
 
-def warmup_updates(total_updates, warmup_steps=None, longest=FINETUNING_WARMUP):
-    """The warmup of a run of `total_updates`: `warmup_steps` where given (at most the run), else a share of the
-    updates (`WARMUP_SHARE`, as timm's warmup epochs and guide 2's are), at most `longest`.
+def warmup_updates(total_updates, warmup_steps=None, longest=FINETUNING_WARMUP, share=None):
+    """The warmup of a run of `total_updates`: `warmup_steps` where given (at most the run), else `share` of the
+    updates (a recipe's warmup epochs over its epochs), else `WARMUP_SHARE` of them (as timm's warmup epochs and
+    guide 2's are) at most `longest`.
 
     A warmup that outlasts the run would leave its first (or only) update at rate 0.
 
@@ -50,6 +52,8 @@ def warmup_updates(total_updates, warmup_steps=None, longest=FINETUNING_WARMUP):
     """
     if warmup_steps is not None:
         return min(int(warmup_steps), total_updates)
+    if share is not None:
+        return int(total_updates * share)
     return min(int(total_updates * WARMUP_SHARE), longest)
 
 
@@ -122,3 +126,4 @@ def finetuning_optimizer(
         ema_momentum=ema_momentum or 0.99,
         gradient_accumulation_steps=gradient_accumulation_steps,
     )
+

@@ -1,0 +1,69 @@
+"""MixUp and CutMix as timm's `Mixup` mixes a batch: one weight per batch, each image with its mirror, one of the two
+per batch. The reference is tests/fixtures/timm_augmentation/mixing.json (tools/make_augmentation_fixtures.py)."""
+
+import json
+
+import numpy as np
+import pytest
+from conftest import fixture
+
+from keras_vit.data import tensorflow_installed
+from keras_vit.data.mixing import MixUpCutMix
+
+with open(fixture("timm_augmentation/mixing.json")) as _file:
+    TIMM = json.load(_file)
+HEIGHT, WIDTH = TIMM["size"]
+DRAWS = 1500
+
+
+def _batches(path):
+    """`DRAWS` mixed batches of two images, all 0 and all 255, with one-hot labels: (first images, first labels)."""
+    layer = MixUpCutMix(mixup_alpha=0.8, cutmix_alpha=1.0, seed=3)
+    images = np.stack([np.zeros((HEIGHT, WIDTH, 3), "float32"), np.full((HEIGHT, WIDTH, 3), 255.0, "float32")])
+    labels = np.eye(2, dtype="float32")
+    if path == "numpy":
+        import keras
+
+        outputs = [layer({"images": images, "labels": labels}, training=True) for _ in range(DRAWS)]
+        return (np.stack([keras.ops.convert_to_numpy(out["images"])[0] for out in outputs]),
+                np.stack([keras.ops.convert_to_numpy(out["labels"])[0] for out in outputs]))
+    if not tensorflow_installed():
+        pytest.skip("tf.data needs TensorFlow")
+    import tensorflow as tf
+
+    from keras_vit.data.tf_data_steps import apply_augmenter
+
+    dataset = tf.data.Dataset.from_tensors((images, labels)).repeat(DRAWS).map(apply_augmenter(layer))
+    mixed = [(x.numpy()[0], y.numpy()[0]) for x, y in dataset]
+    return np.stack([x for x, _ in mixed]), np.stack([y for _, y in mixed])
+
+
+@pytest.mark.parametrize("path", ["numpy", "tf.data"])
+def test_mixup_and_cutmix_follow_timms_mixup(path):
+    """The share of CutMix batches, each one's weight, and the CutMix box's sides have timm's means and standard
+    deviations (to 4.5 standard errors); the labels mix by the weight the pixels did."""
+    images, labels = _batches(path)
+    first = images[..., 0] / 255.0
+    cutmix = np.array([np.unique(image).size > 1 or (image.max() == 1.0 and label[0] < 1)
+                       for image, label in zip(first, labels)])
+    share = cutmix.mean()
+    assert abs(share - TIMM["cutmix_share"]) <= 4.5 * np.sqrt(0.25 / DRAWS), share
+    # MixUp: the image is the weight's blend; CutMix: the box holds the mirror image, the weight what it leaves
+    np.testing.assert_allclose(first[~cutmix].mean(axis=(1, 2)), 1 - labels[~cutmix, 0], atol=1e-5)
+    np.testing.assert_allclose(first[cutmix].mean(axis=(1, 2)), 1 - labels[cutmix, 0], atol=1e-5)
+    boxes = [np.nonzero(image == 1.0) for image in first[cutmix]]
+    found = {"mixup_weight": labels[~cutmix, 0], "cutmix_weight": labels[cutmix, 0],
+             "box_height": np.array([rows.max() - rows.min() + 1 if len(rows) else 0 for rows, _ in boxes], float),
+             "box_width": np.array([cols.max() - cols.min() + 1 if len(cols) else 0 for _, cols in boxes], float)}
+    for key, values in found.items():
+        mean, std = TIMM[key]
+        error = 4.5 * std * np.sqrt(1 / len(values) + 1 / TIMM["counts"][key.split("_")[0] if "weight" in key
+                                                                          else "cutmix"])
+        assert abs(values.mean() - mean) <= error, f"{key}: mean {values.mean():.4g}, timm's {mean:.4g}"
+        assert abs(values.std() - std) <= 1.5 * error, f"{key}: std {values.std():.4g}, timm's {std:.4g}"
+
+
+@pytest.mark.backend_independent
+def test_bad_mixing_settings_are_refused():
+    with pytest.raises(ValueError, match="one of them positive, got 0.0 and 0.0"):
+        MixUpCutMix(mixup_alpha=0.0, cutmix_alpha=0.0)
