@@ -18,7 +18,7 @@ def digits():
 @pytest.fixture
 def numpy_pipeline(monkeypatch):
     """Sources built while this is active are read as a TensorFlow-less install reads them."""
-    monkeypatch.setattr(data, "tensorflow_installed", lambda: False)
+    monkeypatch.setattr(data.source, "tensorflow_installed", lambda: False)
 
 
 @pytest.mark.backend_independent
@@ -140,7 +140,7 @@ def on_both_pipelines(monkeypatch, make_source, run):
     """`run(source)` on tf.data, then on the numpy pipeline (a source made as a TensorFlow-less install makes it)."""
     results = []
     for installed in (True, False):
-        monkeypatch.setattr(data, "tensorflow_installed", lambda: installed)
+        monkeypatch.setattr(data.source, "tensorflow_installed", lambda: installed)
         results.append(run(make_source()))
     monkeypatch.undo()
     return results
@@ -247,7 +247,7 @@ def test_augmentations_give_the_same_statistics_on_both_pipelines(digits, monkey
     results = {}
     for name in ("tf.data", "numpy"):
         if name == "numpy":
-            monkeypatch.setattr(data, "tensorflow_installed", lambda: False)
+            monkeypatch.setattr(data.source, "tensorflow_installed", lambda: False)
         source = data.from_arrays(x[:128], y[:128])
         results[name] = augmented_statistics(source, data.make_augmenters(**options[augmenter], seed=4))
     (tf_change, tf_weight), (np_change, np_weight) = results["tf.data"], results["numpy"]
@@ -270,7 +270,7 @@ def test_an_image_folder_reads_the_same_without_tensorflow(tmp_path, monkeypatch
     (tmp_path / "dog" / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\n truncated")
     with_tf = data.from_folder(str(tmp_path))
     expected = [(images.numpy(), labels.numpy()) for images, labels in data.make_dataset(with_tf, 16, 4, training=False)]
-    monkeypatch.setattr(data, "tensorflow_installed", lambda: False)
+    monkeypatch.setattr(data.source, "tensorflow_installed", lambda: False)
     without = data.from_folder(str(tmp_path))
     assert without.dataset is None and without.num_examples == with_tf.num_examples == 6
     assert without.class_names == with_tf.class_names == ("cat", "dog")
@@ -307,7 +307,7 @@ def test_mixup_and_cutmix_refuse_integer_labels_on_both_pipelines(digits, monkey
     message = (r"^MixUpCutMix mixes one-hot labels, but one_hot=False gives integer labels \(mixed into a \(batch, batch\) "
                r"matrix\): pass one_hot=True, with a categorical loss\.$")
     for numpy_path in (False, True):
-        monkeypatch.setattr(data, "tensorflow_installed", lambda: not numpy_path)
+        monkeypatch.setattr(data.source, "tensorflow_installed", lambda: not numpy_path)
         source = data.from_arrays(x[:64], y[:64])
         with pytest.raises(ValueError, match=message):
             data.make_dataset(source, 16, 32, training=True, augmenters=augmenters)

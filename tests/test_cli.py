@@ -573,19 +573,35 @@ def test_predict_names_every_missing_image_and_empty_folder_in_one_line_before_l
 @pytest.mark.backend_independent
 def test_finetune_from_a_timm_folder_evaluates_and_saves_the_checkpoints_own_preprocessing(tmp_path, capsys):
     """One rule for the held-out accuracy, the saved model, predict and export: timm's crop 0.9, bicubic,
-    antialiased here. model.keras carried keras_vit's squash resize, which predict then fed (before 2026-12-07)."""
+    antialiased here. model.keras carried keras_vit's squash resize, which predict then fed (before 2026-12-07).
+
+    With `--recipe beit --layer-decay 0.7`: the optimizer in force is AdamW with timm's groups at the given layer
+    decay and the given rate, the rest the recipe's, and model.keras says so."""
     import keras_vit
     from keras_vit import training
+    from keras_vit.training import param_groups, recipes
 
     timm_folder = fixture("timm_family/deit")  # pretrained_cfg: 32 px, crop_pct 0.9, bicubic
     folder = str(image_folder(tmp_path / "photos", {"cats": 5, "dogs": 5}, size=(45, 70)))
     out = tmp_path / "run"
     cli.main(["finetune", "--dataset", folder, "--weights", timm_folder, "--epochs", "1", "--warmup-steps", "1",
-              "--learning-rate", "0.1", "--output-dir", str(out), "--verbose", "0"])
+              "--learning-rate", "0.1", "--output-dir", str(out), "--verbose", "0", "--recipe", "beit",
+              "--layer-decay", "0.7"])
     printed = capsys.readouterr().out.splitlines()
+    assert ("recipe beit (BEiT v2's get_started_cls.md (models pretrained 1600 epochs, batch 1024) and "
+            "run_class_finetuning.py's defaults): opt adamw, learning_rate 0.1, weight_decay 0.05, layer_decay 0.7, "
+            "stochastic_depth 0.2, label_smoothing 0.1, mixup 0.8, cutmix 1, reprob 0.25, randaugment (2, 9); given: "
+            "layer_decay, learning_rate") in printed
+    trained = keras.saving.load_model(out / "model.keras")
+    assert (trained.training_settings["recipe"], trained.training_settings["layer_decay"],
+            trained.training_settings["total_updates"]) == ("beit", 0.7, 1)
+    assert isinstance(trained.optimizer, recipes.LayerDecayAdamW)
+    assert int(keras.ops.convert_to_numpy(trained.optimizer.iterations)) == 1
+    fresh = keras_vit.from_pretrained(timm_folder, classes=2)
+    assert trained.optimizer.parameter_groups == param_groups.parameter_groups(fresh, layer_decay=0.7)
+    assert trained.optimizer.get_config()["learning_rate"]["config"]["peak_learning_rate"] == 0.1
     assert ("preprocessing: timm's: the shorter side resized (bicubic, antialiased), then the centre 32x32 "
             "(crop_pct 0.9), for evaluation and the saved model") in printed
-    trained = keras.saving.load_model(out / "model.keras")
     assert trained.eval_transform == keras_vit.from_pretrained(timm_folder).eval_transform
     # The pixels the printed accuracy came from are those predict (and the API's training_data) give.
     held_out = data.load_source(folder, "test", holdout_fraction=0.2)

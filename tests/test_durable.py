@@ -18,6 +18,7 @@ tf = pytest.importorskip("tensorflow")
 
 from conftest import shared_run  # noqa: E402
 
+import keras_vit  # noqa: E402
 from keras_vit import cli, data, training  # noqa: E402
 from keras_vit.checkpoints import save_npz  # noqa: E402
 from keras_vit.utils import files
@@ -143,7 +144,7 @@ def test_nan_stop_keeps_the_last_finite_epoch_and_says_how_to_resume(tmp_path, m
         poisoned = stream.enumerate().map(lambda i, batch: (batch[0] * tf.where(i >= steps, np.nan, 1.0), batch[1]))
         return poisoned, validation
 
-    monkeypatch.setattr(training, "training_data", nan_from_the_second_epoch)
+    monkeypatch.setattr(training.run, "training_data", nan_from_the_second_epoch)
     backup = tmp_path / "backup"
     with pytest.raises(RuntimeError, match=rf"^Training stopped: the loss became NaN \(TerminateOnNaN\)\. "
                        rf"{backup / 'epoch-1'} keeps the state after epoch 1, the last finite one: rerun the same "
@@ -192,7 +193,7 @@ def test_finetune_refuses_to_replace_its_own_weights_without_overwrite(uninterru
 @pytest.mark.backend_independent
 def test_atomic_writes_leave_the_old_file_whole_when_writing_fails(tmp_path, monkeypatch):
     target = tmp_path / "vit.npz"
-    model = training.ViT(image_size=16, patch_size=8, hidden_size=8, num_layers=1, num_heads=1, mlp_dim=16,
+    model = keras_vit.ViT(image_size=16, patch_size=8, hidden_size=8, num_layers=1, num_heads=1, mlp_dim=16,
                          classes=2)
     save_npz(model, str(target))
     good = target.read_bytes()
@@ -220,7 +221,7 @@ def test_figures_and_converted_models_are_replaced_whole_or_not_at_all(tmp_path,
     analysis.plot_mean_attention_distance(np.ones((2, 3)), str(figure_path))
     good_figure = figure_path.read_bytes()
     source = tmp_path / "vit.npz"
-    save_npz(training.ViT(image_size=16, patch_size=8, hidden_size=8, num_layers=1, num_heads=1, mlp_dim=16,
+    save_npz(keras_vit.ViT(image_size=16, patch_size=8, hidden_size=8, num_layers=1, num_heads=1, mlp_dim=16,
                           classes=2), str(source))
     converted = tmp_path / "vit.keras"
     inference.convert(str(source), str(converted))

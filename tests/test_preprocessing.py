@@ -245,7 +245,7 @@ def test_save_run_keeps_the_transform_the_run_evaluated_with(tmp_path, monkeypat
     2026-12-07). A model of no checkpoint keeps keras_vit's own."""
     from keras_vit import training
 
-    monkeypatch.setattr(training, "plot_learning_curve", lambda *paths: None)  # no log.csv: no training ran here
+    monkeypatch.setattr(training.run_outputs, "plot_learning_curve", lambda *paths: None)  # no log.csv: no training ran here
     model = keras_vit.from_pretrained(os.path.join(FOLDERS, "timm_predict"))
     assert model.eval_transform.convention == "timm"
     (tmp_path / "timm").mkdir()

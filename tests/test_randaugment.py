@@ -115,7 +115,7 @@ def test_both_pipelines_augment_each_example_of_a_pass_alike(tmp_path, monkeypat
             source, 16, 2, 2, seed=5, augmenters=augmenters, min_crop_area=1.0, flip=False, workers=0)]
 
     tf_data = stream()
-    monkeypatch.setattr(data, "tensorflow_installed", lambda: False)
+    monkeypatch.setattr(data.source, "tensorflow_installed", lambda: False)
     numpy_path = stream()
     assert len(tf_data) == len(numpy_path) == 4
     for ours, theirs in zip(tf_data, numpy_path):
@@ -186,7 +186,7 @@ def test_make_augmenters_and_the_training_flags_refuse_kerass_old_factor():
 
 
 def test_workers_and_a_resumed_stream_augment_each_example_as_one_process(tmp_path, monkeypatch):
-    monkeypatch.setattr(data, "tensorflow_installed", lambda: False)
+    monkeypatch.setattr(data.source, "tensorflow_installed", lambda: False)
     with Image.open(PHOTO) as photo:
         for index in range(4):
             (tmp_path / f"c{index % 2}").mkdir(exist_ok=True)

@@ -28,6 +28,10 @@ float32 rounding), so switching paths changes no result:
   with `erf`, which the ONNX and LiteRT converters know.
 - `set_custom_gradients(False)` turns the written-out gradients off, for
   forward-mode differentiation, which they do not support.
+- `torch_adamw` is `training.optimizers.LayerDecayAdamW`'s update on
+  PyTorch (`use_torch_kernels`): torch's `_foreach_` ops over each param
+  group, as torch's own AdamW steps, where Keras would run the update one
+  variable and one op at a time.
 
 benchmarks/README.md records what each of these was measured against.
 """
@@ -430,3 +434,36 @@ def layer_norm(x, gamma, beta, epsilon):
         return normalized * gamma + beta, grad
 
     return normalize_and_scale(x, gamma, beta)
+
+
+def torch_adamw(variables, grads, momentums, velocities, step, learning_rate, groups, weight_decay, beta_1, beta_2,
+                epsilon):
+    """One step of torch's AdamW over Keras variables with per-variable rates, in place, by torch's `_foreach_` ops.
+
+    `groups`: each variable's `(rate scale, decays)`. The variables of one
+    group are stepped together, as `torch.optim.AdamW(foreach=True)` steps a
+    param group: `optimizers.LayerDecayAdamW.update_step`'s arithmetic, which
+    on PyTorch runs one variable at a time through `keras.ops`, each op a
+    model-sized temporary (benchmarks/optimizer_step.py).
+    """
+    import torch
+
+    with torch.no_grad():
+        rate = float(learning_rate)
+        correction_1, root_correction_2 = 1 - beta_1 ** step, math.sqrt(1 - beta_2 ** step)
+        members = {}
+        for index, group in enumerate(groups):
+            members.setdefault(group, []).append(index)
+        for (scale, decays), indices in members.items():
+            params = [variables[i].value for i in indices]
+            gradients = [grads[i].to(params[0].dtype) for i in indices]
+            first, second = [momentums[i].value for i in indices], [velocities[i].value for i in indices]
+            if decays:
+                torch._foreach_mul_(params, 1 - rate * scale * weight_decay)
+            torch._foreach_lerp_(first, gradients, 1 - beta_1)
+            torch._foreach_mul_(second, beta_2)
+            torch._foreach_addcmul_(second, gradients, gradients, value=1 - beta_2)
+            denominators = torch._foreach_sqrt(second)
+            torch._foreach_div_(denominators, root_correction_2)
+            torch._foreach_add_(denominators, epsilon)
+            torch._foreach_addcdiv_(params, first, denominators, value=-rate * scale / correction_1)

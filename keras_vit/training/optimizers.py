@@ -22,6 +22,7 @@ import math
 import keras
 from keras import ops
 
+from keras_vit.layers import kernels
 from keras_vit.utils.keras_internals import check_optimizer_hooks
 
 
@@ -254,6 +255,16 @@ class LayerDecayAdamW(_LayerDecay, keras.optimizers.Optimizer):
             self.assign(variable, ops.multiply(variable, 1 - rate * self.decoupled_weight_decay))
         denominator = ops.add(ops.divide(ops.sqrt(v), ops.sqrt(correction_2)), self.epsilon)
         self.assign_sub(variable, ops.multiply(ops.divide(m, denominator), rate / correction_1))
+
+    def _backend_update_step(self, grads, trainable_variables, learning_rate):
+        if not kernels.use_torch_kernels():
+            return super()._backend_update_step(grads, trainable_variables, learning_rate)
+        indices = [self._get_variable_index(variable) for variable in trainable_variables]
+        kernels.torch_adamw(
+            trainable_variables, [_dense(grad) for grad in grads], [self._momentums[i] for i in indices],
+            [self._velocities[i] for i in indices], int(ops.convert_to_numpy(self.iterations)) + 1,
+            ops.convert_to_numpy(learning_rate), [(self._scales[i], self._decays[i]) for i in indices],
+            self.decoupled_weight_decay, self.beta_1, self.beta_2, self.epsilon)
 
 
 @keras.saving.register_keras_serializable(package="keras_vit")
