@@ -200,8 +200,6 @@ class FinetuneConfig(_TrainingConfig):
         """`(config, warmup share, note)`: this config with each setting of its recipe it leaves None filled for a
         model of `num_layers` blocks trained at `batch_size` (`fine_tuning_recipes.recipe_settings`)."""
         given = {name: getattr(self, name) for name in RECIPE_FIELDS if getattr(self, name) is not None}
-        if given.get("opt") == "sgd":  # the paper's SGD has neither decay: a recipe's are not the user's to refuse
-            given.update({name: given.get(name) for name in ("weight_decay", "layer_decay")})
         settings, share, note = recipe_settings(self.recipe, num_layers, batch_size, given)
         settings["ema"] = settings["ema"] or None
         check_optimizer(settings["opt"], settings["weight_decay"], settings["layer_decay"])

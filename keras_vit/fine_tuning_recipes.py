@@ -85,12 +85,14 @@ def recipe_settings(name, num_layers, batch_size, given):
         raise ValueError(f"Unknown recipe {name!r} (--recipe); expected one of {', '.join(RECIPES)}.")
     recipe = RECIPES[name]
     settings, share = recipe.settings(num_layers)
+    scaled = ""
     if recipe.reference_batch and "learning_rate" not in given:
+        scaled = f" (its {settings['learning_rate']:g} at batch {recipe.reference_batch}, scaled to {batch_size})"
         settings["learning_rate"] = settings["learning_rate"] * batch_size / recipe.reference_batch
     settings.update(given)
+    if settings["opt"] == "sgd":  # the paper's SGD has neither decay: a recipe's are dropped, the user's refused later
+        settings.update({key: given.get(key) for key in ("weight_decay", "layer_decay")})
     shown = ", ".join(f"{key} {settings[key]:g}" if isinstance(settings[key], float) else f"{key} {settings[key]}"
                       for key in RECIPE_FIELDS if settings[key] not in (None, False, 0.0))
-    scaled = (f" (its {recipe.settings(num_layers)[0]['learning_rate']:g} at batch {recipe.reference_batch}, scaled "
-              f"to {batch_size})") if recipe.reference_batch and "learning_rate" not in given else ""
     overridden = f"; given: {', '.join(sorted(given))}" if given else ""
     return settings, share, f"recipe {name} ({recipe.source}): {shown}{scaled}{overridden}"

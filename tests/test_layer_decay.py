@@ -202,8 +202,9 @@ def test_a_recipe_fills_what_the_user_left_open_for_the_models_size_and_batch():
     config, share, note = given.with_recipe(num_layers=12, batch_size=64)
     assert (config.learning_rate, config.ema, config.opt, config.layer_decay, share) == (3e-4, None, "lamb", 0.7, 0.1)
     assert note.endswith("; given: ema, learning_rate, opt")
-    config, _, _ = FinetuneConfig(recipe="beit", weights=None, opt="sgd").with_recipe(12, 64)
+    config, _, note = FinetuneConfig(recipe="beit", weights=None, opt="sgd").with_recipe(12, 64)
     assert (config.opt, config.layer_decay, config.weight_decay) == ("sgd", None, None)
+    assert note.endswith("; given: opt") and "layer_decay" not in note
     paper, share, _ = FinetuneConfig(weights=None).with_recipe(12, 64)  # the digits job's settings, as before
     assert (paper.opt, paper.learning_rate, paper.clipnorm, paper.label_smoothing, paper.mixup, share) == \
         ("sgd", 0.01, 1.0, 0.0, 0.0, None)

@@ -8,6 +8,7 @@ Example:
 import keras
 import numpy as np
 
+from keras_vit.fine_tuning_recipes import RECIPE_FIELDS
 from keras_vit.training import distribute, losses, recipes
 from keras_vit.training.masked_patch import MaskedPatchPretrainer
 
@@ -65,8 +66,6 @@ def finetuning_recipe(learning_rate, total_updates, warmup_steps=None, clipnorm=
 def training_settings(config, warmup, total_updates):
     """What a fine-tuning run used, for its model.keras: the recipe, each setting it filled or the user gave, and
     the schedule's warmup of its updates."""
-    from keras_vit.fine_tuning_recipes import RECIPE_FIELDS
-
     settings = {"recipe": config.recipe, **{name: getattr(config, name) for name in RECIPE_FIELDS},
                 "warmup_updates": warmup, "total_updates": total_updates, "epochs": config.epochs,
                 "batch_size": config.batch_size, "target_batch_size": config.target_batch_size}

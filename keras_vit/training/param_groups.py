@@ -30,6 +30,9 @@ Example:
 import dataclasses
 import re
 
+from keras_vit.checkpoints.timm.beit import BEIT_ARCHITECTURES
+from keras_vit.checkpoints.timm.eva_families import EVA_ARCHITECTURES, eva_unpacked_swiglu
+from keras_vit.checkpoints.timm.relpos import RELPOS_ARCHITECTURES
 from keras_vit.model.description import architecture_of, is_naflex
 
 # A keras_vit variable's top-level layer -> the timm module it is part of, for the rules below.
@@ -91,9 +94,6 @@ TIMM_RULES = {  # timm 1.0.31's group_matcher / no_weight_decay of each class ke
 
 def timm_class(model):
     """The timm class whose parameter groups `model` takes: the one it was read as, else the one its structure is."""
-    from keras_vit.checkpoints.timm.beit import BEIT_ARCHITECTURES
-    from keras_vit.checkpoints.timm.relpos import RELPOS_ARCHITECTURES
-
     found = architecture_of(model)
     paths = {variable.path for variable in model.weights}
     if is_naflex(model):
@@ -197,8 +197,6 @@ def split_tensors(model):
     steps each element alike, so it does not care; LAMB's trust ratio is
     one norm per tensor, which a fused variable would share.
     """
-    from keras_vit.checkpoints.timm.eva_families import EVA_ARCHITECTURES, eva_unpacked_swiglu
-
     name = timm_class(model)
     found = architecture_of(model)
     gated = found.mlp_activation in ("swiglu", "geglu")
