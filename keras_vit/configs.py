@@ -12,6 +12,7 @@ import os
 import typing
 
 from keras_vit.data import HOLDOUT_FRACTION, check_dataset
+from keras_vit.data.augmenters import check_policies
 from keras_vit.fine_tuning_recipes import RECIPE_FIELDS, RECIPES, recipe_settings
 from keras_vit.model.variants import SMALL_VIT, named_variant
 from keras_vit.utils.names import HF_PREFIX, looks_like_path
@@ -66,6 +67,9 @@ class _TrainingConfig:
     min_crop_area: float = None
     flip: bool = None
     randaugment: tuple = None
+    three_augment: bool = False  # DeiT III's 3-Augment (timm's --aa 3a) in place of RandAugment
+    color_jitter: float = None  # with three_augment: torchvision's ColorJitter(j, j, j); None: 0.3
+    aug_repeats: int = 0  # timm's repeated augmentation: each example this many times an epoch (0: off)
     mixup: float = 0.0
     cutmix: float = 0.0
     reprob: float = 0.0  # timm's random erasing: each image's chance of a box of per-pixel noise
@@ -89,8 +93,12 @@ class _TrainingConfig:
             low, high, allowed = _RULES[name]
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not low(value) or not high(value):
                 raise ValueError(f"{flag(name)} must be {allowed}, got {value!r}.")
+        if self.aug_repeats is not None and self.aug_repeats != int(self.aug_repeats):
+            raise ValueError(f"--aug-repeats must be a whole number (3: DeiT's; 0: off), got {self.aug_repeats!r}.")
         if self.model:
             named_variant(self.model)
+        if self.three_augment is not None:  # None: fine-tuning's recipe decides, and with_recipe checks
+            check_policies(self.randaugment, self.three_augment, self.color_jitter)
 
     def at_checkpoint_size(self, checkpoint=None):
         """This config with its `image_size` settled: its own, else the checkpoint's (a `WeightsSource`), else the
@@ -133,10 +141,11 @@ _RULES = {
     **dict.fromkeys(("batch_size", "target_batch_size", "eval_batch_size", "epochs", "steps_per_execution",
                      "model_parallel_size", "lora_rank", *SIZE_FIELDS), _AT_LEAST_1),
     **dict.fromkeys(("label_smoothing", "dropout", "stochastic_depth", "bce_target_thresh"), _FRACTION),
-    "reprob": _bounds(0, 1, words="in [0, 1]"),
+    **dict.fromkeys(("reprob", "color_jitter"), _bounds(0, 1, words="in [0, 1]")),
     "holdout_fraction": _OPEN_FRACTION,
     "ema": _bounds(0, 1, high_open=True, words="in [0, 1) (0: none)"),
-    **dict.fromkeys(("warmup_steps", "mixup", "cutmix", "weight_decay", "representation_size", "workers"), _NON_NEGATIVE),
+    **dict.fromkeys(("warmup_steps", "mixup", "cutmix", "weight_decay", "representation_size", "workers",
+                     "aug_repeats"), _NON_NEGATIVE),
     **dict.fromkeys(("learning_rate", "clipnorm"), _POSITIVE),
     "min_crop_area": _bounds(0, 1, low_open=True, words="in (0, 1]"),
     "layer_decay": _bounds(0, 1, low_open=True, words="in (0, 1] (0.65 for BEiT and MAE base, 0.75 for large)"),
@@ -189,6 +198,9 @@ class FinetuneConfig(_TrainingConfig):
     cutmix: float = None
     reprob: float = None
     bce_loss: bool = None
+    bce_target_thresh: float = None
+    three_augment: bool = None
+    aug_repeats: int = None
 
     def __post_init__(self):
         super().__post_init__()
@@ -203,6 +215,7 @@ class FinetuneConfig(_TrainingConfig):
         settings, share, note = recipe_settings(self.recipe, num_layers, batch_size, given)
         settings["ema"] = settings["ema"] or None
         check_optimizer(settings["opt"], settings["weight_decay"], settings["layer_decay"])
+        check_policies(settings["randaugment"], settings["three_augment"], settings["color_jitter"])
         return dataclasses.replace(self, **settings), share, note
     lora_rank: int = None  # LoRA adapters of this rank on every block's qkv; only they and the head train
 

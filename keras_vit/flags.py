@@ -175,8 +175,9 @@ def add_training_flags(parser, config_class):
     if not pretrain:
         group.add_argument("--recipe", choices=list(RECIPES),
                            help="fill every setting whose default is the recipe's as a family's authors fine-tuned: "
-                           "the paper's SGD, or MAE's, BEiT v2's or EVA-02's AdamW with layer decay, drop path, RandAugment, "
-                           "MixUp, CutMix, random erasing; each flag given overrides it (docs/training.md's table)")
+                           "the paper's SGD, DeiT's AdamW, DeiT III's LAMB with 3-Augment, or MAE's, BEiT v2's or "
+                           "EVA-02's AdamW with layer decay, drop path, RandAugment, MixUp, CutMix, random erasing, "
+                           "repeated augmentation; each flag given overrides it (docs/training.md's table)")
     recipe = "" if pretrain else " (default: the --recipe's)"
     group.add_argument("--output-dir", help="logs, learning curve, model.keras")
     group.add_argument("--overwrite", action="store_true",
@@ -220,14 +221,23 @@ def add_training_flags(parser, config_class):
     group.add_argument("--randaugment", type=float, nargs=2, metavar=("NUM_OPS", "MAGNITUDE"),
                        help="timm's RandAugment rand-mMAGNITUDE-nNUM_OPS-mstd0.5-inc1 on each training example "
                        "(MAGNITUDE 0-10; 2 9 is timm's rand-m9-mstd0.5-inc1)" + recipe)
+    group.add_argument("--three-augment", action=argparse.BooleanOptionalAction,
+                       help="DeiT III's 3-Augment (timm's --aa 3a) on each training example, in place of RandAugment: "
+                       "grayscale, solarize or Gaussian blur, then --color-jitter" + recipe)
+    group.add_argument("--color-jitter", type=float,
+                       help="with --three-augment: brightness, contrast and saturation factors in [1-J, 1+J], as "
+                       "torchvision's ColorJitter (default 0.3)" + recipe)
+    group.add_argument("--aug-repeats", type=int, help="timm's repeated augmentation: each example this many times an "
+                       "epoch, differently augmented, the epoch cut to a multiple of 256 (3: DeiT's; 0: off)" + recipe)
     group.add_argument("--mixup", type=float, help="MixUp alpha (0: off)" + recipe)
     group.add_argument("--cutmix", type=float, help="CutMix factor (0: off)" + recipe)
     group.add_argument("--reprob", type=float, help="timm's random erasing: each image's chance of a box of "
                        "per-pixel noise (0.25 in DeiT's and MAE's recipes; 0: off)" + recipe)
-    group.add_argument("--bce-loss", action="store_true",
+    group.add_argument("--bce-loss", action=argparse.BooleanOptionalAction,
                        help="timm's binary cross-entropy of classes (DeiT III's) in place of the softmax crossentropy"
                        + recipe)
-    group.add_argument("--bce-target-thresh", type=float, help="with --bce-loss: targets above it count 1, else 0")
+    group.add_argument("--bce-target-thresh", type=float, help="with --bce-loss: targets above it count 1, else 0 (DeiT III's: "
+                       "0)" + recipe)
     group.add_argument("--workers", type=int, help="processes that decode and crop image files where TensorFlow "
                        "is not installed (default: every core but one; none for arrays); tf.data sizes "
                        "its own threads")

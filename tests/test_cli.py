@@ -86,6 +86,13 @@ def test_an_unknown_model_is_named_with_the_closest_names(capsys):
      "--hidden-size 32 disagrees with --model ViT_Ti16, whose hidden_size is 192; leave the size flags out"),
     (["--weights", fixture("vit_token.npz"), "--num-heads", "4"],
      "--num-heads 4 disagrees with --weights .*vit_token.npz, whose num_heads is 3"),
+    (["--color-jitter", "0.3"], re.escape("color_jitter 0.3 (--color-jitter) is applied with 3-Augment, as DeiT III's "
+                                          "recipe and timm's --aa 3a apply it: add --three-augment, or leave "
+                                          "--color-jitter out.")),
+    (["--three-augment", "--randaugment", "2", "9"], "RandAugment and 3-Augment are both on; timm's --aa takes one "
+                                                     "policy: give --randaugment or --three-augment."),
+    (["--aug-repeats", "-1"], "--aug-repeats must be at least 0, got -1."),
+    (["--color-jitter", "2", "--three-augment"], re.escape("--color-jitter must be in [0, 1], got 2.0.")),
 ])
 @pytest.mark.backend_independent
 def test_numeric_and_size_flags_are_checked_before_training(flags, message, tmp_path):
@@ -612,6 +619,34 @@ def test_finetune_from_a_timm_folder_evaluates_and_saves_the_checkpoints_own_pre
     np.testing.assert_array_equal(np.asarray(next(iter(validation))[0]), pixels)
     top1 = np.mean(np.argmax(trained.predict(pixels, verbose=0), -1) == labels)
     assert printed[-1] == f"top-1 accuracy: {top1:.4f}"
+
+
+@pytest.mark.backend_independent
+def test_the_deit3_recipe_trains_with_lamb_3_augment_repeats_and_bce_of_targets_above_0(tmp_path, capsys,
+                                                                                         monkeypatch):
+    """`--recipe deit3`: the optimizer, loss and augmentations in force are DeiT III's, and model.keras says so."""
+    from keras_vit.data.three_augment import ThreeAugment
+    from keras_vit.training import losses, recipes
+
+    augmented, apply = [], ThreeAugment.apply
+    monkeypatch.setattr(ThreeAugment, "apply", lambda self, image, seed, epoch, position: augmented.append(
+        (self.color_jitter, epoch, position)) or apply(self, image, seed, epoch, position))
+    folder = str(image_folder(tmp_path / "photos", {"cats": 5, "dogs": 5}, size=(45, 70)))
+    out = tmp_path / "run"
+    cli.main(["finetune", "--dataset", folder, "--weights", fixture("timm_family/deit"), "--epochs", "1",
+              "--output-dir", str(out), "--verbose", "0", "--recipe", "deit3", "--batch-size", "4"])
+    printed = capsys.readouterr().out
+    assert ("opt lamb, learning_rate 5.85938e-06, weight_decay 0.05, stochastic_depth 0.2, mixup 0.8, cutmix 1, "
+            "three_augment True, color_jitter 0.3, aug_repeats 3, bce_loss True, bce_target_thresh 0") in printed
+    assert "note: --ema" not in printed  # DeiT III's recipe keeps none
+    trained = keras.saving.load_model(out / "model.keras")
+    assert isinstance(trained.optimizer, recipes.LayerDecayLamb)
+    assert isinstance(trained.loss, losses.BinaryCrossentropyOfClasses) and trained.loss.target_threshold == 0.0
+    settings = trained.training_settings
+    assert (settings["three_augment"], settings["color_jitter"], settings["aug_repeats"], settings["total_updates"]) \
+        == (True, 0.3, 3, 2)  # 8 training images (4 < 256 a pass: all kept), batches of 4
+    # Each training example (Keras' first look at a tf.data stream reads ahead too: the set, not the count).
+    assert sorted(set(augmented)) == [(0.3, 0, position) for position in range(8)]
 
 
 @pytest.mark.backend_independent

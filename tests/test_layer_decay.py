@@ -208,8 +208,19 @@ def test_a_recipe_fills_what_the_user_left_open_for_the_models_size_and_batch():
     paper, share, _ = FinetuneConfig(weights=None).with_recipe(12, 64)  # the digits job's settings, as before
     assert (paper.opt, paper.learning_rate, paper.clipnorm, paper.label_smoothing, paper.mixup, share) == \
         ("sgd", 0.01, 1.0, 0.0, 0.0, None)
-    with pytest.raises(ValueError, match=re.escape("Unknown recipe 'deit9' (--recipe); expected one of paper, mae, "
-                                                   "beit, eva02.")):
+    # DeiT III: LAMB, 3-Augment with jitter, repeats, BCE of targets above 0; a RandAugment given replaces 3-Augment.
+    config, share, note = FinetuneConfig(recipe="deit3", weights=None).with_recipe(num_layers=24, batch_size=1024)
+    assert (config.opt, config.learning_rate, config.stochastic_depth, config.three_augment, config.color_jitter,
+            config.aug_repeats, config.bce_loss, config.bce_target_thresh, config.randaugment, config.reprob,
+            config.label_smoothing, share) == ("lamb", 1.5e-3, 0.45, True, 0.3, 3, True, 0.0, None, 0.0, 0.0, 5 / 800)
+    assert "bce_loss True, bce_target_thresh 0 (its 0.003 at batch 2048, scaled to 1024)" in note
+    config, _, _ = FinetuneConfig(recipe="deit3", weights=None, randaugment=(2, 9)).with_recipe(12, 64)
+    assert (config.randaugment, config.three_augment, config.color_jitter) == ((2, 9), False, None)
+    config, share, _ = FinetuneConfig(recipe="deit", weights=None, three_augment=True).with_recipe(12, 512)
+    assert (config.randaugment, config.three_augment, config.aug_repeats, config.ema, config.learning_rate, share) == \
+        (None, True, 3, 0.99996, 5e-4, 5 / 300)
+    with pytest.raises(ValueError, match=re.escape("Unknown recipe 'deit9' (--recipe); expected one of paper, deit, "
+                                                   "deit3, mae, beit, eva02.")):
         FinetuneConfig(recipe="deit9")
     with pytest.raises(ValueError, match=re.escape("--layer-decay 0.65 needs --opt adamw or lamb")):
         FinetuneConfig(layer_decay=0.65)  # the paper's recipe: SGD

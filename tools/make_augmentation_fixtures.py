@@ -15,6 +15,13 @@ in them (in the normalized space, where timm erases).
 
 `bce.json`: timm's `BinaryCrossEntropy` against targets made by timm's
 `Mixup` (`bce_cases`).
+
+`three_augment.npz`: timm's `--aa 3a --color-jitter 0.3` (the `3a` AutoAugment
+policy, then torchvision's `ColorJitter`) on random images, with the draws
+timm made for each (`three_augment_cases`).
+
+`repeat_sampler.json`: timm's `RepeatAugSampler` (one replica) over data sets of
+several sizes: its permutation and the indices it gives (`repeat_sampler_cases`).
 """
 
 import json
@@ -108,6 +115,73 @@ def mixing_statistics():
     return summary
 
 
+def three_augment_cases(count=24):
+    """`count` random images through timm's 3-Augment and colour jitter, each with the op, blur radius, jitter
+    order and factors timm drew for it (recorded by wrapping `random.choice`, `random.uniform` and
+    `ColorJitter.get_params`)."""
+    from PIL import Image
+    from timm.data import auto_augment
+    from torchvision import transforms
+
+    policy = auto_augment.auto_augment_transform("3a", dict(translate_const=100, img_mean=(124, 116, 104)))
+    jitter = transforms.ColorJitter(0.3, 0.3, 0.3)
+    names = {"Desaturate": "Grayscale", "Solarize": "Solarize", "GaussianBlurRand": "GaussianBlur"}
+    drawn = {}
+    choice, uniform, get_params = random.choice, random.uniform, transforms.ColorJitter.get_params
+
+    def recorded_choice(options):
+        picked = choice(options)
+        drawn["op"] = names[picked[0].name]
+        return picked
+
+    def recorded_uniform(low, high):
+        drawn["radius"] = value = uniform(low, high)
+        return value
+
+    def recorded_params(*args):
+        params = get_params(*args)
+        drawn["order"] = [int(i) for i in params[0] if int(i) < 3]
+        drawn["factors"] = [float(f) for f in params[1:4]]
+        return params
+
+    random.seed(0)
+    torch.manual_seed(0)
+    rng = np.random.default_rng(0)
+    images, outputs, ops, radii, orders, factors = [], [], [], [], [], []
+    random.choice, random.uniform = recorded_choice, recorded_uniform
+    transforms.ColorJitter.get_params = staticmethod(recorded_params)
+    try:
+        for index in range(count):
+            image = rng.integers(0, 256, (HEIGHT, WIDTH, 3), dtype=np.uint8)
+            if index % 4 == 0:  # smooth images too, where a blur moves little
+                image = np.repeat(np.repeat(image[::4, ::4], 4, 0), 4, 1)
+            drawn.clear()
+            drawn["radius"] = 0.0
+            out = np.asarray(jitter(policy(Image.fromarray(image))))
+            images.append(image), outputs.append(out), ops.append(drawn["op"]), radii.append(drawn["radius"])
+            orders.append(drawn["order"]), factors.append(drawn["factors"])
+    finally:
+        random.choice, random.uniform = choice, uniform
+        transforms.ColorJitter.get_params = staticmethod(get_params)
+    return dict(images=np.stack(images), outputs=np.stack(outputs), ops=np.array(ops), radii=np.array(radii),
+                orders=np.array(orders), factors=np.array(factors))
+
+
+def repeat_sampler_cases():
+    """timm's `RepeatAugSampler(num_replicas=1, rank=0, num_repeats=3)` at epoch 1 for several data set sizes."""
+    from timm.data.distributed_sampler import RepeatAugSampler
+
+    cases = []
+    for size in (10, 255, 256, 300, 700):
+        sampler = RepeatAugSampler(list(range(size)), num_replicas=1, rank=0, num_repeats=3)
+        sampler.set_epoch(1)
+        generator = torch.Generator()
+        generator.manual_seed(1)
+        cases.append({"size": size, "permutation": torch.randperm(size, generator=generator).tolist(),
+                      "indices": list(sampler), "length": len(sampler)})
+    return cases
+
+
 def main():
     import timm
 
@@ -121,6 +195,9 @@ def main():
                   indent=1)
     with open(os.path.join(OUT, "bce.json"), "w") as file:
         json.dump({"timm": timm.__version__, "cases": bce_cases()}, file, indent=1)
+    np.savez_compressed(os.path.join(OUT, "three_augment.npz"), **three_augment_cases())
+    with open(os.path.join(OUT, "repeat_sampler.json"), "w") as file:
+        json.dump({"timm": timm.__version__, "cases": repeat_sampler_cases()}, file)
 
 
 if __name__ == "__main__":

@@ -202,17 +202,18 @@ def check_dataset(name, data_dir=None):
 
 def make_dataset(source, image_size, batch_size, training, seed=0, epoch=0, crop_fraction=None, augmenters=(),
                  num_classes=None, one_hot=False, drop_remainder=None, min_crop_area=0.05, flip=True,
-                 eval_transform=None):
+                 eval_transform=None, aug_repeats=0):
     """Batched, prefetched `(images in [-1, 1], labels)` for one pass over `source`.
 
     Training: shuffle (per `seed` and `epoch`), `inception_crop` (keeping at
     least `min_crop_area` of the image), random horizontal flip (if `flip`),
-    then the `augmenters` (`make_augmenters`'): keras_vit's `RandAugment` on each
-    example, then the batched Keras layers (timm's random erasing; its MixUp and
+    then the `augmenters` (`make_augmenters`'): keras_vit's `RandAugment` or DeiT III's
+    `ThreeAugment` on each example, then the batched Keras layers (timm's random erasing; its MixUp and
     CutMix, `mixing.MixUpCutMix`, need `one_hot=True`; any other Keras augmentation
     layer). Evaluation: `eval_transform`
     (a model's is `keras_vit.eval_transform(model)`: its checkpoint's own
     preprocessing), by default keras_vit's `resize` with `crop_fraction`.
+    `aug_repeats`: timm's repeated augmentation (`array_batches.example_order`).
 
     Example:
     >>> (x, y), _ = digits(image_size=32)
@@ -226,11 +227,11 @@ def make_dataset(source, image_size, batch_size, training, seed=0, epoch=0, crop
 
         return ArrayBatches(source, as_pair(image_size, "image_size"), batch_size, training, seed, epoch, crop_fraction,
                             augmenters, num_classes, one_hot, drop_remainder, min_crop_area, flip,
-                            eval_transform=eval_transform, randaugment=randaugment)
+                            eval_transform=eval_transform, randaugment=randaugment, aug_repeats=aug_repeats)
     from keras_vit.data import tf_data_steps
 
     examples = tf_data_steps.examples(source, as_pair(image_size, "image_size"), training, seed, epoch, crop_fraction,
-                                      min_crop_area, flip, eval_transform, randaugment)
+                                      min_crop_area, flip, eval_transform, randaugment, aug_repeats)
     if drop_remainder is None:
         drop_remainder = training
     folder = source.examples is not None and not isinstance(source.examples[0], np.ndarray)
@@ -250,9 +251,12 @@ def images_only(dataset):
     return dataset.map(lambda images, labels: images)
 
 
-def steps_per_epoch(source, batch_size):
-    """Full batches in one training epoch (the last partial batch is dropped)."""
-    steps = source.num_examples // batch_size
+def steps_per_epoch(source, batch_size, aug_repeats=0):
+    """Full batches in one training epoch (the last partial batch is dropped); with timm's repeated augmentation
+    (`aug_repeats`), of its `epoch_length`."""
+    from keras_vit.data.array_batches import epoch_length  # imports Keras, which `keras-vit --help` need not
+
+    steps = epoch_length(source.num_examples, aug_repeats) // batch_size
     if steps < 1:
         raise ValueError(
             f"Batch size {batch_size} is larger than the {source.num_examples} training examples; pass "
@@ -272,7 +276,7 @@ def default_workers(source):
 
 def training_stream(
     source, image_size, batch_size, epochs, initial_epoch=0, seed=0, augmenters=(), num_classes=None,
-    one_hot=False, min_crop_area=0.05, flip=True, workers=None,
+    one_hot=False, min_crop_area=0.05, flip=True, workers=None, aug_repeats=0,
 ):
     """Epochs `initial_epoch .. epochs-1` of training batches, as one dataset.
 
@@ -280,7 +284,8 @@ def training_stream(
     each epoch gets its own shuffle and crops, decided by `(seed, epoch)` alone,
     so a run resumed at epoch k sees the batches an uninterrupted run would.
     Without TensorFlow, `workers` processes decode and crop (`default_workers`
-    when None); tf.data sizes its own threads.
+    when None); tf.data sizes its own threads. `aug_repeats`: timm's repeated augmentation
+    (`array_batches.example_order`), the steps then `steps_per_epoch(source, batch_size, aug_repeats)`.
     """
     if initial_epoch >= epochs:
         raise ValueError(f"initial_epoch {initial_epoch} leaves no epochs before {epochs}.")
@@ -292,12 +297,12 @@ def training_stream(
         workers = default_workers(source) if workers is None else workers
         return training_batches(source, size, batch_size, epochs, initial_epoch, seed, workers, augmenters=augmenters,
                                 num_classes=num_classes, one_hot=one_hot, min_crop_area=min_crop_area, flip=flip,
-                                randaugment=randaugment)
-    per_epoch = steps_per_epoch(source, batch_size) * batch_size
+                                randaugment=randaugment, aug_repeats=aug_repeats)
+    per_epoch = steps_per_epoch(source, batch_size, aug_repeats) * batch_size
     # The epochs one after another, each cut to whole batches, then batched once: distribution engines can read
     # the batch size.
     from keras_vit.data import tf_data_steps
 
     examples = tf_data_steps.training_examples(source, size, seed, range(initial_epoch, epochs), per_epoch,
-                                               min_crop_area, flip, randaugment)
+                                               min_crop_area, flip, randaugment, aug_repeats)
     return tf_data_steps.batched(examples, batch_size, True, num_classes or source.num_classes, one_hot, augmenters)

@@ -70,14 +70,38 @@ def epoch_key(seed, epoch):
     return int(seed) * EPOCH_STRIDE + int(epoch)
 
 
+REPEATED_ROUND = 256  # timm's RepeatAugSampler keeps whole multiples of 256 examples an epoch
+
+
+def epoch_length(count, aug_repeats=0):
+    """Examples in a training epoch of `count`: all of them, or with timm's repeated augmentation (`aug_repeats`,
+    `--aug-repeats`) its `RepeatAugSampler`'s `count // 256 * 256` where there are 256 or more."""
+    return count // REPEATED_ROUND * REPEATED_ROUND if aug_repeats and count >= REPEATED_ROUND else count
+
+
 @functools.lru_cache(maxsize=4)
-def example_order(count, seed, epoch):
+def example_order(count, seed, epoch, aug_repeats=0):
     """Epoch `epoch`'s order of `count` examples: sorted by a 64-bit hash of `(seed, epoch, example)` (SplitMix64,
-    `keras_vit.data.randaugment.mix`), which tf.data computes alike (`keras_vit.data.tf_data_steps.example_order`). Read-only."""
+    `keras_vit.data.randaugment.mix`), which tf.data computes alike (`keras_vit.data.tf_data_steps.example_order`). Read-only.
+
+    With `aug_repeats` (timm's repeated augmentation, DeiT's), each example of
+    that order comes `aug_repeats` times in a row, each time at a position of its
+    own and so with a crop and augmentations of its own, and the epoch is cut to
+    `epoch_length` examples, as timm's `RepeatAugSampler` cuts it.
+    """
     state = np.uint64(randaugment.epoch_state(seed, epoch, ORDER_DOMAIN))
     order = np.argsort(randaugment.mix(state ^ np.arange(count, dtype="uint64")).view("int64"), kind="stable")
+    order = repeated(order, aug_repeats)
     order.flags.writeable = False
     return order
+
+
+def repeated(order, aug_repeats=0):
+    """`order` with each example `aug_repeats` times in a row, cut to `epoch_length`, as timm's `RepeatAugSampler`
+    lays out its permutation on one replica; `order` itself where `aug_repeats` is 0."""
+    if not aug_repeats:
+        return order
+    return np.repeat(order, aug_repeats)[:epoch_length(len(order), aug_repeats)]
 
 
 class ArrayBatches(keras.utils.PyDataset):
@@ -91,10 +115,12 @@ class ArrayBatches(keras.utils.PyDataset):
 
     def __init__(self, source, size, batch_size, training, seed=0, epoch=0, crop_fraction=None, augmenters=(),
                  num_classes=None, one_hot=False, drop_remainder=None, min_crop_area=0.05, flip=True,
-                 images_only=False, eval_transform=None, randaugment=None):
+                 images_only=False, eval_transform=None, randaugment=None, aug_repeats=0):
         super().__init__()
         check_label_mixing(augmenters, one_hot)
-        self.randaugment = randaugment  # a keras_vit.data.randaugment.RandAugment, applied per example after the flip
+        # A per-example policy (keras_vit.data.randaugment.RandAugment or three_augment.ThreeAugment), after the flip.
+        self.randaugment = randaugment
+        self.aug_repeats = int(aug_repeats or 0) if training else 0
         # Evaluation: the model's checkpoint's preprocessing, else keras_vit's own resize (and crop_fraction).
         self.eval_transform = (eval_transform or preprocessing.keras_vit(crop_fraction)).fitted_to(size)
         self.images, self.labels = source.examples
@@ -102,15 +128,15 @@ class ArrayBatches(keras.utils.PyDataset):
         self.key = (int(seed), int(epoch))
         self.augmenters, self.min_crop_area, self.flip = augmenters, min_crop_area, flip
         self.num_classes, self.one_hot, self.images_only = num_classes or source.num_classes, one_hot, images_only
-        count = len(self.labels)
+        self.count = epoch_length(len(self.labels), self.aug_repeats)
         drop = training if drop_remainder is None else drop_remainder
-        self.batches = count // self.batch_size if drop else math.ceil(count / self.batch_size)
+        self.batches = self.count // self.batch_size if drop else math.ceil(self.count / self.batch_size)
 
     @property
     def order(self):
         """The source rows in this pass's order: `example_order` in training, the source's in evaluation."""
         count = len(self.labels)
-        return example_order(count, *self.key) if self.training else np.arange(count)
+        return example_order(count, *self.key, self.aug_repeats) if self.training else np.arange(count)
 
     def __len__(self):
         return self.batches
@@ -127,7 +153,7 @@ class ArrayBatches(keras.utils.PyDataset):
         """Batch `index` before the batched steps: pixels in [0, 255] of `size` (`pixel_dtype`), and labels."""
         if not 0 <= index < self.batches:
             raise IndexError(f"batch {index} of {self.batches}")
-        positions = range(index * self.batch_size, min((index + 1) * self.batch_size, len(self.labels)))
+        positions = range(index * self.batch_size, min((index + 1) * self.batch_size, self.count))
         examples = [self.example(position) for position in positions]
         examples = [example for example in examples if example is not None]  # evaluation leaves out broken files
         if not examples and positions:  # a batch of no rows, whose loss Keras' mean makes NaN for the whole pass

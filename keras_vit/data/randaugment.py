@@ -116,9 +116,9 @@ def epoch_state(seed, epoch, domain=DOMAIN):
     return mix(mix((int(seed) & MASK) ^ domain) ^ (int(epoch) & MASK))
 
 
-def example_words(seed, epoch, position, count):
-    """`count` 64-bit words for example `position`: `mix(state + i)` of its state."""
-    state = mix(epoch_state(seed, epoch) ^ (int(position) & MASK))
+def example_words(seed, epoch, position, count, domain=DOMAIN):
+    """`count` 64-bit words for example `position`: `mix(state + i)` of its state (in `domain`)."""
+    state = mix(epoch_state(seed, epoch, domain) ^ (int(position) & MASK))
     return [mix((state + i) & MASK) for i in range(count)]
 
 

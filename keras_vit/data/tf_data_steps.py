@@ -109,12 +109,15 @@ def mix(value):
     return z ^ tf.bitwise.right_shift(z, _u64(randaugment.SHIFTS[2]))
 
 
-def example_order(count, seed, epoch):
+def example_order(count, seed, epoch, aug_repeats=0):
     """`keras_vit.data.array_batches.example_order` in TensorFlow (int32 rows), of an int or int64 tensor `epoch`."""
     seed_state = randaugment.mix((int(seed) & randaugment.MASK) ^ array_batches.ORDER_DOMAIN)
     state = mix(_u64(seed_state) ^ tf.bitcast(tf.cast(epoch, tf.int64), tf.uint64))  # randaugment.epoch_state
     keys = mix(state ^ tf.bitcast(tf.range(count, dtype=tf.int64), tf.uint64))
-    return tf.argsort(tf.bitcast(keys, tf.int64), stable=True)
+    order = tf.argsort(tf.bitcast(keys, tf.int64), stable=True)
+    if aug_repeats:
+        order = tf.repeat(order, aug_repeats)[:array_batches.epoch_length(count, aug_repeats)]
+    return order
 
 
 def decode(encoded):
@@ -228,16 +231,16 @@ def decoded_files(files, labels):
 
 
 def examples(source, size, training, seed, epoch, crop_fraction, min_crop_area, flip, eval_transform=None,
-             randaugment=None):
+             randaugment=None, aug_repeats=0):
     """Per-example preprocessing: float pixels in [0, 255] of `size` (not yet scaled) and labels, one pass."""
     if not training:
         transform = (eval_transform or preprocessing.keras_vit(crop_fraction)).fitted_to(size)
         return source.dataset.map(lambda image, label: (tf.ensure_shape(eval_step(image, transform), (*size, 3)), label),
                                   num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-    return training_examples(source, size, seed, [epoch], None, min_crop_area, flip, randaugment)
+    return training_examples(source, size, seed, [epoch], None, min_crop_area, flip, randaugment, aug_repeats)
 
 
-def training_examples(source, size, seed, epochs, per_epoch, min_crop_area, flip, randaugment=None):
+def training_examples(source, size, seed, epochs, per_epoch, min_crop_area, flip, randaugment=None, aug_repeats=0):
     """The training examples of `epochs`, one epoch after another, the first `per_epoch` of each (None: all).
 
     Arrays and folders take `keras_vit.data.array_batches`' order, crop boxes and
@@ -245,8 +248,11 @@ def training_examples(source, size, seed, epochs, per_epoch, min_crop_area, flip
     are file names until the step, which reads the file and decodes only its
     crop window; a file that cannot be decoded is skipped with a note, the
     next example of the order taking its place, as the numpy pipeline does.
-    RandAugment (a `keras_vit.data.randaugment.RandAugment`) follows the crop and flip. A
-    tensorflow-datasets split is shuffled in a buffer of 10,000 examples; where it stores image files
+    A per-example policy (`randaugment`: a `keras_vit.data.randaugment.RandAugment` or
+    `three_augment.ThreeAugment`) follows the crop and flip. `aug_repeats` is timm's repeated
+    augmentation (`array_batches.example_order`). A
+    tensorflow-datasets split is shuffled in a buffer of 10,000 examples (each example repeated in a row with
+    `aug_repeats`); where it stores image files
     (`Source.encoded`), only each crop window is decoded, as from a folder.
     """
     area_range = (min_crop_area, 1.0)
@@ -270,7 +276,10 @@ def training_examples(source, size, seed, epochs, per_epoch, min_crop_area, flip
                         else (source.encoded, decode_and_inception_crop))
         for epoch in epochs:
             shuffled = stream.shuffle(min(source.num_examples or 10_000, 10_000), reshuffle_each_iteration=False,
-                                      seed=array_batches.epoch_key(seed, epoch)).take(per_epoch or -1)
+                                      seed=array_batches.epoch_key(seed, epoch))
+            if aug_repeats:
+                shuffled = shuffled.flat_map(lambda *example: tf.data.Dataset.from_tensors(example).repeat(aug_repeats))
+            shuffled = shuffled.take(per_epoch or -1)
             one = shuffled.enumerate().map(lambda position, example, epoch=epoch: finish(epoch, position, crop(
                 example[0], size, seeds(epoch, position)[0], area_range), example[1]),
                 num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
@@ -278,7 +287,8 @@ def training_examples(source, size, seed, epochs, per_epoch, min_crop_area, flip
         return dataset
 
     images, labels = source.examples
-    count, files = len(labels), not isinstance(images, np.ndarray)
+    files = not isinstance(images, np.ndarray)
+    count = array_batches.epoch_length(len(labels), aug_repeats)  # the epoch's order's length
     images, labels = tf.constant(images), tf.constant(labels)
 
     def crop(epoch, position, row):
@@ -287,7 +297,7 @@ def training_examples(source, size, seed, epochs, per_epoch, min_crop_area, flip
         return inception_crop(images[row], size, seeds(epoch, position)[0], area_range)
 
     def epoch_examples(epoch):  # one function for every epoch, given as a tensor: traced and instantiated once
-        order = example_order(count, seed, epoch)  # computed when the epoch starts
+        order = example_order(len(labels), seed, epoch, aug_repeats)  # computed when the epoch starts
 
         def attempt(position, step):
             row = order[(position + step) % count]

@@ -59,23 +59,26 @@ def pixel_statistics(model):
 def training_data(
     train_source, eval_source, image_size, batch_size, epochs, initial_epoch=0, seed=0, eval_batch_size=256,
     randaugment=None, mixup=0.0, cutmix=0.0, min_crop_area=0.05, flip=True, images_only=False, multi_process=False,
-    workers=None, eval_transform=None, reprob=0.0, pixel_statistics=None):
+    workers=None, eval_transform=None, reprob=0.0, pixel_statistics=None, aug_repeats=0, three_augment=False,
+    color_jitter=None):
     """`(stream, validation)`: the augmented batches of epochs `initial_epoch..epochs-1`, and the held-out ones.
 
     The held-out images go through `eval_transform` (`evaluation_transform(model)`: the model's own; by default
     keras_vit's resize). Labels are one-hot; `images_only` drops them (masked patch prediction).
     `workers`: decoding processes without TensorFlow (`data.training_stream`).
     `reprob`: timm's random erasing, its noise in the model's normalized space (`pixel_statistics`: its
-    `(input_mean, input_std)`).
+    `(input_mean, input_std)`). `aug_repeats`: timm's repeated augmentation; `three_augment` and
+    `color_jitter`: DeiT III's 3-Augment (`data.make_augmenters`).
     With `multi_process` the last partial held-out batch is left out: JAX
     needs static batch sizes across processes.
     """
-    augmenters = data.make_augmenters(randaugment, mixup, cutmix, seed, reprob, pixel_statistics)
+    augmenters = data.make_augmenters(randaugment, mixup, cutmix, seed, reprob, pixel_statistics, three_augment,
+                                      color_jitter)
     # A run killed after its last epoch resumes at `epochs`: fit trains nothing, the stream is never read.
     first = min(initial_epoch, epochs - 1)
     stream = data.training_stream(train_source, image_size, batch_size, epochs, first, seed,
                                   augmenters=augmenters, one_hot=True, min_crop_area=min_crop_area, flip=flip,
-                                  workers=workers)
+                                  workers=workers, aug_repeats=aug_repeats)
     if multi_process and eval_source.num_examples % eval_batch_size:
         print(f"note: evaluating {eval_source.num_examples // eval_batch_size * eval_batch_size} "
               f"of {eval_source.num_examples} held-out examples (whole batches only across processes)")

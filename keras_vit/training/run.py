@@ -52,6 +52,15 @@ def check_inputs(config, process_index=0):
     raise_all(errors)
 
 
+def note_short_average(ema, total_updates):
+    """Say where the EMA's momentum averages over more updates than the run has: Keras puts the average in the
+    weights when fit ends, which then stay close to where the run started (DeiT's 0.99996 spans 25,000 updates)."""
+    if ema and total_updates < 1.0 / (1.0 - ema):
+        print(f"note: --ema {ema:g} averages over about {round(1.0 / (1.0 - ema)):,} updates, more than this run's "
+              f"{total_updates:,}; the saved weights, which are the average, stay close to the starting ones "
+              "(--ema 0 turns it off)")
+
+
 def train(config):
     """Run a `PretrainConfig` or `FinetuneConfig` end to end; returns the held-out accuracy.
 
@@ -78,14 +87,15 @@ def train(config):
     num_classes = train_source.num_classes
     config = dataclasses.replace(config, batch_size=fitted_batch_size(config.batch_size, train_source.num_examples,
                                                                       engine.num_replicas))
-    steps = data.steps_per_epoch(train_source, config.batch_size)
-    accumulation = recipes.accumulation_steps(config.target_batch_size, config.batch_size)
-    total_updates = update_steps(steps, config.epochs, accumulation)
     warmup_share = None
     if stage == "finetune":  # the recipe fills what the user left open, and says so
         config, warmup_share, note = config.with_recipe(sizes.num_layers,
                                                         config.target_batch_size or config.batch_size)
         print(note)
+    steps = data.steps_per_epoch(train_source, config.batch_size, config.aug_repeats)
+    accumulation = recipes.accumulation_steps(config.target_batch_size, config.batch_size)
+    total_updates = update_steps(steps, config.epochs, accumulation)
+    note_short_average(getattr(config, "ema", None), total_updates)
     warmup = recipes.warmup_updates(total_updates, config.warmup_steps, config.longest_warmup, warmup_share)
 
     os.makedirs(config.output_dir, exist_ok=True)
@@ -118,7 +128,8 @@ def train(config):
         config.eval_batch_size, config.randaugment, config.mixup, config.cutmix, min_crop_area, flip,
         images_only=masked_patch, multi_process=engine.process_count > 1, workers=config.workers,
         eval_transform=evaluation_transform(encoder), reprob=config.reprob,
-        pixel_statistics=pixel_statistics(encoder),
+        pixel_statistics=pixel_statistics(encoder), aug_repeats=config.aug_repeats,
+        three_augment=config.three_augment, color_jitter=config.color_jitter,
     )
     history = model.fit(
         stream,
