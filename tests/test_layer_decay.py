@@ -226,6 +226,16 @@ def test_a_recipe_fills_what_the_user_left_open_for_the_models_size_and_batch():
         FinetuneConfig(layer_decay=0.65)  # the paper's recipe: SGD
 
 
+@pytest.mark.backend_independent
+def test_a_run_shorter_than_its_average_says_so(capsys):
+    from keras_vit.training import run
+
+    run.note_short_average(0.99996, 300), run.note_short_average(0.9, 300), run.note_short_average(None, 3)
+    assert capsys.readouterr().out == (
+        "note: --ema 0.99996 averages over about 25,000 updates, more than this run's 300; the saved weights, which "
+        "are the average, stay close to the starting ones (--ema 0 turns it off)\n")
+
+
 @pytest.mark.skipif(keras.backend.backend() != "torch", reason="torch's _foreach_ kernel is the PyTorch backend's path")
 def test_torch_adamw_kernel_equals_the_keras_ops_update(monkeypatch):
     """`kernels.torch_adamw` (torch's `_foreach_` ops per param group) steps as `LayerDecayAdamW.update_step` does
