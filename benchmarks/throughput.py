@@ -17,7 +17,13 @@ the same process, one after the other:
   `.float().cpu().numpy()`), or the loss for training. This is what
   `model.predict` and `fit` users pay.
 
-Training is AdamW with softmax cross-entropy, bfloat16 through Keras'
+Training is AdamW with softmax cross-entropy; the `finetune` task is the
+fine-tuning recipes' step instead: AdamW with weight decay 0.05 and
+layer-wise rate decay 0.65 on timm's parameter groups (keras_vit's
+`recipes.finetuning_optimizer(opt="adamw", ...)`, timm's `create_optimizer_v2`;
+keras-hub, which has no layer decay, sits it out). `--models` also takes
+`dir=PATH`, a timm folder (timm's own writer) both contenders build
+from: a BEiT v2 B/16 for the recipe's own family. Training is bfloat16 through Keras'
 `mixed_bfloat16` (timm: `torch.autocast`), inference bfloat16 through
 the `"bfloat16"` policy. Each row gives the median img/s of the rounds with
 their min and max, the ratios of medians against keras_vit and timm (same
@@ -124,6 +130,12 @@ def keras_model(contender, model, task, dtype, exact_gelu=False, image_size=224)
     policy = None
     if dtype == "bfloat16":
         policy = "bfloat16" if task == "infer" else "mixed_bfloat16"
+    if model.startswith("dir="):  # a timm folder: keras_vit reads it as timm built it
+        import keras_vit
+
+        if task == "infer":
+            return keras_vit.from_pretrained(model[len("dir="):], include_top=False, dtype=policy)
+        return keras_vit.from_pretrained(model[len("dir="):], classes=1000, classifier_activation=None, dtype=policy)
     hidden, layers, heads, mlp, patch = SIZES[model]
     if contender in ("keras_vit", "keras_vit_jit"):
         import keras_vit
@@ -259,7 +271,14 @@ def run_keras(contender, model, task, batch, iterations, dtype, exact_gelu=False
         steps["end_to_end"] = lambda: net.predict_on_batch(images)  # noqa: E731
         crossing = {"device": (0, 0), "end_to_end": (images.nbytes, None)}  # out: the numpy output's size
     else:
-        net.compile(optimizer=keras.optimizers.AdamW(1e-3), jit_compile=jit_compile,
+        if task == "finetune":
+            from keras_vit import recipes
+
+            optimizer = recipes.finetuning_optimizer(1e-3, opt="adamw", weight_decay=0.05, layer_decay=0.65,
+                                                     model=net, global_clipnorm=None)
+        else:
+            optimizer = keras.optimizers.AdamW(1e-3)
+        net.compile(optimizer=optimizer, jit_compile=jit_compile,
                     loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
         if "device" in modes:
             device_images, device_labels = on_device(images), on_device(labels)
@@ -281,10 +300,14 @@ def run_timm(model, task, batch, iterations, dtype, modes=MODES, rounds=1, image
 
     torch.manual_seed(0)
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    hidden, layers, heads, mlp, patch = SIZES[model]
-    net = timm.models.vision_transformer.VisionTransformer(
-        img_size=image_size, patch_size=patch, embed_dim=hidden, depth=layers, num_heads=heads, mlp_ratio=mlp / hidden,
-        num_classes=1000 if task == "train" else 0).to(device)
+    if model.startswith("dir="):
+        net = timm.create_model("local-dir:" + model[len("dir="):], pretrained=True,
+                                num_classes=0 if task == "infer" else 1000).to(device)
+    else:
+        hidden, layers, heads, mlp, patch = SIZES[model]
+        net = timm.models.vision_transformer.VisionTransformer(
+            img_size=image_size, patch_size=patch, embed_dim=hidden, depth=layers, num_heads=heads,
+            mlp_ratio=mlp / hidden, num_classes=0 if task == "infer" else 1000).to(device)
     rng = np.random.default_rng(0)
     host_images = rng.uniform(-1, 1, (batch, 3, image_size, image_size)).astype("float32")
     host_labels = rng.integers(0, 1000, batch)
@@ -310,7 +333,14 @@ def run_timm(model, task, batch, iterations, dtype, modes=MODES, rounds=1, image
         crossing = {"device": (0, 0), "end_to_end": (host_images.nbytes, None)}
     else:
         net.train()
-        optimizer = torch.optim.AdamW(net.parameters(), lr=1e-3)
+        if task == "finetune":  # the recipe's groups, each at its layer's rate, as timm's schedulers apply lr_scale
+            from timm.optim import create_optimizer_v2
+
+            optimizer = create_optimizer_v2(net, "adamw", lr=1e-3, weight_decay=0.05, layer_decay=0.65)
+            for group in optimizer.param_groups:
+                group["lr"] = 1e-3 * group.get("lr_scale", 1.0)
+        else:
+            optimizer = torch.optim.AdamW(net.parameters(), lr=1e-3)
 
         def train_step(x, y):
             optimizer.zero_grad(set_to_none=True)
@@ -468,7 +498,9 @@ def main():
     rows = []
     for model in args.models.split(","):
         for task in args.tasks.split(","):
-            runs = [(c, d) for d in dtypes for c in contenders if not (d == "int8" and (c == "timm" or task == "train"))]
+            training = task in ("train", "finetune")
+            runs = [(c, d) for d in dtypes for c in contenders if not (d == "int8" and (c == "timm" or training))
+                    and not (c == "keras_hub" and (task == "finetune" or model.startswith("dir=")))]
             results = {run: [] for run in runs}
             for round_index in range(args.rounds):
                 # Interleaved, so drift hits every contender alike; the order rotates, so no one always goes first.
@@ -477,7 +509,8 @@ def main():
                     python = args.timm_python if contender == "timm" else sys.executable
                     results[contender, dtype].append(measure_in_process(
                         python, contender, model, task, dtype, None if contender == "timm" else backend, args))
-            flops = forward_flops(model, args.image_size) * (3 if task == "train" else 1) * args.batch
+            flops = (float("nan") if model.startswith("dir=") else  # a folder's model: no roofline
+                     forward_flops(model, args.image_size) * (3 if training else 1) * args.batch)
             task_rows = summarize(model, task, runs, results, args.batch, flops, peaks, args.modes.split(","))
             print(report(task_rows), flush=True)  # each task's table as soon as it is measured
             rows += task_rows

@@ -467,3 +467,43 @@ def torch_adamw(variables, grads, momentums, velocities, step, learning_rate, gr
             torch._foreach_div_(denominators, root_correction_2)
             torch._foreach_add_(denominators, epsilon)
             torch._foreach_addcdiv_(params, first, denominators, value=-rate * scale / correction_1)
+
+
+def torch_lamb(variables, grads, momentums, velocities, step, learning_rate, groups, weight_decay, beta_1, beta_2,
+               epsilon):
+    """One step of timm's `Lamb` over Keras variables with per-variable rates, in place, by torch's `_foreach_` ops.
+
+    `optimizers.LayerDecayLamb.update_step`'s arithmetic, a param group at a
+    time (`groups`: each variable's `(rate scale, decays)`): Adam's update,
+    and where the variable decays, the decay added and the whole scaled by
+    its trust ratio `|p| / |update|` (1 where either is 0). The gradients
+    come clipped already (Keras' `global_clipnorm`, as timm's `max_grad_norm`).
+    """
+    import torch
+
+    with torch.no_grad():
+        rate = float(learning_rate)
+        correction_1, root_correction_2 = 1 - beta_1 ** step, math.sqrt(1 - beta_2 ** step)
+        members = {}
+        for index, group in enumerate(groups):
+            members.setdefault(group, []).append(index)
+        for (scale, decays), indices in members.items():
+            params = [variables[i].value for i in indices]
+            gradients = [grads[i].to(params[0].dtype) for i in indices]
+            first, second = [momentums[i].value for i in indices], [velocities[i].value for i in indices]
+            torch._foreach_lerp_(first, gradients, 1 - beta_1)
+            torch._foreach_mul_(second, beta_2)
+            torch._foreach_addcmul_(second, gradients, gradients, value=1 - beta_2)
+            denominators = torch._foreach_sqrt(second)
+            torch._foreach_div_(denominators, root_correction_2)
+            torch._foreach_add_(denominators, epsilon)
+            updates = torch._foreach_div(first, correction_1)
+            torch._foreach_div_(updates, denominators)
+            if decays:
+                torch._foreach_add_(updates, params, alpha=weight_decay)
+                weight_norms = torch.stack(torch._foreach_norm(params))
+                update_norms = torch.stack(torch._foreach_norm(updates))
+                ratios = torch.where((weight_norms > 0) & (update_norms > 0),
+                                     weight_norms / update_norms.clamp_min(1e-30), torch.ones_like(weight_norms))
+                torch._foreach_mul_(updates, list(ratios.unbind()))
+            torch._foreach_add_(params, updates, alpha=-rate * scale)

@@ -299,3 +299,13 @@ class LayerDecayLamb(_LayerDecay, keras.optimizers.Optimizer):
                               weight_norm / ops.maximum(update_norm, 1e-30), 1.0)
             update = ops.multiply(update, ratio)
         self.assign_sub(variable, ops.multiply(update, rate))
+
+    def _backend_update_step(self, grads, trainable_variables, learning_rate):
+        if not kernels.use_torch_kernels():
+            return super()._backend_update_step(grads, trainable_variables, learning_rate)
+        indices = [self._get_variable_index(variable) for variable in trainable_variables]
+        kernels.torch_lamb(
+            trainable_variables, [_dense(grad) for grad in grads], [self._momentums[i] for i in indices],
+            [self._velocities[i] for i in indices], int(ops.convert_to_numpy(self.iterations)) + 1,
+            ops.convert_to_numpy(learning_rate), [(self._scales[i], self._decays[i]) for i in indices],
+            self.decoupled_weight_decay, self.beta_1, self.beta_2, self.epsilon)
