@@ -21,7 +21,9 @@ Training is AdamW with softmax cross-entropy; the `finetune` task is the
 fine-tuning recipes' step instead: AdamW with weight decay 0.05 and
 layer-wise rate decay 0.65 on timm's parameter groups (keras_vit's
 `recipes.finetuning_optimizer(opt="adamw", ...)`, timm's `create_optimizer_v2`;
-keras-hub, which has no layer decay, sits it out). `--models` also takes
+keras-hub, which has no layer decay, sits it out); `finetune_lamb` is DeiT
+III's LAMB in its place (keras_vit's `opt="lamb"`, timm's `"lamb"`, both
+clipping to global norm 1). `--models` also takes
 `dir=PATH`, a timm folder (timm's own writer) both contenders build
 from: a BEiT v2 B/16 for the recipe's own family. Training is bfloat16 through Keras'
 `mixed_bfloat16` (timm: `torch.autocast`), inference bfloat16 through
@@ -271,11 +273,12 @@ def run_keras(contender, model, task, batch, iterations, dtype, exact_gelu=False
         steps["end_to_end"] = lambda: net.predict_on_batch(images)  # noqa: E731
         crossing = {"device": (0, 0), "end_to_end": (images.nbytes, None)}  # out: the numpy output's size
     else:
-        if task == "finetune":
+        if task.startswith("finetune"):
             from keras_vit import recipes
 
-            optimizer = recipes.finetuning_optimizer(1e-3, opt="adamw", weight_decay=0.05, layer_decay=0.65,
-                                                     model=net, global_clipnorm=None)
+            lamb = task == "finetune_lamb"  # LAMB clips to global norm 1, as timm's Lamb (max_grad_norm) does
+            optimizer = recipes.finetuning_optimizer(1e-3, opt="lamb" if lamb else "adamw", weight_decay=0.05,
+                                                     layer_decay=0.65, model=net, global_clipnorm=1.0 if lamb else None)
         else:
             optimizer = keras.optimizers.AdamW(1e-3)
         net.compile(optimizer=optimizer, jit_compile=jit_compile,
@@ -333,10 +336,10 @@ def run_timm(model, task, batch, iterations, dtype, modes=MODES, rounds=1, image
         crossing = {"device": (0, 0), "end_to_end": (host_images.nbytes, None)}
     else:
         net.train()
-        if task == "finetune":  # the recipe's groups, each at its layer's rate, as timm's schedulers apply lr_scale
+        if task.startswith("finetune"):  # the recipe's groups, each at its layer's rate, as timm's schedulers apply
             from timm.optim import create_optimizer_v2
 
-            optimizer = create_optimizer_v2(net, "adamw", lr=1e-3, weight_decay=0.05, layer_decay=0.65)
+            optimizer = create_optimizer_v2(net, "lamb" if task == "finetune_lamb" else "adamw", lr=1e-3, weight_decay=0.05, layer_decay=0.65)
             for group in optimizer.param_groups:
                 group["lr"] = 1e-3 * group.get("lr_scale", 1.0)
         else:
@@ -498,9 +501,9 @@ def main():
     rows = []
     for model in args.models.split(","):
         for task in args.tasks.split(","):
-            training = task in ("train", "finetune")
+            training = task in ("train", "finetune", "finetune_lamb")
             runs = [(c, d) for d in dtypes for c in contenders if not (d == "int8" and (c == "timm" or training))
-                    and not (c == "keras_hub" and (task == "finetune" or model.startswith("dir=")))]
+                    and not (c == "keras_hub" and (task.startswith("finetune") or model.startswith("dir=")))]
             results = {run: [] for run in runs}
             for round_index in range(args.rounds):
                 # Interleaved, so drift hits every contender alike; the order rotates, so no one always goes first.

@@ -79,7 +79,7 @@ def guide02(smoke):
     """Guide 02's figures: the guide states its pretraining's of the full run only, and its one-epoch folder
     run's (the same command in either mode) of the smoke runs, on each backend."""
     return ((TOP1, (None if smoke else "pretrain_top1", "folder_top1" if smoke else None, "cli_top1",
-                    "recipe_beit_top1", "recipe_paper_top1")),
+                    "recipe_beit_top1")),
             (rf"^\{{'loss': [\d.e-]+, 'top1': {NUMBER}\}}$", ("evaluate_top1",)))
 
 
