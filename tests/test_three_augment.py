@@ -102,6 +102,11 @@ def test_repeats_lay_out_an_order_as_timms_repeat_sampler():
         source = data.from_arrays(np.zeros((case["size"], 1, 1, 3), "uint8"), np.zeros(case["size"]))
         assert data.steps_per_epoch(source, 8, 3) == case["length"] // 8
     assert [case["length"] for case in cases] == [10, 255, 256, 256, 512]
+    source = data.from_arrays(np.zeros((300, 1, 1, 3), "uint8"), np.zeros(300))
+    with pytest.raises(ValueError) as error:
+        data.steps_per_epoch(source, 280, 3)
+    assert str(error.value) == ("Batch size 280 is larger than the 256 examples an epoch of repeated augmentation "
+                                "keeps of 300 (a multiple of 256, as timm's); pass batch_size=256 or less.")
 
 
 def test_repeated_rows_of_a_pass_on_both_pipelines(monkeypatch):

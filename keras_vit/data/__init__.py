@@ -256,7 +256,12 @@ def steps_per_epoch(source, batch_size, aug_repeats=0):
     (`aug_repeats`), of its `epoch_length`."""
     from keras_vit.data.array_batches import epoch_length  # imports Keras, which `keras-vit --help` need not
 
-    steps = epoch_length(source.num_examples, aug_repeats) // batch_size
+    examples = epoch_length(source.num_examples, aug_repeats)
+    steps = examples // batch_size
+    if steps < 1 and examples < source.num_examples:
+        raise ValueError(
+            f"Batch size {batch_size} is larger than the {examples} examples an epoch of repeated augmentation keeps "
+            f"of {source.num_examples} (a multiple of 256, as timm's); pass batch_size={examples} or less.")
     if steps < 1:
         raise ValueError(
             f"Batch size {batch_size} is larger than the {source.num_examples} training examples; pass "
