@@ -207,12 +207,18 @@ class FinetuneConfig(_TrainingConfig):
         if self.recipe not in RECIPES:
             raise ValueError(f"Unknown recipe {self.recipe!r} (--recipe); expected one of {', '.join(RECIPES)}.")
         check_optimizer(self.opt or RECIPES[self.recipe].sizes[0][1]["opt"], self.weight_decay, self.layer_decay)
+        # The per-example policies do not depend on the model's size: checked before any weights are read.
+        settings, _, _ = recipe_settings(self.recipe, 1, 1, self._given())
+        check_policies(settings["randaugment"], settings["three_augment"], settings["color_jitter"])
+
+    def _given(self):
+        """The recipe's settings this config gives itself (not None)."""
+        return {name: getattr(self, name) for name in RECIPE_FIELDS if getattr(self, name) is not None}
 
     def with_recipe(self, num_layers, batch_size):
         """`(config, warmup share, note)`: this config with each setting of its recipe it leaves None filled for a
         model of `num_layers` blocks trained at `batch_size` (`fine_tuning_recipes.recipe_settings`)."""
-        given = {name: getattr(self, name) for name in RECIPE_FIELDS if getattr(self, name) is not None}
-        settings, share, note = recipe_settings(self.recipe, num_layers, batch_size, given)
+        settings, share, note = recipe_settings(self.recipe, num_layers, batch_size, self._given())
         settings["ema"] = settings["ema"] or None
         check_optimizer(settings["opt"], settings["weight_decay"], settings["layer_decay"])
         check_policies(settings["randaugment"], settings["three_augment"], settings["color_jitter"])

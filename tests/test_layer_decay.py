@@ -224,6 +224,10 @@ def test_a_recipe_fills_what_the_user_left_open_for_the_models_size_and_batch():
         FinetuneConfig(recipe="deit9")
     with pytest.raises(ValueError, match=re.escape("--layer-decay 0.65 needs --opt adamw or lamb")):
         FinetuneConfig(layer_decay=0.65)  # the paper's recipe: SGD
+    # A jitter without 3-Augment is refused when the config is made, before any weights are read.
+    with pytest.raises(ValueError, match=re.escape("color_jitter 0.5 (--color-jitter) is applied with 3-Augment")):
+        FinetuneConfig(color_jitter=0.5)
+    assert FinetuneConfig(recipe="deit3", color_jitter=0.5).color_jitter == 0.5
 
 
 @pytest.mark.backend_independent
