@@ -111,7 +111,9 @@ def recipe_settings(name, num_layers, batch_size, given):
     if given.get("three_augment") and "randaugment" not in given:
         settings["randaugment"] = None
     if given.get("randaugment") and "three_augment" not in given:
-        settings.update(three_augment=False, color_jitter=given.get("color_jitter"))
+        settings["three_augment"] = False
+    if not settings["three_augment"] and "color_jitter" not in given:  # the recipe's jitter goes with its 3-Augment
+        settings["color_jitter"] = None
     if settings["opt"] == "sgd":  # the paper's SGD has neither decay: a recipe's are dropped, the user's refused later
         settings.update({key: given.get(key) for key in ("weight_decay", "layer_decay")})
     shown = ", ".join(f"{key} {settings[key]:g}" if isinstance(settings[key], float) else f"{key} {settings[key]}"
