@@ -221,8 +221,7 @@ class FinetuneConfig(_TrainingConfig):
         settings, share, note = recipe_settings(self.recipe, num_layers, batch_size, self._given())
         settings["ema"] = settings["ema"] or None
         check_optimizer(settings["opt"], settings["weight_decay"], settings["layer_decay"])
-        check_policies(settings["randaugment"], settings["three_augment"], settings["color_jitter"])
-        return dataclasses.replace(self, **settings), share, note
+        return dataclasses.replace(self, **settings), share, note  # __post_init__ checks the policies again
     lora_rank: int = None  # LoRA adapters of this rank on every block's qkv; only they and the head train
 
 
