@@ -39,9 +39,16 @@ def _statistics(images):
 def _erased(layer, path):
     if path == "tf.data" and keras.backend.backend() != "torch":
         pytest.skip("tf.data runs the layer with TensorFlow's ops on every backend: once, in the torch pass")
+    if path == "keyed" and keras.backend.backend() != "torch":
+        pytest.skip("the keyed draws are the numpy path's ops with other seeds: once, in the torch pass")
     images = np.zeros((DRAWS, HEIGHT, WIDTH, 3), "float32")
     if path == "numpy":
         return np.asarray(keras.ops.convert_to_numpy(layer(images, training=True)))
+    if path == "keyed":  # as both pipelines draw a batch: from its (seed, epoch, index), 64 images a batch
+        from keras_vit.data.array_batches import apply_augmenter
+
+        return np.concatenate([apply_augmenter(layer, batch, None, (3, 0, index))[0]
+                               for index, batch in enumerate(np.split(images, DRAWS // 64))])
     if not tensorflow_installed():
         pytest.skip("tf.data needs TensorFlow")
     import tensorflow as tf
@@ -52,7 +59,7 @@ def _erased(layer, path):
     return np.concatenate([batch.numpy() for batch, _ in dataset])
 
 
-@pytest.mark.parametrize("path", ["numpy", "tf.data"])
+@pytest.mark.parametrize("path", ["numpy", "keyed", "tf.data"])
 @pytest.mark.parametrize("probability", ["0.25", "1.0"])
 def test_boxes_and_noise_follow_timms_random_erasing(probability, path):
     """The share of images erased, and each box's height, width, area, offsets and noise, have timm's means and

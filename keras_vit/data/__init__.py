@@ -236,7 +236,7 @@ def make_dataset(source, image_size, batch_size, training, seed=0, epoch=0, crop
         drop_remainder = training
     folder = source.examples is not None and not isinstance(source.examples[0], np.ndarray)
     return tf_data_steps.batched(examples, batch_size, drop_remainder, num_classes or source.num_classes, one_hot,
-                                 augmenters, left_out=folder and not training)
+                                 augmenters, left_out=folder and not training, seed=seed, first_epoch=epoch)
 
 
 def images_only(dataset):
@@ -310,4 +310,5 @@ def training_stream(
 
     examples = tf_data_steps.training_examples(source, size, seed, range(initial_epoch, epochs), per_epoch,
                                                min_crop_area, flip, randaugment, aug_repeats)
-    return tf_data_steps.batched(examples, batch_size, True, num_classes or source.num_classes, one_hot, augmenters)
+    return tf_data_steps.batched(examples, batch_size, True, num_classes or source.num_classes, one_hot, augmenters,
+                                 seed=seed, first_epoch=initial_epoch, steps_per_epoch=per_epoch // batch_size)

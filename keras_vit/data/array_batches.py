@@ -142,7 +142,7 @@ class ArrayBatches(keras.utils.PyDataset):
         return self.batches
 
     def __getitem__(self, index):
-        return self.finish(*self.examples_of(index))
+        return self.finish(*self.examples_of(index), index)
 
     @property
     def pixel_dtype(self):
@@ -166,10 +166,12 @@ class ArrayBatches(keras.utils.PyDataset):
             labels = np.eye(self.num_classes, dtype="float32")[labels]
         return images, labels
 
-    def finish(self, images, labels):
-        """The batched steps on `examples_of`'s batch: the augmenters, then pixels to [-1, 1]."""
+    def finish(self, images, labels, index=None):
+        """The batched steps on `examples_of`'s batch `index`: the augmenters (keyed by `(seed, epoch, index)` in
+        training), then pixels to [-1, 1]."""
+        key = (*self.key, int(index)) if self.training and index is not None else None
         for augmenter in self.augmenters:
-            images, labels = apply_augmenter(augmenter, np.asarray(images, "float32"), labels)
+            images, labels = apply_augmenter(augmenter, np.asarray(images, "float32"), labels, key)
         # In place where the batch is a float32 array of its own.
         images = arrays.minus_one_to_one(images, overwrite=images.dtype == np.float32 and images.flags.writeable)
         return (images,) if self.images_only else (images, labels)
@@ -225,8 +227,21 @@ def check_label_mixing(augmenters, one_hot):
                              "(mixed into a (batch, batch) matrix): pass one_hot=True, with a categorical loss.")
 
 
-def apply_augmenter(augmenter, images, labels):
-    """A Keras augmentation layer on a numpy batch of [0, 255] images (MixUp and CutMix mix the labels too)."""
+def apply_augmenter(augmenter, images, labels, key=None):
+    """A Keras augmentation layer on a numpy batch of [0, 255] images (MixUp and CutMix mix the labels too).
+
+    keras_vit's random erasing and MixUp/CutMix (`keyed` layers) draw from the batch's `(seed, epoch, index)`
+    `key` where one is given, not from their seed generator's state, which a resumed run would start afresh:
+    tf.data applies them here too (`tf_data_steps.batched`).
+    """
+    if key is not None and getattr(augmenter, "keyed", False):
+        mixes = mixes_labels(augmenter)
+        transformation = augmenter.get_random_transformation(
+            {"images": images, "labels": labels} if mixes else images, training=True, seed=tuple(key))
+        images = keras.ops.convert_to_numpy(augmenter.transform_images(images, transformation, training=True))
+        if mixes:
+            labels = keras.ops.convert_to_numpy(augmenter.transform_labels(labels, transformation, training=True))
+        return images, labels
     if mixes_labels(augmenter):
         out = augmenter({"images": images, "labels": labels}, training=True)
         return keras.ops.convert_to_numpy(out["images"]), keras.ops.convert_to_numpy(out["labels"])
@@ -272,7 +287,7 @@ def _batches(passes, source, size, batch_size, seed, workers, options):
         pending = collections.deque()
         for position, (number, index) in enumerate(keys):
             slot = position % slots
-            pending.append((number, slot, pool.apply_async(_worker_examples, (number, index, slot))))
+            pending.append((number, index, slot, pool.apply_async(_worker_examples, (number, index, slot))))
             if len(pending) == slots - 1:
                 yield _read(passes, buffers, *pending.popleft())
         while pending:
@@ -281,10 +296,10 @@ def _batches(passes, source, size, batch_size, seed, workers, options):
         stop()
 
 
-def _read(passes, buffers, number, slot, result):
+def _read(passes, buffers, number, index, slot, result):
     """A worker's batch, once it is done: its pixels copied out of the ring, then the batched steps."""
     labels = result.get()  # first: the slot holds the pixels only once the worker has returned
-    return passes[number].finish(buffers[slot].copy(), labels)
+    return passes[number].finish(buffers[slot].copy(), labels, index)
 
 
 _WORKER_PASSES, _WORKER_BUFFERS = None, None  # a worker process's `ArrayBatches` (one per epoch), the ring

@@ -8,7 +8,10 @@ by MixUp or, with `switch_prob` 0.5 where both are on, by CutMix: one box,
 its side `sqrt(1 - lam)` of the image's, centred anywhere, clipped, the
 weight then corrected to the share of the image the box leaves. This layer
 is Keras' CutMix with timm's draws: it runs in tf.data and on the numpy
-path, on batches of [0, 255] images and one-hot labels.
+path, on batches of [0, 255] images and one-hot labels. The pipelines
+draw each batch's transformation from its `(seed, epoch, batch)` key
+(`keyed`; `array_batches.apply_augmenter`), so a resumed run mixes as an
+uninterrupted one; called as a layer, it draws from its seed generator.
 
 Example:
 >>> import numpy as np
@@ -19,6 +22,8 @@ Example:
 """
 
 import keras
+
+from keras_vit.data.randaugment import keyed_seeds
 
 
 @keras.saving.register_keras_serializable(package="keras_vit")
@@ -42,6 +47,8 @@ class MixUpCutMix(keras.layers.CutMix):
         self.mixup_alpha, self.cutmix_alpha = float(mixup_alpha), float(cutmix_alpha)
         self.switch_prob = float(switch_prob)
 
+    keyed = True  # the pipelines draw each batch's transformation from its (seed, epoch, batch) key
+
     def get_random_transformation(self, data, training=True, seed=None):
         if not training:
             return None
@@ -49,14 +56,14 @@ class MixUpCutMix(keras.layers.CutMix):
         backend = self.backend
         shape = backend.shape(images)
         height, width = shape[self.height_axis], shape[self.width_axis]
-        seed = seed or self._get_seed_generator(backend._backend)
-        draw = backend.random.uniform((3,), 0.0, 1.0, "float32", seed)  # the switch, the box's centre
+        seeds = keyed_seeds(self, seed, 3)
+        draw = backend.random.uniform((3,), 0.0, 1.0, "float32", seeds[0])  # the switch, the box's centre
         if self.mixup_alpha and self.cutmix_alpha:
             use_cutmix = draw[0] < self.switch_prob
         else:
             use_cutmix = backend.convert_to_tensor(bool(self.cutmix_alpha))
         weight = backend.numpy.where(
-            use_cutmix, self._beta(self.cutmix_alpha, seed), self._beta(self.mixup_alpha, seed))
+            use_cutmix, self._beta(self.cutmix_alpha, seeds[1]), self._beta(self.mixup_alpha, seeds[2]))
         # timm's rand_bbox: a box of int(side * sqrt(1 - lam)) a side, centred on an integer in [0, side)
         ratio = backend.numpy.sqrt(1.0 - weight)
         cut_h, cut_w = backend.numpy.floor(float(height) * ratio), backend.numpy.floor(float(width) * ratio)
@@ -102,3 +109,4 @@ class MixUpCutMix(keras.layers.CutMix):
         config.pop("factor", None)
         config.update(mixup_alpha=self.mixup_alpha, cutmix_alpha=self.cutmix_alpha, switch_prob=self.switch_prob)
         return config
+

@@ -122,6 +122,23 @@ def example_words(seed, epoch, position, count, domain=DOMAIN):
     return [mix((state + i) & MASK) for i in range(count)]
 
 
+BATCH_DOMAIN = 0x42415443  # "BATC": the batched augmentations' draws
+
+
+def batch_seeds(seed, epoch, index, count):
+    """`count` 32-bit seeds for batch `index` of epoch `epoch`: the keyed draws of the batched augmentations
+    (random erasing, MixUp/CutMix), so both pipelines, worker processes and a resumed run draw alike for a batch."""
+    return [word & 0xFFFFFFFF for word in example_words(seed, epoch, index, count, BATCH_DOMAIN)]
+
+
+def keyed_seeds(layer, seed, count):
+    """The seeds of `count` draws of `layer`: from a `(seed, epoch, batch)` key where the pipelines give one
+    (`randaugment.batch_seeds`), else the layer's own seed generator (or `seed`'s) for each."""
+    if isinstance(seed, tuple):
+        return batch_seeds(*seed, count)
+    return [seed or layer._get_seed_generator(layer.backend._backend)] * count
+
+
 def uniform(word):
     """A float64 in [0, 1) from a word's top 53 bits."""
     return (word >> 11) * 2.0**-53

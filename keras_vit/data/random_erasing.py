@@ -9,7 +9,8 @@ per-pixel normal noise in the model's normalized space (mean 0, std 1 after
 the checkpoint's mean and std). This layer is Keras' with timm's draws: it
 runs in tf.data and on the numpy path as MixUp and CutMix do, on batches of
 [0, 255] images, before them (timm erases in its per-image transform, and
-mixes the batch after).
+mixes the batch after). The pipelines draw each batch's boxes from its
+`(seed, epoch, batch)` key, as `mixing.MixUpCutMix`'s.
 
 Example:
 >>> import numpy as np
@@ -22,6 +23,8 @@ True
 import math
 
 import keras
+
+from keras_vit.data.randaugment import keyed_seeds
 
 ATTEMPTS = 10  # timm's: the draws per image until a box fits, else no box
 
@@ -54,6 +57,8 @@ class RandomErasing(keras.layers.RandomErasing):
         self.min_aspect = float(min_aspect)
         self.mean, self.std = tuple(float(v) for v in mean), tuple(float(v) for v in std)
 
+    keyed = True  # the pipelines draw each batch's transformation from its (seed, epoch, batch) key
+
     def get_random_transformation(self, data, training=True, seed=None):
         if not training:
             return None
@@ -61,26 +66,31 @@ class RandomErasing(keras.layers.RandomErasing):
         backend = self.backend
         shape = backend.shape(images)
         batch, height, width = shape[0], shape[self.height_axis], shape[self.width_axis]
-        seed = seed or self._get_seed_generator(backend._backend)
-        uniform = lambda size, low=0.0, high=1.0: backend.random.uniform(size, low, high, "float32", seed)  # noqa: E731
-        area = uniform((batch, ATTEMPTS), self.min_area, self.max_area) * float(height * width)
-        aspect = backend.numpy.exp(uniform((batch, ATTEMPTS), math.log(self.min_aspect), -math.log(self.min_aspect)))
+        seeds = keyed_seeds(self, seed, 6)
+
+        def uniform(size, seed, low=0.0, high=1.0):
+            return backend.random.uniform(size, low, high, "float32", seed)
+
+        area = uniform((batch, ATTEMPTS), seeds[0], self.min_area, self.max_area) * float(height * width)
+        aspect = backend.numpy.exp(uniform((batch, ATTEMPTS), seeds[1], math.log(self.min_aspect),
+                                           -math.log(self.min_aspect)))
         box_height = backend.numpy.round(backend.numpy.sqrt(area * aspect))  # Python's round, as timm's int(round())
         box_width = backend.numpy.round(backend.numpy.sqrt(area / aspect))
         fits = backend.numpy.logical_and(box_height < height, box_width < width)
         first = backend.numpy.argmax(backend.cast(fits, "int32"), axis=1)[:, None]
         box_height = backend.numpy.take_along_axis(box_height, first, axis=1)[:, 0]
         box_width = backend.numpy.take_along_axis(box_width, first, axis=1)[:, 0]
-        erase = backend.numpy.logical_and(uniform((batch,)) < self.probability, backend.numpy.any(fits, axis=1))
+        erase = backend.numpy.logical_and(uniform((batch,), seeds[2]) < self.probability,
+                                          backend.numpy.any(fits, axis=1))
         # timm's randint(0, side - box): each of the side - box + 1 offsets alike
-        top = backend.numpy.floor(uniform((batch,)) * (float(height) - box_height + 1.0))
-        left = backend.numpy.floor(uniform((batch,)) * (float(width) - box_width + 1.0))
+        top = backend.numpy.floor(uniform((batch,), seeds[3]) * (float(height) - box_height + 1.0))
+        left = backend.numpy.floor(uniform((batch,), seeds[4]) * (float(width) - box_width + 1.0))
         rows = backend.cast(backend.numpy.arange(height), "float32")[None, :, None]
         columns = backend.cast(backend.numpy.arange(width), "float32")[None, None, :]
         inside = backend.numpy.logical_and(
             backend.numpy.logical_and(rows >= top[:, None, None], rows < (top + box_height)[:, None, None]),
             backend.numpy.logical_and(columns >= left[:, None, None], columns < (left + box_width)[:, None, None]))
-        noise = backend.random.normal(shape, seed=seed, dtype="float32")
+        noise = backend.random.normal(shape, seed=seeds[5], dtype="float32")
         fill = (backend.convert_to_tensor(self.mean, "float32") + backend.convert_to_tensor(self.std, "float32")
                 * noise) * 255.0
         return {"mask": backend.numpy.logical_and(inside, erase[:, None, None])[..., None], "fill": fill}

@@ -326,19 +326,48 @@ def training_examples(source, size, seed, epochs, per_epoch, min_crop_area, flip
     return dataset.apply(tf.data.experimental.assert_cardinality(len(epochs) * (per_epoch or count)))
 
 
-def batched(dataset, batch_size, drop_remainder, num_classes, one_hot, augmenters, left_out=False):
+def batched(dataset, batch_size, drop_remainder, num_classes, one_hot, augmenters, left_out=False, seed=0,
+            first_epoch=0, steps_per_epoch=None):
     """Batch, then the batched steps: one-hot labels, augmenters, pixels to [-1, 1]. With `left_out`, the examples
-    labelled -1 (`decoded_files`' undecodable files) are taken out of each batch, as the numpy pipeline leaves them."""
+    labelled -1 (`decoded_files`' undecodable files) are taken out of each batch, as the numpy pipeline leaves them.
+
+    The dataset's `g`-th batch is batch `g % steps_per_epoch` of epoch `first_epoch + g // steps_per_epoch` (all of
+    `first_epoch` where `steps_per_epoch` is None); that `(seed, epoch, index)` keys the draws of keras_vit's keyed
+    layers (random erasing, MixUp/CutMix), run by the numpy pipeline's code (`array_batches.apply_augmenter`)
+    through `tf.py_function`: the same draws on both pipelines, and in a resumed run.
+    """
     check_label_mixing(augmenters, one_hot)
     dataset = dataset.batch(batch_size, drop_remainder=drop_remainder)
     if left_out:
         dataset = dataset.map(lambda x, y: (tf.boolean_mask(x, y >= 0), tf.boolean_mask(y, y >= 0)))
     if one_hot:
         dataset = dataset.map(lambda x, y: (x, tf.one_hot(y, num_classes)))
+    dataset = dataset.enumerate().map(lambda g, batch: (*batch, g))
     for augmenter in augmenters:
-        dataset = dataset.map(apply_augmenter(augmenter), num_parallel_calls=tf.data.AUTOTUNE)
-    dataset = dataset.map(lambda x, y: (value_range(x), y), num_parallel_calls=tf.data.AUTOTUNE)
+        if getattr(augmenter, "keyed", False):
+            step = keyed_augmenter(augmenter, seed, first_epoch, steps_per_epoch)
+        else:
+            step = (lambda apply: lambda x, y, g: (*apply(x, y), g))(apply_augmenter(augmenter))
+        dataset = dataset.map(step, num_parallel_calls=tf.data.AUTOTUNE)
+    dataset = dataset.map(lambda x, y, g: (value_range(x), y), num_parallel_calls=tf.data.AUTOTUNE)
     return dataset.prefetch(tf.data.AUTOTUNE)
+
+
+def keyed_augmenter(augmenter, seed, first_epoch, steps_per_epoch):
+    """A keyed layer's step on batch `g`: `array_batches.apply_augmenter` with the batch's key, eagerly."""
+
+    def run(images, labels, epoch, index):
+        out_images, out_labels = array_batches.apply_augmenter(
+            augmenter, images.numpy(), labels.numpy(), (int(seed), int(epoch), int(index)))
+        return np.asarray(out_images, "float32"), np.asarray(out_labels, labels.dtype.as_numpy_dtype)
+
+    def step(images, labels, g):
+        epoch, index = (first_epoch, g) if steps_per_epoch is None else (
+            first_epoch + g // steps_per_epoch, g % steps_per_epoch)
+        out_images, out_labels = tf.py_function(run, [images, labels, epoch, index], [tf.float32, labels.dtype])
+        return tf.ensure_shape(out_images, images.shape), tf.ensure_shape(out_labels, labels.shape), g
+
+    return step
 
 
 def apply_augmenter(augmenter):
