@@ -230,6 +230,29 @@ def test_a_recipe_fills_what_the_user_left_open_for_the_models_size_and_batch():
     assert FinetuneConfig(recipe="deit3", color_jitter=0.5).color_jitter == 0.5
 
 
+@pytest.mark.skipif(keras.backend.backend() == "tensorflow",
+                    reason="the keras.ops update runs in the jax pass, torch's _foreach_ kernel in the torch pass")
+@pytest.mark.parametrize("opt", ["adamw", "lamb"])
+def test_accumulation_ema_and_mixed_precision_are_applied(opt):
+    """In mixed_bfloat16, with 2 batches an update and an EMA: the first batch moves no weight, the second makes
+    the one update (its moments in float32), and the average follows the weights."""
+    model = keras_vit.ViT(image_size=16, patch_size=8, hidden_size=8, num_layers=2, num_heads=2, mlp_dim=16,
+                          classes=3, classifier_activation=None, dtype="mixed_bfloat16")
+    optimizer = recipes.finetuning_optimizer(1e-2, opt=opt, layer_decay=0.65, model=model, ema_momentum=0.5,
+                                             gradient_accumulation_steps=2)
+    model.compile(optimizer=optimizer, loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    images, labels = np.random.default_rng(0).uniform(-1, 1, (4, 16, 16, 3)), np.array([0, 1, 2, 0])
+    start = [ops.convert_to_numpy(v) for v in model.trainable_variables]
+    model.train_on_batch(images, labels)  # accumulated only
+    assert all(np.array_equal(a, ops.convert_to_numpy(v)) for a, v in zip(start, model.trainable_variables))
+    model.train_on_batch(images, labels)  # the update
+    moved = {v.path for a, v in zip(start, model.trainable_variables) if not np.array_equal(a, ops.convert_to_numpy(v))}
+    assert "head/kernel" in moved and int(ops.convert_to_numpy(optimizer.iterations)) == 1
+    assert all(v.dtype == "float32" for v in optimizer._momentums + optimizer._velocities)
+    averages = optimizer._model_variables_moving_average
+    assert any(not np.array_equal(ops.convert_to_numpy(a), b) for a, b in zip(averages, start))
+
+
 @pytest.mark.backend_independent
 def test_a_run_shorter_than_its_average_says_so(capsys):
     from keras_vit.training import run
