@@ -16,9 +16,8 @@ float32 rounding), so switching paths changes no result:
   `use_custom_gradients`, its gradient is written out. On GPUs and TPUs,
   whose default float32 matrix products are TF32 or one bfloat16 pass,
   `LayerNorm` is Keras' own.
-- `linear` is a `Dense` layer's product and bias: on PyTorch
-  (`use_torch_kernels`) one `torch.nn.functional.linear` call, whose bias
-  is added inside the product (`addmm`) instead of in a second pass.
+- `linear` is a `Dense` layer's product and bias: on PyTorch (`use_torch_kernels`) one
+  `torch.nn.functional.linear` call, whose bias is added inside the product (`addmm`), not in a second pass.
 - `torch_layer_norm` is `LayerNorm`'s function on PyTorch: torch's
   `layer_norm` on the tokens in their own dtype, without Keras' casts of a
   bfloat16 input to float32 and back.
@@ -28,10 +27,8 @@ float32 rounding), so switching paths changes no result:
   with `erf`, which the ONNX and LiteRT converters know.
 - `set_custom_gradients(False)` turns the written-out gradients off, for
   forward-mode differentiation, which they do not support.
-- `torch_adamw` is `training.optimizers.LayerDecayAdamW`'s update on
-  PyTorch (`use_torch_kernels`): torch's `_foreach_` ops over each param
-  group, as torch's own AdamW steps, where Keras would run the update one
-  variable and one op at a time.
+- `torch_adamw` and `torch_lamb` are `training.optimizers.LayerDecayAdamW`'s and `LayerDecayLamb`'s updates on
+  PyTorch: torch's `_foreach_` ops over each param group, where Keras runs one variable and op at a time.
 
 benchmarks/README.md records what each of these was measured against.
 """
@@ -440,53 +437,55 @@ def torch_adamw(variables, grads, momentums, velocities, step, learning_rate, gr
                 epsilon):
     """One step of torch's AdamW over Keras variables with per-variable rates, in place, by torch's `_foreach_` ops.
 
-    `groups`: each variable's `(rate scale, decays)`. The variables of one
-    group are stepped together, as `torch.optim.AdamW(foreach=True)` steps a
-    param group: `optimizers.LayerDecayAdamW.update_step`'s arithmetic, which
-    on PyTorch runs one variable at a time through `keras.ops`, each op a
-    model-sized temporary (benchmarks/optimizer_step.py).
+    `groups`: each variable's `(rate scale, decays)`; a group's variables step together, as
+    `torch.optim.AdamW(foreach=True)` steps a param group: `optimizers.LayerDecayAdamW.update_step`'s arithmetic,
+    which Keras runs one variable and one model-sized temporary at a time (benchmarks/optimizer_step.py).
     """
     import torch
 
-    with torch.no_grad():
-        rate = float(learning_rate)
-        correction_1, root_correction_2 = 1 - beta_1 ** step, math.sqrt(1 - beta_2 ** step)
-        members = {}
-        for index, group in enumerate(groups):
-            members.setdefault(group, []).append(index)
-        for (scale, decays), indices in members.items():
-            params = [variables[i].value for i in indices]
-            gradients = [grads[i].to(params[0].dtype) for i in indices]
-            first, second = [momentums[i].value for i in indices], [velocities[i].value for i in indices]
-            if decays:
-                torch._foreach_mul_(params, 1 - rate * scale * weight_decay)
-            torch._foreach_lerp_(first, gradients, 1 - beta_1)
-            torch._foreach_mul_(second, beta_2)
-            torch._foreach_addcmul_(second, gradients, gradients, value=1 - beta_2)
-            denominators = torch._foreach_sqrt(second)
-            torch._foreach_div_(denominators, root_correction_2)
-            torch._foreach_add_(denominators, epsilon)
-            torch._foreach_addcdiv_(params, first, denominators, value=-rate * scale / correction_1)
+    rate, correction_1 = float(learning_rate), 1 - beta_1 ** step
+    for scale, decays, params, first, denominators in _adam_groups(variables, grads, momentums, velocities, step,
+                                                                   groups, beta_1, beta_2, epsilon):
+        if decays:
+            torch._foreach_mul_(params, 1 - rate * scale * weight_decay)
+        torch._foreach_addcdiv_(params, first, denominators, value=-rate * scale / correction_1)
 
 
 def torch_lamb(variables, grads, momentums, velocities, step, learning_rate, groups, weight_decay, beta_1, beta_2,
                epsilon):
     """One step of timm's `Lamb` over Keras variables with per-variable rates, in place, by torch's `_foreach_` ops.
 
-    `optimizers.LayerDecayLamb.update_step`'s arithmetic, a param group at a
-    time (`groups`: each variable's `(rate scale, decays)`): Adam's update,
-    and where the variable decays, the decay added and the whole scaled by
-    its trust ratio `|p| / |update|` (1 where either is 0). The gradients
-    come clipped already (Keras' `global_clipnorm`, as timm's `max_grad_norm`).
+    `optimizers.LayerDecayLamb.update_step`'s arithmetic a param group at a time: Adam's update, and where the
+    variable decays, the decay added and the whole scaled by its trust ratio `|p| / |update|` (1 where either is 0).
+    The gradients come clipped (Keras' `global_clipnorm`, as timm's `max_grad_norm`).
     """
     import torch
 
+    rate, correction_1 = float(learning_rate), 1 - beta_1 ** step
+    for scale, decays, params, first, denominators in _adam_groups(variables, grads, momentums, velocities, step,
+                                                                   groups, beta_1, beta_2, epsilon):
+        updates = torch._foreach_div(first, correction_1)
+        torch._foreach_div_(updates, denominators)
+        if decays:
+            torch._foreach_add_(updates, params, alpha=weight_decay)
+            weight_norms = torch.stack(torch._foreach_norm(params))
+            update_norms = torch.stack(torch._foreach_norm(updates))
+            ratios = torch.where((weight_norms > 0) & (update_norms > 0),
+                                 weight_norms / update_norms.clamp_min(1e-30), torch.ones_like(weight_norms))
+            torch._foreach_mul_(updates, list(ratios.unbind()))
+        torch._foreach_add_(params, updates, alpha=-rate * scale)
+
+
+def _adam_groups(variables, grads, momentums, velocities, step, groups, beta_1, beta_2, epsilon):
+    """Per param group, under `no_grad`: `(scale, decays, params, first moments, denominators)`, the moments
+    updated in place (torch's `lerp_` and `addcmul_`) and the denominators `sqrt(v / (1 - b2^t)) + eps`."""
+    import torch
+
+    root_correction_2 = math.sqrt(1 - beta_2 ** step)
+    members = {}
+    for index, group in enumerate(groups):
+        members.setdefault(group, []).append(index)
     with torch.no_grad():
-        rate = float(learning_rate)
-        correction_1, root_correction_2 = 1 - beta_1 ** step, math.sqrt(1 - beta_2 ** step)
-        members = {}
-        for index, group in enumerate(groups):
-            members.setdefault(group, []).append(index)
         for (scale, decays), indices in members.items():
             params = [variables[i].value for i in indices]
             gradients = [grads[i].to(params[0].dtype) for i in indices]
@@ -497,13 +496,4 @@ def torch_lamb(variables, grads, momentums, velocities, step, learning_rate, gro
             denominators = torch._foreach_sqrt(second)
             torch._foreach_div_(denominators, root_correction_2)
             torch._foreach_add_(denominators, epsilon)
-            updates = torch._foreach_div(first, correction_1)
-            torch._foreach_div_(updates, denominators)
-            if decays:
-                torch._foreach_add_(updates, params, alpha=weight_decay)
-                weight_norms = torch.stack(torch._foreach_norm(params))
-                update_norms = torch.stack(torch._foreach_norm(updates))
-                ratios = torch.where((weight_norms > 0) & (update_norms > 0),
-                                     weight_norms / update_norms.clamp_min(1e-30), torch.ones_like(weight_norms))
-                torch._foreach_mul_(updates, list(ratios.unbind()))
-            torch._foreach_add_(params, updates, alpha=-rate * scale)
+            yield scale, decays, params, first, denominators
