@@ -210,6 +210,17 @@ class _LayerDecay(_RecipeOptimizer):
         self._decays = [self.parameter_groups[variable.path][1] and self.decoupled_weight_decay > 0
                         for variable in var_list]
 
+    def _backend_update_step(self, grads, trainable_variables, learning_rate):
+        """On PyTorch, the whole step by the class's `_torch_kernel` (torch's `_foreach_` ops per param group)."""
+        if not kernels.use_torch_kernels():
+            return super()._backend_update_step(grads, trainable_variables, learning_rate)
+        indices = [self._get_variable_index(variable) for variable in trainable_variables]
+        getattr(kernels, self._torch_kernel)(
+            trainable_variables, [_dense(grad) for grad in grads], [self._momentums[i] for i in indices],
+            [self._velocities[i] for i in indices], int(ops.convert_to_numpy(self.iterations)) + 1,
+            ops.convert_to_numpy(learning_rate), [(self._scales[i], self._decays[i]) for i in indices],
+            self.decoupled_weight_decay, self.beta_1, self.beta_2, self.epsilon)
+
     def _moments(self, gradient, variable):
         """Update and return the variable's first and second moments (torch's `lerp_` and `addcmul_`) and
         the bias corrections of this step."""
@@ -242,6 +253,8 @@ class LayerDecayAdamW(_LayerDecay, keras.optimizers.Optimizer):
     the unscaled rate.
     """
 
+    _torch_kernel = "torch_adamw"
+
     def __init__(self, learning_rate, parameter_groups, weight_decay=0.05, beta_1=0.9, beta_2=0.999, epsilon=1e-8,
                  name="layer_decay_adamw", **kwargs):
         super().__init__(learning_rate, parameter_groups, weight_decay, name=name, **kwargs)
@@ -256,16 +269,6 @@ class LayerDecayAdamW(_LayerDecay, keras.optimizers.Optimizer):
         denominator = ops.add(ops.divide(ops.sqrt(v), ops.sqrt(correction_2)), self.epsilon)
         self.assign_sub(variable, ops.multiply(ops.divide(m, denominator), rate / correction_1))
 
-    def _backend_update_step(self, grads, trainable_variables, learning_rate):
-        if not kernels.use_torch_kernels():
-            return super()._backend_update_step(grads, trainable_variables, learning_rate)
-        indices = [self._get_variable_index(variable) for variable in trainable_variables]
-        kernels.torch_adamw(
-            trainable_variables, [_dense(grad) for grad in grads], [self._momentums[i] for i in indices],
-            [self._velocities[i] for i in indices], int(ops.convert_to_numpy(self.iterations)) + 1,
-            ops.convert_to_numpy(learning_rate), [(self._scales[i], self._decays[i]) for i in indices],
-            self.decoupled_weight_decay, self.beta_1, self.beta_2, self.epsilon)
-
 
 @keras.saving.register_keras_serializable(package="keras_vit")
 class LayerDecayLamb(_LayerDecay, keras.optimizers.Optimizer):
@@ -279,6 +282,8 @@ class LayerDecayLamb(_LayerDecay, keras.optimizers.Optimizer):
     which divides the gradients by the same `max(norm, 1)` as timm's
     `max_grad_norm`.
     """
+
+    _torch_kernel = "torch_lamb"
 
     def __init__(self, learning_rate, parameter_groups, weight_decay=0.05, beta_1=0.9, beta_2=0.999, epsilon=1e-6,
                  global_clipnorm=1.0, name="layer_decay_lamb", **kwargs):
@@ -299,13 +304,3 @@ class LayerDecayLamb(_LayerDecay, keras.optimizers.Optimizer):
                               weight_norm / ops.maximum(update_norm, 1e-30), 1.0)
             update = ops.multiply(update, ratio)
         self.assign_sub(variable, ops.multiply(update, rate))
-
-    def _backend_update_step(self, grads, trainable_variables, learning_rate):
-        if not kernels.use_torch_kernels():
-            return super()._backend_update_step(grads, trainable_variables, learning_rate)
-        indices = [self._get_variable_index(variable) for variable in trainable_variables]
-        kernels.torch_lamb(
-            trainable_variables, [_dense(grad) for grad in grads], [self._momentums[i] for i in indices],
-            [self._velocities[i] for i in indices], int(ops.convert_to_numpy(self.iterations)) + 1,
-            ops.convert_to_numpy(learning_rate), [(self._scales[i], self._decays[i]) for i in indices],
-            self.decoupled_weight_decay, self.beta_1, self.beta_2, self.epsilon)
